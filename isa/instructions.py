@@ -1,0 +1,529 @@
+"""ISA v1: instruction types, opcodes, engines and the byte extents each one touches.
+
+Every instruction is a frozen dataclass. Three header fields are common to all:
+
+- ``core``: the NPU core whose engine queue runs it (0 for device-wide engines),
+- ``wait``: flags (counting semaphores) the engine takes, one count each, before starting,
+- ``signal``: flags it gives, one count each, when it has finished.
+
+The other fields are unsigned or signed integers whose binary width is declared in the
+field's metadata (``fmt``, a :mod:`struct` code), so the binary encoding and the text
+assembly are derived from the dataclass and never drift from it.
+
+Address spaces: ``DRAM`` (device memory, global), ``SRAM`` (per core), ``HOST`` (host
+memory, reached over the host link). An address of :data:`NO_ADDR` means "no operand".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import ClassVar, NamedTuple
+
+NO_ADDR = 0xFFFF_FFFF_FFFF_FFFF
+
+
+class Space(IntEnum):
+    DRAM = 0
+    SRAM = 1
+    HOST = 2
+
+
+class Engine(IntEnum):
+    """Engine kinds. Per-core kinds have one queue per core; device-wide kinds have one."""
+
+    DMA_IN = 0  # per core: DRAM -> SRAM
+    DMA_OUT = 1  # per core: SRAM -> DRAM
+    MXU = 2  # per core: matrix unit
+    VPU = 3  # per core: vector unit
+    COPY = 4  # device: DRAM -> DRAM copy engine
+    H2D = 5  # device: host -> device over the host link
+    D2H = 6  # device: device -> host over the host link
+
+
+PER_CORE_ENGINES = frozenset({Engine.DMA_IN, Engine.DMA_OUT, Engine.MXU, Engine.VPU})
+
+
+class Opcode(IntEnum):
+    NOP = 0x00
+    DMA_LOAD = 0x10
+    DMA_STORE = 0x11
+    DMA_COPY = 0x12
+    HOST_WRITE = 0x20
+    HOST_READ = 0x21
+    GEMM = 0x30
+    VEC = 0x40
+    KV_WRITE = 0x50
+    KV_READ = 0x51
+    ATTN = 0x60
+
+
+class VecFunc(IntEnum):
+    """Vector-unit functions. Parameters ``p0..p3`` are per-function (see ``isa.semantics``)."""
+
+    COPY = 0
+    ADD = 1  # residual add with rescale
+    RMSNORM = 2
+    SILU_MUL = 3  # SwiGLU: silu(src0) * src1
+    ROPE = 4
+    SOFTMAX = 5
+    REQUANT = 6  # int32 -> int8 with multiplier and shift
+
+
+#: Integer ops per element of each vector function, for the vector unit's timing
+#: (an assumption of the model: count of multiply/add/shift/compare steps per element).
+VEC_OPS_PER_ELEMENT = {
+    VecFunc.COPY: 1,
+    VecFunc.ADD: 3,
+    VecFunc.RMSNORM: 6,
+    VecFunc.SILU_MUL: 8,
+    VecFunc.ROPE: 6,
+    VecFunc.SOFTMAX: 10,
+    VecFunc.REQUANT: 3,
+}
+
+#: Bytes per element of the vector functions' source and destination operands.
+VEC_SRC_BYTES = {VecFunc.REQUANT: 4}
+VEC_DST_BYTES: dict[VecFunc, int] = {}
+
+
+class Access(NamedTuple):
+    """A byte extent an instruction reads or writes."""
+
+    space: Space
+    core: int
+    addr: int
+    nbytes: int
+    write: bool
+    role: str
+
+
+def u64(**kw):
+    return field(metadata={"fmt": "Q", **kw})
+
+
+def u32(**kw):
+    return field(metadata={"fmt": "I", **kw})
+
+
+def u16(**kw):
+    return field(metadata={"fmt": "H", **kw})
+
+
+def u8(**kw):
+    return field(metadata={"fmt": "B", **kw})
+
+
+def i32(**kw):
+    return field(metadata={"fmt": "i", **kw})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Instruction:
+    """Base of all instructions (never instantiated itself)."""
+
+    opcode: ClassVar[Opcode]
+    mnemonic: ClassVar[str]
+    engine_kind: ClassVar[Engine]
+
+    core: int = 0
+    wait: tuple[int, ...] = ()
+    signal: tuple[int, ...] = ()
+
+    @property
+    def engine(self) -> Engine:
+        return self.engine_kind
+
+    def accesses(self) -> list[Access]:
+        return []
+
+    def ops(self) -> int:
+        """Integer operations (for the roofline), 1 MAC = 2 ops."""
+        return 0
+
+    @classmethod
+    def body_fields(cls) -> list[dataclasses.Field]:
+        return [f for f in dataclasses.fields(cls) if f.name not in ("core", "wait", "signal")]
+
+    def replace(self, **changes) -> Instruction:
+        return dataclasses.replace(self, **changes)
+
+
+def _sram(core: int, addr: int, nbytes: int, write: bool, role: str) -> list[Access]:
+    if addr == NO_ADDR:
+        return []
+    return [Access(Space.SRAM, core, addr, nbytes, write, role)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Nop(Instruction):
+    """Does nothing on ``engine``'s queue; used to join or fan out flags."""
+
+    opcode: ClassVar[Opcode] = Opcode.NOP
+    mnemonic: ClassVar[str] = "nop"
+    engine_kind: ClassVar[Engine] = Engine.VPU
+    on: int = u8(enum=Engine)
+
+    @property
+    def engine(self) -> Engine:
+        return Engine(self.on)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DmaLoad(Instruction):
+    """DRAM -> SRAM of ``core``."""
+
+    opcode: ClassVar[Opcode] = Opcode.DMA_LOAD
+    mnemonic: ClassVar[str] = "dma.load"
+    engine_kind: ClassVar[Engine] = Engine.DMA_IN
+    src: int = u64()
+    dst: int = u64()
+    nbytes: int = u32()
+
+    def accesses(self) -> list[Access]:
+        return [
+            Access(Space.DRAM, 0, self.src, self.nbytes, False, "src"),
+            Access(Space.SRAM, self.core, self.dst, self.nbytes, True, "dst"),
+        ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DmaStore(Instruction):
+    """SRAM of ``core`` -> DRAM."""
+
+    opcode: ClassVar[Opcode] = Opcode.DMA_STORE
+    mnemonic: ClassVar[str] = "dma.store"
+    engine_kind: ClassVar[Engine] = Engine.DMA_OUT
+    src: int = u64()
+    dst: int = u64()
+    nbytes: int = u32()
+
+    def accesses(self) -> list[Access]:
+        return [
+            Access(Space.SRAM, self.core, self.src, self.nbytes, False, "src"),
+            Access(Space.DRAM, 0, self.dst, self.nbytes, True, "dst"),
+        ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DmaCopy(Instruction):
+    """DRAM -> DRAM on the device-wide copy engine (cache compaction, moves)."""
+
+    opcode: ClassVar[Opcode] = Opcode.DMA_COPY
+    mnemonic: ClassVar[str] = "dma.copy"
+    engine_kind: ClassVar[Engine] = Engine.COPY
+    src: int = u64()
+    dst: int = u64()
+    nbytes: int = u32()
+
+    def accesses(self) -> list[Access]:
+        return [
+            Access(Space.DRAM, 0, self.src, self.nbytes, False, "src"),
+            Access(Space.DRAM, 0, self.dst, self.nbytes, True, "dst"),
+        ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostWrite(Instruction):
+    """Host memory -> device DRAM over the host link (h2d)."""
+
+    opcode: ClassVar[Opcode] = Opcode.HOST_WRITE
+    mnemonic: ClassVar[str] = "host.write"
+    engine_kind: ClassVar[Engine] = Engine.H2D
+    src: int = u64()
+    dst: int = u64()
+    nbytes: int = u32()
+
+    def accesses(self) -> list[Access]:
+        return [
+            Access(Space.HOST, 0, self.src, self.nbytes, False, "src"),
+            Access(Space.DRAM, 0, self.dst, self.nbytes, True, "dst"),
+        ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostRead(Instruction):
+    """Device DRAM -> host memory over the host link (d2h)."""
+
+    opcode: ClassVar[Opcode] = Opcode.HOST_READ
+    mnemonic: ClassVar[str] = "host.read"
+    engine_kind: ClassVar[Engine] = Engine.D2H
+    src: int = u64()
+    dst: int = u64()
+    nbytes: int = u32()
+
+    def accesses(self) -> list[Access]:
+        return [
+            Access(Space.DRAM, 0, self.src, self.nbytes, False, "src"),
+            Access(Space.HOST, 0, self.dst, self.nbytes, True, "dst"),
+        ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gemm(Instruction):
+    """``out[m, n] = requant(a[m, k] @ w[k, n] + bias[n])`` on the matrix unit.
+
+    ``a`` is int8, row-major. ``w`` is stored output-channel-major (``n`` rows of ``k``
+    values): int8, or int4 packed two per byte with element ``2i`` in the low nibble.
+    ``bias`` (int32[n]) and ``scale`` (int32[n] multipliers) are optional (:data:`NO_ADDR`);
+    with a scale the int32 accumulator is requantized to int8 by ``(acc * scale[n])`` rounded
+    and shifted right by ``shift`` bits and saturated; without one the output is int32.
+    """
+
+    opcode: ClassVar[Opcode] = Opcode.GEMM
+    mnemonic: ClassVar[str] = "gemm"
+    engine_kind: ClassVar[Engine] = Engine.MXU
+    m: int = u32()
+    k: int = u32()
+    n: int = u32()
+    w_bits: int = u8()
+    a: int = u64()
+    w: int = u64()
+    out: int = u64()
+    bias: int = u64(default=NO_ADDR)
+    scale: int = u64(default=NO_ADDR)
+    shift: int = u8(default=0)
+
+    @property
+    def out_bytes_per_element(self) -> int:
+        return 4 if self.scale == NO_ADDR else 1
+
+    @property
+    def w_nbytes(self) -> int:
+        return (self.k * self.w_bits + 7) // 8 * self.n
+
+    def accesses(self) -> list[Access]:
+        c = self.core
+        return (
+            _sram(c, self.a, self.m * self.k, False, "a")
+            + _sram(c, self.w, self.w_nbytes, False, "w")
+            + _sram(c, self.bias, 4 * self.n, False, "bias")
+            + _sram(c, self.scale, 4 * self.n, False, "scale")
+            + _sram(c, self.out, self.m * self.n * self.out_bytes_per_element, True, "out")
+        )
+
+    def ops(self) -> int:
+        return 2 * self.m * self.k * self.n
+
+    @property
+    def precision(self) -> str:
+        return f"w{self.w_bits}a8"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Vec(Instruction):
+    """Vector-unit function ``func`` over ``rows x cols`` elements (see :class:`VecFunc`)."""
+
+    opcode: ClassVar[Opcode] = Opcode.VEC
+    mnemonic: ClassVar[str] = "vec"
+    engine_kind: ClassVar[Engine] = Engine.VPU
+    func: int = u8(enum=VecFunc)
+    rows: int = u32()
+    cols: int = u32()
+    src0: int = u64()
+    src1: int = u64(default=NO_ADDR)
+    dst: int = u64()
+    p0: int = i32(default=0)
+    p1: int = i32(default=0)
+    p2: int = i32(default=0)
+    p3: int = i32(default=0)
+
+    @property
+    def elements(self) -> int:
+        return self.rows * self.cols
+
+    def accesses(self) -> list[Access]:
+        f = VecFunc(self.func)
+        n = self.elements
+        src_b = VEC_SRC_BYTES.get(f, 1)
+        dst_b = VEC_DST_BYTES.get(f, 1)
+        c = self.core
+        return (
+            _sram(c, self.src0, n * src_b, False, "src0")
+            + _sram(c, self.src1, n * src_b, False, "src1")
+            + _sram(c, self.dst, n * dst_b, True, "dst")
+        )
+
+    def ops(self) -> int:
+        return self.elements * VEC_OPS_PER_ELEMENT[VecFunc(self.func)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvWrite(Instruction):
+    """Quantize and pack ``tokens x width`` int8 values (SRAM ``src``) into ``nbytes`` of
+    KV format ``fmt`` (an index into the program's format table) at SRAM ``dst``. ``pos`` is
+    the cache position of the first token (group alignment, full-precision windows)."""
+
+    opcode: ClassVar[Opcode] = Opcode.KV_WRITE
+    mnemonic: ClassVar[str] = "kv.write"
+    engine_kind: ClassVar[Engine] = Engine.VPU
+    fmt: int = u16()
+    tokens: int = u32()
+    width: int = u32()
+    pos: int = u32(default=0)
+    src: int = u64()
+    dst: int = u64()
+    nbytes: int = u32()
+
+    def accesses(self) -> list[Access]:
+        c = self.core
+        return _sram(c, self.src, self.tokens * self.width, False, "src") + _sram(
+            c, self.dst, self.nbytes, True, "dst"
+        )
+
+    def ops(self) -> int:
+        return 4 * self.tokens * self.width
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvRead(Instruction):
+    """Unpack ``nbytes`` of KV format ``fmt`` (SRAM ``src``) into ``tokens x width`` int8
+    values at SRAM ``dst``."""
+
+    opcode: ClassVar[Opcode] = Opcode.KV_READ
+    mnemonic: ClassVar[str] = "kv.read"
+    engine_kind: ClassVar[Engine] = Engine.VPU
+    fmt: int = u16()
+    tokens: int = u32()
+    width: int = u32()
+    pos: int = u32(default=0)
+    src: int = u64()
+    dst: int = u64()
+    nbytes: int = u32()
+
+    def accesses(self) -> list[Access]:
+        c = self.core
+        return _sram(c, self.src, self.nbytes, False, "src") + _sram(
+            c, self.dst, self.tokens * self.width, True, "dst"
+        )
+
+    def ops(self) -> int:
+        return 3 * self.tokens * self.width
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attn(Instruction):
+    """Integer attention of ``q_len`` int8 queries (``heads x head_dim`` each) over
+    ``ctx`` cached tokens whose K and V are stored in formats ``k_fmt``/``v_fmt``
+    (``k_nbytes``/``v_nbytes`` packed bytes in SRAM). Grouped-query: ``heads`` must be a
+    multiple of ``kv_heads``. Query ``i`` sits at position ``pos + i`` and attends causally.
+    Output: int8 ``q_len x heads x head_dim`` requantized with ``out_mult``/``out_shift``."""
+
+    opcode: ClassVar[Opcode] = Opcode.ATTN
+    mnemonic: ClassVar[str] = "attn"
+    engine_kind: ClassVar[Engine] = Engine.MXU
+    q_len: int = u32()
+    ctx: int = u32()
+    heads: int = u16()
+    kv_heads: int = u16()
+    head_dim: int = u16()
+    pos: int = u32(default=0)
+    k_fmt: int = u16()
+    v_fmt: int = u16()
+    q: int = u64()
+    k: int = u64()
+    v: int = u64()
+    out: int = u64()
+    k_nbytes: int = u32()
+    v_nbytes: int = u32()
+    score_mult: int = i32(default=1)
+    score_shift: int = u8(default=0)
+    out_mult: int = i32(default=1)
+    out_shift: int = u8(default=0)
+
+    def accesses(self) -> list[Access]:
+        c = self.core
+        qn = self.q_len * self.heads * self.head_dim
+        return (
+            _sram(c, self.q, qn, False, "q")
+            + _sram(c, self.k, self.k_nbytes, False, "k")
+            + _sram(c, self.v, self.v_nbytes, False, "v")
+            + _sram(c, self.out, qn, True, "out")
+        )
+
+    def ops(self) -> int:
+        # QK^T and PV: 2 matmuls of q_len x ctx x head_dim per head, 2 ops per MAC.
+        return 2 * 2 * self.q_len * self.ctx * self.head_dim * self.heads
+
+
+INSTRUCTION_TYPES: tuple[type[Instruction], ...] = (
+    Nop,
+    DmaLoad,
+    DmaStore,
+    DmaCopy,
+    HostWrite,
+    HostRead,
+    Gemm,
+    Vec,
+    KvWrite,
+    KvRead,
+    Attn,
+)
+BY_OPCODE: dict[int, type[Instruction]] = {t.opcode: t for t in INSTRUCTION_TYPES}
+BY_MNEMONIC: dict[str, type[Instruction]] = {t.mnemonic: t for t in INSTRUCTION_TYPES}
+
+
+@dataclass(frozen=True)
+class Program:
+    """A list of instructions plus its KV-format table and free-form metadata.
+
+    ``formats`` holds the names (or serialized descriptions) of the KV formats that
+    ``fmt``/``k_fmt``/``v_fmt`` fields index into.
+    """
+
+    instructions: tuple[Instruction, ...]
+    formats: tuple[str, ...] = ()
+    name: str = ""
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    def __iter__(self):
+        return iter(self.instructions)
+
+    def ops(self) -> int:
+        return sum(i.ops() for i in self.instructions)
+
+
+@dataclass(frozen=True)
+class Region:
+    """A named extent of an address space with a traffic kind (weights, kv_cache, ...)."""
+
+    name: str
+    space: Space
+    base: int
+    size: int
+    kind: str
+    core: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.base + self.size
+
+
+@dataclass(frozen=True)
+class MemoryLayout:
+    """Sizes of the address spaces and the regions a program may touch.
+
+    When ``regions`` has entries for a space, every access to that space must fall inside
+    one region; otherwise it must fall inside the space's size.
+    """
+
+    dram_bytes: int
+    sram_bytes: int
+    host_bytes: int
+    num_cores: int
+    regions: tuple[Region, ...] = ()
+
+    def space_bytes(self, space: Space) -> int:
+        return {Space.DRAM: self.dram_bytes, Space.SRAM: self.sram_bytes,
+                Space.HOST: self.host_bytes}[space]
+
+    def region_of(self, space: Space, core: int, addr: int, nbytes: int) -> Region | None:
+        for r in self.regions:
+            if r.space != space or (space == Space.SRAM and r.core != core):
+                continue
+            if r.base <= addr and addr + nbytes <= r.end:
+                return r
+        return None
