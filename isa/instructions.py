@@ -99,24 +99,29 @@ class Access(NamedTuple):
     role: str
 
 
-def u64(**kw):
-    return field(metadata={"fmt": "Q", **kw})
+def _field(fmt: str, default=dataclasses.MISSING, enum: type[IntEnum] | None = None):
+    meta = {"fmt": fmt} if enum is None else {"fmt": fmt, "enum": enum}
+    return field(default=default, metadata=meta)
 
 
-def u32(**kw):
-    return field(metadata={"fmt": "I", **kw})
+def u64(default=dataclasses.MISSING, enum=None):
+    return _field("Q", default, enum)
 
 
-def u16(**kw):
-    return field(metadata={"fmt": "H", **kw})
+def u32(default=dataclasses.MISSING, enum=None):
+    return _field("I", default, enum)
 
 
-def u8(**kw):
-    return field(metadata={"fmt": "B", **kw})
+def u16(default=dataclasses.MISSING, enum=None):
+    return _field("H", default, enum)
 
 
-def i32(**kw):
-    return field(metadata={"fmt": "i", **kw})
+def u8(default=dataclasses.MISSING, enum=None):
+    return _field("B", default, enum)
+
+
+def i32(default=dataclasses.MISSING, enum=None):
+    return _field("i", default, enum)
 
 
 @dataclass(frozen=True, kw_only=True)
