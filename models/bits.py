@@ -1,0 +1,144 @@
+"""Bit configurations: weight bits per projection, and the KV-cache format names.
+
+:class:`WeightBits` is shaped like the vendor compiler's
+``BitConfig.Transformer.Weight(query, key, value, output, ffn, head)`` in its newer form,
+where ``ffn`` is split into ``up``, ``gate`` and ``down`` (FACTS.md, qb SDK). ``ffn=`` is
+still accepted as a shorthand that sets all three. Published LLM builds are **W8** (all
+8-bit) and **W4V8** (all 4-bit except the V projection at 8-bit; kvsim keeps the head at
+8), available by name through :func:`weight_bits_preset`.
+
+:class:`BitConfig` adds the KV-cache format names. It only stores names (``"int8"`` by
+default): the formats themselves, their byte layouts and their validation belong to
+``isa/kvformats.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from isa.errors import ConfigError
+
+from .config import ModelConfig, TensorRole, _Frozen, validation_message
+
+WeightBitWidth = Literal[4, 8]
+
+#: Bits of the MoE router (expert-score) matrix whatever the preset: routing decisions
+#: flip on small score changes and the router is tiny (DeepSeek-V2-Lite: 64x2048 per
+#: layer, 0.01 % of the weights), so kvsim keeps it at 8 bits. An assumption of kvsim's.
+ROUTER_BITS = 8
+
+_KV_FORMAT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+class WeightBits(_Frozen):
+    """Weight bits (4 or 8) per projection kind."""
+
+    query: WeightBitWidth = 8
+    key: WeightBitWidth = 8
+    value: WeightBitWidth = 8
+    output: WeightBitWidth = 8
+    up: WeightBitWidth = 8
+    gate: WeightBitWidth = 8
+    down: WeightBitWidth = 8
+    head: WeightBitWidth = 8
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ffn_shorthand(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "ffn" in data:
+            both = [k for k in ("up", "gate", "down") if k in data]
+            if both:
+                raise ValueError(f"ffn: give either ffn or {', '.join(both)}, not both")
+            data = dict(data)
+            ffn = data.pop("ffn")
+            data.update(up=ffn, gate=ffn, down=ffn)
+        return data
+
+    @classmethod
+    def uniform(cls, bits: int) -> WeightBits:
+        """Every projection at ``bits``."""
+        return build_weight_bits({f: bits for f in cls.model_fields})
+
+    def bits_for(self, role: TensorRole) -> int:
+        """Bits of a matrix with role ``role`` (see :data:`models.config.TensorRole`).
+
+        MLA's ``kv_latent`` down-projection feeds both keys and values, so it takes the
+        wider of ``key`` and ``value``; the MoE router is :data:`ROUTER_BITS`; a tied
+        embedding used as LM head is ``head``. Norms, biases and the host-side embedding
+        are not quantized: asking for them is a :class:`ConfigError`.
+        """
+        if role in ("query", "key", "value", "output", "up", "gate", "down", "head"):
+            return int(getattr(self, role))
+        if role == "kv_latent":
+            return max(self.key, self.value)
+        if role == "router":
+            return ROUTER_BITS
+        raise ConfigError(f"tensors of role {role!r} are not quantized")
+
+
+def build_weight_bits(data: dict[str, Any], *, where: str = "bits.weights") -> WeightBits:
+    """Validate a mapping; :class:`ConfigError` naming the field (e.g. ``bits.weights.key``)."""
+    try:
+        return WeightBits.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(validation_message(err, where)) from None
+
+
+W8 = WeightBits()
+W4V8 = WeightBits(query=4, key=4, value=8, output=4, up=4, gate=4, down=4, head=8)
+
+WEIGHT_BITS_PRESETS: dict[str, WeightBits] = {"W8": W8, "W4V8": W4V8}
+
+
+def weight_bits_preset(name: str, *, where: str = "bits.weights") -> WeightBits:
+    """The weight-bit preset ``name`` (case-insensitive); the error lists the valid names."""
+    for key, bits in WEIGHT_BITS_PRESETS.items():
+        if key.lower() == name.lower():
+            return bits
+    raise ConfigError(
+        f"{where}: unknown weight-bit preset {name!r}; valid: {', '.join(WEIGHT_BITS_PRESETS)}"
+    )
+
+
+class BitConfig(_Frozen):
+    """Weight bits plus the names of the KV-cache formats.
+
+    GQA models use ``kv_key_format`` and ``kv_value_format``; MLA models use
+    ``kv_content_format`` (the compressed latent) and ``kv_rope_format`` (the decoupled
+    RoPE key). ``weights`` may be given as a preset name (``"W4V8"``).
+    """
+
+    weights: WeightBits = W8
+    kv_key_format: str = Field(default="int8", pattern=_KV_FORMAT_PATTERN)
+    kv_value_format: str = Field(default="int8", pattern=_KV_FORMAT_PATTERN)
+    kv_content_format: str = Field(default="int8", pattern=_KV_FORMAT_PATTERN)
+    kv_rope_format: str = Field(default="int8", pattern=_KV_FORMAT_PATTERN)
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _preset_name(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            matches = [k for k in WEIGHT_BITS_PRESETS if k.lower() == value.lower()]
+            if not matches:
+                raise ValueError(
+                    f"unknown weight-bit preset {value!r}; valid: {', '.join(WEIGHT_BITS_PRESETS)}"
+                )
+            return WEIGHT_BITS_PRESETS[matches[0]]
+        return value
+
+    def kv_formats(self, model: ModelConfig) -> dict[str, str]:
+        """Format name per cache component of ``model`` (keys of
+        :meth:`ModelConfig.kv_components`: ``key``/``value`` or ``content``/``rope``)."""
+        if model.is_mla:
+            return {"content": self.kv_content_format, "rope": self.kv_rope_format}
+        return {"key": self.kv_key_format, "value": self.kv_value_format}
+
+
+def build_bit_config(data: dict[str, Any], *, where: str = "bits") -> BitConfig:
+    """Validate a mapping; :class:`ConfigError` naming the field path."""
+    try:
+        return BitConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(validation_message(err, where)) from None

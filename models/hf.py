@@ -1,0 +1,252 @@
+"""Import of Hugging Face ``config.json`` files into :class:`~models.config.ModelConfig`.
+
+Supported model types (``model_type``, or the first of ``architectures``): ``llama``,
+``qwen2``, ``mistral`` and ``deepseek_v2``. Keys that the HF configuration classes give a
+default (``num_key_value_heads``, ``rope_theta``, ...) take that default when absent, as
+``transformers`` does; keys without a safe default are required, and a file that lacks
+some gets one :class:`~isa.errors.ConfigError` listing all of them. Features kvsim does not
+model (another activation, MLP biases, sliding-window attention, other RoPE scalings,
+other MoE scoring) are rejected by name rather than silently ignored.
+
+Sources for the defaults: ``LlamaConfig``, ``Qwen2Config``, ``MistralConfig`` in
+``transformers`` and ``DeepseekV2Config`` in DeepSeek-V2's ``configuration_deepseek.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from isa.errors import ConfigError
+
+from .config import ModelConfig, build_model
+
+#: ``architectures`` entries and the model type each one means.
+ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "MistralForCausalLM": "mistral",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+}
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("deepseek_v2", "llama", "mistral", "qwen2")
+
+#: Keys every supported file must have (no safe default exists for them).
+REQUIRED_KEYS: tuple[str, ...] = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+)
+#: Extra keys for DeepSeek-V2 (MLA). ``q_lora_rank`` must be present but may be null: the
+#: HF class defaults it to 1536, so an absent key would not mean "no query compression".
+MLA_REQUIRED_KEYS: tuple[str, ...] = (
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_rope_head_dim",
+    "qk_nope_head_dim",
+    "v_head_dim",
+)
+#: Extra keys for DeepSeek-V2 files whose ``n_routed_experts`` is set (MoE).
+MOE_REQUIRED_KEYS: tuple[str, ...] = ("num_experts_per_tok", "moe_intermediate_size")
+
+#: ``max_position_embeddings`` default of each HF configuration class.
+_MAX_POSITIONS_DEFAULT = {"llama": 2048, "qwen2": 32768, "mistral": 4096 * 32, "deepseek_v2": 2048}
+_ROPE_THETA_DEFAULT = 10000.0  # all four classes
+_RMS_NORM_EPS_DEFAULT = 1e-6  # all four classes
+_SUPPORTED_ROPE_SCALING = ("default", "linear", "llama3", "yarn")
+
+
+def _model_type(data: dict[str, Any], where: str) -> str:
+    mtype = data.get("model_type")
+    if mtype is None:
+        archs = data.get("architectures") or []
+        known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
+        if known:
+            return known[0]
+        if not archs:
+            raise ConfigError(
+                f"{where}: lacks required keys: model_type (or architectures); supported model "
+                f"types: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        raise ConfigError(
+            f"{where}: unsupported architectures {archs}; supported: "
+            f"{', '.join(sorted(ARCHITECTURES))}"
+        )
+    if mtype not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            f"{where}: unsupported model_type {mtype!r}; supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return str(mtype)
+
+
+def _rope_scaling(raw: Any, where: str) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: rope_scaling must be an object or null, got {raw!r}")
+    kind = raw.get("rope_type", raw.get("type"))
+    if kind == "default":
+        return None
+    if kind not in _SUPPORTED_ROPE_SCALING:
+        raise ConfigError(
+            f"{where}: rope_scaling type {kind!r} is not supported; supported: "
+            f"{', '.join(_SUPPORTED_ROPE_SCALING)}"
+        )
+    keys = {
+        "linear": ("factor",),
+        "llama3": (
+            "factor",
+            "low_freq_factor",
+            "high_freq_factor",
+            "original_max_position_embeddings",
+        ),
+        "yarn": (
+            "factor",
+            "original_max_position_embeddings",
+            "beta_fast",
+            "beta_slow",
+            "mscale",
+            "mscale_all_dim",
+        ),
+    }[kind]
+    out: dict[str, Any] = {"type": kind}
+    out.update({k: raw[k] for k in keys if raw.get(k) is not None})
+    if kind == "yarn":
+        out.setdefault("original_max_position_embeddings", 4096)  # DeepseekV2 default
+    return out
+
+
+def _unsupported(data: dict[str, Any], mtype: str) -> list[str]:
+    """Features present in the file that kvsim's models do not implement."""
+    problems = []
+    act = data.get("hidden_act", "silu")
+    if act != "silu":
+        problems.append(f"hidden_act {act!r} (only 'silu', i.e. SwiGLU)")
+    if data.get("mlp_bias"):
+        problems.append("mlp_bias true")
+    if mtype == "qwen2" and data.get("use_sliding_window"):
+        problems.append("use_sliding_window true")
+    if mtype == "mistral":
+        window = data.get("sliding_window")
+        max_pos = data.get("max_position_embeddings", _MAX_POSITIONS_DEFAULT["mistral"])
+        if window is not None and window < max_pos:
+            problems.append(f"sliding_window {window} (< max_position_embeddings {max_pos})")
+    if mtype == "deepseek_v2":
+        if data.get("attention_bias"):
+            problems.append("attention_bias true")
+        if data.get("scoring_func", "softmax") != "softmax":
+            problems.append(f"scoring_func {data['scoring_func']!r} (only 'softmax')")
+        if data.get("moe_layer_freq", 1) != 1:
+            problems.append(f"moe_layer_freq {data['moe_layer_freq']} (only 1)")
+        method = data.get("topk_method", "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            problems.append(f"topk_method {method!r} (only 'greedy', 'group_limited_greedy')")
+    return problems
+
+
+def hf_config_to_model(
+    data: dict[str, Any], *, name: str = "", where: str = "config.json"
+) -> ModelConfig:
+    """Translate a parsed HF ``config.json`` mapping; ``where`` prefixes every error."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: top level must be a JSON object")
+    mtype = _model_type(data, where)
+    required = list(REQUIRED_KEYS)
+    if mtype == "deepseek_v2":
+        required += MLA_REQUIRED_KEYS
+        if data.get("n_routed_experts") is not None:
+            required += MOE_REQUIRED_KEYS
+    missing = [k for k in required if k not in data or (data[k] is None and k != "q_lora_rank")]
+    if missing:
+        raise ConfigError(
+            f"{where}: model_type {mtype!r} lacks required keys: {', '.join(missing)}"
+        )
+    problems = _unsupported(data, mtype)
+    if problems:
+        raise ConfigError(f"{where}: unsupported features: {'; '.join(problems)}")
+
+    heads = data["num_attention_heads"]
+    hidden = data["hidden_size"]
+    out: dict[str, Any] = {
+        "name": name,
+        "family": mtype,
+        "num_layers": data["num_hidden_layers"],
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": data.get("num_key_value_heads") or heads,
+        "intermediate_size": data["intermediate_size"],
+        "vocab_size": data["vocab_size"],
+        "rope_theta": data.get("rope_theta", _ROPE_THETA_DEFAULT),
+        "rope_scaling": _rope_scaling(data.get("rope_scaling"), where),
+        "max_position_embeddings": data.get(
+            "max_position_embeddings", _MAX_POSITIONS_DEFAULT[mtype]
+        ),
+        "rms_norm_eps": data.get("rms_norm_eps", _RMS_NORM_EPS_DEFAULT),
+        "tie_word_embeddings": bool(data.get("tie_word_embeddings", False)),
+    }
+    if mtype == "deepseek_v2":
+        out.update({k: data[k] for k in MLA_REQUIRED_KEYS})
+        out["head_dim"] = data["qk_nope_head_dim"] + data["qk_rope_head_dim"]
+        if data.get("n_routed_experts") is not None:
+            out.update(
+                n_routed_experts=data["n_routed_experts"],
+                num_experts_per_tok=data["num_experts_per_tok"],
+                moe_intermediate_size=data["moe_intermediate_size"],
+                n_shared_experts=data.get("n_shared_experts") or 0,
+                first_k_dense_replace=data.get("first_k_dense_replace") or 0,
+                norm_topk_prob=bool(data.get("norm_topk_prob", False)),
+                routed_scaling_factor=data.get("routed_scaling_factor", 1.0),
+                topk_method=data.get("topk_method", "greedy"),
+                n_group=data.get("n_group") or 1,
+                topk_group=data.get("topk_group") or 1,
+            )
+    else:
+        head_dim = data.get("head_dim")
+        if head_dim is None:
+            if not isinstance(hidden, int) or not isinstance(heads, int) or hidden % heads:
+                raise ConfigError(
+                    f"{where}: no head_dim and hidden_size {hidden!r} is not a multiple of "
+                    f"num_attention_heads {heads!r}"
+                )
+            head_dim = hidden // heads
+        out["head_dim"] = head_dim
+        if mtype == "qwen2":
+            out["qkv_bias"] = True  # Qwen2Attention: q/k/v Linear(bias=True), o bias=False
+        elif data.get("attention_bias"):
+            # LlamaAttention: attention_bias applies to q, k, v and o (MistralAttention has
+            # no such key; its projections never have a bias).
+            out["qkv_bias"] = out["o_bias"] = mtype == "llama"
+    return build_model(out, where=f"{where}: model")
+
+
+def parse_hf_json(text: str, *, source: str) -> dict[str, Any]:
+    """``json.loads`` with a :class:`ConfigError` naming ``source`` on bad JSON."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{source}: not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a JSON object")
+    return data
+
+
+def load_hf_config(path: str | Path, *, name: str | None = None) -> ModelConfig:
+    """Read a HF ``config.json`` (or a directory holding one) into a :class:`ModelConfig`.
+
+    ``name`` defaults to the file's directory name for ``config.json``, else the file stem.
+    Errors (missing file, bad JSON, missing keys, unsupported types) are
+    :class:`ConfigError` naming the path.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot read model config: {err.strerror or err}") from None
+    if name is None:
+        name = p.parent.name if p.name == "config.json" else p.stem
+    return hf_config_to_model(parse_hf_json(text, source=str(p)), name=name, where=str(p))

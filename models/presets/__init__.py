@@ -1,0 +1,1 @@
+"""Model presets: Hugging Face ``config.json`` files and kvsim-schema TOML files."""
