@@ -1,0 +1,88 @@
+"""The host link.
+
+``pcie``: two independent directions (h2d: the device reads host memory, data returns in
+read completions; d2h: the device writes host memory with posted writes), each a SimPy
+resource at its effective bandwidth (``PcieConfig``: generation, lanes, 128b/130b, TLP
+overheads, DLLPs). A transfer pays ``latency`` once and then moves ``chunk_bytes`` chunks;
+transfers in the same direction share the link chunk by chunk.
+
+``shared_dram`` (a host CPU on the same SoC): a transfer is a memcpy by the host CPU,
+limited by ``host_copy_bytes_per_s`` and by the DRAM channels it reads and writes (both
+buffers live in the same DRAM), so it contends with the NPU's own DRAM traffic.
+
+Chunk durations telescope (chunk k ends at ``ceil(cum_bytes_k / bw)`` after the first
+chunk starts, when uncontended), so a lone transfer takes exactly
+``latency + ceil(bytes / bw)``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import simpy
+
+from sim.hw import HostLinkConfig
+from sim.units import ns_to_ps, transfer_ps
+from traces.recorder import Recorder
+
+from .dram import Dram
+
+LinkDirection = Literal["h2d", "d2h"]
+
+
+class HostLink:
+    def __init__(
+        self, env: simpy.Environment, cfg: HostLinkConfig, dram: Dram, recorder: Recorder
+    ):
+        self.env = env
+        self.cfg = cfg
+        self.dram = dram
+        self.recorder = recorder
+        self.block = "pcie" if cfg.kind == "pcie" else "hostlink"
+        self.directions = {
+            "h2d": simpy.Resource(env, capacity=1),
+            "d2h": simpy.Resource(env, capacity=1),
+        }
+        self.bytes_per_s = {
+            "h2d": cfg.h2d_effective_bytes_per_s,
+            "d2h": cfg.d2h_effective_bytes_per_s,
+        }
+        self.latency_ps = ns_to_ps(cfg.latency_ns)
+
+    def time_ps(self, direction: LinkDirection, nbytes: int) -> int:
+        """Uncontended time of one transfer (the formula the simulation must match)."""
+        return self.latency_ps + transfer_ps(nbytes, self.bytes_per_s[direction])
+
+    def transfer(self, direction: LinkDirection, dram_addr: int, nbytes: int):
+        """Process generator: move ``nbytes`` between host memory and DRAM at ``dram_addr``."""
+        env = self.env
+        if self.latency_ps:
+            yield env.timeout(self.latency_ps)
+        res = self.directions[direction]
+        bw = self.bytes_per_s[direction]
+        chunk = self.cfg.chunk_bytes
+        done_ps = 0
+        for off in range(0, nbytes, chunk):
+            n = min(chunk, nbytes - off)
+            end_ps = transfer_ps(off + n, bw)
+            dur = end_ps - done_ps
+            done_ps = end_ps
+            with res.request() as req:
+                yield req
+                start = env.now
+                if self.cfg.kind == "pcie":
+                    yield env.timeout(dur)
+                else:
+                    # host memcpy: CPU time, and DRAM reads + writes on the shared channels
+                    yield env.all_of(
+                        [
+                            env.timeout(dur),
+                            env.process(self.dram.access(dram_addr + off, n, write=False)),
+                            env.process(self.dram.access(dram_addr + off, n, write=True)),
+                        ]
+                    )
+            self.recorder.moved(self.block, direction, start, env.now, n)
+            self.recorder.span(
+                self.block, direction, "chunk", start, env.now, detail="tiles",
+                args={"bytes": n},
+            )

@@ -1,0 +1,264 @@
+"""The simulated device: SimPy components plus one queue per engine executing programs.
+
+Each engine (per core: DMA load, DMA store, matrix unit, vector unit; device-wide: DRAM
+copy engine, host link h2d and d2h) runs its instructions in program order. Engines run
+in parallel and synchronise only through flags: an instruction takes one count of each
+flag in ``wait`` before it starts and gives one count of each flag in ``signal`` when it
+ends (counting semaphores, SimPy ``Container``s). Each instruction's duration comes from
+the component that executes it; its result, in functional mode, from ``isa.semantics``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass
+
+import simpy
+
+from isa import semantics
+from isa.errors import DeviceError
+from isa.instructions import (
+    PER_CORE_ENGINES,
+    Attn,
+    DmaCopy,
+    DmaLoad,
+    DmaStore,
+    Engine,
+    Gemm,
+    HostRead,
+    HostWrite,
+    Instruction,
+    KvRead,
+    KvWrite,
+    MemoryLayout,
+    Nop,
+    Program,
+    Space,
+    Vec,
+)
+from sim.components import ComputeCore, DmaEngine, Dram, HostLink, Sram
+from sim.hw import HardwareConfig
+from sim.memory import DeviceMemory
+from sim.stats import Stats
+from traces.recorder import Recorder
+
+UNMAPPED = "unmapped"
+
+
+@dataclass(frozen=True)
+class ProgramRun:
+    """Timing of one program on the device, and what it moved."""
+
+    name: str
+    start_ps: int
+    end_ps: int
+    stats: dict
+
+    @property
+    def duration_ps(self) -> int:
+        return self.end_ps - self.start_ps
+
+
+def engine_name(engine: Engine, core: int) -> tuple[str, str]:
+    """(block, lane) names of an engine queue, as they appear in traces and metrics."""
+    if engine in PER_CORE_ENGINES:
+        return f"core{core}", engine.name.lower()
+    if engine in (Engine.H2D, Engine.D2H):
+        return "pcie", engine.name.lower()
+    return "device", engine.name.lower()
+
+
+class Device:
+    """One NPU chip: DRAM, per-core SRAM/DMA/compute, a copy engine and the host link."""
+
+    def __init__(
+        self,
+        hw: HardwareConfig,
+        *,
+        functional: bool = True,
+        recorder: Recorder | None = None,
+        layout: MemoryLayout | None = None,
+        env: simpy.Environment | None = None,
+    ):
+        self.hw = hw
+        self.functional = functional
+        self.env = env or simpy.Environment()
+        self.recorder = recorder or Recorder(level="off")
+        self.stats = Stats()
+        n = hw.cores.num_cores
+        self.num_cores = n
+        self.dram = Dram(self.env, hw.dram, self.recorder)
+        self.srams = [Sram(self.env, hw.sram, hw.cores.clock_hz, c) for c in range(n)]
+        self.cores = [ComputeCore(hw.cores, c) for c in range(n)]
+        self.dma_in = [
+            DmaEngine(self.env, f"core{c}", "dma_in", hw.dma, self.dram, self.srams[c],
+                      self.recorder)
+            for c in range(n)
+        ]
+        self.dma_out = [
+            DmaEngine(self.env, f"core{c}", "dma_out", hw.dma, self.dram, self.srams[c],
+                      self.recorder)
+            for c in range(n)
+        ]
+        self.copy_engine = DmaEngine(
+            self.env, "device", "copy", hw.dma, self.dram, None, self.recorder
+        )
+        self.link = HostLink(self.env, hw.host_link, self.dram, self.recorder)
+        self.mem = (
+            DeviceMemory(
+                dram_bytes=hw.dram.capacity_bytes,
+                sram_bytes=hw.sram.bytes_per_core,
+                num_cores=n,
+                host_bytes=hw.host.memory_bytes,
+            )
+            if functional
+            else None
+        )
+        self.layout = layout or self.default_layout()
+        self._index_regions()
+        self._link_prefix = "pcie" if hw.host_link.kind == "pcie" else "host_copy"
+
+    # --- memory map -------------------------------------------------------------------
+    def default_layout(self) -> MemoryLayout:
+        return MemoryLayout(
+            dram_bytes=self.hw.dram.capacity_bytes,
+            sram_bytes=self.hw.sram.bytes_per_core,
+            host_bytes=self.hw.host.memory_bytes,
+            num_cores=self.num_cores,
+        )
+
+    def set_layout(self, layout: MemoryLayout) -> None:
+        if layout.dram_bytes > self.hw.dram.capacity_bytes:
+            raise DeviceError(
+                f"memory map needs {layout.dram_bytes} bytes of DRAM; the device has "
+                f"{self.hw.dram.capacity_bytes}"
+            )
+        self.layout = layout
+        self._index_regions()
+
+    def _index_regions(self) -> None:
+        dram = sorted(
+            (r for r in self.layout.regions if r.space == Space.DRAM), key=lambda r: r.base
+        )
+        self._dram_bases = [r.base for r in dram]
+        self._dram_regions = dram
+
+    def kind_of(self, dram_addr: int) -> str:
+        """Traffic kind of the DRAM region holding ``dram_addr``."""
+        i = bisect.bisect_right(self._dram_bases, dram_addr) - 1
+        if i >= 0 and dram_addr < self._dram_regions[i].end:
+            return self._dram_regions[i].kind
+        return UNMAPPED
+
+    # --- execution --------------------------------------------------------------------
+    def start(self, program: Program, *, validate: bool = True) -> simpy.Process:
+        """Start ``program`` on the engines; returns the SimPy process that ends with it."""
+        if validate:
+            from isa.validate import validate_program
+
+            validate_program(program, self.layout)
+        flags: dict[int, simpy.Container] = defaultdict(lambda: simpy.Container(self.env))
+        queues: dict[tuple[Engine, int], list[tuple[int, Instruction]]] = defaultdict(list)
+        for idx, ins in enumerate(program.instructions):
+            eng = ins.engine
+            queues[(eng, ins.core if eng in PER_CORE_ENGINES else 0)].append((idx, ins))
+        procs = [
+            self.env.process(self._engine(eng, core, items, flags, program))
+            for (eng, core), items in sorted(queues.items())
+        ]
+        self._blocked: dict[str, tuple[int, int]] = {}
+        return self.env.process(self._join(procs))
+
+    def _join(self, procs):
+        if procs:
+            yield self.env.all_of(procs)
+
+    def run(self, program: Program, *, validate: bool = True) -> ProgramRun:
+        """Run ``program`` to completion and return its timing and traffic."""
+        before = self.stats.snapshot()
+        start = self.env.now
+        proc = self.start(program, validate=validate)
+        try:
+            self.env.run(until=proc)
+        except RuntimeError as err:
+            if "No scheduled events left" not in str(err):
+                raise
+            blocked = ", ".join(
+                f"{who} at instruction {idx} waiting on flag {flag}"
+                for who, (idx, flag) in sorted(self._blocked.items())
+            )
+            raise DeviceError(f"program {program.name!r} deadlocked: {blocked}") from None
+        return ProgramRun(
+            program.name, start, self.env.now, Stats.delta(self.stats.snapshot(), before)
+        )
+
+    def _engine(self, eng: Engine, core: int, items, flags, program: Program):
+        block, lane = engine_name(eng, core)
+        who = f"{block}.{lane}"
+        env = self.env
+        rec = self.recorder
+        for idx, ins in items:
+            for f in ins.wait:
+                if flags[f].level < 1:
+                    self._blocked[who] = (idx, f)
+                    yield flags[f].get(1)
+                    self._blocked.pop(who, None)
+                else:
+                    yield flags[f].get(1)
+            start = env.now
+            yield from self._timing(ins, program)
+            if self.functional:
+                semantics.execute(ins, self.mem, program.formats)
+            end = env.now
+            self.stats.busy_ps[who] += end - start
+            self.stats.instructions += 1
+            self.stats.ops += ins.ops()
+            if rec.wants("ops"):
+                rec.span(block, lane, ins.mnemonic, start, end, args={"index": idx})
+            for f in ins.signal:
+                flags[f].put(1)
+
+    def _timing(self, ins: Instruction, program: Program):
+        st = self.stats
+        if isinstance(ins, DmaLoad):
+            st.add("dram_read", self.kind_of(ins.src), ins.nbytes)
+            yield from self.dma_in[ins.core].transfer("load", ins.src, ins.dst, ins.nbytes)
+        elif isinstance(ins, DmaStore):
+            st.add("dram_write", self.kind_of(ins.dst), ins.nbytes)
+            yield from self.dma_out[ins.core].transfer("store", ins.src, ins.dst, ins.nbytes)
+        elif isinstance(ins, DmaCopy):
+            st.add("dram_read", self.kind_of(ins.src), ins.nbytes)
+            st.add("dram_write", self.kind_of(ins.dst), ins.nbytes)
+            yield from self.copy_engine.transfer("copy", ins.src, ins.dst, ins.nbytes)
+        elif isinstance(ins, HostWrite):
+            kind = self.kind_of(ins.dst)
+            st.add(f"{self._link_prefix}_h2d", kind, ins.nbytes)
+            st.add("dram_write", kind, ins.nbytes)
+            if self._link_prefix != "pcie":
+                st.add("dram_read", kind, ins.nbytes)
+            yield from self.link.transfer("h2d", ins.dst, ins.nbytes)
+        elif isinstance(ins, HostRead):
+            kind = self.kind_of(ins.src)
+            st.add(f"{self._link_prefix}_d2h", kind, ins.nbytes)
+            st.add("dram_read", kind, ins.nbytes)
+            if self._link_prefix != "pcie":
+                st.add("dram_write", kind, ins.nbytes)
+            yield from self.link.transfer("d2h", ins.src, ins.nbytes)
+        elif isinstance(ins, (Gemm, Vec, KvWrite, KvRead, Attn, Nop)):
+            dur = self.cores[ins.core].duration_ps(ins, program.formats)
+            if dur:
+                yield self.env.timeout(dur)
+        else:
+            raise DeviceError(f"no engine executes {type(ins).__name__}")
+
+    # --- host memory helpers (for the runtime and tests) ----------------------------------
+    def host_write(self, addr: int, data) -> None:
+        """Put bytes in host memory (host-side code; costs no device time)."""
+        if self.mem is not None:
+            self.mem.host.write(addr, data)
+
+    def host_read(self, addr: int, nbytes: int):
+        if self.mem is None:
+            raise DeviceError("host memory has no bytes in timing-only mode")
+        return self.mem.host.read(addr, nbytes)

@@ -1,0 +1,82 @@
+import json
+
+import pytest
+
+from sim.cli import main
+
+
+def test_run_embedded_default_writes_metrics_and_trace(tmp_path, capsys):
+    assert main(["run", "--out", str(tmp_path), "-q"]) == 0
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    for key in ("config", "sim_time_s", "traffic_bytes", "engine_busy_s"):
+        assert key in m
+    assert set(m["traffic_bytes"]) >= {"dram_read", "dram_write", "pcie_h2d", "pcie_d2h"}
+    assert m["functional_check"] == "match"
+    assert m["sim_time_s"] >= m["roofline"]["bound_s"] > 0
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    phases = {e["ph"] for e in trace["traceEvents"]}
+    assert {"M", "X", "C"} <= phases
+    assert "displayTimeUnit" not in trace
+
+
+def test_two_runs_are_byte_identical(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(["run", "--out", str(a), "-q", "--set", "workload.n=1024"]) == 0
+    assert main(["run", "--out", str(b), "-q", "--set", "workload.n=1024"]) == 0
+    for name in ("metrics.json", "trace.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+
+
+def test_set_overrides_hardware_fields(tmp_path):
+    out = tmp_path / "o"
+    assert main(["run", "--out", str(out), "-q", "--set", "hardware.dram.efficiency=0.5",
+                 "--set", "workload.n=1024", "--set", "sim.fidelity=timing"]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["config"]["hardware"]["dram"]["efficiency"] == 0.5
+    assert m["functional_check"] is None
+
+
+@pytest.mark.parametrize(
+    "sets, needle",
+    [
+        (["hardware.dram.efficency=0.5"], "hardware.dram.efficency: unknown key"),
+        (["hardware.preset=nosuch"], "unknown preset 'nosuch'; valid: aries, regulus, tiny"),
+        (["workload.w_bits=3"], "workload.w_bits"),
+        (["workload.n=-1"], "workload.n"),
+        (["outputs.trace=everything"], "outputs.trace"),
+        (["nonsense"], "expected key=value"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_field_and_no_output(tmp_path, capsys, sets, needle):
+    out = tmp_path / "o"
+    args = ["run", "--out", str(out), "-q"]
+    for s in sets:
+        args += ["--set", s]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_hw_show_json_has_derived_figures(capsys):
+    assert main(["hw", "show", "aries", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    d = data["derived"]
+    for key in ("pcie_h2d_effective_bytes_per_s", "pcie_d2h_effective_bytes_per_s",
+                "dram_effective_bytes_per_s", "peak_ops_per_s_w8a8"):
+        assert d[key] > 0
+    assert d["peak_ops_per_s_w8a8"] == pytest.approx(80e12)
+    assert data["config"]["dram"]["capacity_bytes"] == 16 * 2**30
+
+
+def test_hw_show_prints_sources_and_assumptions(capsys):
+    assert main(["hw", "show", "aries"]) == 0
+    out = capsys.readouterr().out
+    assert "assumption" in out and "source" in out and "derived figures" in out
+
+
+def test_hw_list_names_every_preset(capsys):
+    assert main(["hw", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("aries", "regulus", "tiny"):
+        assert name in out

@@ -1,0 +1,75 @@
+import pytest
+
+from isa.errors import ConfigError
+from sim.hw import HardwareConfig, load_hardware, preset_dict, preset_names
+
+
+def _leaves(tree, prefix=""):
+    for k, v in tree.items():
+        path = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict):
+            yield from _leaves(v, path)
+        else:
+            yield path
+
+
+@pytest.mark.parametrize("name", ["aries", "regulus"])
+def test_every_number_of_a_real_preset_has_a_source_or_an_assumption(name):
+    hw = load_hardware(name)
+    data = preset_dict(name)
+    skip = {"name", "description", "host_link.kind"}
+    for path in _leaves({k: v for k, v in data.items() if k not in ("sources", "assumptions")}):
+        if path in skip:
+            continue
+        assert path in hw.sources or path in hw.assumptions, f"{name}: {path} has no note"
+    for path in list(hw.sources) + list(hw.assumptions):
+        assert path in set(_leaves(data)), f"{name}: note for unknown field {path}"
+
+
+def test_aries_matches_the_published_figures():
+    hw = load_hardware("aries")
+    assert hw.cores.num_cores == 8
+    assert hw.cores.peak_ops_per_s("w8a8") == pytest.approx(80e12)
+    assert hw.dram.peak_bytes_per_s == pytest.approx(66.7e9, rel=1e-3)
+    assert hw.dram.capacity_bytes == 17179869184
+    assert hw.host_link.kind == "pcie"
+    assert (hw.host_link.pcie.generation, hw.host_link.pcie.lanes) == (4, 8)
+
+
+def test_regulus_has_no_pcie_link():
+    hw = load_hardware("regulus")
+    assert hw.host_link.kind == "shared_dram" and hw.host_link.pcie is None
+    assert hw.cores.peak_ops_per_s("w8a8") == pytest.approx(10e12)
+    assert "pcie_raw_bytes_per_s" not in hw.derived
+
+
+def test_overrides_apply_field_by_field_and_config_is_frozen():
+    hw = load_hardware("aries", {"dram.efficiency": 0.5, "cores.clock_hz": 1e9})
+    assert hw.dram.efficiency == 0.5 and hw.cores.clock_hz == 1e9
+    assert hw.dram.channels == 8
+    with pytest.raises(Exception):
+        hw.dram.channels = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        ({"dram.chanels": 2}, "hardware.dram.chanels: unknown key"),
+        ({"dram.channels": 0}, "hardware.dram.channels"),
+        ({"dram.efficiency": 1.5}, "hardware.dram.efficiency"),
+        ({"host_link.pcie.generation": 7}, "hardware.host_link.pcie.generation"),
+        ({"cores.macs_per_cycle.w3a8": 5}, "w3a8"),
+        ({"host_link.kind": "shared_dram"}, "shared_dram"),
+        ({"dram.channels.x": 1}, "hardware.dram.channels: is a value, not a table"),
+    ],
+)
+def test_bad_fields_are_named(overrides, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        load_hardware("aries", overrides)
+
+
+def test_unknown_preset_lists_valid_names():
+    with pytest.raises(ConfigError, match="valid: aries, regulus, tiny"):
+        load_hardware("mla100")
+    assert preset_names() == ["aries", "regulus", "tiny"]
+    assert isinstance(load_hardware("tiny"), HardwareConfig)
