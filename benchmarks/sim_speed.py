@@ -1,0 +1,68 @@
+"""How fast does kvsim simulate? Instructions simulated per wall-clock second on a large
+program (thousands of weight tiles), in timing-only and functional mode.
+
+    python benchmarks/sim_speed.py [--k 8192] [--n 8192] [--tile-bytes 16384] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+from models.demo import demo_data, gemv_layer
+from sim.device import Device
+from sim.hw import load_hardware
+from traces.recorder import Recorder
+
+
+def measure(k: int, n: int, tile_bytes: int, functional: bool, trace: str) -> dict:
+    hw = load_hardware("aries")
+    layer = gemv_layer(k=k, n=n, w_bits=8, num_cores=hw.cores.num_cores,
+                       sram_bytes=hw.sram.bytes_per_core, dram_bytes=hw.dram.capacity_bytes,
+                       host_bytes=hw.host.memory_bytes, tile_bytes=tile_bytes)
+    dev = Device(hw, functional=functional, layout=layer.layout, recorder=Recorder(trace))
+    if functional:
+        data = demo_data(layer, 0)
+        dev.mem.dram.write(layer.w_dram, data["w_bytes"])
+    t0 = time.perf_counter()
+    run = dev.run(layer.program)
+    wall = time.perf_counter() - t0
+    return {
+        "mode": "functional" if functional else "timing",
+        "trace": trace,
+        "instructions": len(layer.program),
+        "weight_tiles": sum(1 for i in layer.program if type(i).__name__ == "Gemm"),
+        "simulated_s": run.duration_ps / 1e12,
+        "wall_s": wall,
+        "instructions_per_wall_s": len(layer.program) / wall,
+        "simulated_bytes_per_wall_s": layer.weight_bytes() / wall,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--k", type=int, default=8192)
+    p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--tile-bytes", type=int, default=16384)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    rows = [
+        measure(a.k, a.n, a.tile_bytes, functional=False, trace="off"),
+        measure(a.k, a.n, a.tile_bytes, functional=False, trace="ops"),
+        measure(a.k, a.n, a.tile_bytes, functional=True, trace="off"),
+    ]
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"GEMV {a.n}x{a.k} int8 on aries, {a.tile_bytes}-byte weight tiles")
+    for r in rows:
+        print(f"  {r['mode']:10s} trace={r['trace']:4s} {r['instructions']:6d} instr "
+              f"({r['weight_tiles']} tiles) in {r['wall_s']:.2f} s wall: "
+              f"{r['instructions_per_wall_s']:,.0f} instr/s, "
+              f"simulated {r['simulated_s'] * 1e6:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
