@@ -14,6 +14,7 @@ from models.demo import demo_data, gemv_layer
 from traces.chrome import chrome_trace
 from traces.io import atomic_write_json, atomic_write_text
 from traces.recorder import Recorder
+from traces.report import run_report
 
 from .config import RunConfig
 from .device import Device
@@ -105,9 +106,10 @@ def run(cfg: RunConfig) -> RunResult:
 
 
 def write_outputs(result: RunResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``metrics.json`` and ``trace.json`` (each atomically) into ``out_dir``."""
+    """Write ``metrics.json``, ``trace.json`` and ``report.html`` (each atomically) into
+    ``out_dir``."""
     out = Path(out_dir)
-    paths = {"metrics": out / "metrics.json"}
+    paths = {"metrics": out / "metrics.json", "report": out / "report.html"}
     trace_text = None
     if result.recorder.level != "off":
         trace = chrome_trace(result.recorder, counter_bins=result.config.outputs.counter_bins)
@@ -115,7 +117,10 @@ def write_outputs(result: RunResult, out_dir: str | Path) -> dict[str, Path]:
         paths["trace"] = out / "trace.json"
     # Serialise everything before touching the disk, so an error leaves no files.
     metrics_text = json.dumps(result.metrics, indent=1)
+    report_text = run_report(result.metrics, result.recorder,
+                             bins=result.config.outputs.counter_bins)
     out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(paths["report"], report_text)
     if trace_text is not None:
         atomic_write_text(paths["trace"], trace_text)
     atomic_write_text(paths["metrics"], metrics_text + "\n")
