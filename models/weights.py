@@ -1,0 +1,435 @@
+"""Model weights: deterministic synthetic float weights, real weights from safetensors, and
+their quantization into the byte layout of the ISA's ``Gemm`` ``w`` operand.
+
+Every source implements :class:`WeightSource`: ``tensor(name)`` returns one float32 tensor
+by its kvsim name (see :meth:`models.config.ModelConfig.layer_tensors`), built on demand,
+so a 500M-parameter model is never held whole.
+
+Synthetic weights (:class:`SyntheticWeights`) draw each tensor from its own random stream,
+seeded by ``(seed, layer, tensor name)``: any tensor can be regenerated alone and is the
+same whatever else was generated before. Statistics are chosen to look like a trained
+LLM's where it matters to kvsim (quantization ranges, attention patterns):
+
+- projections: normal, std ``1/sqrt(fan_in)`` (variance-preserving); the projections that
+  write the residual stream (``o_proj``, ``down_proj``) are scaled by ``1/sqrt(2 L)`` as in
+  GPT-2's initialisation, so the residual stream does not grow with depth;
+- RMSNorm gammas: ``1 + N(0, 0.1)``; biases ``N(0, 0.1)``;
+- embeddings (and an untied LM head): ``N(0, 0.02)``, the ``initializer_range`` of all
+  three shared HF configs;
+- keys have outlier channels: in each KV head one RoPE channel pair of ``k_proj`` (for MLA,
+  two latent channels and one RoPE pair of ``kv_a_proj``) is scaled up by
+  :data:`KEY_OUTLIER_GAIN`, because real LLM keys have a few fixed channels of much larger
+  magnitude (KIVI, Liu et al. 2024, Fig. 2; KVQuant, Hooper et al. 2024, Sec. 3), which is
+  what makes per-channel key quantization matter.
+
+Quantization (:func:`quantize_weight`) is symmetric per output channel: ``scale[n] =
+max|w[n, :]| / (2**(b-1) - 1)``, ``code = round_half_even(w / scale)``. A matrix of shape
+``(n, k)`` is stored output-channel-major, ``n`` rows of ``k`` codes: int8 one byte each,
+int4 two per byte with element ``2i`` in the low nibble and ``2i+1`` in the high nibble of
+byte ``i``, each row padded to whole bytes (the ``Gemm`` ``w`` operand, isa/instructions.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from isa.errors import ConfigError
+
+from .bits import WeightBits
+from .config import ModelConfig, TensorSpec
+
+#: Std of embedding entries: ``initializer_range`` = 0.02 in the Qwen2.5, Llama-3.2 and
+#: DeepSeek-V2 config.json files.
+EMBED_STD = 0.02
+#: Std of RMSNorm gammas around 1 and of projection biases (assumption: trained gammas
+#: spread around 1; the value only needs to make them not all equal).
+NORM_GAMMA_STD = 0.1
+BIAS_STD = 0.1
+#: Gain of the key outlier channels over the others (assumption: KIVI Fig. 2 and KVQuant
+#: Fig. 2 show outlier key channels roughly an order of magnitude above the rest).
+KEY_OUTLIER_GAIN = 8.0
+#: RoPE channel pairs per KV head made outliers in ``k_proj`` (GQA).
+KEY_OUTLIER_PAIRS_PER_HEAD = 1
+#: Latent channels made outliers in MLA's ``kv_a_proj`` (plus one RoPE pair).
+LATENT_OUTLIER_CHANNELS = 2
+
+
+class WeightSource(Protocol):
+    """Anything that returns a model's float32 tensors by kvsim name."""
+
+    config: ModelConfig
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as float32, shape ``config.tensor_spec(name).shape``."""
+        ...
+
+
+def _layer_of(name: str) -> int:
+    """Layer index of a ``layers.<i>.`` name, -1 for global tensors."""
+    if name.startswith("layers."):
+        return int(name.split(".", 2)[1])
+    return -1
+
+
+def tensor_seed(seed: int, name: str) -> np.random.SeedSequence:
+    """The seed sequence of tensor ``name``: from ``(seed, layer + 1, crc32(name))``."""
+    return np.random.SeedSequence([seed, _layer_of(name) + 1, zlib.crc32(name.encode())])
+
+
+class SyntheticWeights:
+    """Deterministic synthetic weights for ``config`` (float32, generated per request).
+
+    Nothing is cached: each :meth:`tensor` call draws the tensor again from its own seed.
+    """
+
+    def __init__(self, config: ModelConfig, *, seed: int = 0):
+        if seed < 0:
+            raise ConfigError(f"weights.seed: must be >= 0, got {seed}")
+        self.config = config
+        self.seed = seed
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Tensor ``name``: float32 of its spec's shape (matrices ``(out, in)``)."""
+        spec = self.config.tensor_spec(name)
+        rng = np.random.default_rng(tensor_seed(self.seed, name))
+        shape = spec.shape
+        if spec.role == "norm":
+            return (1.0 + NORM_GAMMA_STD * rng.standard_normal(shape, dtype=np.float32)).astype(
+                np.float32
+            )
+        if spec.role == "bias":
+            return (BIAS_STD * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+        if name in ("embed", "lm_head"):
+            return (EMBED_STD * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+        std = 1.0 / math.sqrt(shape[1])
+        if spec.role in ("output", "down"):
+            std /= math.sqrt(2 * self.config.num_layers)
+        w = rng.standard_normal(shape, dtype=np.float32)
+        w *= np.float32(std)
+        rows = self._outlier_rows(spec, rng)
+        if rows.size:
+            w[rows] *= np.float32(KEY_OUTLIER_GAIN)
+        return w
+
+    def _outlier_rows(self, spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
+        c = self.config
+        leaf = spec.name.rsplit(".", 1)[-1]
+        if leaf == "k_proj":
+            d = c.head_dim
+            rows = []
+            for h in range(c.num_kv_heads):
+                # rotate-half RoPE pairs channel j with j + d/2; pick low-frequency pairs.
+                js = rng.choice(
+                    np.arange(d // 4, d // 2), KEY_OUTLIER_PAIRS_PER_HEAD, replace=False
+                )
+                for j in js:
+                    rows += [h * d + int(j), h * d + int(j) + d // 2]
+            return np.array(sorted(rows), dtype=np.int64)
+        if leaf == "kv_a_proj":
+            assert c.kv_lora_rank is not None and c.qk_rope_head_dim is not None
+            latent = rng.choice(c.kv_lora_rank, LATENT_OUTLIER_CHANNELS, replace=False)
+            # DeepSeek-V2 stores its RoPE key interleaved: pair i is channels (2i, 2i+1).
+            half = c.qk_rope_head_dim // 2
+            i = int(rng.integers(half // 2, half)) if half > 1 else 0
+            rope = [c.kv_lora_rank + 2 * i, c.kv_lora_rank + 2 * i + 1]
+            return np.array(sorted([int(x) for x in latent] + rope), dtype=np.int64)
+        return np.zeros(0, dtype=np.int64)
+
+    def layer(self, layer: int) -> dict[str, np.ndarray]:
+        """All tensors of block ``layer`` by name. For MoE layers this includes every
+        routed expert (DeepSeek-V2-Lite: ~2.2 GB of float32); prefer :meth:`tensor`."""
+        return {s.name: self.tensor(s.name) for s in self.config.layer_tensors(layer)}
+
+
+# --- quantization ---------------------------------------------------------------------------
+
+
+def pack_int4(codes: np.ndarray) -> np.ndarray:
+    """int8 codes in [-8, 7], shape ``(n, k)`` -> uint8 ``(n, ceil(k/2))``: element ``2i``
+    in the low nibble of byte ``i``, ``2i+1`` in the high nibble; an odd row ends in a
+    zero high nibble."""
+    c = np.asarray(codes)
+    if c.ndim != 2:
+        raise ValueError(f"pack_int4: codes must be 2-D (n, k), got shape {c.shape}")
+    if c.size and (c.min() < -8 or c.max() > 7):
+        raise ValueError("pack_int4: codes must lie in [-8, 7]")
+    n, k = c.shape
+    nib = (c.astype(np.int16) & 0x0F).astype(np.uint8)
+    if k % 2:
+        nib = np.concatenate([nib, np.zeros((n, 1), dtype=np.uint8)], axis=1)
+    return (nib[:, 0::2] | (nib[:, 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_int4(packed: np.ndarray, k: int) -> np.ndarray:
+    """Inverse of :func:`pack_int4`: uint8 ``(n, ceil(k/2))`` -> int8 ``(n, k)``."""
+    p = np.asarray(packed, dtype=np.uint8)
+    if p.ndim != 2 or p.shape[1] != (k + 1) // 2:
+        raise ValueError(f"unpack_int4: packed shape {p.shape} does not hold rows of {k} codes")
+    out = np.empty((p.shape[0], 2 * p.shape[1]), dtype=np.int8)
+    out[:, 0::2] = (p & 0x0F).astype(np.int8)
+    out[:, 1::2] = (p >> 4).astype(np.int8)
+    out[out > 7] -= 16
+    return out[:, :k]
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedWeight:
+    """A matrix quantized symmetrically per output channel.
+
+    ``data`` holds the bytes of the ``Gemm`` ``w`` operand, uint8 ``(n, row_bytes)``;
+    ``scales`` (float32 ``(n,)``) gives ``w[n, :] ~= codes[n, :] * scales[n]``.
+    """
+
+    bits: int
+    n: int
+    k: int
+    data: np.ndarray
+    scales: np.ndarray
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one output channel's row: ``ceil(k * bits / 8)``."""
+        return (self.k * self.bits + 7) // 8
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed codes (``Gemm.w_nbytes``), scales not included."""
+        return self.n * self.row_bytes
+
+    def codes(self) -> np.ndarray:
+        """The integer codes, int8 ``(n, k)``."""
+        if self.bits == 8:
+            return self.data.view(np.int8).reshape(self.n, self.k)
+        return unpack_int4(self.data, self.k)
+
+    def dequantize(self) -> np.ndarray:
+        """``codes * scales[:, None]`` as float32 ``(n, k)``."""
+        return self.codes().astype(np.float32) * self.scales[:, None]
+
+
+def quantize_weight(w: np.ndarray, bits: int) -> QuantizedWeight:
+    """Quantize a float matrix ``(n, k)`` (output-channel-major) to int8 or int4.
+
+    Symmetric per output channel with ``qmax = 2**(bits-1) - 1`` (127 or 7; the code -8 of
+    int4 is never produced). An all-zero row gets scale 1.0 and zero codes.
+    """
+    if bits not in (4, 8):
+        raise ConfigError(f"weight bits must be 4 or 8, got {bits}")
+    w = np.asarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"quantize_weight: expected a 2-D (n, k) matrix, got shape {w.shape}")
+    qmax = (1 << (bits - 1)) - 1
+    absmax = np.max(np.abs(w), axis=1) if w.shape[1] else np.zeros(w.shape[0], np.float32)
+    scales = np.where(absmax > 0, absmax / np.float32(qmax), np.float32(1.0)).astype(np.float32)
+    codes = np.clip(np.rint(w / scales[:, None]), -qmax, qmax).astype(np.int8)
+    data = codes.view(np.uint8) if bits == 8 else pack_int4(codes)
+    return QuantizedWeight(bits, w.shape[0], w.shape[1], np.ascontiguousarray(data), scales)
+
+
+def quantize_tensor(source: WeightSource, name: str, weight_bits: WeightBits) -> QuantizedWeight:
+    """Tensor ``name`` of ``source`` quantized at the bits its role gets in ``weight_bits``
+    (:meth:`WeightBits.bits_for`); the LM head is ``config.lm_head_tensor``."""
+    spec = source.config.tensor_spec(name)
+    if spec.kind != "matrix":
+        raise ConfigError(f"tensor {name!r} is a vector ({spec.role}); only matrices are quantized")
+    return quantize_weight(source.tensor(name), weight_bits.bits_for(spec.role))
+
+
+# --- safetensors ----------------------------------------------------------------------------
+
+#: Bytes per element of every safetensors dtype (for checking offsets); only the float
+#: types of :data:`SAFETENSORS_FLOAT_DTYPES` can be read as weights.
+SAFETENSORS_ITEMSIZE = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+SAFETENSORS_FLOAT_DTYPES = ("F32", "F16", "BF16")
+
+
+@dataclass(frozen=True)
+class SafetensorsEntry:
+    """One tensor of a safetensors file: dtype, shape and absolute byte range in the file."""
+
+    path: Path
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
+def read_safetensors_header(path: str | Path) -> dict[str, SafetensorsEntry]:
+    """Parse a safetensors file's header: u64 little-endian header length, JSON header
+    ``{name: {dtype, shape, data_offsets: [begin, end]}}`` (offsets relative to the end of
+    the header), then the raw little-endian tensor bytes. Checks every offset."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        with p.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ConfigError(f"{p}: not a safetensors file (shorter than 8 bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                raise ConfigError(f"{p}: header length {n} exceeds the file ({size} bytes)")
+            raw = f.read(n)
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot read safetensors file: {err.strerror or err}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{p}: safetensors header is not valid JSON: {err}") from None
+    if not isinstance(header, dict):
+        raise ConfigError(f"{p}: safetensors header must be a JSON object")
+    base = 8 + n
+    out: dict[str, SafetensorsEntry] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = info["dtype"]
+            shape = tuple(int(s) for s in info["shape"])
+            begin, end = (int(o) for o in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(
+                f"{p}: tensor {name!r}: header entry needs dtype, shape, data_offsets"
+            ) from None
+        if dtype not in SAFETENSORS_ITEMSIZE:
+            raise ConfigError(f"{p}: tensor {name!r}: unknown dtype {dtype!r}")
+        nbytes = math.prod(shape) * SAFETENSORS_ITEMSIZE[dtype]
+        if end - begin != nbytes or begin < 0 or base + end > size:
+            raise ConfigError(
+                f"{p}: tensor {name!r}: data_offsets [{begin}, {end}] do not hold {nbytes} "
+                f"bytes of {dtype}{list(shape)} inside the file"
+            )
+        out[name] = SafetensorsEntry(p, name, dtype, shape, base + begin, base + end)
+    return out
+
+
+def read_safetensors_tensor(entry: SafetensorsEntry) -> np.ndarray:
+    """One tensor as float32 (F32, F16 and BF16; BF16 widened exactly by a 16-bit shift)."""
+    if entry.dtype not in SAFETENSORS_FLOAT_DTYPES:
+        raise ConfigError(
+            f"{entry.path}: tensor {entry.name!r} has dtype {entry.dtype}; weights must be "
+            f"one of {', '.join(SAFETENSORS_FLOAT_DTYPES)}"
+        )
+    with entry.path.open("rb") as f:
+        f.seek(entry.start)
+        buf = f.read(entry.end - entry.start)
+    if entry.dtype == "F32":
+        arr = np.frombuffer(buf, dtype="<f4").astype(np.float32)
+    elif entry.dtype == "F16":
+        arr = np.frombuffer(buf, dtype="<f2").astype(np.float32)
+    else:
+        arr = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    return arr.reshape(entry.shape)
+
+
+def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of one safetensors file, by its name in the file, as float32."""
+    return {name: read_safetensors_tensor(e) for name, e in read_safetensors_header(path).items()}
+
+
+_ATTN_HF = {
+    "q_proj": "self_attn.q_proj.weight",
+    "q_bias": "self_attn.q_proj.bias",
+    "k_proj": "self_attn.k_proj.weight",
+    "k_bias": "self_attn.k_proj.bias",
+    "v_proj": "self_attn.v_proj.weight",
+    "v_bias": "self_attn.v_proj.bias",
+    "o_proj": "self_attn.o_proj.weight",
+    "o_bias": "self_attn.o_proj.bias",
+    "q_a_proj": "self_attn.q_a_proj.weight",
+    "q_a_norm": "self_attn.q_a_layernorm.weight",
+    "q_b_proj": "self_attn.q_b_proj.weight",
+    "kv_a_proj": "self_attn.kv_a_proj_with_mqa.weight",
+    "kv_a_norm": "self_attn.kv_a_layernorm.weight",
+    "k_b_proj": "self_attn.kv_b_proj.weight",
+    "v_b_proj": "self_attn.kv_b_proj.weight",
+    "attn_norm": "input_layernorm.weight",
+    "mlp_norm": "post_attention_layernorm.weight",
+    "router": "mlp.gate.weight",
+}
+_GLOBAL_HF = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.weight",
+              "lm_head": "lm_head.weight"}  # fmt: skip
+
+
+def hf_tensor_name(name: str) -> str:
+    """The Hugging Face tensor holding kvsim tensor ``name`` (MLA's ``k_b_proj`` and
+    ``v_b_proj`` are the two halves of each head's rows of ``kv_b_proj``)."""
+    if name in _GLOBAL_HF:
+        return _GLOBAL_HF[name]
+    _, layer, rest = name.split(".", 2)
+    prefix = f"model.layers.{layer}."
+    if rest in _ATTN_HF:
+        return prefix + _ATTN_HF[rest]
+    if rest.startswith("experts."):
+        return prefix + "mlp." + rest + ".weight"
+    if rest.startswith("shared."):
+        return prefix + "mlp.shared_experts." + rest.split(".", 1)[1] + ".weight"
+    return prefix + "mlp." + rest + ".weight"  # gate_proj, up_proj, down_proj
+
+
+class SafetensorsWeights:
+    """Real weights from one or more safetensors files (HF names), served by kvsim name.
+
+    ``paths`` is a file, a directory (all its ``*.safetensors`` files, as sharded
+    checkpoints are), or a list of files. Tensors are read on request and widened to
+    float32; shapes are checked against ``config``.
+    """
+
+    def __init__(self, config: ModelConfig, paths: str | Path | Iterable[str | Path]):
+        self.config = config
+        if isinstance(paths, str | Path):
+            p = Path(paths)
+            files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
+            if p.is_dir() and not files:
+                raise ConfigError(f"{p}: no *.safetensors files in this directory")
+        else:
+            files = [Path(x) for x in paths]
+        self.entries: dict[str, SafetensorsEntry] = {}
+        for f in files:
+            self.entries.update(read_safetensors_header(f))
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as float32 of its spec's shape."""
+        spec = self.config.tensor_spec(name)
+        hf = hf_tensor_name(name)
+        entry = self.entries.get(hf)
+        if entry is None:
+            raise ConfigError(f"weights: no tensor {hf!r} (for {name!r}) in the safetensors files")
+        arr = read_safetensors_tensor(entry)
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("k_b_proj", "v_b_proj"):
+            c = self.config
+            assert c.qk_nope_head_dim is not None and c.v_head_dim is not None
+            per_head = c.qk_nope_head_dim + c.v_head_dim
+            if arr.ndim != 2 or arr.shape[0] != c.num_heads * per_head:
+                raise ConfigError(
+                    f"{entry.path}: tensor {hf!r} has shape {arr.shape}; expected "
+                    f"({c.num_heads * per_head}, {c.kv_lora_rank})"
+                )
+            heads = arr.reshape(c.num_heads, per_head, arr.shape[1])
+            part = (
+                heads[:, : c.qk_nope_head_dim]
+                if leaf == "k_b_proj"
+                else heads[:, c.qk_nope_head_dim :]
+            )
+            arr = np.ascontiguousarray(part.reshape(-1, arr.shape[1]))
+        if arr.shape != spec.shape:
+            raise ConfigError(
+                f"{entry.path}: tensor {hf!r} has shape {arr.shape}; model expects "
+                f"{spec.shape} for {name!r}"
+            )
+        return arr
