@@ -1,1 +1,40 @@
-"""kvsim models."""
+"""kvsim models: LLM architectures, bit configs, weights and the float reference model.
+
+The names below are the public API other layers (the compiler, ``sim``) build on.
+"""
+
+from .bits import W4V8, W8, BitConfig, WeightBits, build_bit_config, weight_bits_preset
+from .config import ModelConfig, TensorSpec, build_model, load_model, load_preset, preset_names
+from .hf import load_hf_config
+from .reference import ReferenceModel
+from .weights import (
+    QuantizedWeight,
+    SafetensorsWeights,
+    SyntheticWeights,
+    WeightSource,
+    quantize_tensor,
+    quantize_weight,
+)
+
+__all__ = [
+    "W4V8",
+    "W8",
+    "BitConfig",
+    "ModelConfig",
+    "QuantizedWeight",
+    "ReferenceModel",
+    "SafetensorsWeights",
+    "SyntheticWeights",
+    "TensorSpec",
+    "WeightBits",
+    "WeightSource",
+    "build_bit_config",
+    "build_model",
+    "load_hf_config",
+    "load_model",
+    "load_preset",
+    "preset_names",
+    "quantize_tensor",
+    "quantize_weight",
+    "weight_bits_preset",
+]

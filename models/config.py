@@ -255,6 +255,14 @@ class ModelConfig(_Frozen):
                 )
             if self.head_dim % 2:
                 raise ValueError(f"head_dim: {self.head_dim} must be even (RoPE)")
+        if self.rope_scaling is not None and self.rope_scaling.type == "yarn":
+            if self.family != "deepseek_v2":
+                # HF's generic YaRN (Qwen2, Llama) scales cos/sin, not the softmax, and
+                # differs in detail; kvsim implements DeepSeek-V2's variant only.
+                raise ValueError(
+                    f"rope_scaling: 'yarn' is implemented for family 'deepseek_v2' only, "
+                    f"not {self.family!r}"
+                )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_kv_heads: {self.num_kv_heads} must divide num_heads {self.num_heads}"

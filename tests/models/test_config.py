@@ -140,6 +140,11 @@ def test_tensor_specs_mla_moe() -> None:
         ({"family": "gpt2"}, r"model\.family: Input should be"),
         ({"kv_lora_rank": 8}, r"model\.kv_lora_rank: MLA fields need family 'deepseek_v2'"),
         ({"n_routed_experts": 4}, r"n_routed_experts: MoE needs family 'deepseek_v2'"),
+        (
+            {"rope_scaling": {"type": "yarn", "factor": 2, "original_max_position_embeddings": 8}},
+            r"model\.rope_scaling: 'yarn' is implemented for family 'deepseek_v2' only",
+        ),
+        ({"rope_scaling": {"type": "ntk", "factor": 2.0}}, r"model\.rope_scaling: Input tag 'ntk'"),
     ],
 )
 def test_validation_errors_name_the_field(overrides: dict, message: str) -> None:

@@ -1,0 +1,415 @@
+"""Float reference model: a plain numpy float32 forward pass of every supported architecture.
+
+It is the yardstick for kvsim's integer programs: the compiler's decode must come close to
+these logits, and accuracy studies compare its KV cache with quantized ones. It follows
+the Hugging Face implementations (``LlamaModel``, ``Qwen2Model``, ``MistralModel``, and
+DeepSeek-V2's ``modeling_deepseek.py``) term by term:
+
+- token embedding, pre-norm blocks ``x + attn(rmsnorm(x))``, ``x + mlp(rmsnorm(x))``,
+  final RMSNorm, LM head (the embedding matrix when tied);
+- RMSNorm ``x / sqrt(mean(x^2) + eps) * gamma``;
+- RoPE with ``rope_theta`` and the ``rope_scaling`` of the config (llama3, linear, or
+  DeepSeek's YaRN), in the "rotate half" convention; DeepSeek-V2 stores its RoPE channels
+  interleaved, and de-interleaves them before rotating, as its HF code does;
+- GQA attention with a causal mask over the cache (keys cached after RoPE);
+- MLA (DeepSeek-V2): the cache holds the normalised KV latent (``kv_lora_rank``) and the
+  decoupled RoPE key (``qk_rope_head_dim``); per-head keys and values are expanded from
+  the latent by ``k_b_proj`` and ``v_b_proj``; queries come from ``q_proj`` or from the
+  ``q_a_proj -> q_a_norm -> q_b_proj`` low-rank path;
+- SwiGLU MLP ``down(silu(gate(x)) * up(x))``; MoE: softmax router scores, top-k experts
+  (greedy or group-limited greedy), weights renormalised or scaled by
+  ``routed_scaling_factor``, plus the shared experts; the first ``first_k_dense_replace``
+  layers are dense.
+
+Everything is float32 (numpy matmul); positions and RoPE angles are computed in float64
+and rounded once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from isa.errors import ConfigError
+
+from .bits import WeightBits
+from .config import LinearRopeScaling, Llama3RopeScaling, ModelConfig, YarnRopeScaling
+from .weights import SyntheticWeights, WeightSource, quantize_weight
+
+# --- RoPE -----------------------------------------------------------------------------------
+
+
+def rope_dim(config: ModelConfig) -> int:
+    """Channels RoPE rotates per head: ``head_dim`` (GQA) or ``qk_rope_head_dim`` (MLA)."""
+    return config.qk_rope_head_dim if config.qk_rope_head_dim is not None else config.head_dim
+
+
+def _yarn_mscale(scale: float, mscale: float) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """Inverse frequencies (rad per position), float64 ``(rope_dim/2,)``, scaling applied."""
+    d = rope_dim(config)
+    base = config.rope_theta
+    inv = 1.0 / base ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    rs = config.rope_scaling
+    if rs is None:
+        return inv
+    if isinstance(rs, LinearRopeScaling):
+        return inv / rs.factor
+    if isinstance(rs, Llama3RopeScaling):
+        # transformers.modeling_rope_utils._compute_llama3_parameters
+        old = rs.original_max_position_embeddings
+        low_wavelen = old / rs.low_freq_factor
+        high_wavelen = old / rs.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        out = np.where(wavelen > low_wavelen, inv / rs.factor, inv)
+        smooth = (old / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+        smoothed = (1 - smooth) * out / rs.factor + smooth * out
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return np.where(medium, smoothed, out)
+    assert isinstance(rs, YarnRopeScaling)
+
+    # DeepseekV2YarnRotaryEmbedding._set_cos_sin_cache
+    def correction_dim(rotations: float) -> float:
+        return (d * math.log(rs.original_max_position_embeddings / (rotations * 2 * math.pi))) / (
+            2 * math.log(base)
+        )
+
+    low = max(math.floor(correction_dim(rs.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(rs.beta_slow)), d - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    extra_mask = 1.0 - ramp
+    return inv / rs.factor * (1 - extra_mask) + inv * extra_mask
+
+
+def rope_cos_sin(config: ModelConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``cos`` and ``sin`` tables, float32 ``(len(positions), rope_dim/2)``, for the given
+    absolute token positions (YaRN's cos/sin magnitude factor included)."""
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * rope_inv_freq(config)[None, :]
+    mag = 1.0
+    rs = config.rope_scaling
+    if isinstance(rs, YarnRopeScaling):
+        mag = _yarn_mscale(rs.factor, rs.mscale) / _yarn_mscale(rs.factor, rs.mscale_all_dim)
+    return (np.cos(ang) * mag).astype(np.float32), (np.sin(ang) * mag).astype(np.float32)
+
+
+def softmax_scale(config: ModelConfig) -> float:
+    """Attention score scale: ``q_head_dim ** -0.5``, times ``mscale(factor,
+    mscale_all_dim)^2`` under DeepSeek's YaRN."""
+    scale = config.q_head_dim**-0.5
+    rs = config.rope_scaling
+    if isinstance(rs, YarnRopeScaling) and rs.mscale_all_dim:
+        m = _yarn_mscale(rs.factor, rs.mscale_all_dim)
+        scale *= m * m
+    return scale
+
+
+def apply_rope(
+    x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, interleaved: bool = False
+) -> np.ndarray:
+    """Rotate the last axis of ``x`` (``(n, ..., d)``) by the per-token ``cos``/``sin``
+    (``(n, d/2)``) in the rotate-half convention: channel ``j`` pairs with ``j + d/2``.
+
+    ``interleaved``: ``x`` stores pairs as ``(2j, 2j+1)`` (DeepSeek-V2); it is first
+    de-interleaved to ``[0, 2, 4, ..., 1, 3, 5, ...]`` and the result stays in that order.
+    """
+    d = x.shape[-1]
+    if interleaved:
+        x = np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+    extra = (slice(None),) + (None,) * (x.ndim - 2) + (slice(None),)
+    c, s = cos[extra], sin[extra]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(np.float32)
+
+
+# --- small ops ------------------------------------------------------------------------------
+
+
+def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    """``x / sqrt(mean(x^2, last axis) + eps) * gamma``, float32."""
+    ms = np.mean(np.square(x), axis=-1, keepdims=True)
+    return (x / np.sqrt(ms + np.float32(eps)) * gamma).astype(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """``x * sigmoid(x)``, float32."""
+    return (x / (1.0 + np.exp(-x))).astype(np.float32)
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax; ``-inf`` entries get probability 0."""
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return (e / np.sum(e, axis=axis, keepdims=True)).astype(np.float32)
+
+
+# --- the model ------------------------------------------------------------------------------
+
+
+class ReferenceModel:
+    """Float32 forward pass with an internal KV cache.
+
+    ``weights`` defaults to :class:`SyntheticWeights` with ``seed``. With ``weight_bits``
+    every projection matrix is replaced by its quantize-dequantize image at the bits its
+    role gets (:func:`models.weights.quantize_weight`), the reference for weight-only
+    quantization error; the embedding lookup stays float (it runs on the host).
+
+    Weights are cached after first use (``cache_weights=False`` fetches them every time).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: WeightSource | None = None,
+        *,
+        seed: int = 0,
+        weight_bits: WeightBits | None = None,
+        cache_weights: bool = True,
+    ):
+        self.config = config
+        self.weights = weights if weights is not None else SyntheticWeights(config, seed=seed)
+        if self.weights.config != config:
+            raise ConfigError("weights: the weight source was built for another model config")
+        self.weight_bits = weight_bits
+        self.cache_weights = cache_weights
+        self._wcache: dict[tuple[str, bool], np.ndarray] = {}
+        self._scale = np.float32(softmax_scale(config))
+        #: Expert ids chosen per MoE layer by the last forward call, int ``(n, top_k)``.
+        self.last_routing: dict[int, np.ndarray] = {}
+        self.reset()
+
+    # --- state ------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+        widths = self.config.kv_components()
+        self._kv: list[dict[str, np.ndarray]] = [
+            {k: np.zeros((0, w), dtype=np.float32) for k, w in widths.items()}
+            for _ in range(self.config.num_layers)
+        ]
+
+    @property
+    def num_cached(self) -> int:
+        """Tokens in the KV cache (the position of the next token)."""
+        return int(next(iter(self._kv[0].values())).shape[0])
+
+    def kv_cache(self) -> list[dict[str, np.ndarray]]:
+        """A copy of the cache: per layer, per component (:meth:`ModelConfig.kv_components`),
+        float32 ``(tokens, width)``. GQA ``key``/``value`` rows are ``num_kv_heads`` heads
+        of ``head_dim`` (head-major), keys after RoPE; MLA ``content`` is the normalised
+        latent, ``rope`` the decoupled key after RoPE."""
+        return [{k: v.copy() for k, v in layer.items()} for layer in self._kv]
+
+    def set_kv_cache(self, cache: Sequence[dict[str, np.ndarray]]) -> None:
+        """Replace the cache (e.g. by a dequantized one); shapes as :meth:`kv_cache` gives."""
+        widths = self.config.kv_components()
+        if len(cache) != self.config.num_layers:
+            raise ConfigError(f"kv cache: {len(cache)} layers, model has {self.config.num_layers}")
+        new: list[dict[str, np.ndarray]] = []
+        tokens = None
+        for i, layer in enumerate(cache):
+            if set(layer) != set(widths):
+                raise ConfigError(
+                    f"kv cache layer {i}: components {sorted(layer)}, expected {sorted(widths)}"
+                )
+            arrs = {k: np.asarray(layer[k], dtype=np.float32) for k in widths}
+            for k, a in arrs.items():
+                tokens = a.shape[0] if tokens is None else tokens
+                if a.shape != (tokens, widths[k]):
+                    raise ConfigError(
+                        f"kv cache layer {i} {k}: shape {a.shape}, expected ({tokens}, {widths[k]})"
+                    )
+            new.append({k: a.copy() for k, a in arrs.items()})
+        self._kv = new
+
+    # --- weights ----------------------------------------------------------------------------
+
+    def _w(self, name: str, *, quantized: bool = True) -> np.ndarray:
+        use_q = quantized and self.weight_bits is not None
+        if use_q and self.config.tensor_spec(name).kind != "matrix":
+            use_q = False
+        key = (name, use_q)
+        w = self._wcache.get(key)
+        if w is None:
+            w = self.weights.tensor(name)
+            if use_q:
+                assert self.weight_bits is not None
+                bits = self.weight_bits.bits_for(self.config.tensor_spec(name).role)
+                w = quantize_weight(w, bits).dequantize()
+            if self.cache_weights:
+                self._wcache[key] = w
+        return w
+
+    def _linear(self, x: np.ndarray, name: str, bias: str | None = None) -> np.ndarray:
+        y = x @ self._w(name).T
+        if bias is not None:
+            y = y + self._w(bias)
+        return y.astype(np.float32)
+
+    # --- forward ----------------------------------------------------------------------------
+
+    def embed(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Token embeddings, float32 ``(n, hidden_size)`` (the host's job on the NPU)."""
+        t = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if t.size == 0:
+            raise ConfigError("tokens: need at least one token")
+        if t.min() < 0 or t.max() >= self.config.vocab_size:
+            raise ConfigError(f"tokens: ids must lie in 0..{self.config.vocab_size - 1}")
+        return self._w("embed", quantized=False)[t]
+
+    def forward_embeddings(
+        self, x: np.ndarray, *, return_hidden: bool = False
+    ) -> np.ndarray | tuple[np.ndarray, list[np.ndarray]]:
+        """Run ``n`` input embeddings (float32 ``(n, hidden)``) at positions
+        ``num_cached .. num_cached+n-1``, appending their K/V to the cache.
+
+        Returns the logits, float32 ``(n, vocab_size)``; with ``return_hidden`` also the
+        residual stream entering each block and after the last (``num_layers + 1`` arrays).
+        """
+        c = self.config
+        x = np.asarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != c.hidden_size:
+            raise ConfigError(f"embeddings: shape {x.shape}, expected (n, {c.hidden_size})")
+        positions = np.arange(self.num_cached, self.num_cached + x.shape[0])
+        cos, sin = rope_cos_sin(c, positions)
+        hidden = [x]
+        self.last_routing = {}
+        for i in range(c.num_layers):
+            p = f"layers.{i}."
+            h = rms_norm(x, self._w(p + "attn_norm"), c.rms_norm_eps)
+            attn = self._mla(i, h, cos, sin) if c.is_mla else self._gqa(i, h, cos, sin)
+            x = (x + attn).astype(np.float32)
+            h = rms_norm(x, self._w(p + "mlp_norm"), c.rms_norm_eps)
+            mlp = self._moe(i, h) if c.layer_is_moe(i) else self._swiglu(p, h)
+            x = (x + mlp).astype(np.float32)
+            hidden.append(x)
+        h = rms_norm(x, self._w("final_norm"), c.rms_norm_eps)
+        logits = (h @ self._w(c.lm_head_tensor).T).astype(np.float32)
+        return (logits, hidden) if return_hidden else logits
+
+    def forward(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Append ``tokens`` after the cached ones; logits float32 ``(n, vocab_size)``."""
+        out = self.forward_embeddings(self.embed(tokens))
+        assert isinstance(out, np.ndarray)
+        return out
+
+    def prefill(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Empty the cache, then run ``tokens``; logits float32 ``(n, vocab_size)``."""
+        self.reset()
+        return self.forward(tokens)
+
+    def decode(self, token: int) -> np.ndarray:
+        """Run one token after the cached ones; logits float32 ``(vocab_size,)``."""
+        return self.forward([token])[0]
+
+    # --- blocks -----------------------------------------------------------------------------
+
+    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """``q`` (n, H, dq), ``k`` (T, H, dq), ``v`` (T, H, dv), causal over the cache:
+        query ``i`` sits at position ``T - n + i``. Returns (n, H*dv)."""
+        n, t = q.shape[0], k.shape[0]
+        scores = np.matmul(q.transpose(1, 0, 2), k.transpose(1, 2, 0)) * self._scale  # (H,n,T)
+        future = np.arange(t)[None, :] > (t - n + np.arange(n))[:, None]
+        scores = np.where(future[None], np.float32(-np.inf), scores)
+        probs = softmax(scores, axis=-1)
+        out = np.matmul(probs, v.transpose(1, 0, 2))  # (H, n, dv)
+        return out.transpose(1, 0, 2).reshape(n, -1).astype(np.float32)
+
+    def _append(self, layer: int, **parts: np.ndarray) -> dict[str, np.ndarray]:
+        cache = self._kv[layer]
+        for k, v in parts.items():
+            cache[k] = np.concatenate([cache[k], v.astype(np.float32)], axis=0)
+        return cache
+
+    def _gqa(self, layer: int, h: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        c = self.config
+        p = f"layers.{layer}."
+        n, d = h.shape[0], c.head_dim
+        qb, kb, vb = (p + "q_bias", p + "k_bias", p + "v_bias") if c.qkv_bias else (None,) * 3
+        q = self._linear(h, p + "q_proj", qb).reshape(n, c.num_heads, d)
+        k = self._linear(h, p + "k_proj", kb).reshape(n, c.num_kv_heads, d)
+        v = self._linear(h, p + "v_proj", vb)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        cache = self._append(layer, key=k.reshape(n, -1), value=v)
+        t = cache["key"].shape[0]
+        group = c.num_heads // c.num_kv_heads
+        keys = np.repeat(cache["key"].reshape(t, c.num_kv_heads, d), group, axis=1)
+        values = np.repeat(cache["value"].reshape(t, c.num_kv_heads, d), group, axis=1)
+        out = self._attend(q, keys, values)
+        return self._linear(out, p + "o_proj", p + "o_bias" if c.o_bias else None)
+
+    def _mla(self, layer: int, h: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        c = self.config
+        assert c.kv_lora_rank is not None and c.qk_nope_head_dim is not None
+        assert c.qk_rope_head_dim is not None and c.v_head_dim is not None
+        p = f"layers.{layer}."
+        n, nope, heads = h.shape[0], c.qk_nope_head_dim, c.num_heads
+        if c.q_lora_rank is None:
+            q = self._linear(h, p + "q_proj")
+        else:
+            qa = rms_norm(self._linear(h, p + "q_a_proj"), self._w(p + "q_a_norm"), c.rms_norm_eps)
+            q = self._linear(qa, p + "q_b_proj")
+        q = q.reshape(n, heads, c.q_head_dim)
+        q_nope, q_pe = q[..., :nope], apply_rope(q[..., nope:], cos, sin, interleaved=True)
+        kv_a = self._linear(h, p + "kv_a_proj")
+        latent = rms_norm(kv_a[:, : c.kv_lora_rank], self._w(p + "kv_a_norm"), c.rms_norm_eps)
+        k_pe = apply_rope(kv_a[:, c.kv_lora_rank :], cos, sin, interleaved=True)
+        cache = self._append(layer, content=latent, rope=k_pe)
+        t = cache["content"].shape[0]
+        k_nope = self._linear(cache["content"], p + "k_b_proj").reshape(t, heads, nope)
+        values = self._linear(cache["content"], p + "v_b_proj").reshape(t, heads, c.v_head_dim)
+        k_pe_all = np.broadcast_to(cache["rope"][:, None, :], (t, heads, c.qk_rope_head_dim))
+        keys = np.concatenate([k_nope, k_pe_all], axis=-1)
+        out = self._attend(np.concatenate([q_nope, q_pe], axis=-1), keys, values)
+        return self._linear(out, p + "o_proj")
+
+    def _swiglu(self, prefix: str, h: np.ndarray) -> np.ndarray:
+        gate = self._linear(h, prefix + "gate_proj")
+        up = self._linear(h, prefix + "up_proj")
+        return self._linear(silu(gate) * up, prefix + "down_proj")
+
+    def route(self, layer: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """MoE routing of normed hidden states ``h`` (n, hidden) in layer ``layer``:
+        expert ids int ``(n, top_k)`` (best first; ties to the lower id) and their weights
+        float32 ``(n, top_k)``, per DeepSeek-V2's ``MoEGate``."""
+        c = self.config
+        assert c.n_routed_experts is not None and c.num_experts_per_tok is not None
+        k = c.num_experts_per_tok
+        scores = softmax(self._linear(h, f"layers.{layer}.router"), axis=-1)
+        select = scores
+        if c.topk_method == "group_limited_greedy":
+            n = h.shape[0]
+            group_scores = scores.reshape(n, c.n_group, -1).max(axis=-1)
+            top_groups = np.argsort(-group_scores, axis=-1, kind="stable")[:, : c.topk_group]
+            keep = np.zeros((n, c.n_group), dtype=bool)
+            np.put_along_axis(keep, top_groups, True, axis=-1)
+            mask = np.repeat(keep, c.n_routed_experts // c.n_group, axis=-1)
+            select = np.where(mask, scores, np.float32(0))
+        ids = np.argsort(-select, axis=-1, kind="stable")[:, :k]
+        weights = np.take_along_axis(select, ids, axis=-1)
+        if k > 1 and c.norm_topk_prob:
+            weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
+        else:
+            weights = weights * np.float32(c.routed_scaling_factor)
+        return ids, weights.astype(np.float32)
+
+    def _moe(self, layer: int, h: np.ndarray) -> np.ndarray:
+        c = self.config
+        p = f"layers.{layer}."
+        ids, weights = self.route(layer, h)
+        self.last_routing[layer] = ids
+        out = np.zeros_like(h)
+        for e in np.unique(ids):
+            rows, slot = np.nonzero(ids == e)
+            y = self._swiglu(f"{p}experts.{int(e)}.", h[rows])
+            out[rows] += y * weights[rows, slot][:, None]
+        if c.n_shared_experts:
+            out += self._swiglu(p + "shared.", h)
+        return out.astype(np.float32)
