@@ -9,7 +9,10 @@ they are not (``num_layers`` for ``num_hidden_layers``, ``num_heads`` for
 
 Presets live in ``models/presets/``: Hugging Face ``config.json`` files (``*.json``, read by
 :func:`models.hf.load_hf_config`) and kvsim-schema TOML files (``*.toml``, the fields of
-:class:`ModelConfig`) for the small test models.
+:class:`ModelConfig`) for the small test models. The three ``*.json`` presets are the
+published ``config.json`` files of Qwen/Qwen2.5-0.5B-Instruct,
+meta-llama/Llama-3.2-1B-Instruct and deepseek-ai/DeepSeek-V2-Lite (copies of
+``shared/hf-configs/``).
 
 Tensor names. Every weight tensor has a kvsim name (``embed``, ``final_norm``, ``lm_head``,
 ``layers.<i>.<tensor>``; see :meth:`ModelConfig.layer_tensors`). Matrices are stored

@@ -19,8 +19,8 @@ LLM's where it matters to kvsim (quantization ranges, attention patterns):
 - keys have outlier channels: in each KV head one RoPE channel pair of ``k_proj`` (for MLA,
   two latent channels and one RoPE pair of ``kv_a_proj``) is scaled up by
   :data:`KEY_OUTLIER_GAIN`, because real LLM keys have a few fixed channels of much larger
-  magnitude (KIVI, Liu et al. 2024, Fig. 2; KVQuant, Hooper et al. 2024, Sec. 3), which is
-  what makes per-channel key quantization matter.
+  magnitude than the rest (reported by KIVI, Liu et al. 2024, and KVQuant, Hooper et al.
+  2024), which is what makes per-channel key quantization matter.
 
 Quantization (:func:`quantize_weight`) is symmetric per output channel: ``scale[n] =
 max|w[n, :]| / (2**(b-1) - 1)``, ``code = round_half_even(w / scale)``. A matrix of shape
@@ -54,8 +54,8 @@ EMBED_STD = 0.02
 #: spread around 1; the value only needs to make them not all equal).
 NORM_GAMMA_STD = 0.1
 BIAS_STD = 0.1
-#: Gain of the key outlier channels over the others (assumption: KIVI Fig. 2 and KVQuant
-#: Fig. 2 show outlier key channels roughly an order of magnitude above the rest).
+#: Gain of the key outlier channels over the others (assumption: an order of magnitude,
+#: the scale of the outlier key channels KIVI and KVQuant plot; not fitted to a model).
 KEY_OUTLIER_GAIN = 8.0
 #: RoPE channel pairs per KV head made outliers in ``k_proj`` (GQA).
 KEY_OUTLIER_PAIRS_PER_HEAD = 1
@@ -370,7 +370,10 @@ def hf_tensor_name(name: str) -> str:
     ``v_b_proj`` are the two halves of each head's rows of ``kv_b_proj``)."""
     if name in _GLOBAL_HF:
         return _GLOBAL_HF[name]
-    _, layer, rest = name.split(".", 2)
+    parts = name.split(".", 2)
+    if len(parts) != 3 or parts[0] != "layers" or not parts[1].isdigit():
+        raise ConfigError(f"{name!r} is not a kvsim tensor name")
+    _, layer, rest = parts
     prefix = f"model.layers.{layer}."
     if rest in _ATTN_HF:
         return prefix + _ATTN_HF[rest]

@@ -176,3 +176,18 @@ def test_config_is_frozen() -> None:
     with pytest.raises(Exception, match="frozen"):
         c.num_layers = 3  # type: ignore[misc]
     assert isinstance(c, ModelConfig)
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_presets_round_trip_through_dump(name: str) -> None:
+    c = load_preset(name)
+    assert ModelConfig.model_validate(c.model_dump()) == c
+    assert c.param_count > c.weights_per_layer(0) > 0
+
+
+def test_overrides_keep_the_rest() -> None:
+    c = load_model("llama-3.2-1b", {"num_layers": 2})
+    assert c.num_layers == 2 and c.name == "llama-3.2-1b"
+    assert c.rope_scaling == load_preset("llama-3.2-1b").rope_scaling
+    m = load_model("tiny-mla", {"q_lora_rank": None})
+    assert m == load_preset("tiny-mla")

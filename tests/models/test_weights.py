@@ -267,6 +267,8 @@ def test_hf_names() -> None:
     assert hf_tensor_name("layers.1.router") == "model.layers.1.mlp.gate.weight"
     assert hf_tensor_name("layers.0.gate_proj") == "model.layers.0.mlp.gate_proj.weight"
     assert hf_tensor_name("final_norm") == "model.norm.weight"
+    with pytest.raises(ConfigError, match="'norm' is not a kvsim tensor name"):
+        hf_tensor_name("norm")
 
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-mla"])
