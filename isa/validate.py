@@ -1,0 +1,151 @@
+"""Static checks of a program against a memory layout, before it is run.
+
+:func:`validate_program` raises :class:`~isa.errors.ProgramError` naming the first
+instruction at fault and why; it returns None when the program is well-formed:
+
+- the core exists, and device-wide engines (COPY, H2D, D2H) are addressed as core 0;
+- enum fields hold members of their enum (Vec ``func``, Nop ``on``);
+- operand shapes make sense: Gemm ``w_bits`` is 2, 4 or 8 and ``k`` fills whole bytes,
+  Attn ``heads`` is a multiple of ``kv_heads`` and ``ctx >= 1``;
+- KV-format fields (``fmt`` and ``*_fmt``) index into ``program.formats``;
+- every byte extent (``instr.accesses()``) is non-empty, inside its address space and,
+  where the layout has regions for that space, inside one region;
+- no flag is waited on more times than it is signalled (that would deadlock).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from isa.encoding import enum_choices, enum_values, field_enum
+from isa.errors import ProgramError
+from isa.instructions import (
+    PER_CORE_ENGINES,
+    Access,
+    Attn,
+    Gemm,
+    Instruction,
+    MemoryLayout,
+    Program,
+    Space,
+)
+
+#: Gemm weight widths the matrix unit unpacks (bits per weight).
+GEMM_W_BITS = (2, 4, 8)
+
+
+def _is_format_index(name: str) -> bool:
+    """By convention, body fields named ``fmt`` or ``*_fmt`` index the format table."""
+    return name == "fmt" or name.endswith("_fmt")
+
+
+def _extent(a: Access) -> str:
+    where = f"{a.space.name} [{a.addr:#x}, {a.addr + a.nbytes:#x})"
+    return f"{where} of core {a.core}" if a.space == Space.SRAM else where
+
+
+def _access_problem(a: Access, layout: MemoryLayout) -> str | None:
+    if a.nbytes == 0:
+        return f"{a.role}: zero-byte transfer at {a.space.name} {a.addr:#x}"
+    if a.nbytes < 0:
+        return f"{a.role}: negative size {a.nbytes} at {a.space.name} {a.addr:#x}"
+    size = layout.space_bytes(a.space)
+    if a.addr < 0 or a.addr + a.nbytes > size:
+        return f"{a.role}: {_extent(a)} overflows the {size}-byte {a.space.name}"
+    regions = [r for r in layout.regions if r.space == a.space]
+    if regions and layout.region_of(a.space, a.core, a.addr, a.nbytes) is None:
+        overlapping = [
+            r
+            for r in regions
+            if (a.space != Space.SRAM or r.core == a.core)
+            and r.base < a.addr + a.nbytes
+            and a.addr < r.end
+        ]
+        if overlapping:
+            r = overlapping[0]
+            why = f"crosses the bounds of region {r.name!r} [{r.base:#x}, {r.end:#x})"
+        else:
+            why = f"lies in no {a.space.name} region"
+            if a.space == Space.SRAM:
+                why += f" of core {a.core}"
+        return f"{a.role}: address outside its region: {_extent(a)} {why}"
+    return None
+
+
+def _instruction_problem(instr: Instruction, program: Program, layout: MemoryLayout) -> str | None:
+    if not 0 <= instr.core < layout.num_cores:
+        return f"core {instr.core} out of range (the layout has {layout.num_cores} cores)"
+
+    for f in instr.body_fields():
+        enum = field_enum(f)
+        value = getattr(instr, f.name)
+        if enum is not None and value not in enum_values(enum):
+            return f"{f.name} {value} is not a valid {enum.__name__} ({enum_choices(enum)})"
+
+    engine = instr.engine
+    if engine not in PER_CORE_ENGINES and instr.core != 0:
+        return (
+            f"{instr.mnemonic} runs on the device-wide {engine.name} engine and requires "
+            f"core 0, not core {instr.core}"
+        )
+
+    if isinstance(instr, Gemm):
+        if instr.w_bits not in GEMM_W_BITS:
+            return f"w_bits must be one of {GEMM_W_BITS}, got {instr.w_bits}"
+        per_byte = 8 // instr.w_bits
+        if instr.k % per_byte:
+            return (
+                f"misaligned packed weights: w_bits {instr.w_bits} packs {per_byte} values "
+                f"per byte, so k must be a multiple of {per_byte} (k={instr.k})"
+            )
+    if isinstance(instr, Attn):
+        if instr.kv_heads < 1 or instr.heads % instr.kv_heads:
+            return f"heads ({instr.heads}) must be a multiple of kv_heads ({instr.kv_heads})"
+        if instr.ctx < 1:
+            return f"ctx must be >= 1, got {instr.ctx}"
+
+    for f in instr.body_fields():
+        if _is_format_index(f.name):
+            index = getattr(instr, f.name)
+            if not 0 <= index < len(program.formats):
+                return (
+                    f"{f.name} {index} is not an index into the program's "
+                    f"{len(program.formats)} formats"
+                )
+
+    for access in instr.accesses():
+        problem = _access_problem(access, layout)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _times(n: int) -> str:
+    return f"{n} time" if n == 1 else f"{n} times"
+
+
+def validate_program(program: Program, layout: MemoryLayout) -> None:
+    """Raise :class:`ProgramError` for the first problem in ``program``; else return None."""
+    waits: Counter[int] = Counter()
+    signals: Counter[int] = Counter()
+    first_waiter: dict[int, int] = {}
+    for index, instr in enumerate(program.instructions):
+        problem = _instruction_problem(instr, program, layout)
+        if problem is not None:
+            raise ProgramError(index, problem)
+        waits.update(instr.wait)
+        signals.update(instr.signal)
+        for flag in instr.wait:
+            first_waiter.setdefault(flag, index)
+
+    # A flag is a counting semaphore: every wait takes one count, every signal gives one,
+    # so more waits than signals in total leaves some waiter blocked forever.
+    starved = [flag for flag in first_waiter if waits[flag] > signals[flag]]
+    if starved:
+        flag = min(starved, key=lambda f: first_waiter[f])
+        given = signals[flag]
+        supply = f"signalled only {_times(given)}" if given else "never signalled"
+        raise ProgramError(
+            first_waiter[flag],
+            f"waits on flag {flag} ({_times(waits[flag])}) but it is {supply} (deadlock)",
+        )

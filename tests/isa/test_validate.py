@@ -1,0 +1,352 @@
+"""Program validation: one test per error, and well-formed programs that pass."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+
+from isa.errors import ProgramError
+from isa.instructions import (
+    NO_ADDR,
+    Attn,
+    DmaCopy,
+    DmaLoad,
+    DmaStore,
+    Engine,
+    Gemm,
+    HostRead,
+    HostWrite,
+    Instruction,
+    KvRead,
+    KvWrite,
+    MemoryLayout,
+    Nop,
+    Program,
+    Region,
+    Space,
+    Vec,
+    VecFunc,
+)
+from isa.validate import validate_program
+from tests.isa.strategies import make, programs
+
+KiB = 1024
+MiB = 1024 * KiB
+LAYOUT = MemoryLayout(dram_bytes=4 * MiB, sram_bytes=64 * KiB, host_bytes=1 * MiB, num_cores=2)
+REGIONS = (
+    Region("weights", Space.DRAM, 0, 2 * MiB, "weights"),
+    Region("activations", Space.DRAM, 2 * MiB, 1 * MiB, "activations"),
+    Region("buf0", Space.SRAM, 0, 32 * KiB, "scratch", core=0),
+    Region("buf1", Space.SRAM, 32 * KiB, 32 * KiB, "scratch", core=0),
+    Region("buf", Space.SRAM, 0, 64 * KiB, "scratch", core=1),
+)
+WITH_REGIONS = MemoryLayout(
+    dram_bytes=4 * MiB, sram_bytes=64 * KiB, host_bytes=1 * MiB, num_cores=2, regions=REGIONS
+)
+FORMATS = ("kv8", "kv4-g32")
+
+TILE = 8 * KiB  # bytes of weights per tile: k=64 x n=128 int8
+GEMM = make(Gemm, m=1, k=64, n=128, w_bits=8, a=0, w=TILE, out=4 * TILE)
+KV_WRITE = make(KvWrite, fmt=1, tokens=1, width=64, src=0, dst=0x100, nbytes=40)
+ATTN = make(
+    Attn,
+    q_len=1,
+    ctx=16,
+    heads=4,
+    kv_heads=2,
+    head_dim=64,
+    k_fmt=0,
+    v_fmt=1,
+    q=0,
+    k=0x1000,
+    v=0x2000,
+    out=0x3000,
+    k_nbytes=2048,
+    v_nbytes=1024,
+)
+
+
+def fails(instrs: list[Instruction], layout: MemoryLayout = LAYOUT) -> ProgramError:
+    with pytest.raises(ProgramError) as info:
+        validate_program(Program(instructions=tuple(instrs), formats=FORMATS), layout)
+    return info.value
+
+
+def passes(instrs: list[Instruction], layout: MemoryLayout = LAYOUT) -> None:
+    assert validate_program(Program(instructions=tuple(instrs), formats=FORMATS), layout) is None
+
+
+def double_buffered(tiles: int, core: int = 0) -> list[Instruction]:
+    """Stream ``tiles`` weight tiles through two SRAM buffers while the MXU consumes them.
+
+    Flags (offset by ``10 * core``): ``1+b`` = buffer ``b`` loaded, ``3+b`` = buffer ``b``
+    consumed (free again), ``5`` = activations loaded.
+    """
+    base = 10 * core
+    buf = (TILE, 2 * TILE)
+    instrs: list[Instruction] = [
+        DmaLoad(core=core, signal=(base + 5,), src=2 * MiB, dst=0, nbytes=64)
+    ]
+    for t in range(tiles):
+        b = t % 2
+        wait = (base + 3 + b,) if t >= 2 else ()
+        instrs.append(
+            DmaLoad(
+                core=core, wait=wait, signal=(base + 1 + b,), src=t * TILE, dst=buf[b], nbytes=TILE
+            )
+        )
+    for t in range(tiles):
+        b = t % 2
+        wait = (base + 1 + b,) + ((base + 5,) if t == 0 else ())
+        instrs.append(
+            GEMM.replace(
+                core=core, wait=wait, signal=(base + 3 + b,), w=buf[b], out=4 * TILE + 512 * t
+            )
+        )
+    # Join the last "buffer free" signal of each buffer before storing the outputs.
+    last = sorted({base + 3 + t % 2 for t in range(max(0, tiles - 2), tiles)})
+    instrs.append(
+        DmaStore(
+            core=core, wait=tuple(last), src=4 * TILE, dst=2 * MiB + core * TILE, nbytes=512 * tiles
+        )
+    )
+    return instrs
+
+
+# ------------------------------------------------------------------------- passing
+
+
+@pytest.mark.parametrize("layout", [LAYOUT, WITH_REGIONS], ids=["sizes", "regions"])
+def test_double_buffered_program_validates(layout) -> None:
+    passes(double_buffered(tiles=6) + double_buffered(tiles=3, core=1), layout)
+
+
+def test_every_instruction_type_validates() -> None:
+    passes(
+        [
+            make(Nop, on=Engine.D2H),
+            DmaCopy(src=0, dst=MiB, nbytes=64),
+            HostWrite(src=0, dst=0, nbytes=64),
+            HostRead(src=0, dst=0, nbytes=64),
+            GEMM.replace(w_bits=4, k=64, bias=0x8000, scale=0x9000, shift=7),
+            GEMM.replace(w_bits=2, k=4),
+            make(Vec, func=VecFunc.REQUANT, rows=2, cols=8, src0=0, dst=0x100),
+            make(Vec, func=VecFunc.ADD, rows=2, cols=8, src0=0, src1=0x40, dst=0x100),
+            KV_WRITE,
+            make(KvRead, fmt=0, tokens=4, width=64, src=0x100, dst=0x200, nbytes=256),
+            ATTN,
+        ]
+    )
+
+
+def test_empty_program_validates() -> None:
+    passes([])
+
+
+@given(programs(max_instructions=6))
+def test_random_programs_raise_only_program_error(program: Program) -> None:
+    try:
+        validate_program(program, WITH_REGIONS)
+    except ProgramError as e:
+        assert 0 <= e.index < len(program)
+
+
+# -------------------------------------------------------------------------- cores
+
+
+def test_core_out_of_range() -> None:
+    err = fails([GEMM, GEMM.replace(core=2)])
+    assert err.index == 1
+    assert "core 2 out of range (the layout has 2 cores)" in err.reason
+
+
+@pytest.mark.parametrize(
+    ("instr", "engine"),
+    [
+        (DmaCopy(core=1, src=0, dst=64, nbytes=64), "COPY"),
+        (HostWrite(core=1, src=0, dst=0, nbytes=64), "H2D"),
+        (HostRead(core=1, src=0, dst=0, nbytes=64), "D2H"),
+        (make(Nop, core=1, on=Engine.COPY), "COPY"),
+    ],
+)
+def test_device_wide_engines_require_core_0(instr, engine) -> None:
+    err = fails([GEMM, instr])
+    assert err.index == 1
+    assert f"runs on the device-wide {engine} engine and requires core 0, not core 1" in (
+        err.reason
+    )
+
+
+def test_per_core_nop_may_use_any_core() -> None:
+    passes([make(Nop, core=1, on=Engine.DMA_OUT)])
+
+
+# ---------------------------------------------------------------------- extents
+
+
+def test_sram_overflow_names_role_extent_and_core() -> None:
+    err = fails([DmaLoad(core=1, src=0, dst=0xF000, nbytes=0x2000)])
+    assert err.index == 0
+    assert err.reason == "dst: SRAM [0xf000, 0x11000) of core 1 overflows the 65536-byte SRAM"
+
+
+def test_dram_and_host_overflow() -> None:
+    err = fails([GEMM, DmaStore(src=0, dst=4 * MiB - 16, nbytes=32)])
+    assert (err.index, err.reason) == (
+        1,
+        "dst: DRAM [0x3ffff0, 0x400010) overflows the 4194304-byte DRAM",
+    )
+    err = fails([HostWrite(src=MiB, dst=0, nbytes=1)])
+    assert "src: HOST [0x100000, 0x100001) overflows the 1048576-byte HOST" in err.reason
+
+
+def test_gemm_output_extent_depends_on_scale() -> None:
+    # Without a scale the output is int32 (4 bytes per element), with one it is int8.
+    gemm = GEMM.replace(n=4096, k=8, out=0xE000)
+    passes([gemm.replace(scale=0x100)])
+    err = fails([gemm])
+    assert err.reason == "out: SRAM [0xe000, 0x12000) of core 0 overflows the 65536-byte SRAM"
+
+
+def test_access_outside_every_region() -> None:
+    err = fails([GEMM, DmaLoad(src=3 * MiB, dst=0, nbytes=64)], WITH_REGIONS)
+    assert err.index == 1
+    assert err.reason == (
+        "src: address outside its region: DRAM [0x300000, 0x300040) lies in no DRAM region"
+    )
+
+
+def test_access_straddling_two_regions() -> None:
+    err = fails([DmaLoad(src=2 * MiB - 32, dst=0, nbytes=64)], WITH_REGIONS)
+    assert err.reason == (
+        "src: address outside its region: DRAM [0x1fffe0, 0x200020) crosses the bounds of "
+        "region 'weights' [0x0, 0x200000)"
+    )
+    err = fails([DmaLoad(src=0, dst=32 * KiB - 8, nbytes=64)], WITH_REGIONS)
+    assert "dst: address outside its region: SRAM [0x7ff8, 0x8038) of core 0" in err.reason
+
+
+def test_sram_regions_are_per_core() -> None:
+    layout = MemoryLayout(
+        dram_bytes=MiB,
+        sram_bytes=64 * KiB,
+        host_bytes=MiB,
+        num_cores=2,
+        regions=(Region("buf", Space.SRAM, 0, 64 * KiB, "scratch", core=0),),
+    )
+    passes([DmaLoad(core=0, src=0, dst=0x100, nbytes=64)], layout)
+    err = fails([DmaLoad(core=1, src=0, dst=0x100, nbytes=64)], layout)
+    assert err.reason == (
+        "dst: address outside its region: SRAM [0x100, 0x140) of core 1 lies in no SRAM "
+        "region of core 1"
+    )
+
+
+def test_zero_byte_transfer() -> None:
+    err = fails([GEMM, DmaLoad(src=0x40, dst=0, nbytes=0)])
+    assert (err.index, err.reason) == (1, "src: zero-byte transfer at DRAM 0x40")
+    err = fails([GEMM.replace(m=0)])
+    assert err.reason == "a: zero-byte transfer at SRAM 0x0"
+
+
+def test_unused_operands_are_not_accesses() -> None:
+    passes([make(Vec, func=VecFunc.COPY, rows=1, cols=8, src0=0, src1=NO_ADDR, dst=0x40)])
+
+
+# ------------------------------------------------------------------- field values
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"w_bits": 3}, "w_bits must be one of (2, 4, 8), got 3"),
+        ({"w_bits": 16}, "w_bits must be one of (2, 4, 8), got 16"),
+        (
+            {"w_bits": 4, "k": 63},
+            "w_bits 4 packs 2 values per byte, so k must be a multiple of 2 (k=63)",
+        ),
+        (
+            {"w_bits": 2, "k": 66},
+            "w_bits 2 packs 4 values per byte, so k must be a multiple of 4 (k=66)",
+        ),
+    ],
+)
+def test_gemm_weight_packing(changes, reason) -> None:
+    err = fails([GEMM, GEMM.replace(**changes)])
+    assert err.index == 1
+    assert reason in err.reason
+
+
+def test_vec_func_must_be_a_vec_func() -> None:
+    err = fails([make(Vec, func=9, rows=1, cols=8, src0=0, dst=0x40)])
+    assert err.index == 0
+    assert "func 9 is not a valid VecFunc" in err.reason
+
+
+def test_nop_engine_must_be_an_engine() -> None:
+    err = fails([make(Nop, on=7)])
+    assert "on 7 is not a valid Engine" in err.reason
+
+
+@pytest.mark.parametrize(
+    ("instr", "reason"),
+    [
+        (KV_WRITE.replace(fmt=2), "fmt 2 is not an index into the program's 2 formats"),
+        (
+            make(KvRead, fmt=5, tokens=1, width=8, src=0, dst=0x40, nbytes=8),
+            "fmt 5 is not an index into the program's 2 formats",
+        ),
+        (ATTN.replace(k_fmt=2), "k_fmt 2 is not an index"),
+        (ATTN.replace(v_fmt=65535), "v_fmt 65535 is not an index"),
+    ],
+)
+def test_format_indices(instr, reason) -> None:
+    err = fails([KV_WRITE, instr])
+    assert err.index == 1
+    assert reason in err.reason
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"heads": 6, "kv_heads": 4}, "heads (6) must be a multiple of kv_heads (4)"),
+        ({"kv_heads": 0}, "heads (4) must be a multiple of kv_heads (0)"),
+        ({"ctx": 0}, "ctx must be >= 1, got 0"),
+    ],
+)
+def test_attention_shape(changes, reason) -> None:
+    err = fails([ATTN.replace(**changes)])
+    assert (err.index, err.reason) == (0, reason)
+
+
+# -------------------------------------------------------------------------- flags
+
+
+def test_flag_waited_more_often_than_signalled() -> None:
+    instrs = [
+        GEMM.replace(signal=(7,)),
+        GEMM.replace(wait=(7,)),
+        GEMM.replace(wait=(7,)),
+        GEMM.replace(wait=(7,)),
+    ]
+    err = fails(instrs)
+    assert err.index == 1
+    assert "waits on flag 7 (3 times) but it is signalled only 1 time" in err.reason
+
+
+def test_flag_never_signalled_reports_first_waiter() -> None:
+    err = fails([GEMM.replace(signal=(1,)), GEMM.replace(wait=(1,)), GEMM.replace(wait=(2, 9))])
+    assert (err.index, err.reason) == (
+        2,
+        "waits on flag 2 (1 time) but it is never signalled (deadlock)",
+    )
+
+
+def test_extra_signals_are_fine() -> None:
+    passes([GEMM.replace(signal=(1, 1)), GEMM.replace(wait=(1,))])
+
+
+def test_first_bad_instruction_is_reported() -> None:
+    err = fails([GEMM.replace(wait=(5,)), GEMM.replace(core=9), GEMM.replace(w_bits=1)])
+    assert err.index == 1
+    assert str(err).startswith("instruction 1: core 9")
