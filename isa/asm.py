@@ -114,14 +114,11 @@ def _instruction(tokens: list[str]) -> Instruction:
     except _LineError as e:
         raise _LineError(f"{mnemonic}: {e}") from None
 
-    missing = []
-    for f in cls.body_fields():
-        if f.name not in values:
-            default = field_default(f)
-            if default is dataclasses.MISSING:
-                missing.append(f.name)
-            else:
-                values[f.name] = default
+    missing = [
+        f.name
+        for f in cls.body_fields()
+        if f.name not in values and field_default(f) is dataclasses.MISSING
+    ]
     if missing:
         raise _LineError(f"{mnemonic}: missing required field(s) {', '.join(missing)}")
     try:

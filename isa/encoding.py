@@ -74,16 +74,10 @@ def field_enum(f: dataclasses.Field) -> type[IntEnum] | None:
 
 
 def field_default(f: dataclasses.Field) -> Any:
-    """A field's default value, or :data:`dataclasses.MISSING` when it is required.
-
-    Also honours a ``default`` entry in the field metadata: ISA v1's field helpers
-    (``u64(default=...)``) put the default there rather than on the field itself.
-    """
-    if f.default is not dataclasses.MISSING:
-        return f.default
+    """A field's default value, or :data:`dataclasses.MISSING` when it is required."""
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
-    return f.metadata.get("default", dataclasses.MISSING)
+    return f.default
 
 
 @cache

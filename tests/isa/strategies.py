@@ -12,22 +12,8 @@ import dataclasses
 
 from hypothesis import strategies as st
 
-from isa.encoding import CORE_CODE, FLAG_CODE, MAX_FLAGS, field_default, field_enum, int_range
+from isa.encoding import CORE_CODE, FLAG_CODE, MAX_FLAGS, field_enum, int_range
 from isa.instructions import INSTRUCTION_TYPES, Instruction, Program
-
-
-def make(cls: type[Instruction], **values: int | tuple[int, ...]) -> Instruction:
-    """Build ``cls`` from ``values``, filling the fields left out with their defaults.
-
-    (ISA v1 declares some defaults in the field metadata only; see
-    :func:`isa.encoding.field_default`.)
-    """
-    for f in cls.body_fields():
-        if f.name not in values:
-            default = field_default(f)
-            if default is not dataclasses.MISSING:
-                values[f.name] = default
-    return cls(**values)
 
 
 def integers_for(code: str) -> st.SearchStrategy[int]:

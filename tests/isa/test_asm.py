@@ -22,7 +22,7 @@ from isa.instructions import (
     Vec,
     VecFunc,
 )
-from tests.isa.strategies import extreme_instruction, instructions_of, make, programs
+from tests.isa.strategies import extreme_instruction, instructions_of, programs
 
 # ------------------------------------------------------------------------- round trips
 
@@ -84,8 +84,7 @@ def test_assemble_source() -> None:
     assert program.formats == ("kv4-g32", "kv8 # per-token")
     assert program.instructions == (
         DmaLoad(core=1, signal=(1,), src=0x10000, dst=0, nbytes=4096),
-        make(
-            Gemm,
+        Gemm(
             core=1,
             wait=(1,),
             signal=(2, 3),
@@ -97,25 +96,25 @@ def test_assemble_source() -> None:
             w=0x1000,
             out=0x2000,
         ),
-        make(Vec, func=VecFunc.RMSNORM, rows=1, cols=4096, src0=0, dst=0x1000, p0=-7, p1=-16),
-        make(Vec, func=VecFunc.RMSNORM, rows=1, cols=1, src0=0, dst=0, src1=0x40),
-        make(Nop, on=Engine.DMA_IN, wait=(2,)),
-        make(Nop, on=Engine.H2D, wait=(3,)),
+        Vec(func=VecFunc.RMSNORM, rows=1, cols=4096, src0=0, dst=0x1000, p0=-7, p1=-16),
+        Vec(func=VecFunc.RMSNORM, rows=1, cols=1, src0=0, dst=0, src1=0x40),
+        Nop(on=Engine.DMA_IN, wait=(2,)),
+        Nop(on=Engine.H2D, wait=(3,)),
     )
 
 
 def test_disassembly_is_readable() -> None:
-    gemm = make(
-        Gemm, core=1, wait=(1, 2), signal=(3,), m=1, k=64, n=8, w_bits=4, a=0, w=0x1000, out=0x2000
+    gemm = Gemm(
+        core=1, wait=(1, 2), signal=(3,), m=1, k=64, n=8, w_bits=4, a=0, w=0x1000, out=0x2000
     )
     assert disassemble_instruction(gemm) == (
         "gemm core=1 wait=1,2 signal=3 m=1 k=64 n=8 w_bits=4 a=0x0 w=0x1000 out=0x2000"
     )
-    vec = make(Vec, func=VecFunc.SILU_MUL, rows=2, cols=8, src0=0, src1=0x10, dst=0x20, p2=-3)
+    vec = Vec(func=VecFunc.SILU_MUL, rows=2, cols=8, src0=0, src1=0x10, dst=0x20, p2=-3)
     assert disassemble_instruction(vec) == (
         "vec func=silu_mul rows=2 cols=8 src0=0x0 src1=0x10 dst=0x20 p2=-3"
     )
-    assert disassemble_instruction(make(Nop, on=Engine.COPY)) == "nop on=copy"
+    assert disassemble_instruction(Nop(on=Engine.COPY)) == "nop on=copy"
 
 
 def test_defaults_are_omitted_and_restored() -> None:
@@ -127,7 +126,7 @@ def test_defaults_are_omitted_and_restored() -> None:
 
 def test_comments_blank_lines_and_crlf() -> None:
     assert assemble("\r\n  # only a comment\r\n\r\n") == Program(instructions=())
-    assert assemble("nop on=vpu # c\r\n").instructions == (make(Nop, on=Engine.VPU),)
+    assert assemble("nop on=vpu # c\r\n").instructions == (Nop(on=Engine.VPU),)
 
 
 # ---------------------------------------------------------------------------- errors

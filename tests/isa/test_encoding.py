@@ -28,10 +28,10 @@ from isa.instructions import (
     Vec,
     VecFunc,
 )
-from tests.isa.strategies import extreme_instruction, instructions, instructions_of, make, programs
+from tests.isa.strategies import extreme_instruction, instructions, instructions_of, programs
 
-GEMM = make(Gemm, m=1, k=64, n=16, w_bits=4, a=0, w=0x100, out=0x400)
-VEC = make(Vec, func=VecFunc.RMSNORM, rows=1, cols=64, src0=0, dst=0x40)
+GEMM = Gemm(m=1, k=64, n=16, w_bits=4, a=0, w=0x100, out=0x400)
+VEC = Vec(func=VecFunc.RMSNORM, rows=1, cols=64, src0=0, dst=0x40)
 
 
 # ------------------------------------------------------------------------- round trips
@@ -73,7 +73,7 @@ def test_empty_program_round_trips() -> None:
 
 
 def test_enum_members_decode_equal() -> None:
-    instr = make(Nop, on=Engine.H2D)
+    instr = Nop(on=Engine.H2D)
     assert decode_instruction(encode_instruction(instr))[0] == instr
 
 
@@ -83,7 +83,7 @@ def test_enum_members_decode_equal() -> None:
 def test_documented_layout() -> None:
     program = Program(
         instructions=(
-            make(Nop, core=1, wait=(7,), signal=(0x102, 3), on=Engine.MXU),
+            Nop(core=1, wait=(7,), signal=(0x102, 3), on=Engine.MXU),
             DmaLoad(src=0x10, dst=0x20, nbytes=0x30),
         ),
         formats=("kv4",),

@@ -28,7 +28,7 @@ from isa.instructions import (
     VecFunc,
 )
 from isa.validate import validate_program
-from tests.isa.strategies import make, programs
+from tests.isa.strategies import programs
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -46,10 +46,9 @@ WITH_REGIONS = MemoryLayout(
 FORMATS = ("kv8", "kv4-g32")
 
 TILE = 8 * KiB  # bytes of weights per tile: k=64 x n=128 int8
-GEMM = make(Gemm, m=1, k=64, n=128, w_bits=8, a=0, w=TILE, out=4 * TILE)
-KV_WRITE = make(KvWrite, fmt=1, tokens=1, width=64, src=0, dst=0x100, nbytes=40)
-ATTN = make(
-    Attn,
+GEMM = Gemm(m=1, k=64, n=128, w_bits=8, a=0, w=TILE, out=4 * TILE)
+KV_WRITE = KvWrite(fmt=1, tokens=1, width=64, src=0, dst=0x100, nbytes=40)
+ATTN = Attn(
     q_len=1,
     ctx=16,
     heads=4,
@@ -124,16 +123,16 @@ def test_double_buffered_program_validates(layout) -> None:
 def test_every_instruction_type_validates() -> None:
     passes(
         [
-            make(Nop, on=Engine.D2H),
+            Nop(on=Engine.D2H),
             DmaCopy(src=0, dst=MiB, nbytes=64),
             HostWrite(src=0, dst=0, nbytes=64),
             HostRead(src=0, dst=0, nbytes=64),
             GEMM.replace(w_bits=4, k=64, bias=0x8000, scale=0x9000, shift=7),
             GEMM.replace(w_bits=2, k=4),
-            make(Vec, func=VecFunc.REQUANT, rows=2, cols=8, src0=0, dst=0x100),
-            make(Vec, func=VecFunc.ADD, rows=2, cols=8, src0=0, src1=0x40, dst=0x100),
+            Vec(func=VecFunc.REQUANT, rows=2, cols=8, src0=0, dst=0x100),
+            Vec(func=VecFunc.ADD, rows=2, cols=8, src0=0, src1=0x40, dst=0x100),
             KV_WRITE,
-            make(KvRead, fmt=0, tokens=4, width=64, src=0x100, dst=0x200, nbytes=256),
+            KvRead(fmt=0, tokens=4, width=64, src=0x100, dst=0x200, nbytes=256),
             ATTN,
         ]
     )
@@ -166,7 +165,7 @@ def test_core_out_of_range() -> None:
         (DmaCopy(core=1, src=0, dst=64, nbytes=64), "COPY"),
         (HostWrite(core=1, src=0, dst=0, nbytes=64), "H2D"),
         (HostRead(core=1, src=0, dst=0, nbytes=64), "D2H"),
-        (make(Nop, core=1, on=Engine.COPY), "COPY"),
+        (Nop(core=1, on=Engine.COPY), "COPY"),
     ],
 )
 def test_device_wide_engines_require_core_0(instr, engine) -> None:
@@ -178,7 +177,7 @@ def test_device_wide_engines_require_core_0(instr, engine) -> None:
 
 
 def test_per_core_nop_may_use_any_core() -> None:
-    passes([make(Nop, core=1, on=Engine.DMA_OUT)])
+    passes([Nop(core=1, on=Engine.DMA_OUT)])
 
 
 # ---------------------------------------------------------------------- extents
@@ -250,7 +249,7 @@ def test_zero_byte_transfer() -> None:
 
 
 def test_unused_operands_are_not_accesses() -> None:
-    passes([make(Vec, func=VecFunc.COPY, rows=1, cols=8, src0=0, src1=NO_ADDR, dst=0x40)])
+    passes([Vec(func=VecFunc.COPY, rows=1, cols=8, src0=0, src1=NO_ADDR, dst=0x40)])
 
 
 # ------------------------------------------------------------------- field values
@@ -278,13 +277,13 @@ def test_gemm_weight_packing(changes, reason) -> None:
 
 
 def test_vec_func_must_be_a_vec_func() -> None:
-    err = fails([make(Vec, func=9, rows=1, cols=8, src0=0, dst=0x40)])
+    err = fails([Vec(func=9, rows=1, cols=8, src0=0, dst=0x40)])
     assert err.index == 0
     assert "func 9 is not a valid VecFunc" in err.reason
 
 
 def test_nop_engine_must_be_an_engine() -> None:
-    err = fails([make(Nop, on=7)])
+    err = fails([Nop(on=7)])
     assert "on 7 is not a valid Engine" in err.reason
 
 
@@ -293,7 +292,7 @@ def test_nop_engine_must_be_an_engine() -> None:
     [
         (KV_WRITE.replace(fmt=2), "fmt 2 is not an index into the program's 2 formats"),
         (
-            make(KvRead, fmt=5, tokens=1, width=8, src=0, dst=0x40, nbytes=8),
+            KvRead(fmt=5, tokens=1, width=8, src=0, dst=0x40, nbytes=8),
             "fmt 5 is not an index into the program's 2 formats",
         ),
         (ATTN.replace(k_fmt=2), "k_fmt 2 is not an index"),
