@@ -175,9 +175,17 @@ class Nop(Instruction):
         return Engine(self.on)
 
 
+def _rows_extent(nbytes: int, rows: int, stride: int) -> int:
+    """Bytes spanned by ``rows`` blocks of ``nbytes`` placed ``stride`` apart (0 = packed)."""
+    step = stride or nbytes
+    return (rows - 1) * step + nbytes if rows else 0
+
+
 @dataclass(frozen=True, kw_only=True)
 class DmaLoad(Instruction):
-    """DRAM -> SRAM of ``core``."""
+    """DRAM -> SRAM of ``core``: ``rows`` blocks of ``nbytes`` (a 2-D transfer); block
+    ``r`` goes from ``src + r*src_stride`` to ``dst + r*dst_stride`` (a stride of 0 means
+    ``nbytes``, i.e. contiguous)."""
 
     opcode: ClassVar[Opcode] = Opcode.DMA_LOAD
     mnemonic: ClassVar[str] = "dma.load"
@@ -185,17 +193,26 @@ class DmaLoad(Instruction):
     src: int = u64()
     dst: int = u64()
     nbytes: int = u32()
+    rows: int = u32(default=1)
+    src_stride: int = u32(default=0)
+    dst_stride: int = u32(default=0)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.nbytes * self.rows
 
     def accesses(self) -> list[Access]:
         return [
-            Access(Space.DRAM, 0, self.src, self.nbytes, False, "src"),
-            Access(Space.SRAM, self.core, self.dst, self.nbytes, True, "dst"),
+            Access(Space.DRAM, 0, self.src,
+                   _rows_extent(self.nbytes, self.rows, self.src_stride), False, "src"),
+            Access(Space.SRAM, self.core, self.dst,
+                   _rows_extent(self.nbytes, self.rows, self.dst_stride), True, "dst"),
         ]
 
 
 @dataclass(frozen=True, kw_only=True)
 class DmaStore(Instruction):
-    """SRAM of ``core`` -> DRAM."""
+    """SRAM of ``core`` -> DRAM, 2-D like :class:`DmaLoad`."""
 
     opcode: ClassVar[Opcode] = Opcode.DMA_STORE
     mnemonic: ClassVar[str] = "dma.store"
@@ -203,11 +220,20 @@ class DmaStore(Instruction):
     src: int = u64()
     dst: int = u64()
     nbytes: int = u32()
+    rows: int = u32(default=1)
+    src_stride: int = u32(default=0)
+    dst_stride: int = u32(default=0)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.nbytes * self.rows
 
     def accesses(self) -> list[Access]:
         return [
-            Access(Space.SRAM, self.core, self.src, self.nbytes, False, "src"),
-            Access(Space.DRAM, 0, self.dst, self.nbytes, True, "dst"),
+            Access(Space.SRAM, self.core, self.src,
+                   _rows_extent(self.nbytes, self.rows, self.src_stride), False, "src"),
+            Access(Space.DRAM, 0, self.dst,
+                   _rows_extent(self.nbytes, self.rows, self.dst_stride), True, "dst"),
         ]
 
 
@@ -356,9 +382,16 @@ class Vec(Instruction):
 
 @dataclass(frozen=True, kw_only=True)
 class KvWrite(Instruction):
-    """Quantize and pack ``tokens x width`` int8 values (SRAM ``src``) into ``nbytes`` of
-    KV format ``fmt`` (an index into the program's format table) at SRAM ``dst``. ``pos`` is
-    the cache position of the first token (group alignment, full-precision windows)."""
+    """Append ``tokens`` tokens of ``width`` values to a KV cache in DRAM.
+
+    ``src`` (SRAM) holds int32 values, ``tokens x width``, at the fixed-point scale given
+    by ``scale_mult * 2**-scale_shift`` (real value = v * scale); the vector unit quantizes
+    and packs them into KV format ``fmt`` (an index into the program's format table) and
+    writes them at positions ``pos .. pos+tokens-1`` of the cache whose ``cap``-token
+    region starts at DRAM ``dst`` (``nbytes`` = the region's bytes). Formats with a
+    full-precision window re-quantize the tokens that leave it. The bytes actually read and
+    written in DRAM are the format's (``KVFormat.append_traffic``).
+    """
 
     opcode: ClassVar[Opcode] = Opcode.KV_WRITE
     mnemonic: ClassVar[str] = "kv.write"
@@ -367,15 +400,17 @@ class KvWrite(Instruction):
     tokens: int = u32()
     width: int = u32()
     pos: int = u32(default=0)
+    cap: int = u32(default=0)
     src: int = u64()
     dst: int = u64()
     nbytes: int = u32()
+    scale_mult: int = i32(default=1)
+    scale_shift: int = u8(default=0)
 
     def accesses(self) -> list[Access]:
-        c = self.core
-        return _sram(c, self.src, self.tokens * self.width, False, "src") + _sram(
-            c, self.dst, self.nbytes, True, "dst"
-        )
+        return _sram(self.core, self.src, 4 * self.tokens * self.width, False, "src") + [
+            Access(Space.DRAM, 0, self.dst, self.nbytes, True, "dst")
+        ]
 
     def ops(self) -> int:
         return 4 * self.tokens * self.width
@@ -383,8 +418,10 @@ class KvWrite(Instruction):
 
 @dataclass(frozen=True, kw_only=True)
 class KvRead(Instruction):
-    """Unpack ``nbytes`` of KV format ``fmt`` (SRAM ``src``) into ``tokens x width`` int8
-    values at SRAM ``dst``."""
+    """Read tokens ``pos .. pos+tokens-1`` of the KV cache at DRAM ``src`` (format ``fmt``,
+    ``cap`` tokens, ``nbytes`` region bytes) and write them dequantized to int8 at SRAM
+    ``dst`` (``tokens x width``) with the fixed-point scale ``out_mult * 2**-out_shift``
+    per unit of the int8 result."""
 
     opcode: ClassVar[Opcode] = Opcode.KV_READ
     mnemonic: ClassVar[str] = "kv.read"
@@ -393,14 +430,16 @@ class KvRead(Instruction):
     tokens: int = u32()
     width: int = u32()
     pos: int = u32(default=0)
+    cap: int = u32(default=0)
     src: int = u64()
     dst: int = u64()
     nbytes: int = u32()
+    out_mult: int = i32(default=1)
+    out_shift: int = u8(default=0)
 
     def accesses(self) -> list[Access]:
-        c = self.core
-        return _sram(c, self.src, self.nbytes, False, "src") + _sram(
-            c, self.dst, self.tokens * self.width, True, "dst"
+        return [Access(Space.DRAM, 0, self.src, self.nbytes, False, "src")] + _sram(
+            self.core, self.dst, self.tokens * self.width, True, "dst"
         )
 
     def ops(self) -> int:
@@ -409,11 +448,16 @@ class KvRead(Instruction):
 
 @dataclass(frozen=True, kw_only=True)
 class Attn(Instruction):
-    """Integer attention of ``q_len`` int8 queries (``heads x head_dim`` each) over
-    ``ctx`` cached tokens whose K and V are stored in formats ``k_fmt``/``v_fmt``
-    (``k_nbytes``/``v_nbytes`` packed bytes in SRAM). Grouped-query: ``heads`` must be a
-    multiple of ``kv_heads``. Query ``i`` sits at position ``pos + i`` and attends causally.
-    Output: int8 ``q_len x heads x head_dim`` requantized with ``out_mult``/``out_shift``."""
+    """Integer attention of ``q_len`` int8 queries of ``heads`` heads (``head_dim`` each,
+    SRAM ``q``, token-major) over the first ``ctx`` tokens of one KV head's caches, which
+    the attention unit streams from DRAM in their stored formats: K at ``k`` (format
+    ``k_fmt``), V at ``v`` (format ``v_fmt``), each a ``cap``-token region of
+    ``k_nbytes``/``v_nbytes`` bytes. ``heads`` is a multiple of ``kv_heads`` (grouped-query
+    attention; one instruction serves one KV head, ``kv_heads = 1``, in compiled programs).
+    Query ``i`` sits at position ``pos + i`` and attends to positions ``<= pos + i``.
+    Scores are scaled by ``score_mult * 2**-score_shift`` before the integer softmax; the
+    int8 output (SRAM ``out``, ``q_len x heads x head_dim``) by ``out_mult * 2**-out_shift``.
+    """
 
     opcode: ClassVar[Opcode] = Opcode.ATTN
     mnemonic: ClassVar[str] = "attn"
@@ -424,6 +468,7 @@ class Attn(Instruction):
     kv_heads: int = u16()
     head_dim: int = u16()
     pos: int = u32(default=0)
+    cap: int = u32(default=0)
     k_fmt: int = u16()
     v_fmt: int = u16()
     q: int = u64()
@@ -442,8 +487,8 @@ class Attn(Instruction):
         qn = self.q_len * self.heads * self.head_dim
         return (
             _sram(c, self.q, qn, False, "q")
-            + _sram(c, self.k, self.k_nbytes, False, "k")
-            + _sram(c, self.v, self.v_nbytes, False, "v")
+            + [Access(Space.DRAM, 0, self.k, self.k_nbytes, False, "k"),
+               Access(Space.DRAM, 0, self.v, self.v_nbytes, False, "v")]
             + _sram(c, self.out, qn, True, "out")
         )
 

@@ -38,8 +38,17 @@ class Memory(Protocol):
 
 
 def _copy(mem: Memory, src_space: Space, dst_space: Space, instr) -> None:
-    data = mem.read(src_space, instr.core, instr.src, instr.nbytes)
-    mem.write(dst_space, instr.core, instr.dst, data)
+    rows = getattr(instr, "rows", 1)
+    n = instr.nbytes
+    s_step = getattr(instr, "src_stride", 0) or n
+    d_step = getattr(instr, "dst_stride", 0) or n
+    if rows == 1 or (s_step == n and d_step == n):
+        mem.write(dst_space, instr.core, instr.dst,
+                  mem.read(src_space, instr.core, instr.src, n * rows))
+        return
+    for r in range(rows):
+        data = mem.read(src_space, instr.core, instr.src + r * s_step, n)
+        mem.write(dst_space, instr.core, instr.dst + r * d_step, data)
 
 
 def requantize(acc: np.ndarray, mult: np.ndarray | int, shift: int) -> np.ndarray:
@@ -121,10 +130,7 @@ def execute(instr: Instruction, mem: Memory, formats: tuple[str, ...] = ()) -> N
     elif isinstance(instr, Vec):
         _vec(instr, mem)
     elif isinstance(instr, (KvWrite, KvRead)):
-        name = formats[instr.fmt] if instr.fmt < len(formats) else "?"
-        if name != "int8" or instr.nbytes != instr.tokens * instr.width:
-            raise IsaError(f"{instr.mnemonic}: format {name!r} has no semantics in this build")
-        _copy(mem, Space.SRAM, Space.SRAM, instr)
+        raise IsaError(f"{instr.mnemonic} has no semantics in this build")
     elif isinstance(instr, Attn):
         raise IsaError("attn has no semantics in this build")
     else:

@@ -222,11 +222,17 @@ class Device:
     def _timing(self, ins: Instruction, program: Program):
         st = self.stats
         if isinstance(ins, DmaLoad):
-            st.add("dram_read", self.kind_of(ins.src), ins.nbytes)
-            yield from self.dma_in[ins.core].transfer("load", ins.src, ins.dst, ins.nbytes)
+            st.add("dram_read", self.kind_of(ins.src), ins.total_bytes)
+            yield from self.dma_in[ins.core].transfer(
+                "load", ins.src, ins.dst, ins.nbytes, rows=ins.rows,
+                src_stride=ins.src_stride, dst_stride=ins.dst_stride,
+            )
         elif isinstance(ins, DmaStore):
-            st.add("dram_write", self.kind_of(ins.dst), ins.nbytes)
-            yield from self.dma_out[ins.core].transfer("store", ins.src, ins.dst, ins.nbytes)
+            st.add("dram_write", self.kind_of(ins.dst), ins.total_bytes)
+            yield from self.dma_out[ins.core].transfer(
+                "store", ins.src, ins.dst, ins.nbytes, rows=ins.rows,
+                src_stride=ins.src_stride, dst_stride=ins.dst_stride,
+            )
         elif isinstance(ins, DmaCopy):
             st.add("dram_read", self.kind_of(ins.src), ins.nbytes)
             st.add("dram_write", self.kind_of(ins.dst), ins.nbytes)

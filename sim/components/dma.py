@@ -43,19 +43,36 @@ class DmaEngine:
         self.slots = simpy.Resource(env, capacity=cfg.max_outstanding_chunks)
         self.setup_ps = ns_to_ps(cfg.setup_latency_ns)
 
-    def transfer(self, direction: Direction, src: int, dst: int, nbytes: int):
-        """Process generator moving ``nbytes`` from ``src`` to ``dst`` (addresses in the
-        spaces implied by ``direction``)."""
+    def transfer(
+        self,
+        direction: Direction,
+        src: int,
+        dst: int,
+        nbytes: int,
+        *,
+        rows: int = 1,
+        src_stride: int = 0,
+        dst_stride: int = 0,
+    ):
+        """Process generator moving ``rows`` blocks of ``nbytes`` from ``src`` to ``dst``
+        (addresses in the spaces implied by ``direction``; a stride of 0 means packed).
+        Packed blocks are one stream; strided blocks are split into chunks per block."""
         env = self.env
         if self.setup_ps:
             yield env.timeout(self.setup_ps)
         chunk = self.cfg.chunk_bytes
+        s_step = src_stride or nbytes
+        d_step = dst_stride or nbytes
+        if s_step == nbytes and d_step == nbytes:
+            nbytes, rows = nbytes * rows, 1
         pending = []
-        for off in range(0, nbytes, chunk):
-            n = min(chunk, nbytes - off)
-            req = self.slots.request()
-            yield req
-            pending.append(env.process(self._chunk(req, direction, src + off, dst + off, n)))
+        for r in range(rows):
+            s0, d0 = src + r * s_step, dst + r * d_step
+            for off in range(0, nbytes, chunk):
+                n = min(chunk, nbytes - off)
+                req = self.slots.request()
+                yield req
+                pending.append(env.process(self._chunk(req, direction, s0 + off, d0 + off, n)))
         if pending:
             yield env.all_of(pending)
 

@@ -100,7 +100,7 @@ def test_documented_layout() -> None:
         + struct.pack("<HHH", 7, 0x102, 3)
         + bytes([Engine.MXU])
         + bytes([0x10, 0, 0, 0])
-        + struct.pack("<QQI", 0x10, 0x20, 0x30)
+        + struct.pack("<QQIIII", 0x10, 0x20, 0x30, 1, 0, 0)  # rows=1, strides 0
     )
     assert encode_program(program) == expected
 
