@@ -69,6 +69,7 @@ class VecFunc(IntEnum):
     ROPE = 4
     SOFTMAX = 5
     REQUANT = 6  # int32 -> int8 with multiplier and shift
+    FROM_F32 = 7  # float32 input -> int8 (the input converter at the host boundary)
 
 
 #: Integer ops per element of each vector function, for the vector unit's timing
@@ -81,12 +82,8 @@ VEC_OPS_PER_ELEMENT = {
     VecFunc.ROPE: 6,
     VecFunc.SOFTMAX: 10,
     VecFunc.REQUANT: 3,
+    VecFunc.FROM_F32: 3,
 }
-
-#: Bytes per element of the vector functions' source and destination operands.
-VEC_SRC_BYTES = {VecFunc.REQUANT: 4}
-VEC_DST_BYTES: dict[VecFunc, int] = {}
-
 
 class Access(NamedTuple):
     """A byte extent an instruction reads or writes."""
@@ -344,7 +341,9 @@ class Gemm(Instruction):
 
 @dataclass(frozen=True, kw_only=True)
 class Vec(Instruction):
-    """Vector-unit function ``func`` over ``rows x cols`` elements (see :class:`VecFunc`)."""
+    """Vector-unit function ``func`` over ``rows x cols`` int8 elements (see
+    :class:`VecFunc`; operand sizes and the meaning of ``p0..p3`` are in ``isa.semantics``).
+    """
 
     opcode: ClassVar[Opcode] = Opcode.VEC
     mnemonic: ClassVar[str] = "vec"
@@ -367,13 +366,20 @@ class Vec(Instruction):
     def accesses(self) -> list[Access]:
         f = VecFunc(self.func)
         n = self.elements
-        src_b = VEC_SRC_BYTES.get(f, 1)
-        dst_b = VEC_DST_BYTES.get(f, 1)
         c = self.core
+        src0 = 4 * n if f in (VecFunc.REQUANT, VecFunc.FROM_F32) else n
+        if f in (VecFunc.ADD, VecFunc.SILU_MUL):
+            src1 = n
+        elif f == VecFunc.RMSNORM:
+            src1 = 2 * self.cols  # int16 gain per column
+        elif f == VecFunc.ROPE:
+            src1 = 2 * self.rows * max(self.p1, 0)  # int16 cos and sin, rows x rot_dim/2 each
+        else:
+            src1 = 0
         return (
-            _sram(c, self.src0, n * src_b, False, "src0")
-            + _sram(c, self.src1, n * src_b, False, "src1")
-            + _sram(c, self.dst, n * dst_b, True, "dst")
+            _sram(c, self.src0, src0, False, "src0")
+            + (_sram(c, self.src1, src1, False, "src1") if src1 else [])
+            + _sram(c, self.dst, n, True, "dst")
         )
 
     def ops(self) -> int:
@@ -382,15 +388,12 @@ class Vec(Instruction):
 
 @dataclass(frozen=True, kw_only=True)
 class KvWrite(Instruction):
-    """Append ``tokens`` tokens of ``width`` values to a KV cache in DRAM.
-
-    ``src`` (SRAM) holds int32 values, ``tokens x width``, at the fixed-point scale given
-    by ``scale_mult * 2**-scale_shift`` (real value = v * scale); the vector unit quantizes
-    and packs them into KV format ``fmt`` (an index into the program's format table) and
-    writes them at positions ``pos .. pos+tokens-1`` of the cache whose ``cap``-token
-    region starts at DRAM ``dst`` (``nbytes`` = the region's bytes). Formats with a
-    full-precision window re-quantize the tokens that leave it. The bytes actually read and
-    written in DRAM are the format's (``KVFormat.append_traffic``).
+    """Append ``tokens`` tokens of ``width`` int8 values (SRAM ``src``, token-major) to a
+    KV cache in DRAM: the vector unit quantizes and packs them into KV format ``fmt`` (an
+    index into the program's format table) and writes them at positions
+    ``pos .. pos+tokens-1`` of the cache whose ``cap``-token region starts at DRAM ``dst``
+    (``nbytes`` = the region's bytes). Formats with a full-precision window re-quantize the
+    tokens that leave it. The bytes actually moved in DRAM are the format's.
     """
 
     opcode: ClassVar[Opcode] = Opcode.KV_WRITE
@@ -404,11 +407,9 @@ class KvWrite(Instruction):
     src: int = u64()
     dst: int = u64()
     nbytes: int = u32()
-    scale_mult: int = i32(default=1)
-    scale_shift: int = u8(default=0)
 
     def accesses(self) -> list[Access]:
-        return _sram(self.core, self.src, 4 * self.tokens * self.width, False, "src") + [
+        return _sram(self.core, self.src, self.tokens * self.width, False, "src") + [
             Access(Space.DRAM, 0, self.dst, self.nbytes, True, "dst")
         ]
 
@@ -419,9 +420,8 @@ class KvWrite(Instruction):
 @dataclass(frozen=True, kw_only=True)
 class KvRead(Instruction):
     """Read tokens ``pos .. pos+tokens-1`` of the KV cache at DRAM ``src`` (format ``fmt``,
-    ``cap`` tokens, ``nbytes`` region bytes) and write them dequantized to int8 at SRAM
-    ``dst`` (``tokens x width``) with the fixed-point scale ``out_mult * 2**-out_shift``
-    per unit of the int8 result."""
+    ``cap`` tokens, ``nbytes`` region bytes) and write them, dequantized onto the int8 grid
+    they were written on, at SRAM ``dst`` (``tokens x width``)."""
 
     opcode: ClassVar[Opcode] = Opcode.KV_READ
     mnemonic: ClassVar[str] = "kv.read"
@@ -434,8 +434,6 @@ class KvRead(Instruction):
     src: int = u64()
     dst: int = u64()
     nbytes: int = u32()
-    out_mult: int = i32(default=1)
-    out_shift: int = u8(default=0)
 
     def accesses(self) -> list[Access]:
         return [Access(Space.DRAM, 0, self.src, self.nbytes, False, "src")] + _sram(
