@@ -297,6 +297,8 @@ class Gemm(Instruction):
     ``bias`` (int32[n]) and ``scale`` (int32[n] multipliers) are optional (:data:`NO_ADDR`);
     with a scale the int32 accumulator is requantized to int8 by ``(acc * scale[n])`` rounded
     and shifted right by ``shift`` bits and saturated; without one the output is int32.
+    Output row ``i`` starts at ``out + i * out_stride`` (0 = packed rows of ``n``), so the
+    tiles of a wide matrix write their column blocks straight into one row-major output.
     """
 
     opcode: ClassVar[Opcode] = Opcode.GEMM
@@ -312,6 +314,7 @@ class Gemm(Instruction):
     bias: int = u64(default=NO_ADDR)
     scale: int = u64(default=NO_ADDR)
     shift: int = u8(default=0)
+    out_stride: int = u32(default=0)
 
     @property
     def out_bytes_per_element(self) -> int:
@@ -328,8 +331,14 @@ class Gemm(Instruction):
             + _sram(c, self.w, self.w_nbytes, False, "w")
             + _sram(c, self.bias, 4 * self.n, False, "bias")
             + _sram(c, self.scale, 4 * self.n, False, "scale")
-            + _sram(c, self.out, self.m * self.n * self.out_bytes_per_element, True, "out")
+            + _sram(c, self.out, self.out_extent, True, "out")
         )
+
+    @property
+    def out_extent(self) -> int:
+        row = self.n * self.out_bytes_per_element
+        step = self.out_stride or row
+        return (self.m - 1) * step + row if self.m else 0
 
     def ops(self) -> int:
         return 2 * self.m * self.k * self.n

@@ -90,7 +90,14 @@ def _gemm(g: Gemm, mem: Memory) -> None:
     else:
         mult = mem.read(Space.SRAM, c, g.scale, 4 * g.n).view(np.int32)
         out = requantize(acc, mult, g.shift)
-    mem.write(Space.SRAM, c, g.out, out.reshape(-1).view(np.uint8))
+    row = g.n * g.out_bytes_per_element
+    step = g.out_stride or row
+    flat = np.ascontiguousarray(out).reshape(g.m, -1).view(np.uint8)
+    if step == row:
+        mem.write(Space.SRAM, c, g.out, flat.reshape(-1))
+    else:
+        for i in range(g.m):
+            mem.write(Space.SRAM, c, g.out + i * step, flat[i])
 
 
 def _vec(v: Vec, mem: Memory) -> None:
