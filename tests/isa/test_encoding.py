@@ -172,7 +172,7 @@ def test_truncated_body() -> None:
     with pytest.raises(
         DecodeError,
         match=rf"truncated data: instruction 0 \(gemm\) body at byte offset {body_at} "
-        r"needs 54 bytes, 10 left",
+        r"needs 58 bytes, 10 left",
     ):
         decode_program(blob[: body_at + 10])
 
