@@ -1,0 +1,423 @@
+"""KV formats: registry and text, exact byte counts, the stored bytes against a slow
+reference encoder written from the layout description, and DRAM regions."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from isa import kvformats as kf
+from isa.errors import FormatError
+from isa.kernels import kvquant as kq
+from isa.kernels.fpbits import BF16, FP16
+from tests.isa.test_kernels_fixed import ref_nearest_bits
+from tests.isa.test_kernels_kvquant import ref_quant
+from tests.isa.test_kernels_pack import ref_pack
+
+SETTINGS = settings(max_examples=60, deadline=None)
+FP_KIND = {"fp16": FP16, "bf16": BF16}
+ZK = {"none": kq.ZK_NONE, "fp16": kq.ZK_FP16, "bf16": kq.ZK_BF16, "uint8": kq.ZK_U8,
+      "int8": kq.ZK_I8}
+
+
+# --- registry and text ---------------------------------------------------------------------
+
+
+def test_named_layouts_of_facts() -> None:
+    for name in ("int8", "kivi-2", "kivi-4", "qserve-kv4", "quantmla-c4r4", "quantmla-c2r4",
+                 "bf16"):
+        p = kf.pair(name)
+        assert isinstance(p.k, kf.KVFormat) and isinstance(p.v, kf.KVFormat)
+    k, v = kf.pair("kivi-4")
+    assert (k.axis, k.group, k.window, k.bits) == ("channel", 32, 128, 4)
+    assert (v.axis, v.group, v.window, v.bits) == ("token", 32, 128, 4)
+    assert k.scale_dtype == k.zero_dtype == k.fp_dtype == "fp16"
+    m = kf.parse("quantmla-c2r4")
+    assert (m.bits, m.rope_width, m.rope_bits, m.group, m.zero_dtype, m.sink, m.window,
+            m.pad) == (2, 64, 4, 64, "uint8", 4, 128, 16)
+    q = kf.parse("qserve-kv4")
+    assert (q.bits, q.symmetric, q.zero_dtype, q.page) == (4, False, "fp16", 64)
+
+
+def test_unknown_name_lists_valid_names() -> None:
+    with pytest.raises(FormatError) as e:
+        kf.parse("kivi-3")
+    for name in ("int8", "kivi-4", "qserve-kv4", "quantmla-c4r4", "bf16"):
+        assert name in str(e.value)
+
+
+def test_pair_name_needs_a_role() -> None:
+    with pytest.raises(FormatError, match="kivi-4.k"):
+        kf.parse("kivi-4")
+    assert kf.parse("kivi-4", "k") == kf.parse("kivi-4.k")
+    assert kf.parse("kivi-4", "v").axis == "token"
+    assert kf.parse("int8.v") == kf.parse("int8")
+
+
+@pytest.mark.parametrize("bad", ["b3", "b4.token.g0", "b4.bogus", "b4.g8.g8", "token.g8",
+                                 "b4.none", "b4.channel.rope8b4", "b4.scale-fp32",
+                                 "b4.token.page64.window8"])
+def test_bad_specs(bad: str) -> None:
+    with pytest.raises(FormatError):
+        kf.parse(bad)
+
+
+@st.composite
+def formats(draw) -> kf.KVFormat:
+    bits = draw(st.sampled_from([16, 8, 4, 2]))
+    axis = draw(st.sampled_from(["token", "channel", "none"] if bits == 8 else
+                                ["token", "channel"]))
+    sym = draw(st.booleans())
+    kw = dict(bits=bits, axis=axis, group=draw(st.integers(1, 9)), symmetric=sym,
+              scale_dtype=draw(st.sampled_from(["fp16", "bf16"])),
+              zero_dtype=draw(st.sampled_from(["fp16", "bf16", "uint8", "int8"])),
+              fp_dtype=draw(st.sampled_from(["fp16", "bf16"])),
+              pad=draw(st.sampled_from([1, 1, 4, 16])))
+    paged = axis != "channel" and draw(st.booleans()) and draw(st.booleans())
+    if paged:
+        kw["page"] = draw(st.integers(1, 8))
+    else:
+        kw["window"] = draw(st.integers(0, 7))
+        kw["sink"] = draw(st.integers(0, 3))
+    if axis == "token" and bits != 16 and draw(st.booleans()):
+        kw["rope_width"] = draw(st.integers(1, 5))
+        kw["rope_bits"] = draw(st.sampled_from([8, 4, 2]))
+    return kf.KVFormat(**kw)
+
+
+@SETTINGS
+@given(formats())
+def test_text_round_trip(f: kf.KVFormat) -> None:
+    assert kf.parse(f.to_text()) == f
+    assert kf.parse(f.spec()) == f
+
+
+def test_registered_formats_print_their_names() -> None:
+    for name, f in kf.FORMATS.items():
+        assert f.to_text() == name and str(f) == name
+        assert kf.parse(f.spec()).to_text() == name  # a spec equal to a named format
+    custom = kf.parse("b2.token.g16.sym.scale-bf16.fp-fp16.window4")
+    assert custom.to_text() == "b2.token.g16.sym.scale-bf16.fp-fp16.window4"
+
+
+# --- byte counts ---------------------------------------------------------------------------
+
+
+def test_bytes_of_named_formats_by_hand() -> None:
+    # bf16 / int8: 2 and 1 bytes per value
+    assert kf.parse("bf16").bytes(1000, 64) == 1000 * 128
+    assert kf.parse("int8").bytes(1000, 64) == 64000
+    # kivi-4 K, W=128, T=1000: q_end = 32*floor(872/32) = 864 quantized (27 blocks),
+    # block = 128 ch * 16 B codes + 128 * (2 + 2) B = 2560; 136 fp16 tokens * 256 B
+    assert kf.parse("kivi-4.k").bytes(1000, 128) == 27 * 2560 + 136 * 256
+    # kivi-2 V: 872 token records of 128*2/8 = 32 B codes + 4 groups * 4 B = 48; 128 fp16
+    assert kf.parse("kivi-2.v").bytes(1000, 128) == 872 * 48 + 128 * 256
+    # qserve-kv4, W=64 (one head): record 32 + 2 + 2 = 36 B; 1000 tokens -> 16 pages of 64
+    assert kf.parse("qserve-kv4").bytes(1000, 64) == 1024 * 36
+    # quantmla-c4r4, W=576: 512/2 + 64/2 = 288 B codes + 9 groups * 3 B = 315 -> 320 B;
+    # 4 sink + 128 window BF16 records of 1152 B
+    assert kf.parse("quantmla-c4r4").bytes(1000, 576) == (1000 - 132) * 320 + 132 * 1152
+    # quantmla-c2r4: 128 + 32 + 27 = 187 -> 192 B
+    assert kf.parse("quantmla-c2r4").bytes(1000, 576) == (1000 - 132) * 192 + 132 * 1152
+    # short caches are all full precision
+    assert kf.parse("kivi-2.k").bytes(100, 128) == 100 * 256
+    assert kf.parse("kivi-2.k").bytes(0, 128) == 0
+
+
+def ref_quant_end(f: kf.KVFormat, t: int) -> int:
+    if f.bits == 16:
+        return 0
+    s = min(f.sink, t)
+    if f.axis == "channel":
+        n = max(0, t - f.window - s)
+        return s + n - n % f.group
+    return max(s, t - f.window)
+
+
+def test_channel_tail_between_window_and_window_plus_group() -> None:
+    f = kf.parse("kivi-2.k")
+    for t in range(160, 600):
+        assert 128 <= t - f.quant_end(t) <= 128 + 31
+    sizes = [f.bytes(t, 128) for t in range(0, 600)]
+    assert max(sizes[:600]) == f.max_bytes(599, 128)
+
+
+# --- stored bytes: a slow reference encoder --------------------------------------------------
+
+
+def align(n: int, pad: int) -> int:
+    return -(-n // pad) * pad
+
+
+def ref_fp_bits(v: int, dtype: str) -> int:
+    b = ref_nearest_bits(Fraction(abs(v)), FP_KIND[dtype])
+    return b | (0x8000 if v < 0 else 0)
+
+
+def le(v: int, n: int) -> list[int]:
+    return [(v >> (8 * i)) & 0xFF for i in range(n)]
+
+
+def ref_fp_record(f: kf.KVFormat, row: list[int]) -> list[int]:
+    out = []
+    for v in row:
+        out += le(ref_fp_bits(v, f.fp_dtype), 2)
+    return out + [0] * (align(len(out), f.pad) - len(out))
+
+
+def ref_token_record(f: kf.KVFormat, row: list[int]) -> list[int]:
+    if f.axis == "none":
+        out = [v % 256 for v in row]
+        return out + [0] * (align(len(out), f.pad) - len(out))
+    sk, zk = FP_KIND[f.scale_dtype], ZK[f.zero_dtype]
+    wc = len(row) - f.rope_width
+    parts = [(row[:wc], f.bits), (row[wc:], f.rope_bits)] if f.rope_width else [(row, f.bits)]
+    codes, scales, zeros = [], [], []
+    for vals, bits in parts:
+        fields = []
+        for g in range(0, len(vals), f.group):
+            fl, sb, z = ref_quant(vals[g:g + f.group], bits, zk, sk)
+            fields += fl
+            scales.append(sb)
+            zeros.append(z)
+        codes += ref_pack(fields, bits)
+    out = codes
+    for s in scales:
+        out += le(s, f.scale_bytes)
+    for z in zeros:
+        out += le(z % 2 ** (8 * f.zero_bytes), f.zero_bytes)
+    return out + [0] * (align(len(out), f.pad) - len(out))
+
+
+def ref_block(f: kf.KVFormat, rows: list[list[int]]) -> list[int]:
+    sk, zk = FP_KIND[f.scale_dtype], ZK[f.zero_dtype]
+    out, scales, zeros = [], [], []
+    for c in range(len(rows[0])):
+        fl, sb, z = ref_quant([r[c] for r in rows], f.bits, zk, sk)
+        out += ref_pack(fl, f.bits)
+        scales.append(sb)
+        zeros.append(z)
+    for s in scales:
+        out += le(s, f.scale_bytes)
+    for z in zeros:
+        out += le(z % 2 ** (8 * f.zero_bytes), f.zero_bytes)
+    return out + [0] * (align(len(out), f.pad) - len(out))
+
+
+def ref_encode_cache(f: kf.KVFormat, x: np.ndarray) -> list[int]:
+    rows = [[int(v) for v in r] for r in x]
+    t = len(rows)
+    s, qe = min(f.sink, t), ref_quant_end(f, t)
+    out = [b for r in rows[:s] for b in ref_fp_record(f, r)]
+    if f.bits == 16:
+        out = [b for r in rows for b in ref_fp_record(f, r)]
+        qe = t
+    elif f.axis == "channel":
+        for g in range(s, qe, f.group):
+            out += ref_block(f, rows[g:g + f.group])
+    else:
+        out += [b for r in rows[s:qe] for b in ref_token_record(f, r)]
+    out += [b for r in rows[qe:] for b in ref_fp_record(f, r)]
+    if f.page and t % f.page:
+        out += [0] * ((f.page - t % f.page) * f.record_bytes(x.shape[1]))
+    return out
+
+
+@st.composite
+def format_and_values(draw):
+    f = draw(formats())
+    w = draw(st.integers(f.rope_width + 1, f.rope_width + 13))
+    t = draw(st.integers(0, 30))
+    style = draw(st.sampled_from(["any", "extreme", "constant_rows"]))
+    if style == "extreme":
+        x = draw(hnp.arrays(np.int8, (t, w), elements=st.sampled_from([-128, 127, 0, -1])))
+    elif style == "constant_rows":
+        col = draw(hnp.arrays(np.int8, (t, 1), elements=st.integers(-128, 127)))
+        x = np.repeat(col, w, axis=1)
+    else:
+        x = draw(hnp.arrays(np.int8, (t, w), elements=st.integers(-128, 127)))
+    return f, x
+
+
+@settings(max_examples=150, deadline=None)
+@given(format_and_values())
+def test_encode_cache_matches_reference(case) -> None:
+    f, x = case
+    t, w = x.shape
+    data = f.encode_cache(x)
+    assert data.size == f.bytes(t, w)
+    assert data.tolist() == ref_encode_cache(f, x)
+
+
+@settings(max_examples=100, deadline=None)
+@given(format_and_values())
+def test_decode_cache_round_trip(case) -> None:
+    f, x = case
+    t, w = x.shape
+    back = f.decode_cache(f.encode_cache(x), t, w)
+    # full-precision and 16-bit tokens come back exactly; all tokens within one group step
+    assert back.shape == x.shape
+    qe = ref_quant_end(f, t)
+    s = min(f.sink, t)
+    exact = list(range(s)) + list(range(qe, t)) if f.bits != 16 else list(range(t))
+    if f.axis == "none":
+        exact = list(range(t))
+    assert np.array_equal(back[exact], x[exact])
+    # and decoding the reference's bytes gives the same values
+    ref = np.array(ref_encode_cache(f, x), np.uint8)
+    assert np.array_equal(f.decode_cache(ref, t, w), back)
+
+
+@SETTINGS
+@given(format_and_values())
+def test_quantize_pack_unpack_dequantize(case) -> None:
+    f, x = case
+    t, w = x.shape
+    if f.axis == "channel":
+        t -= t % f.group
+        x = x[:t]
+    q = f.quantize(x)
+    data = f.pack(q)
+    q2 = f.unpack(data, t, w)
+    if q.kind == "quant":
+        assert np.array_equal(q.codes & ((1 << 8) - 1), q2.codes)
+        assert np.array_equal(q.scales, q2.scales)
+        if q.zeros is not None:
+            assert np.array_equal(q.zeros, q2.zeros)
+    assert np.array_equal(f.dequantize(q2), f.dequantize(q))
+    assert np.array_equal(f.decode(data, t, w), f.dequantize(q))
+
+
+def test_decode_rejects_wrong_sizes() -> None:
+    f = kf.parse("kivi-4.v")
+    with pytest.raises(FormatError):
+        f.decode_cache(np.zeros(10, np.uint8), 5, 32)
+    with pytest.raises(FormatError):
+        kf.parse("kivi-4.k").quantize(np.zeros((33, 8), np.int8))  # not whole groups
+
+
+def test_bf16_stores_int8_exactly_and_reads_edits_rounded() -> None:
+    f = kf.parse("bf16")
+    x = np.arange(-128, 128, dtype=np.int8).reshape(16, 16)
+    data = f.encode_cache(x)
+    assert np.array_equal(data.view("<u2").reshape(16, 16),
+                          (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+    edited = np.array([1.5, -2.5, 300.0, -1e9, np.nan, 0.49], np.float32)
+    bits = (edited.view(np.uint32) >> 16).astype("<u2").view(np.uint8)
+    assert f.decode_cache(bits, 1, 6).tolist() == [[2, -2, 127, -128, 0, 0]]
+
+
+# --- DRAM regions ----------------------------------------------------------------------------
+
+
+@st.composite
+def region_cases(draw):
+    f, x = draw(format_and_values())
+    cap = x.shape[0] + draw(st.integers(0, 12))
+    chunks = []
+    t = 0
+    while t < x.shape[0]:
+        n = draw(st.integers(1, max(1, x.shape[0] - t)))
+        chunks.append((t, n))
+        t += n
+    return f, x, cap, chunks
+
+
+@settings(max_examples=120, deadline=None)
+@given(region_cases())
+def test_region_writes_in_any_chunks(case) -> None:
+    f, x, cap, chunks = case
+    t, w = x.shape
+    whole = f.region_encode(x, cap)
+    assert whole.size == f.region_bytes(cap, w)
+    pieces = np.zeros_like(whole)
+    for pos, n in chunks:
+        f.region_write(pieces, cap, pos, x[pos:pos + n])
+    assert np.array_equal(pieces, whole)
+    assert np.array_equal(f.region_read(whole, cap, w, 0, t), f.decode_cache(
+        f.encode_cache(x), t, w))
+    if f.stateful:
+        assert f.region_length(whole) == t
+    # the used part is the header plus the compact cache's records
+    used = f.read_bytes(0, t, w)
+    page_pad = (f.page - t % f.page) % f.page * f.record_bytes(w) if f.page else 0
+    compact = f.bytes(t, w) - page_pad
+    assert used == f.header_bytes + compact
+
+
+@SETTINGS
+@given(region_cases(), st.data())
+def test_region_sub_reads(case, data) -> None:
+    f, x, cap, _ = case
+    t, w = x.shape
+    region = f.region_encode(x, cap)
+    full = f.region_read(region, cap, w, 0, t)
+    pos = data.draw(st.integers(0, t))
+    n = data.draw(st.integers(0, t - pos))
+    assert np.array_equal(f.region_read(region, cap, w, pos, n), full[pos:pos + n])
+
+
+@SETTINGS
+@given(region_cases(), st.data())
+def test_region_truncate_then_append(case, data) -> None:
+    """Writing at pos < length drops the tokens from pos on; the rest reads back as before."""
+    f, x, cap, _ = case
+    t, w = x.shape
+    if not f.stateful or t == 0:
+        return
+    region = f.region_encode(x, cap)
+    before = f.region_read(region, cap, w, 0, t)
+    pos = data.draw(st.integers(0, t - 1))
+    new = data.draw(hnp.arrays(np.int8, (1, w), elements=st.integers(-128, 127)))
+    f.region_write(region, cap, pos, new)
+    assert f.region_length(region) == pos + 1
+    after = f.region_read(region, cap, w)
+    assert np.array_equal(after[:pos], before[:pos])
+    # tokens now in full precision hold exactly what was read before (or written)
+    expect = np.concatenate([before[:pos], new])
+    qe = ref_quant_end(f, pos + 1)
+    assert np.array_equal(after[qe:], expect[qe:])
+
+
+def test_region_layout_by_hand() -> None:
+    f = kf.parse("kivi-2.k")
+    r = f.region(4096, 64)
+    # header 4; (4096 - 128) // 32 = 124 blocks of 64*8 + 64*4 = 768 B; ring of 159 fp16
+    assert (r.header, r.quant_slots, r.quant_slot_bytes, r.ring_slots) == (4, 124, 768, 159)
+    assert r.nbytes == 4 + 124 * 768 + 159 * 128
+    m = kf.parse("quantmla-c4r4").region(4096, 576)
+    assert (m.header, m.sink_slots, m.quant_slots, m.ring_slots) == (16, 4, 4096 - 132, 128)
+    assert m.nbytes == 16 + 4 * 1152 + (4096 - 132) * 320 + 128 * 1152
+    assert kf.parse("int8").region_bytes(100, 64) == 6400
+    assert kf.parse("qserve-kv4").region_bytes(100, 64) == 128 * 36
+
+
+def test_region_errors() -> None:
+    f = kf.parse("kivi-4.v")
+    region = np.zeros(f.region_bytes(64, 32), np.uint8)
+    with pytest.raises(FormatError, match="gap"):
+        f.region_write(region, 64, 3, np.zeros((1, 32), np.int8))
+    with pytest.raises(FormatError):
+        f.region_write(region, 64, 0, np.zeros((65, 32), np.int8))
+    with pytest.raises(FormatError):
+        f.region_read(region, 64, 32, 0, 1)  # empty cache
+    with pytest.raises(FormatError):
+        f.region_write(np.zeros(10, np.uint8), 64, 0, np.zeros((1, 32), np.int8))
+
+
+def test_write_traffic() -> None:
+    f = kf.parse("kivi-2.k")
+    w = 64
+    fp = 2 * w
+    # a decode step that does not complete a group: header + one fp16 record
+    assert f.write_bytes(200, 1, w) == (4, 4 + fp)
+    # T 191 -> 192: tokens 32..63 leave the window: read 32 fp records, write a block
+    assert f.quant_end(191) == 32 and f.quant_end(192) == 64
+    assert f.write_bytes(191, 1, w) == (4 + 32 * fp, 4 + f.block_bytes(w) + fp)
+    assert kf.parse("int8").write_bytes(10, 1, w) == (0, w)
+    assert kf.parse("int8").read_bytes(0, 100, w) == 100 * w
