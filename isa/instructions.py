@@ -16,8 +16,10 @@ memory, reached over the host link). An address of :data:`NO_ADDR` means "no ope
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from dataclasses import dataclass, field
+from functools import cached_property
 from enum import IntEnum
 from typing import ClassVar, NamedTuple
 
@@ -577,10 +579,41 @@ class MemoryLayout:
         return {Space.DRAM: self.dram_bytes, Space.SRAM: self.sram_bytes,
                 Space.HOST: self.host_bytes}[space]
 
-    def region_of(self, space: Space, core: int, addr: int, nbytes: int) -> Region | None:
+    @cached_property
+    def _index(self) -> dict[tuple[Space, int], tuple[list[int], list[Region], list[int]]]:
+        """Regions by (space, core) sorted by base (core 0 for DRAM and host), with the
+        running maximum of their ends."""
+        groups: dict[tuple[Space, int], list[Region]] = {}
         for r in self.regions:
-            if r.space != space or (space == Space.SRAM and r.core != core):
-                continue
-            if r.base <= addr and addr + nbytes <= r.end:
+            key = (r.space, r.core if r.space == Space.SRAM else 0)
+            groups.setdefault(key, []).append(r)
+        out = {}
+        for key, regs in groups.items():
+            regs = sorted(regs, key=lambda r: r.base)
+            ends, top = [], 0
+            for r in regs:
+                top = max(top, r.end)
+                ends.append(top)
+            out[key] = ([r.base for r in regs], regs, ends)
+        return out
+
+    @cached_property
+    def _spaces_with_regions(self) -> frozenset[Space]:
+        return frozenset(r.space for r in self.regions)
+
+    def has_regions(self, space: Space) -> bool:
+        return space in self._spaces_with_regions
+
+    def region_of(self, space: Space, core: int, addr: int, nbytes: int) -> Region | None:
+        """The region wholly holding ``[addr, addr+nbytes)``, if any."""
+        entry = self._index.get((space, core if space == Space.SRAM else 0))
+        if entry is None:
+            return None
+        bases, regs, max_end = entry
+        i = bisect.bisect_right(bases, addr) - 1
+        while i >= 0 and max_end[i] > addr:
+            r = regs[i]
+            if addr + nbytes <= r.end:
                 return r
+            i -= 1
         return None

@@ -52,8 +52,9 @@ def _access_problem(a: Access, layout: MemoryLayout) -> str | None:
     size = layout.space_bytes(a.space)
     if a.addr < 0 or a.addr + a.nbytes > size:
         return f"{a.role}: {_extent(a)} overflows the {size}-byte {a.space.name}"
-    regions = [r for r in layout.regions if r.space == a.space]
-    if regions and layout.region_of(a.space, a.core, a.addr, a.nbytes) is None:
+    if layout.has_regions(a.space) and layout.region_of(a.space, a.core, a.addr,
+                                                         a.nbytes) is None:
+        regions = [r for r in layout.regions if r.space == a.space]
         overlapping = [
             r
             for r in regions

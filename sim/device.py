@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from isa import semantics
+from isa import kvformats, semantics
 from isa.errors import DeviceError
 from isa.instructions import (
     PER_CORE_ENGINES,
@@ -44,6 +44,29 @@ from sim.stats import Stats
 from traces.recorder import Recorder
 
 UNMAPPED = "unmapped"
+
+
+def append_traffic(fmt: kvformats.KVFormat, pos: int, tokens: int, width: int) -> tuple[int, int]:
+    """DRAM bytes read and written when ``tokens`` tokens are appended to a cache of ``pos``
+    tokens, from the format's layouts before and after: a segment that keeps its kind,
+    first token and offset only gets its new records written; any other new segment is
+    written whole, and the full-precision segments it replaces are read back (their tokens
+    are re-quantized or moved)."""
+    old = {(s.kind, s.start, s.offset): s for s in fmt.layout(pos, width)}
+    new = fmt.layout(pos + tokens, width)
+    kept = set()
+    written = 0
+    for s in new:
+        if s.kind == "pad":
+            continue
+        prev = old.get((s.kind, s.start, s.offset))
+        if prev is not None and prev.tokens <= s.tokens:
+            written += s.nbytes - prev.nbytes
+            kept.add((s.kind, s.start, s.offset))
+        else:
+            written += s.nbytes
+    read = sum(s.nbytes for k, s in old.items() if s.kind == "fp" and k not in kept)
+    return read, written
 
 
 @dataclass(frozen=True)
@@ -101,6 +124,11 @@ class Device:
                       self.recorder)
             for c in range(n)
         ]
+        self.kv_stream = [
+            DmaEngine(self.env, f"core{c}", "kv_stream", hw.dma, self.dram, None,
+                      self.recorder)
+            for c in range(n)
+        ]
         self.copy_engine = DmaEngine(
             self.env, "device", "copy", hw.dma, self.dram, None, self.recorder
         )
@@ -118,6 +146,7 @@ class Device:
         self.layout = layout or self.default_layout()
         self._index_regions()
         self._link_prefix = "pcie" if hw.host_link.kind == "pcie" else "host_copy"
+        self._formats: dict[str, kvformats.KVFormat] = {}
 
     # --- memory map -------------------------------------------------------------------
     def default_layout(self) -> MemoryLayout:
@@ -251,12 +280,49 @@ class Device:
             if self._link_prefix != "pcie":
                 st.add("dram_write", kind, ins.nbytes)
             yield from self.link.transfer("d2h", ins.src, ins.nbytes)
-        elif isinstance(ins, (Gemm, Vec, KvWrite, KvRead, Attn, Nop)):
+        elif isinstance(ins, Attn):
+            # the attention unit streams K and V from DRAM while it computes
+            kind = self.kind_of(ins.k)
+            st.add("dram_read", kind, ins.k_nbytes + ins.v_nbytes)
+            dur = self.cores[ins.core].duration_ps(ins, program.formats)
+            stream = self.kv_stream[ins.core]
+            yield self.env.all_of([
+                self.env.timeout(dur),
+                self.env.process(stream.transfer("read", ins.k, 0, ins.k_nbytes)),
+                self.env.process(stream.transfer("read", ins.v, 0, ins.v_nbytes)),
+            ])
+        elif isinstance(ins, (KvWrite, KvRead)):
+            fmt = self._format(program.formats[ins.fmt])
+            if isinstance(ins, KvWrite):
+                rd, wr = append_traffic(fmt, ins.pos, ins.tokens, ins.width)
+                base = ins.dst
+            else:
+                rd = fmt.bytes(ins.pos + ins.tokens, ins.width) - fmt.bytes(ins.pos, ins.width)
+                wr = 0
+                base = ins.src
+            kind = self.kind_of(base)
+            dur = self.cores[ins.core].duration_ps(ins, program.formats)
+            stream = self.kv_stream[ins.core]
+            parts = [self.env.timeout(dur)]
+            if rd:
+                st.add("dram_read", kind, rd)
+                parts.append(self.env.process(stream.transfer("read", base, 0, rd)))
+            if wr:
+                st.add("dram_write", kind, wr)
+                parts.append(self.env.process(stream.transfer("write", 0, base, wr)))
+            yield self.env.all_of(parts)
+        elif isinstance(ins, (Gemm, Vec, Nop)):
             dur = self.cores[ins.core].duration_ps(ins, program.formats)
             if dur:
                 yield self.env.timeout(dur)
         else:
             raise DeviceError(f"no engine executes {type(ins).__name__}")
+
+    def _format(self, text: str) -> kvformats.KVFormat:
+        fmt = self._formats.get(text)
+        if fmt is None:
+            fmt = self._formats[text] = kvformats.parse(text)
+        return fmt
 
     # --- host memory helpers (for the runtime and tests) ----------------------------------
     def host_write(self, addr: int, data) -> None:

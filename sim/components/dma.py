@@ -1,4 +1,6 @@
-"""DMA engines: DRAM->SRAM (load), SRAM->DRAM (store) and DRAM->DRAM (copy).
+"""DMA engines: DRAM->SRAM (load), SRAM->DRAM (store) and DRAM->DRAM (copy); ``read`` and
+``write`` only touch DRAM (the attention unit's and the KV packer's own streams, whose
+other end is inside the unit).
 
 A transfer pays ``setup_latency`` once, then is split into ``chunk_bytes`` chunks; up to
 ``max_outstanding_chunks`` are in flight at once (the engine's request queue), each one
@@ -19,7 +21,7 @@ from traces.recorder import Recorder
 from .dram import Dram
 from .sram import Sram
 
-Direction = Literal["load", "store", "copy"]
+Direction = Literal["load", "store", "copy", "read", "write"]
 
 
 class DmaEngine:
@@ -56,23 +58,22 @@ class DmaEngine:
     ):
         """Process generator moving ``rows`` blocks of ``nbytes`` from ``src`` to ``dst``
         (addresses in the spaces implied by ``direction``; a stride of 0 means packed).
-        Packed blocks are one stream; strided blocks are split into chunks per block."""
+
+        A strided (2-D) transfer is timed as one stream of ``rows * nbytes`` bytes from
+        ``src``: the engine walks its descriptor without per-row set-up, and the rows spread
+        over the DRAM channels like a packed stream of the same size (an approximation:
+        rows shorter than the interleave granule load channels less evenly)."""
         env = self.env
         if self.setup_ps:
             yield env.timeout(self.setup_ps)
         chunk = self.cfg.chunk_bytes
-        s_step = src_stride or nbytes
-        d_step = dst_stride or nbytes
-        if s_step == nbytes and d_step == nbytes:
-            nbytes, rows = nbytes * rows, 1
+        total = nbytes * rows
         pending = []
-        for r in range(rows):
-            s0, d0 = src + r * s_step, dst + r * d_step
-            for off in range(0, nbytes, chunk):
-                n = min(chunk, nbytes - off)
-                req = self.slots.request()
-                yield req
-                pending.append(env.process(self._chunk(req, direction, s0 + off, d0 + off, n)))
+        for off in range(0, total, chunk):
+            n = min(chunk, total - off)
+            req = self.slots.request()
+            yield req
+            pending.append(env.process(self._chunk(req, direction, src + off, dst + off, n)))
         if pending:
             yield env.all_of(pending)
 
@@ -83,16 +84,16 @@ class DmaEngine:
             if direction == "copy":
                 yield from self.dram.access(src, nbytes, write=False)
                 yield from self.dram.access(dst, nbytes, write=True)
+            elif direction == "read":
+                yield from self.dram.access(src, nbytes, write=False)
+            elif direction == "write":
+                yield from self.dram.access(dst, nbytes, write=True)
             else:
                 dram_addr = src if direction == "load" else dst
-                yield env.all_of(
-                    [
-                        env.process(
-                            self.dram.access(dram_addr, nbytes, write=direction == "store")
-                        ),
-                        env.process(self.sram.port_access(nbytes)),
-                    ]
-                )
+                port_done = self.sram.reserve_port(nbytes)
+                yield from self.dram.access(dram_addr, nbytes, write=direction == "store")
+                if port_done > env.now:
+                    yield env.timeout(port_done - env.now)
         finally:
             self.slots.release(req)
         self.recorder.span(

@@ -2,9 +2,11 @@
 
 A transfer of ``n`` bytes at ``addr`` costs the access latency once (not holding any
 channel: requests are pipelined), then holds each channel it touches for the bytes that
-fall on it at the channel's effective bandwidth. Channels are SimPy resources, so
-concurrent transfers that touch the same channel queue in arrival order: that is where
-contention happens.
+fall on it at the channel's effective bandwidth. Each channel serves its requests one at
+a time in arrival order (first come, first served): that is where concurrent transfers
+contend. A channel is kept as the time it next falls free, which gives the same schedule
+as a SimPy ``Resource`` of capacity 1 with one event per transfer instead of one process
+per channel burst.
 
 Effective channel bandwidth = bus width x data rate x efficiency (``DramConfig``).
 """
@@ -47,7 +49,7 @@ class Dram:
         self.env = env
         self.cfg = cfg
         self.recorder = recorder
-        self.channels = [simpy.Resource(env, capacity=1) for _ in range(cfg.channels)]
+        self.free_ps = [0] * cfg.channels  # when each channel falls free
         self.channel_bytes_per_s = cfg.channel_effective_bytes_per_s
         self.latency_ps = ns_to_ps(cfg.access_latency_ns)
         self.bytes_read = 0
@@ -63,22 +65,20 @@ class Dram:
             self.bytes_read += nbytes
         if self.latency_ps:
             yield env.timeout(self.latency_ps)
+        now = env.now
+        end = now
+        rec = self.recorder
         split = bytes_per_channel(addr, nbytes, self.cfg.interleave_bytes, self.cfg.channels)
-        parts = [env.process(self._burst(c, b, write)) for c, b in enumerate(split) if b]
-        if len(parts) == 1:
-            yield parts[0]
-        elif parts:
-            yield env.all_of(parts)
-
-    def _burst(self, channel: int, nbytes: int, write: bool):
-        res = self.channels[channel]
-        with res.request() as req:
-            yield req
-            start = self.env.now
-            yield self.env.timeout(transfer_ps(nbytes, self.channel_bytes_per_s))
-        lane = f"ch{channel}"
-        self.recorder.moved("dram", lane, start, self.env.now, nbytes)
-        self.recorder.span(
-            "dram", lane, "write" if write else "read", start, self.env.now,
-            detail="tiles", args={"bytes": nbytes},
-        )
+        for c, b in enumerate(split):
+            if not b:
+                continue
+            start = max(now, self.free_ps[c])
+            stop = start + transfer_ps(b, self.channel_bytes_per_s)
+            self.free_ps[c] = stop
+            end = max(end, stop)
+            lane = f"ch{c}"
+            rec.moved("dram", lane, start, stop, b)
+            rec.span("dram", lane, "write" if write else "read", start, stop, detail="tiles",
+                     args={"bytes": b})
+        if end > now:
+            yield env.timeout(end - now)

@@ -39,10 +39,7 @@ class HostLink:
         self.dram = dram
         self.recorder = recorder
         self.block = "pcie" if cfg.kind == "pcie" else "hostlink"
-        self.directions = {
-            "h2d": simpy.Resource(env, capacity=1),
-            "d2h": simpy.Resource(env, capacity=1),
-        }
+        self.free_ps = {"h2d": 0, "d2h": 0}  # when each direction falls free
         self.bytes_per_s = {
             "h2d": cfg.h2d_effective_bytes_per_s,
             "d2h": cfg.d2h_effective_bytes_per_s,
@@ -58,7 +55,6 @@ class HostLink:
         env = self.env
         if self.latency_ps:
             yield env.timeout(self.latency_ps)
-        res = self.directions[direction]
         bw = self.bytes_per_s[direction]
         chunk = self.cfg.chunk_bytes
         done_ps = 0
@@ -67,20 +63,23 @@ class HostLink:
             end_ps = transfer_ps(off + n, bw)
             dur = end_ps - done_ps
             done_ps = end_ps
-            with res.request() as req:
-                yield req
-                start = env.now
-                if self.cfg.kind == "pcie":
-                    yield env.timeout(dur)
-                else:
-                    # host memcpy: CPU time, and DRAM reads + writes on the shared channels
-                    yield env.all_of(
-                        [
-                            env.timeout(dur),
-                            env.process(self.dram.access(dram_addr + off, n, write=False)),
-                            env.process(self.dram.access(dram_addr + off, n, write=True)),
-                        ]
-                    )
+            # first come, first served per direction
+            start = max(env.now, self.free_ps[direction])
+            self.free_ps[direction] = start + dur
+            if start > env.now:
+                yield env.timeout(start - env.now)
+            if self.cfg.kind == "pcie":
+                yield env.timeout(dur)
+            else:
+                # host memcpy: CPU time, and DRAM reads + writes on the shared channels
+                yield env.all_of(
+                    [
+                        env.timeout(dur),
+                        env.process(self.dram.access(dram_addr + off, n, write=False)),
+                        env.process(self.dram.access(dram_addr + off, n, write=True)),
+                    ]
+                )
+                self.free_ps[direction] = max(self.free_ps[direction], env.now)
             self.recorder.moved(self.block, direction, start, env.now, n)
             self.recorder.span(
                 self.block, direction, "chunk", start, env.now, detail="tiles",

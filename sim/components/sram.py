@@ -1,6 +1,7 @@
 """On-chip SRAM of one core: a capacity that allocations must fit in, and ports.
 
-DMA fills and drains use a port for ``bytes / (port_bytes_per_cycle x clock)``; the
+DMA fills and drains use a port for ``bytes / (port_bytes_per_cycle x clock)`` (the
+earliest free port, first come first served); the
 compute array's own operand reads are assumed to be served at the array's rate (a
 dedicated port), so they are not modelled as port time.
 """
@@ -20,7 +21,7 @@ class Sram:
         self.cfg = cfg
         self.core = core
         self.capacity_bytes = cfg.bytes_per_core
-        self.ports = simpy.Resource(env, capacity=cfg.ports_per_core)
+        self.port_free_ps = [0] * cfg.ports_per_core  # when each port falls free
         self.port_bytes_per_s = cfg.port_bytes_per_cycle * clock_hz
         self._allocs: dict[int, int] = {}  # base -> size
 
@@ -55,8 +56,16 @@ class Sram:
         del self._allocs[base]
 
     # --- timing ---------------------------------------------------------------------
+    def reserve_port(self, nbytes: int) -> int:
+        """Book the earliest free port for ``nbytes`` from now; returns when it is done."""
+        now = self.env.now
+        i = min(range(len(self.port_free_ps)), key=self.port_free_ps.__getitem__)
+        start = max(now, self.port_free_ps[i])
+        self.port_free_ps[i] = start + transfer_ps(nbytes, self.port_bytes_per_s)
+        return self.port_free_ps[i]
+
     def port_access(self, nbytes: int):
         """Process generator: hold one port while ``nbytes`` pass through it."""
-        with self.ports.request() as req:
-            yield req
-            yield self.env.timeout(transfer_ps(nbytes, self.port_bytes_per_s))
+        end = self.reserve_port(nbytes)
+        if end > self.env.now:
+            yield self.env.timeout(end - self.env.now)
