@@ -1,0 +1,167 @@
+"""Vector kernels, integers and fixed point only (rows x cols, row-major).
+
+Each kernel states its formula; "rs(v, s)" is round half up of ``v / 2**s`` (arithmetic
+shift, :func:`isa.kernels.fixed.round_shift`) and "sat8" clamps to [-128, 127].
+
+- :func:`requant_i32`: ``out = sat8(rs(x * mult, shift))``, int32 -> int8.
+- :func:`add_rescale`: residual add, ``out = sat8(rs(a*ma + b*mb, shift))``.
+- :func:`rmsnorm`: ``out_i = sat8(rs(x_i * g_i * inv, shift))`` with
+  ``inv = floor(2**31 / r)``, ``r = max(1, isqrt(floor(sum(x^2) * 2**16 / cols) + eps_q))``
+  (``r`` is the row's RMS in Q8, ``eps_q`` is epsilon in units of ``x^2 / 2**16``).
+  Real meaning: ``out ~= x * g * 2**(23 - shift) / rms(x)``, so the compiler picks ``shift``
+  (and the gamma scale) to land in the next layer's int8 scale.
+- :func:`silu_mul`: SwiGLU. ``xa = clamp(rs(a * in_mult, in_shift), +-2**30)`` is ``a`` in
+  Q20, ``silu = rs(xa * isigmoid(xa), 20)`` (Q20), ``out = sat8(rs(silu * b * out_mult,
+  out_shift))``. Needs ``|out_mult| < 2**24`` (then ``2**30 * 2**7 * 2**24 < 2**62``).
+- :func:`from_f32`: the host-boundary input converter, float32 -> int8:
+  ``out = sat8(round_half_up(x * mult / 2**shift))`` computed exactly in integers from the
+  float's bits (NaN -> 0, infinities saturate).
+- :func:`rope`: rotate-half rotary embedding with Q14 cos/sin tables (see
+  :func:`rope_tables`): for ``i < half``, ``out_i = sat8(rs(x_i*c_i - x_{i+half}*s_i, 14))``
+  and ``out_{i+half} = sat8(rs(x_{i+half}*c_i + x_i*s_i, 14))``; dims past ``rot_dim`` are
+  copied. The scale of ``x`` is unchanged; a rotation can grow a pair by up to sqrt(2), so
+  K/Q scales should leave that headroom or saturate.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .fixed import isqrt, round_shift, sat8
+from .softmax import F, isigmoid
+
+#: Fractional bits of the RoPE cos/sin tables (int16: |value| <= 2**14 fits).
+ROPE_Q = 14
+#: Fractional bits of the RMS value inside :func:`rmsnorm`.
+RMS_Q = 8
+_INV_BITS = 31
+SILU_X_MAX = 1 << 30
+
+
+@njit(cache=True)
+def requant_i32(x, mult, shift, out):
+    """int32 ``x[r, c]`` -> int8 ``out``: ``sat8(rs(x * mult, shift))`` (per tensor)."""
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            out[i, j] = sat8(round_shift(np.int64(x[i, j]) * np.int64(mult), shift))
+
+
+@njit(cache=True)
+def add_rescale(a, b, ma, mb, shift, out):
+    """Residual add of int8 ``a`` and ``b`` with their own multipliers, int8 ``out``."""
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            v = np.int64(a[i, j]) * np.int64(ma) + np.int64(b[i, j]) * np.int64(mb)
+            out[i, j] = sat8(round_shift(v, shift))
+
+
+@njit(cache=True)
+def rmsnorm(x, gamma, eps_q, shift, out):
+    """RMSNorm of int8 rows ``x[r, c]`` with integer gain ``gamma[c]`` (int8/int16) and
+    ``eps_q >= 0``; int8 ``out``. ``sum(x^2) * 2**16 < 2**14 * cols * 2**16`` fits int64."""
+    r, c = x.shape
+    for i in range(r):
+        ss = np.int64(0)
+        for j in range(c):
+            v = np.int64(x[i, j])
+            ss += v * v
+        ms = ((ss << (2 * RMS_Q)) // c) + np.int64(eps_q)
+        rms = isqrt(ms)
+        if rms < 1:
+            rms = np.int64(1)
+        inv = (np.int64(1) << _INV_BITS) // rms
+        for j in range(c):
+            v = np.int64(x[i, j]) * np.int64(gamma[j]) * inv  # < 2**15 * 2**15 * 2**31
+            out[i, j] = sat8(round_shift(v, shift))
+
+
+@njit(cache=True)
+def silu_mul(a, b, in_mult, in_shift, out_mult, out_shift, out):
+    """SwiGLU ``silu(a) * b`` of int8 ``a``, ``b`` [r, c] into int8 ``out``."""
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            xa = round_shift(np.int64(a[i, j]) * np.int64(in_mult), in_shift)
+            if xa > SILU_X_MAX:
+                xa = np.int64(SILU_X_MAX)
+            elif xa < -SILU_X_MAX:
+                xa = np.int64(-SILU_X_MAX)
+            s = round_shift(xa * isigmoid(xa), F)
+            v = s * np.int64(b[i, j]) * np.int64(out_mult)
+            out[i, j] = sat8(round_shift(v, out_shift))
+
+
+@njit(cache=True)
+def rope(x, cos_q, sin_q, head_dim, rot_dim, out):
+    """Rotary embedding of int8 ``x[r, heads*head_dim]`` (row ``i`` uses table row ``i``
+    of int16 ``cos_q``/``sin_q`` ``[r, rot_dim/2]``) into int8 ``out`` (may alias ``x``)."""
+    r, c = x.shape
+    heads = c // head_dim
+    half = rot_dim // 2
+    for i in range(r):
+        for h in range(heads):
+            base = h * head_dim
+            for d in range(half):
+                x1 = np.int64(x[i, base + d])
+                x2 = np.int64(x[i, base + d + half])
+                co = np.int64(cos_q[i, d])
+                si = np.int64(sin_q[i, d])
+                out[i, base + d] = sat8(round_shift(x1 * co - x2 * si, ROPE_Q))
+                out[i, base + d + half] = sat8(round_shift(x2 * co + x1 * si, ROPE_Q))
+            for d in range(2 * half, head_dim):
+                out[i, base + d] = x[i, base + d]
+
+
+def rope_tables(
+    positions: np.ndarray, rot_dim: int, theta: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Q14 int16 tables ``(cos, sin)`` of shape ``[len(positions), rot_dim // 2]``:
+    ``round(cos(pos * theta**(-2d/rot_dim)) * 2**14)``.
+
+    The tables are constant data (a ROM the compiler or the vector unit holds), built once
+    on the host in float64 and rounded to integers; the kernels only read them. Angles use
+    the plain (unscaled) RoPE frequencies of HF ``rotate_half`` models.
+    """
+    if rot_dim <= 0 or rot_dim % 2:
+        raise ValueError(f"rot_dim must be a positive even number, got {rot_dim}")
+    d = np.arange(rot_dim // 2, dtype=np.float64)
+    inv_freq = 1.0 / (float(theta) ** (2.0 * d / rot_dim))
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    one = 1 << ROPE_Q
+    cos = np.floor(np.cos(ang) * one + 0.5).astype(np.int16)
+    sin = np.floor(np.sin(ang) * one + 0.5).astype(np.int16)
+    return cos, sin
+
+
+@njit(cache=True)
+def from_f32(bits, mult, shift, out):
+    """float32 values given as their uint32 bit patterns ``bits[n]`` -> int8 ``out[n]``:
+    ``sat8(round_half_up(x * mult / 2**shift))``, exact (``|significand * mult| < 2**55``)."""
+    for i in range(bits.shape[0]):
+        b = np.int64(bits[i]) & 0xFFFFFFFF
+        e = (b >> 23) & 0xFF
+        m = b & 0x7FFFFF
+        if e == 0xFF:
+            if m != 0:
+                out[i] = 0
+                continue
+            sig = np.int64(1) << 23
+            k = 200  # infinity: saturates below
+        elif e == 0:
+            sig = m
+            k = 1 - 150 - shift
+        else:
+            sig = m | (np.int64(1) << 23)
+            k = e - 150 - shift
+        v = sig * np.int64(mult)
+        if (b >> 31) & 1:
+            v = -v
+        if v == 0:
+            out[i] = 0
+        elif k >= 0:  # |v| >= 1, so any k > 7 or |v| > 128 saturates
+            if k > 7 or v > 128 or v < -128:
+                out[i] = 127 if v > 0 else -128
+            else:
+                out[i] = sat8(v << k)
+        else:
+            out[i] = sat8(round_shift(v, -k))
