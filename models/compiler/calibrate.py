@@ -1,0 +1,198 @@
+"""Static activation scales and the integer parameters derived from them.
+
+A float forward pass of the model (weights quantized then dequantized, as the device will
+see them) over calibration tokens records the largest magnitude of every activation
+tensor the device stores as int8; its scale is ``absmax * MARGIN / 127``. The integer
+multipliers, shifts and gains of :mod:`numerics` follow from these scales, the weights'
+per-row scales and the kernels' formulas (``isa/kernels``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from isa.kernels.fixed import quantize_multiplier
+
+from ..config import ModelConfig
+from ..reference import apply_rope, rms_norm, rope_cos_sin, silu, softmax, softmax_scale
+from ..weights import QuantizedWeight, WeightSource, quantize_weight
+from .numerics import AddQ, AttnQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ
+
+#: Headroom over the calibration maximum (inputs outside the calibration set may be
+#: larger; 25 % is a common choice for static max calibration).
+MARGIN = 1.25
+#: Calibration tokens (a deterministic pseudo-random sequence).
+CALIBRATION_TOKENS = 48
+INT8_MAX = 127
+#: Gain of RMSNorm is stored as int16.
+GAMMA_MAX = 32767
+#: Bound of the residual-add multipliers so ``a*ma + b*mb`` stays far inside int64.
+ADD_MULT_BITS = 30
+#: Fractional bits of SwiGLU's internal fixed point (isa.kernels.vector: Q20).
+SILU_Q = 20
+#: SwiGLU ``out_mult`` must stay below 2**24 (isa.kernels.vector.silu_mul).
+SILU_OUT_MULT_BITS = 23
+#: Attention: logits in Q20, probabilities in Q24 (isa.kernels.attention).
+LOGIT_Q = 20
+PROB_Q = 24
+
+
+def _scale(absmax: float) -> float:
+    return max(float(absmax), 1e-6) * MARGIN / INT8_MAX
+
+
+def gemm_params(s_in: float, qw: QuantizedWeight, s_out: float | None,
+                bias: np.ndarray | None) -> GemmQ:
+    """Per-row multipliers with one shared shift (as large as int32 multipliers allow)."""
+    real = (s_in * qw.scales.astype(np.float64))
+    b = None
+    if bias is not None:
+        b = np.clip(np.rint(bias.astype(np.float64) / real), -(2**31), 2**31 - 1)
+        b = b.astype(np.int32)
+    if s_out is None:
+        return GemmQ(shift=0, mult=None, bias=b)
+    ratio = real / s_out
+    top = float(ratio.max())
+    shift = min(62, max(0, math.floor(math.log2((2**31 - 1) / top))))
+    mult = np.clip(np.rint(ratio * 2.0**shift), 0, 2**31 - 1).astype(np.int32)
+    return GemmQ(shift=shift, mult=mult, bias=b)
+
+
+def norm_params(gamma: np.ndarray, s_in: float, s_out: float, eps: float) -> NormQ:
+    """RMSNorm: ``out ~= x * g * 2**(23 - shift) / rms(x)`` (isa.kernels.vector.rmsnorm)."""
+    gmax = float(np.abs(gamma).max()) or 1.0
+    shift = 23 + math.floor(math.log2(GAMMA_MAX * s_out / gmax))
+    shift = max(0, min(62, shift))
+    g = np.clip(np.rint(gamma / s_out * 2.0 ** (shift - 23)), -GAMMA_MAX, GAMMA_MAX)
+    eps_q = int(round(eps / (s_in * s_in) * 2**16))
+    return NormQ(eps_q=eps_q, shift=shift, gamma=g.astype(np.int16))
+
+
+def add_params(s_a: float, s_b: float, s_out: float) -> AddQ:
+    ra, rb = s_a / s_out, s_b / s_out
+    shift = max(0, min(62, math.floor(math.log2((2**ADD_MULT_BITS) / max(ra, rb)))))
+    return AddQ(ma=int(round(ra * 2**shift)), mb=int(round(rb * 2**shift)), shift=shift)
+
+
+def silu_params(s_gate: float, s_up: float, s_out: float) -> SiluQ:
+    im, ish = quantize_multiplier(s_gate * 2**SILU_Q)
+    om, osh = quantize_multiplier(s_up / (s_out * 2**SILU_Q), mult_bits=SILU_OUT_MULT_BITS)
+    return SiluQ(in_mult=im, in_shift=ish, out_mult=om, out_shift=osh)
+
+
+def attn_params(s_q: float, s_k: float, s_v: float, s_out: float, scale: float) -> AttnQ:
+    sm, ss = quantize_multiplier(s_q * s_k * scale * 2**LOGIT_Q)
+    om, osh = quantize_multiplier(s_v / (s_out * 2**PROB_Q))
+    return AttnQ(score_mult=sm, score_shift=ss, out_mult=om, out_shift=osh)
+
+
+def calibration_tokens(cfg: ModelConfig, seed: int, n: int = CALIBRATION_TOKENS) -> np.ndarray:
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xCA11B]))
+    return rng.integers(0, cfg.vocab_size, size=n)
+
+
+def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0) -> Numerics:
+    """Integer parameters of a dense GQA model (``bits_for(name) -> bits``)."""
+    if cfg.is_mla or cfg.is_moe:
+        raise NotImplementedError(
+            f"model {cfg.name or cfg.family!r}: functional (integer) simulation supports "
+            "dense grouped-query-attention models; use sim.fidelity = 'timing' for MLA/MoE"
+        )
+    tokens = calibration_tokens(cfg, seed)
+    n = len(tokens)
+    amax: dict[str, float] = {}
+    qw: dict[str, QuantizedWeight] = {}
+
+    def rec(key: str, x: np.ndarray) -> np.ndarray:
+        amax[key] = max(amax.get(key, 0.0), float(np.abs(x).max()))
+        return x
+
+    def lin(x: np.ndarray, name: str, bias: str | None = None) -> np.ndarray:
+        if name not in qw:
+            qw[name] = quantize_weight(source.tensor(name), bits_for(name))
+        y = x @ qw[name].dequantize().T
+        if bias is not None:
+            y = y + source.tensor(bias)
+        return y.astype(np.float32)
+
+    x = rec("x0", source.tensor("embed")[tokens].astype(np.float32))
+    cos, sin = rope_cos_sin(cfg, np.arange(n))
+    hd, H, KV = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+    scale = softmax_scale(cfg)
+    future = np.arange(n)[None, :] > np.arange(n)[:, None]
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        xn = rec(f"{i}.xn", rms_norm(x, source.tensor(p + "attn_norm"), cfg.rms_norm_eps))
+        bq = (p + "q_bias", p + "k_bias", p + "v_bias") if cfg.qkv_bias else (None,) * 3
+        q = rec(f"{i}.q", lin(xn, p + "q_proj", bq[0])).reshape(n, H, hd)
+        k = rec(f"{i}.k", lin(xn, p + "k_proj", bq[1])).reshape(n, KV, hd)
+        v = rec(f"{i}.v", lin(xn, p + "v_proj", bq[2])).reshape(n, KV, hd)
+        q = rec(f"{i}.q", apply_rope(q, cos, sin))
+        k = rec(f"{i}.k", apply_rope(k, cos, sin))
+        g = H // KV
+        kk = np.repeat(k, g, axis=1)
+        vv = np.repeat(v, g, axis=1)
+        s = np.einsum("nhd,thd->hnt", q, kk) * scale
+        s = np.where(future[None], -np.inf, s)
+        ao = np.einsum("hnt,thd->nhd", softmax(s, axis=-1), vv).reshape(n, H * hd)
+        ao = rec(f"{i}.ao", ao.astype(np.float32))
+        o = rec(f"{i}.o", lin(ao, p + "o_proj", p + "o_bias" if cfg.o_bias else None))
+        x = rec(f"{i}.xm", (x + o).astype(np.float32))
+        xn2 = rec(f"{i}.xn2", rms_norm(x, source.tensor(p + "mlp_norm"), cfg.rms_norm_eps))
+        gt = rec(f"{i}.gate", lin(xn2, p + "gate_proj"))
+        up = rec(f"{i}.up", lin(xn2, p + "up_proj"))
+        hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
+        d = rec(f"{i}.down", lin(hh, p + "down_proj"))
+        x = rec(f"x{i + 1}", (x + d).astype(np.float32))
+    rec("fn", rms_norm(x, source.tensor("final_norm"), cfg.rms_norm_eps))
+    s = {k: _scale(v) for k, v in amax.items()}
+    return derive(cfg, source, bits_for, s, qw)
+
+
+def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float],
+           qw: dict[str, QuantizedWeight] | None = None) -> Numerics:
+    """Integer parameters from the activation scales ``s``."""
+    qw = dict(qw or {})
+
+    def w(name: str) -> QuantizedWeight:
+        if name not in qw:
+            qw[name] = quantize_weight(source.tensor(name), bits_for(name))
+        return qw[name]
+
+    def bias(name: str, present: bool) -> np.ndarray | None:
+        return source.tensor(name) if present else None
+
+    eps = cfg.rms_norm_eps
+    layers = []
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        L = LayerQ()
+        L.attn_norm = norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"], s[f"{i}.xn"], eps)
+        L.q = gemm_params(s[f"{i}.xn"], w(p + "q_proj"), s[f"{i}.q"],
+                          bias(p + "q_bias", cfg.qkv_bias))
+        L.k = gemm_params(s[f"{i}.xn"], w(p + "k_proj"), s[f"{i}.k"],
+                          bias(p + "k_bias", cfg.qkv_bias))
+        L.v = gemm_params(s[f"{i}.xn"], w(p + "v_proj"), s[f"{i}.v"],
+                          bias(p + "v_bias", cfg.qkv_bias))
+        L.attn = attn_params(s[f"{i}.q"], s[f"{i}.k"], s[f"{i}.v"], s[f"{i}.ao"],
+                             softmax_scale(cfg))
+        L.o = gemm_params(s[f"{i}.ao"], w(p + "o_proj"), s[f"{i}.o"],
+                          bias(p + "o_bias", cfg.o_bias))
+        L.add1 = add_params(s[f"x{i}"], s[f"{i}.o"], s[f"{i}.xm"])
+        L.mlp_norm = norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"], s[f"{i}.xn2"],
+                                 eps)
+        L.gate = gemm_params(s[f"{i}.xn2"], w(p + "gate_proj"), s[f"{i}.gate"], None)
+        L.up = gemm_params(s[f"{i}.xn2"], w(p + "up_proj"), s[f"{i}.up"], None)
+        L.silu = silu_params(s[f"{i}.gate"], s[f"{i}.up"], s[f"{i}.h"])
+        L.down = gemm_params(s[f"{i}.h"], w(p + "down_proj"), s[f"{i}.down"], None)
+        L.add2 = add_params(s[f"{i}.xm"], s[f"{i}.down"], s[f"x{i + 1}"])
+        layers.append(L)
+        qw = {k: v for k, v in qw.items() if not k.startswith(p)}  # keep memory bounded
+    final = norm_params(source.tensor("final_norm"), s[f"x{cfg.num_layers}"], s["fn"], eps)
+    head_w = w(cfg.lm_head_tensor)
+    head = gemm_params(s["fn"], head_w, None, None)
+    row_scale = (s["fn"] * head_w.scales.astype(np.float64)).astype(np.float32)
+    return Numerics(input_scale=s["x0"], layers=layers, final_norm=final, head=head,
+                    head_row_scale=row_scale, scales=s, functional=True)
