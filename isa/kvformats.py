@@ -342,11 +342,10 @@ class KVFormat:
         return sum(s.nbytes for s in self.layout(tokens, width))
 
     def max_bytes(self, tokens: int, width: int) -> int:
-        """Most bytes the cache needs at any length up to ``tokens`` (its capacity)."""
-        if self.axis != "channel":
-            return self.bytes(tokens, width)  # non-decreasing in the token count
-        # bytes(T + G) >= bytes(T), so the maximum lies in the last G + 1 lengths.
-        return max(self.bytes(t, width) for t in range(max(0, tokens - self.group), tokens + 1))
+        """Bytes a cache with room for ``tokens`` tokens occupies: its DRAM region
+        (:meth:`region_bytes`), which holds the stored cache of every length up to
+        ``tokens`` (``>= header_bytes + bytes(T)`` for all ``T <= tokens``)."""
+        return self.region_bytes(tokens, width)
 
     # --- quantize / pack / unpack / dequantize -------------------------------------------
 
