@@ -1,8 +1,25 @@
 """Functional semantics of each instruction: what it computes, never how long it takes.
 
 ``execute(instr, mem, formats)`` reads its operands from ``mem`` (any object with the
-:class:`Memory` interface: byte reads and writes per address space), computes, and writes
-its results back. The device calls it when the instruction completes.
+:class:`Memory` interface: byte reads and writes per address space), computes with the
+integer kernels of :mod:`isa.kernels` and the KV formats of :mod:`isa.kvformats`, and
+writes its results back. The device calls it when the instruction completes.
+
+Vector functions (``Vec``, ``rows x cols`` int8 unless noted; ``rs`` = round half up of a
+right shift, ``sat8`` = clamp to int8; formulas in :mod:`isa.kernels.vector`):
+
+========== =========================================== ==================================
+func       operands                                    p0, p1, p2, p3
+========== =========================================== ==================================
+COPY       src0 -> dst                                 -
+ADD        ``sat8(rs(src0*p0 + src1*p1, p2))``         ma, mb, shift
+RMSNORM    src0, gain int16[cols] at src1              eps_q, shift
+SILU_MUL   ``silu(src0) * src1``                       in_mult, in_shift, out_mult, out_shift
+ROPE       src0, cos then sin int16[rows, p1/2] at src1  head_dim, rot_dim
+SOFTMAX    row softmax, int8 probabilities (Q7)        mult, shift, out_shift
+REQUANT    int32 src0 -> int8                          mult, shift
+FROM_F32   float32 src0 -> int8, ``x * p0 / 2**p1``    mult, shift
+========== =========================================== ==================================
 """
 
 from __future__ import annotations
@@ -11,6 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
+from . import kvformats
 from .errors import IsaError
 from .instructions import (
     NO_ADDR,
@@ -29,6 +47,10 @@ from .instructions import (
     Vec,
     VecFunc,
 )
+from .kernels import attention as katt
+from .kernels import matrix as kmat
+from .kernels import softmax as ksm
+from .kernels import vector as kvec
 
 
 class Memory(Protocol):
@@ -59,37 +81,19 @@ def requantize(acc: np.ndarray, mult: np.ndarray | int, shift: int) -> np.ndarra
     return np.clip(v, -128, 127).astype(np.int8)
 
 
-def unpack_int4(packed: np.ndarray, n: int, k: int) -> np.ndarray:
-    """Packed int4 rows (element 2i in the low nibble) -> int8 array (n, k)."""
-    b = packed.reshape(n, (k + 1) // 2)
-    lo = (b & 0x0F).astype(np.int8)
-    hi = (b >> 4).astype(np.int8)
-    lo = np.where(lo > 7, lo - 16, lo)
-    hi = np.where(hi > 7, hi - 16, hi)
-    out = np.empty((n, 2 * b.shape[1]), dtype=np.int8)
-    out[:, 0::2] = lo
-    out[:, 1::2] = hi
-    return out[:, :k]
+def _sram(mem: Memory, core: int, addr: int, nbytes: int, dtype=np.int8) -> np.ndarray:
+    return mem.read(Space.SRAM, core, addr, nbytes).view(dtype)
 
 
 def _gemm(g: Gemm, mem: Memory) -> None:
     c = g.core
-    a = mem.read(Space.SRAM, c, g.a, g.m * g.k).view(np.int8).reshape(g.m, g.k)
-    wbytes = mem.read(Space.SRAM, c, g.w, g.w_nbytes)
-    if g.w_bits == 8:
-        w = wbytes.view(np.int8).reshape(g.n, g.k)
-    elif g.w_bits == 4:
-        w = unpack_int4(wbytes, g.n, g.k)
-    else:
-        raise IsaError(f"gemm: w_bits {g.w_bits} is not supported")
-    acc = a.astype(np.int32) @ w.astype(np.int32).T
-    if g.bias != NO_ADDR:
-        acc += mem.read(Space.SRAM, c, g.bias, 4 * g.n).view(np.int32)
-    if g.scale == NO_ADDR:
-        out = acc.astype(np.int32)
-    else:
-        mult = mem.read(Space.SRAM, c, g.scale, 4 * g.n).view(np.int32)
-        out = requantize(acc, mult, g.shift)
+    a = _sram(mem, c, g.a, g.m * g.k).reshape(g.m, g.k)
+    w = mem.read(Space.SRAM, c, g.w, g.w_nbytes).reshape(g.n, -1)
+    bias = None if g.bias == NO_ADDR else _sram(mem, c, g.bias, 4 * g.n, np.int32)
+    mult = None if g.scale == NO_ADDR else _sram(mem, c, g.scale, 4 * g.n, np.int32)
+    if g.w_bits not in (4, 8):
+        raise IsaError(f"gemm: w_bits {g.w_bits} is not supported (4 or 8)")
+    out = kmat.gemm(a, w, w_bits=g.w_bits, k=g.k, bias=bias, mult=mult, shift=g.shift)
     row = g.n * g.out_bytes_per_element
     step = g.out_stride or row
     flat = np.ascontiguousarray(out).reshape(g.m, -1).view(np.uint8)
@@ -102,20 +106,98 @@ def _gemm(g: Gemm, mem: Memory) -> None:
 
 def _vec(v: Vec, mem: Memory) -> None:
     c = v.core
-    n = v.elements
+    r, cols = v.rows, v.cols
+    n = r * cols
     f = VecFunc(v.func)
+    out = np.empty((r, cols), np.int8)
     if f == VecFunc.COPY:
-        mem.write(Space.SRAM, c, v.dst, mem.read(Space.SRAM, c, v.src0, n))
+        out[:] = _sram(mem, c, v.src0, n).reshape(r, cols)
     elif f == VecFunc.ADD:
-        x = mem.read(Space.SRAM, c, v.src0, n).view(np.int8).astype(np.int64)
-        y = mem.read(Space.SRAM, c, v.src1, n).view(np.int8).astype(np.int64)
-        out = requantize(x * v.p0 + y * v.p1, 1, v.p2)
-        mem.write(Space.SRAM, c, v.dst, out.view(np.uint8))
+        a = _sram(mem, c, v.src0, n).reshape(r, cols)
+        b = _sram(mem, c, v.src1, n).reshape(r, cols)
+        kvec.add_rescale(a, b, v.p0, v.p1, v.p2, out)
+    elif f == VecFunc.RMSNORM:
+        x = _sram(mem, c, v.src0, n).reshape(r, cols)
+        g = _sram(mem, c, v.src1, 2 * cols, np.int16)
+        kvec.rmsnorm(x, g, v.p0, v.p1, out)
+    elif f == VecFunc.SILU_MUL:
+        a = _sram(mem, c, v.src0, n).reshape(r, cols)
+        b = _sram(mem, c, v.src1, n).reshape(r, cols)
+        kvec.silu_mul(a, b, v.p0, v.p1, v.p2, v.p3, out)
+    elif f == VecFunc.ROPE:
+        half = v.p1 // 2
+        x = _sram(mem, c, v.src0, n).reshape(r, cols)
+        tab = _sram(mem, c, v.src1, 4 * r * half, np.int16)
+        cos = tab[: r * half].reshape(r, half)
+        sin = tab[r * half :].reshape(r, half)
+        kvec.rope(x, cos, sin, v.p0, v.p1, out)
+    elif f == VecFunc.SOFTMAX:
+        x = _sram(mem, c, v.src0, n).reshape(r, cols)
+        ksm.softmax_rows_i8(x, v.p0, v.p1, v.p2, out)
     elif f == VecFunc.REQUANT:
-        acc = mem.read(Space.SRAM, c, v.src0, 4 * n).view(np.int32)
-        mem.write(Space.SRAM, c, v.dst, requantize(acc, v.p0, v.p1).view(np.uint8))
-    else:
-        raise IsaError(f"vec: function {f.name.lower()} has no semantics in this build")
+        x = _sram(mem, c, v.src0, 4 * n, np.int32).reshape(r, cols)
+        kvec.requant_i32(x, v.p0, v.p1, out)
+    elif f == VecFunc.FROM_F32:
+        bits = _sram(mem, c, v.src0, 4 * n, np.uint32)
+        flat = np.empty(n, np.int8)
+        kvec.from_f32(bits, v.p0, v.p1, flat)
+        out = flat.reshape(r, cols)
+    else:  # pragma: no cover - the validator rejects unknown functions
+        raise IsaError(f"vec: unknown function {v.func}")
+    mem.write(Space.SRAM, c, v.dst, out.reshape(-1).view(np.uint8))
+
+
+def _cache(mem: Memory, fmt: kvformats.KVFormat, base: int, tokens: int,
+           width: int) -> np.ndarray:
+    """int8 ``[tokens, width]`` values of the cache stored at DRAM ``base``."""
+    if tokens == 0:
+        return np.zeros((0, width), np.int8)
+    buf = mem.read(Space.DRAM, 0, base, fmt.bytes(tokens, width))
+    return fmt.decode_cache(buf, tokens, width)
+
+
+def _kv_write(ins: KvWrite, mem: Memory, fmt: kvformats.KVFormat) -> None:
+    new = _sram(mem, ins.core, ins.src, ins.tokens * ins.width).reshape(ins.tokens, ins.width)
+    end = ins.pos + ins.tokens
+    if ins.cap and end > ins.cap:
+        raise IsaError(f"kv.write: tokens {ins.pos}..{end - 1} exceed the cache capacity "
+                       f"of {ins.cap}")
+    old = _cache(mem, fmt, ins.dst, ins.pos, ins.width)
+    stored = fmt.encode_cache(np.concatenate([old, new], axis=0))
+    if stored.size > ins.nbytes:
+        raise IsaError(f"kv.write: {stored.size} bytes of cache exceed the {ins.nbytes}-byte "
+                       "region")
+    mem.write(Space.DRAM, 0, ins.dst, stored)
+
+
+def _kv_read(ins: KvRead, mem: Memory, fmt: kvformats.KVFormat) -> None:
+    vals = _cache(mem, fmt, ins.src, ins.pos + ins.tokens, ins.width)[ins.pos:]
+    mem.write(Space.SRAM, ins.core, ins.dst, np.ascontiguousarray(vals).reshape(-1).view(np.uint8))
+
+
+def _attn(a: Attn, mem: Memory, kf: kvformats.KVFormat, vf: kvformats.KVFormat) -> None:
+    dk = a.head_dim
+    q = _sram(mem, a.core, a.q, a.q_len * a.heads * dk).reshape(a.q_len, a.heads, dk)
+    width = a.kv_heads * dk
+    k = _cache(mem, kf, a.k, a.ctx, width).reshape(a.ctx, a.kv_heads, dk)
+    v = _cache(mem, vf, a.v, a.ctx, width).reshape(a.ctx, a.kv_heads, dk)
+    out = katt.attend(q, k, v, pos=a.pos, score_mult=a.score_mult, score_shift=a.score_shift,
+                      out_mult=a.out_mult, out_shift=a.out_shift)
+    mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
+
+
+_FORMATS: dict[str, kvformats.KVFormat] = {}
+
+
+def _format(formats: tuple[str, ...], index: int) -> kvformats.KVFormat:
+    if index >= len(formats):
+        raise IsaError(f"format index {index} is not in the program's table of "
+                       f"{len(formats)} formats")
+    text = formats[index]
+    fmt = _FORMATS.get(text)
+    if fmt is None:
+        fmt = _FORMATS[text] = kvformats.parse(text)
+    return fmt
 
 
 def execute(instr: Instruction, mem: Memory, formats: tuple[str, ...] = ()) -> None:
@@ -136,9 +218,11 @@ def execute(instr: Instruction, mem: Memory, formats: tuple[str, ...] = ()) -> N
         _gemm(instr, mem)
     elif isinstance(instr, Vec):
         _vec(instr, mem)
-    elif isinstance(instr, (KvWrite, KvRead)):
-        raise IsaError(f"{instr.mnemonic} has no semantics in this build")
+    elif isinstance(instr, KvWrite):
+        _kv_write(instr, mem, _format(formats, instr.fmt))
+    elif isinstance(instr, KvRead):
+        _kv_read(instr, mem, _format(formats, instr.fmt))
     elif isinstance(instr, Attn):
-        raise IsaError("attn has no semantics in this build")
+        _attn(instr, mem, _format(formats, instr.k_fmt), _format(formats, instr.v_fmt))
     else:
         raise IsaError(f"no semantics for {type(instr).__name__}")

@@ -95,26 +95,46 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
 
 
 def print_run_summary(metrics: dict, paths: dict, console: Console) -> None:
-    console.print(f"[bold]kvsim run[/bold]: {metrics['scenario']} on "
-                  f"{metrics['config']['hardware']['name']}")
+    console.print(f"[bold]kvsim run[/bold]: {metrics['scenario']}")
     t = Table(show_header=False)
     t.add_column("figure")
     t.add_column("value", justify="right")
-    t.add_row("simulated time", _fmt_s(metrics["sim_time_s"]))
-    t.add_row("roofline bound", _fmt_s(metrics["roofline"]["bound_s"]))
+    if "prefill" in metrics:
+        p, d, kv = metrics["prefill"], metrics["decode"], metrics["kv_cache"]
+        t.add_row("time to first token (TTFT)", _fmt_s(p["ttft_s"]))
+        t.add_row("decode time per token", _fmt_s(d["time_per_token_s"]))
+        t.add_row("decode tokens/s", f"{d['tokens_per_s']:,.2f}")
+        t.add_row("roofline: prefill bound", _fmt_s(metrics["roofline"]["prefill"]["bound_s"]))
+        t.add_row("roofline: decode bound per token",
+                  _fmt_s(metrics["roofline"]["decode_per_token"]["bound_s"]))
+        t.add_row("launch (weights over the host link)", _fmt_s(metrics["launch"]["time_s"]))
+        t.add_row(f"KV cache ({kv['format']}) bytes per token", f"{kv['bytes_per_token']:,.1f}")
+        t.add_row("KV compression vs bf16", f"{kv['compression_vs_bf16']:.2f}x")
+        t.add_row("KV capacity (tokens in free DRAM)", f"{kv['capacity_tokens']:,}")
+        for k, v in metrics["traffic_by_kind"].items():
+            t.add_row(f"traffic {k}", f"{v:,} B")
+    else:
+        t.add_row("simulated time", _fmt_s(metrics["sim_time_s"]))
+        t.add_row("roofline bound", _fmt_s(metrics["roofline"]["bound_s"]))
+        if "weight_stream_bytes_per_s" in metrics:
+            t.add_row("weight stream rate", _fmt_bytes_per_s(metrics["weight_stream_bytes_per_s"]))
+        if metrics.get("functional_check"):
+            t.add_row("functional result vs numpy", metrics["functional_check"])
     for k, v in metrics["traffic_bytes"].items():
         t.add_row(f"traffic {k}", f"{v:,} B")
-    if "weight_stream_bytes_per_s" in metrics:
-        t.add_row("weight stream rate", _fmt_bytes_per_s(metrics["weight_stream_bytes_per_s"]))
-    if metrics.get("functional_check"):
-        t.add_row("functional result vs numpy", metrics["functional_check"])
     console.print(t)
-    e = Table(title="engine busy time")
+    e = Table(title="engine busy time (summed over cores)")
     e.add_column("engine")
     e.add_column("busy", justify="right")
     e.add_column("utilization", justify="right")
+    groups: dict[str, list[float]] = {}
     for k, v in metrics["engine_busy_s"].items():
-        e.add_row(k, _fmt_s(v), f"{metrics['engine_utilization'][k] * 100:.1f} %")
+        kind = k.split(".", 1)[1] if k.startswith("core") else k
+        groups.setdefault(kind, []).append(v)
+    total = metrics["sim_time_s"] or 1.0
+    for kind, vals in groups.items():
+        e.add_row(f"{kind} (x{len(vals)})" if len(vals) > 1 else kind, _fmt_s(sum(vals)),
+                  f"{sum(vals) / len(vals) / total * 100:.1f} %")
     console.print(e)
     for name, p in paths.items():
         console.print(f"{name}: {p}")

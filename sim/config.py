@@ -20,42 +20,87 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from isa.errors import ConfigError
 
-from .hw import HardwareConfig, build_hardware, preset_dict, set_dotted, validation_message
+from .hw import HardwareConfig, preset_dict, set_dotted, validation_message
 
 DEFAULT_CONFIG_TOML = """
-# The embedded default scenario of `kvsim run`: one linear layer of Llama-3.2-1B's MLP
-# (hidden 2048 -> intermediate 8192, INT8 weights) on the ARIES preset, with the input
-# coming from the host over PCIe and the output going back.
+# The embedded default scenario of `kvsim run`: Qwen2.5-0.5B (synthetic weights, INT8
+# weights and INT8 KV cache) on the ARIES preset: prefill a 240-token prompt, then decode
+# 16 tokens, every call through the host runtime (embeddings in and logits out over PCIe).
 [hardware]
 preset = "aries"
 
+[model]
+preset = "qwen2.5-0.5b"
+
+[bits]
+preset = "W8"
+
+[kv]
+format = "int8"
+
 [workload]
-kind = "gemv"
-k = 2048
-n = 8192
-w_bits = 8
-tile_bytes = 262144
+kind = "generate"
+prompt_tokens = 240
+output_tokens = 16
 seed = 0
 
 [sim]
-fidelity = "functional"
+fidelity = "timing"
 
 [outputs]
 trace = "ops"
 """
 
-
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class ModelSection(_Section):
+    """A model preset or a Hugging Face ``config.json`` (exactly one)."""
+
+    preset: str | None = None
+    hf_config: str | None = None
+    weights_seed: int = Field(0, ge=0, description="seed of the synthetic weights")
+    safetensors: str | None = Field(None, description="real weights (file or folder)")
+
+    @model_validator(mode="after")
+    def _one(self) -> ModelSection:
+        if (self.preset is None) == (self.hf_config is None):
+            raise ValueError("give exactly one of 'preset' and 'hf_config'")
+        return self
+
+
+class BitsSection(_Section):
+    """Weight bits: a preset (``W8``, ``W4V8``) and optional per-projection overrides."""
+
+    preset: str = "W8"
+    weights: dict[str, int] = Field(default_factory=dict)
+
+
+class KvSection(_Section):
+    format: str = "int8"
+
+
+class CompileSection(_Section):
+    core_mode: Literal["single", "global4", "global8"] = "global8"
+    max_sequence_length: int = Field(512, ge=1, description="most tokens per infer call")
+    cache_length: int | None = Field(None, ge=1, description="KV capacity in tokens; "
+                                     "default: prompt + output rounded up to 256")
+    cache_slots: int = Field(1, ge=1)
+    tile_bytes: int | None = Field(None, ge=64)
+
+
 class WorkloadConfig(_Section):
-    kind: Literal["gemv"] = "gemv"
-    k: int = Field(2048, ge=2, description="input features")
-    n: int = Field(8192, ge=1, description="output features (rows of W)")
-    w_bits: Literal[4, 8] = 8
-    tile_bytes: int | None = Field(None, ge=64, description="weight tile; None = half of SRAM")
+    kind: Literal["generate", "gemv"] = "generate"
+    # generate: prefill then decode through the runtime
+    prompt_tokens: int = Field(240, ge=1)
+    output_tokens: int = Field(16, ge=0)
     seed: int = Field(0, ge=0)
+    # gemv: the hand-written demo layer (one GEMV with double-buffered weight streaming)
+    k: int = Field(2048, ge=2, description="gemv: input features")
+    n: int = Field(8192, ge=1, description="gemv: output features (rows of W)")
+    w_bits: Literal[4, 8] = 8
+    tile_bytes: int | None = Field(None, ge=64, description="gemv: weight tile bytes")
 
     @model_validator(mode="after")
     def _packing(self) -> WorkloadConfig:
@@ -65,7 +110,7 @@ class WorkloadConfig(_Section):
 
 
 class SimConfig(_Section):
-    fidelity: Literal["functional", "timing"] = "functional"
+    fidelity: Literal["functional", "timing"] = "timing"
 
 
 class OutputsConfig(_Section):
@@ -76,6 +121,10 @@ class OutputsConfig(_Section):
 
 class RunConfig(_Section):
     hardware: HardwareConfig
+    model: ModelSection = ModelSection(preset="qwen2.5-0.5b")
+    bits: BitsSection = BitsSection()
+    kv: KvSection = KvSection()
+    compile: CompileSection = CompileSection()
     workload: WorkloadConfig = WorkloadConfig()
     sim: SimConfig = SimConfig()
     outputs: OutputsConfig = OutputsConfig()
@@ -101,6 +150,10 @@ def apply_sets(tree: dict[str, Any], sets: list[str]) -> None:
         if not key or any(not p for p in key.split(".")):
             raise ConfigError(f"--set {item!r}: bad key {key!r}")
         set_dotted(tree, key, parse_value(value.strip()))
+        # a model is named one way: setting one way replaces the other
+        other = {"model.preset": "hf_config", "model.hf_config": "preset"}.get(key)
+        if other and isinstance(tree.get("model"), dict):
+            tree["model"].pop(other, None)
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -17,8 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from isa.errors import ConfigError
 
-from . import units
-
 PRESET_PACKAGE = "sim.presets"
 
 #: Post-encoding data rate of one PCIe lane in transfers/s (GT/s) by generation.

@@ -1,4 +1,11 @@
-"""Execute a :class:`RunConfig` and write its outputs (``metrics.json``, ``trace.json``)."""
+"""Execute a :class:`RunConfig` and write its outputs (``metrics.json``, ``trace.json``,
+``report.html``).
+
+``workload.kind = "generate"`` compiles the model and runs it through the host runtime:
+launch (weights over the host link), prefill of ``prompt_tokens`` in calls of at most
+``max_sequence_length`` tokens, then ``output_tokens - 1`` decode calls (the first output
+token comes from the prefill's logits). ``"gemv"`` runs the hand-written demo layer.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +16,24 @@ from typing import Any
 
 import numpy as np
 
+from isa import kvformats
 from isa.errors import KvsimError
+from models.bits import build_bit_config
+from models.compiler import CompiledModel, HardwareTarget, compile_model
+from models.config import load_model
 from models.demo import demo_data, gemv_layer
 from traces.chrome import chrome_trace
-from traces.io import atomic_write_json, atomic_write_text
+from traces.io import atomic_write_text
 from traces.recorder import Recorder
 from traces.report import run_report
 
 from .config import RunConfig
 from .device import Device
+from .runtime import Accelerator, CallRecord, Model
 from .stats import LINKS
 from .units import PS_PER_S, ps_to_s
+
+CACHE_LENGTH_ROUND = 256
 
 
 @dataclass
@@ -35,19 +49,174 @@ def _engine_metrics(busy_ps: dict[str, int], total_ps: int) -> tuple[dict, dict]
     return busy, util
 
 
+def _sum_stats(calls: list[CallRecord]) -> dict:
+    out: dict[str, Any] = {"traffic": {}, "by_kind": {}, "busy_ps": {}, "ops": 0}
+    for c in calls:
+        for key in ("traffic", "by_kind", "busy_ps"):
+            for k, v in c.stats.get(key, {}).items():
+                out[key][k] = out[key].get(k, 0) + v
+        out["ops"] += c.stats.get("ops", 0)
+    return out
+
+
+def roofline_s(stats: dict, hw, precision: str) -> dict[str, float]:
+    """Lower bound of a program: ``max(DRAM bytes / DRAM bandwidth, ops / peak ops)``."""
+    t = stats.get("traffic", {})
+    dram = t.get("dram_read", 0) + t.get("dram_write", 0)
+    d = dram / hw.dram.effective_bytes_per_s
+    c = stats.get("ops", 0) / hw.cores.peak_ops_per_s(precision)
+    return {"dram_bound_s": d, "compute_bound_s": c, "bound_s": max(d, c)}
+
+
+def compile_for_run(cfg: RunConfig) -> CompiledModel:
+    """The compiled model a run config describes."""
+    m = cfg.model
+    model = load_model(m.hf_config or m.preset, where="model")
+    bits = build_bit_config({"weights": {**_preset_bits(cfg.bits.preset), **cfg.bits.weights},
+                             "kv_key_format": "int8", "kv_value_format": "int8"},
+                            where="bits")
+    w = cfg.workload
+    cap = cfg.compile.cache_length or -(-(w.prompt_tokens + w.output_tokens)
+                                        // CACHE_LENGTH_ROUND) * CACHE_LENGTH_ROUND
+    weights = ({"kind": "safetensors", "paths": m.safetensors} if m.safetensors
+               else {"kind": "synthetic", "seed": m.weights_seed})
+    return compile_model(
+        model, bits, HardwareTarget.from_hw(cfg.hardware), kv=cfg.kv.format,
+        core_mode=cfg.compile.core_mode,
+        max_seq=min(cfg.compile.max_sequence_length, cap), cap=cap,
+        slots=cfg.compile.cache_slots, tile_bytes=cfg.compile.tile_bytes,
+        functional=cfg.sim.fidelity == "functional", weights=weights,
+    )
+
+
+def _preset_bits(name: str) -> dict[str, int]:
+    from models.bits import weight_bits_preset
+
+    return weight_bits_preset(name, where="bits.preset").model_dump()
+
+
+def kv_metrics(cm: CompiledModel, tokens: int, hw) -> dict[str, Any]:
+    """Bytes per token of the stored cache at ``tokens`` tokens (all layers), the
+    compression against bf16, and how many tokens fit in the DRAM the model leaves free."""
+    bf16 = kvformats.parse("bf16")
+    per, ref = 0, 0
+    for c in cm.kv_caches():
+        if c["slot"]:
+            continue
+        per += c["heads"] * c["format"].bytes(tokens, c["width"])
+        ref += c["heads"] * bf16.bytes(tokens, c["width"])
+    fixed = sum(r.size for r in cm.mm.regions if r.kind != "kv_cache")
+    per_cap = sum(c["heads"] * c["format"].max_bytes(cm.cap, c["width"])
+                  for c in cm.kv_caches() if not c["slot"]) / cm.cap
+    return {
+        "format": cm.kv,
+        "context_tokens": tokens,
+        "bytes": per,
+        "bytes_per_token": per / tokens if tokens else 0.0,
+        "bf16_bytes": ref,
+        "compression_vs_bf16": ref / per if per else 0.0,
+        "capacity_tokens": int((hw.dram.capacity_bytes - fixed) // per_cap),
+    }
+
+
+def run_generate(cfg: RunConfig) -> RunResult:
+    hw = cfg.hardware
+    w = cfg.workload
+    functional = cfg.sim.fidelity == "functional"
+    cm = compile_for_run(cfg)
+    recorder = Recorder(level=cfg.outputs.trace, max_events=cfg.outputs.max_trace_events)
+    acc = Accelerator(hw=hw, functional=functional, recorder=recorder)
+    model = Model(cm)
+    model.launch(acc)
+    launch = acc.calls[-1]
+    cfgm = cm.model
+    rng = np.random.default_rng(np.random.SeedSequence([w.seed, 0x70C5]))
+    prompt = rng.integers(0, cfgm.vocab_size, size=w.prompt_tokens)
+    embed = cm.weight_source().tensor("embed") if functional else None
+
+    def embeddings(tokens: np.ndarray) -> np.ndarray:
+        if embed is None:
+            return np.zeros((len(tokens), cfgm.hidden_size), np.float32)
+        return embed[tokens].astype(np.float32)
+
+    first = len(acc.calls)
+    cache = 0
+    logits = None
+    for t0 in range(0, w.prompt_tokens, cm.max_seq):
+        chunk = prompt[t0 : t0 + cm.max_seq]
+        logits = model.infer(embeddings(chunk), cache_size=cache)[0]
+        cache += len(chunk)
+    prefill_calls = acc.calls[first:]
+    generated: list[int] = []
+    decode_calls: list[CallRecord] = []
+    for i in range(w.output_tokens):
+        token = int(np.argmax(logits)) if logits is not None else int(
+            rng.integers(0, cfgm.vocab_size))
+        generated.append(token)
+        if i == w.output_tokens - 1:
+            break
+        logits = model.infer(embeddings(np.array([token])), cache_size=cache)[0]
+        cache += 1
+        decode_calls.append(acc.calls[-1])
+    work = prefill_calls + decode_calls
+    start_ps, end_ps = work[0].start_ps, work[-1].end_ps
+    st = _sum_stats(work)
+    precision = "w8a8"
+    prefill_stats = _sum_stats(prefill_calls)
+    ttft = (prefill_calls[-1].end_ps - prefill_calls[0].start_ps) / PS_PER_S
+    tpot = (sum(c.end_ps - c.start_ps for c in decode_calls) / len(decode_calls) / PS_PER_S
+            if decode_calls else 0.0)
+    decode_stats = _sum_stats(decode_calls)
+    busy, util = _engine_metrics(st["busy_ps"], end_ps - start_ps)
+    roof_prefill = roofline_s(prefill_stats, hw, precision)
+    roof_decode = roofline_s(decode_stats, hw, precision)
+    metrics: dict[str, Any] = {
+        "config": cfg.resolved(),
+        "scenario": (f"{cfgm.name or cfgm.family} {cfg.bits.preset} kv={cm.kv}: prefill "
+                     f"{w.prompt_tokens} + decode {w.output_tokens} on {hw.name}"),
+        "sim_time_s": (end_ps - start_ps) / PS_PER_S,
+        "launch": {"time_s": launch.time_s,
+                   "pcie_h2d_bytes": launch.stats.get("traffic", {}).get("pcie_h2d", 0)},
+        "prefill": {"ttft_s": ttft, "tokens": w.prompt_tokens, "calls": len(prefill_calls),
+                    "tokens_per_s": w.prompt_tokens / ttft},
+        "decode": {"tokens": len(decode_calls),
+                   "time_per_token_s": tpot,
+                   "tokens_per_s": 1.0 / tpot if tpot else 0.0,
+                   "time_per_call_s": [c.time_s for c in decode_calls]},
+        "traffic_bytes": {k: st["traffic"].get(k, 0) for k in LINKS}
+        | {k: v for k, v in st["traffic"].items() if k not in LINKS},
+        "traffic_by_kind": {k: st["by_kind"].get(k, 0)
+                            for k in ("weights", "kv_cache", "activations", "host_io")},
+        "kv_cache": kv_metrics(cm, cache, hw),
+        "roofline": {
+            "prefill": roof_prefill,
+            "decode_per_token": {k: v / max(1, len(decode_calls)) for k, v in
+                                 roof_decode.items()},
+            "bound_s": roof_prefill["bound_s"] + roof_decode["bound_s"],
+        },
+        "engine_busy_s": busy,
+        "engine_utilization": util,
+        "instructions": sum(c.stats.get("instructions", 0) for c in work),
+        "compiled": {"core_mode": cm.core_mode, "max_sequence_length": cm.max_seq,
+                     "cache_length": cm.cap, "m_tile": cm.m_tile,
+                     "dram_bytes": cm.mm.total_bytes,
+                     "weight_bytes": cm.mm.bytes_of_kind("weights")},
+        "generated_tokens": generated,
+        "functional": functional,
+        "trace": {"level": recorder.level, "dropped_events": recorder.dropped},
+    }
+    model.dispose()
+    return RunResult(cfg, metrics, recorder)
+
+
 def run_gemv(cfg: RunConfig) -> RunResult:
     hw = cfg.hardware
     w = cfg.workload
     functional = cfg.sim.fidelity == "functional"
     layer = gemv_layer(
-        k=w.k,
-        n=w.n,
-        w_bits=w.w_bits,
-        num_cores=hw.cores.num_cores,
-        sram_bytes=hw.sram.bytes_per_core,
-        dram_bytes=hw.dram.capacity_bytes,
-        host_bytes=hw.host.memory_bytes,
-        tile_bytes=w.tile_bytes,
+        k=w.k, n=w.n, w_bits=w.w_bits, num_cores=hw.cores.num_cores,
+        sram_bytes=hw.sram.bytes_per_core, dram_bytes=hw.dram.capacity_bytes,
+        host_bytes=hw.host.memory_bytes, tile_bytes=w.tile_bytes,
     )
     recorder = Recorder(level=cfg.outputs.trace, max_events=cfg.outputs.max_trace_events)
     dev = Device(hw, functional=functional, recorder=recorder, layout=layer.layout)
@@ -69,16 +238,11 @@ def run_gemv(cfg: RunConfig) -> RunResult:
         check = "match" if np.array_equal(y, ref) else "MISMATCH"
         if check != "match":
             raise KvsimError("functional result differs from the numpy reference")
-    dram_bytes = st["traffic"].get("dram_read", 0) + st["traffic"].get("dram_write", 0)
-    peak_ops = hw.cores.peak_ops_per_s(f"w{w.w_bits}a8")
-    bound_dram_s = dram_bytes / hw.dram.effective_bytes_per_s
-    bound_ops_s = st["ops"] / peak_ops
     busy, util = _engine_metrics(st["busy_ps"], total_ps)
     metrics = {
         "config": cfg.resolved(),
         "scenario": layer.program.name,
         "sim_time_s": total_ps / PS_PER_S,
-        "sim_time_ps": total_ps,
         "traffic_bytes": {k: st["traffic"].get(k, 0) for k in LINKS}
         | {k: v for k, v in st["traffic"].items() if k not in LINKS},
         "traffic_by_kind": dict(sorted(st["by_kind"].items())),
@@ -88,11 +252,7 @@ def run_gemv(cfg: RunConfig) -> RunResult:
         "ops": st["ops"],
         "weight_bytes": layer.weight_bytes(),
         "weight_stream_bytes_per_s": layer.weight_bytes() / ps_to_s(total_ps),
-        "roofline": {
-            "dram_bound_s": bound_dram_s,
-            "compute_bound_s": bound_ops_s,
-            "bound_s": max(bound_dram_s, bound_ops_s),
-        },
+        "roofline": roofline_s(st, hw, f"w{w.w_bits}a8"),
         "functional_check": check,
         "trace": {"level": recorder.level, "dropped_events": recorder.dropped},
     }
@@ -102,7 +262,7 @@ def run_gemv(cfg: RunConfig) -> RunResult:
 def run(cfg: RunConfig) -> RunResult:
     if cfg.workload.kind == "gemv":
         return run_gemv(cfg)
-    raise KvsimError(f"workload.kind: {cfg.workload.kind!r} is not supported")
+    return run_generate(cfg)
 
 
 def write_outputs(result: RunResult, out_dir: str | Path) -> dict[str, Path]:
@@ -125,6 +285,3 @@ def write_outputs(result: RunResult, out_dir: str | Path) -> dict[str, Path]:
         atomic_write_text(paths["trace"], trace_text)
     atomic_write_text(paths["metrics"], metrics_text + "\n")
     return paths
-
-
-__all__ = ["RunResult", "run", "write_outputs", "atomic_write_json"]

@@ -307,7 +307,7 @@ def compile_model(
                                 seed=int(weights.get("seed", 0)))
     cm.programs = {
         f"prefill_{max_seq}": cm.program(tokens=max_seq, cache_size=0),
-        "decode": cm.program(tokens=1, cache_size=max_seq),
+        "decode": cm.program(tokens=1, cache_size=min(max_seq, cap - 1)),
     }
     return cm
 

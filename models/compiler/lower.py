@@ -145,6 +145,7 @@ class Builder:
     ins: list[Instruction] = field(default_factory=list)
     tiles: dict[int, int] = field(default_factory=dict)  # core -> weight tiles issued
     bar_due: dict[int, int] = field(default_factory=dict)  # core -> bar credits to take
+    prefetched: dict[tuple, int] = field(default_factory=dict)  # (core, matrix, rows) -> tiles
 
     def __post_init__(self) -> None:
         self._ids = {}
@@ -179,6 +180,34 @@ class Builder:
                           src_stride=src_stride, wait=self.take_bar(c) + wait,
                           signal=(self.sem(c, to),)))
 
+    def _tile_load(self, c: int, mat: Matrix, lo: int, hi: int) -> int:
+        """Load weight rows ``[lo, hi)`` into the next tile buffer; returns the buffer."""
+        t = self.target
+        k = self.tiles[c]
+        self.tiles[c] += 1
+        buf = k % 2
+        self.emit(DmaLoad(core=c, src=mat.w_addr + lo * mat.row_bytes,
+                          dst=buf * t.tile_bytes, nbytes=(hi - lo) * mat.row_bytes,
+                          wait=(self.sem(c, f"free{buf}"),) if k >= 2 else (),
+                          signal=(self.sem(c, f"ld{buf}"),)))
+        return buf
+
+    def _tiles(self, mat: Matrix, rows: tuple[int, int]) -> list[tuple[int, int]]:
+        if mat.row_bytes > self.target.tile_bytes:
+            raise SramOverflow(f"{mat.name}: one row of {mat.row_bytes} bytes exceeds the "
+                               f"{self.target.tile_bytes}-byte weight tile buffer")
+        step = self.target.tile_bytes // mat.row_bytes
+        return [(lo, min(rows[1], lo + step)) for lo in range(rows[0], rows[1], step)]
+
+    def prefetch(self, c: int, mat: Matrix, rows: tuple[int, int]) -> None:
+        """Start loading the first weight tiles of a stage's first GEMM before the stage's
+        activations: they need only free tile buffers, not the previous stage's results,
+        so they stream while the other cores finish the previous stage."""
+        tiles = self._tiles(mat, rows)[:2]
+        for lo, hi in tiles:
+            self._tile_load(c, mat, lo, hi)
+        self.prefetched[(c, mat.name, rows)] = len(tiles)
+
     def gemm(self, c: int, mat: Matrix, rows: tuple[int, int], *, a: int, m: int, out: int,
              plan: SramPlan, first_wait: tuple[int, ...] = (),
              last_signal: tuple[int, ...] = ()) -> None:
@@ -197,22 +226,12 @@ class Builder:
             scale = plan.take(4 * nrows, f"{mat.name} multipliers")
             self.load(c, mat.p_addr + 4 * mat.n + 4 * r0, scale, 4 * nrows, to="in_mxu")
             wait0 += (self.sem(c, "in_mxu"),)
-        if mat.row_bytes > t.tile_bytes:
-            raise SramOverflow(f"{mat.name}: one row of {mat.row_bytes} bytes exceeds the "
-                               f"{t.tile_bytes}-byte weight tile buffer")
-        tile_rows = t.tile_bytes // mat.row_bytes
         elt = 1 if mat.requant else 4
-        ntiles = -(-nrows // tile_rows)
-        for i in range(ntiles):
-            lo = r0 + i * tile_rows
-            hi = min(r1, lo + tile_rows)
-            k = self.tiles[c]
-            self.tiles[c] += 1
-            buf = k % 2
-            self.emit(DmaLoad(core=c, src=mat.w_addr + lo * mat.row_bytes,
-                              dst=buf * t.tile_bytes, nbytes=(hi - lo) * mat.row_bytes,
-                              wait=(self.sem(c, f"free{buf}"),) if k >= 2 else (),
-                              signal=(self.sem(c, f"ld{buf}"),)))
+        tiles = self._tiles(mat, rows)
+        done = self.prefetched.pop((c, mat.name, rows), 0)
+        first_buf = (self.tiles[c] - done) % 2
+        for i, (lo, hi) in enumerate(tiles):
+            buf = (first_buf + i) % 2 if i < done else self._tile_load(c, mat, lo, hi)
             off = lo - r0
             self.emit(Gemm(
                 core=c, m=m, k=mat.k, n=hi - lo, w_bits=mat.bits, a=a,
@@ -221,7 +240,8 @@ class Builder:
                 scale=NO_ADDR if scale == NO_ADDR else scale + 4 * off,
                 shift=mat.shift, out_stride=nrows * elt if m > 1 else 0,
                 wait=(self.sem(c, f"ld{buf}"),) + (wait0 if i == 0 else ()),
-                signal=(self.sem(c, f"free{buf}"),) + (last_signal if i == ntiles - 1 else ()),
+                signal=(self.sem(c, f"free{buf}"),) + (last_signal if i == len(tiles) - 1
+                                                       else ()),
             ))
 
 
@@ -287,12 +307,12 @@ def lower_forward(lw: Lowering, *, n: int, cache_size: int, slot: int = 0,
     if cfg.is_mla:
         raise NotImplementedError("MLA lowering lives in lower_mla")
     if n < 1:
-        raise ValueError(f"a call needs at least one token, got {n}")
+        raise ConfigError(f"a call needs at least one token, got {n}")
     if n > lw.max_seq:
-        raise ValueError(f"{n} tokens exceed the compiled max_sequence_length {lw.max_seq}")
-    if cache_size + n > lw.cap:
-        raise ValueError(f"cache_size {cache_size} + {n} tokens exceed the cache capacity "
-                         f"{lw.cap}")
+        raise ConfigError(f"{n} tokens exceed the compiled max_sequence_length {lw.max_seq}")
+    if cache_size < 0 or cache_size + n > lw.cap:
+        raise ConfigError(f"cache_size {cache_size} + {n} tokens exceed the cache capacity "
+                          f"{lw.cap}")
     b = Builder(lw.target)
     cores = lw.target.cores
     h = cfg.hidden_size
@@ -375,6 +395,11 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int, po
         if not units[c] and not owned:
             continue
         plan = SramPlan(lw.target, c)
+        if units[c]:
+            j0, ha0, hb0 = units[c][0]
+            b.prefetch(c, mq, (ha0 * hd, hb0 * hd))
+        else:
+            b.prefetch(c, mk, (owned[0] * hd, (owned[0] + 1) * hd))
         xs = plan.take(m * h, "layer input")
         b.load(c, x, xs, m * h, to="in_vpu")
         xn = _norm(b, lw, c, plan, p + "attn_norm", q.attn_norm, xs, m, h, to="vpu_mxu")
@@ -468,6 +493,7 @@ def _stage_o(b: Builder, lw: Lowering, layer: int, q, x: int, m: int) -> None:
             continue
         w = r1 - r0
         plan = SramPlan(lw.target, c)
+        b.prefetch(c, mo, (r0, r1))
         a = plan.take(m * qh, "attention output")
         b.load(c, ao, a, m * qh, to="in_mxu")
         xs = plan.take(m * w, "residual slice")
@@ -500,6 +526,7 @@ def _stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int) -> None:
             continue
         w = i1 - i0
         plan = SramPlan(lw.target, c)
+        b.prefetch(c, mg, (i0, i1))
         xs = plan.take(m * h, "MLP input")
         b.load(c, xm, xs, m * h, to="in_vpu")
         xn = _norm(b, lw, c, plan, p + "mlp_norm", q.mlp_norm, xs, m, h, to="vpu_mxu")
@@ -531,6 +558,7 @@ def _stage_mlp_down(b: Builder, lw: Lowering, layer: int, q, x_next: int, m: int
             continue
         w = r1 - r0
         plan = SramPlan(lw.target, c)
+        b.prefetch(c, md, (r0, r1))
         a = plan.take(m * inter, "SwiGLU output")
         b.load(c, hb, a, m * inter, to="in_mxu")
         xs = plan.take(m * w, "residual slice")
@@ -563,6 +591,7 @@ def _stage_head(b: Builder, lw: Lowering, x_last: int) -> None:
         if rows is None:
             continue
         plan = SramPlan(lw.target, c)
+        b.prefetch(c, mh, rows)
         xs = plan.take(h, "last hidden state")
         b.load(c, x_last, xs, h, to="in_vpu")
         xn = _norm(b, lw, c, plan, "final_norm", lw.numerics.final_norm, xs, 1, h,

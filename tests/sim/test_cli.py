@@ -4,36 +4,49 @@ import pytest
 
 from sim.cli import main
 
+TINY = ["--set", "hardware.preset=tiny", "--set", "model.preset=tiny", "--set",
+        "compile.core_mode=single", "--set", "workload.prompt_tokens=8", "--set",
+        "workload.output_tokens=4"]
 
-def test_run_embedded_default_writes_metrics_and_trace(tmp_path, capsys):
+
+def test_run_embedded_default_writes_metrics_trace_and_report(tmp_path):
     assert main(["run", "--out", str(tmp_path), "-q"]) == 0
     m = json.loads((tmp_path / "metrics.json").read_text())
-    for key in ("config", "sim_time_s", "traffic_bytes", "engine_busy_s"):
+    for key in ("config", "sim_time_s", "traffic_bytes", "engine_busy_s", "traffic_by_kind"):
         assert key in m
     assert set(m["traffic_bytes"]) >= {"dram_read", "dram_write", "pcie_h2d", "pcie_d2h"}
-    assert m["functional_check"] == "match"
-    assert m["sim_time_s"] >= m["roofline"]["bound_s"] > 0
+    assert set(m["traffic_by_kind"]) == {"weights", "kv_cache", "activations", "host_io"}
+    assert m["prefill"]["ttft_s"] > 0
+    assert m["decode"]["tokens_per_s"] == pytest.approx(1 / m["decode"]["time_per_token_s"])
+    assert m["kv_cache"]["bytes_per_token"] == 6144  # Qwen2.5-0.5B int8: 24 x 2 x 2 x 64
+    assert m["kv_cache"]["compression_vs_bf16"] == 2.0
+    assert m["kv_cache"]["capacity_tokens"] > 0
+    assert m["prefill"]["ttft_s"] >= m["roofline"]["prefill"]["bound_s"]
+    assert m["decode"]["time_per_token_s"] >= m["roofline"]["decode_per_token"]["bound_s"]
     trace = json.loads((tmp_path / "trace.json").read_text())
     phases = {e["ph"] for e in trace["traceEvents"]}
     assert {"M", "X", "C"} <= phases
     assert "displayTimeUnit" not in trace
+    assert (tmp_path / "report.html").stat().st_size > 1_000_000  # plotly.js embedded
 
 
 def test_two_runs_are_byte_identical(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
-    assert main(["run", "--out", str(a), "-q", "--set", "workload.n=1024"]) == 0
-    assert main(["run", "--out", str(b), "-q", "--set", "workload.n=1024"]) == 0
-    for name in ("metrics.json", "trace.json"):
+    args = TINY + ["--set", "sim.fidelity=functional", "-q"]
+    assert main(["run", "--out", str(a), *args]) == 0
+    assert main(["run", "--out", str(b), *args]) == 0
+    for name in ("metrics.json", "trace.json", "report.html"):
         assert (a / name).read_bytes() == (b / name).read_bytes()
 
 
-def test_set_overrides_hardware_fields(tmp_path):
+def test_gemv_demo_and_hardware_overrides(tmp_path):
     out = tmp_path / "o"
-    assert main(["run", "--out", str(out), "-q", "--set", "hardware.dram.efficiency=0.5",
-                 "--set", "workload.n=1024", "--set", "sim.fidelity=timing"]) == 0
+    assert main(["run", "--out", str(out), "-q", "--set", "workload.kind=gemv",
+                 "--set", "hardware.dram.efficiency=0.5", "--set", "workload.n=1024",
+                 "--set", "sim.fidelity=functional"]) == 0
     m = json.loads((out / "metrics.json").read_text())
     assert m["config"]["hardware"]["dram"]["efficiency"] == 0.5
-    assert m["functional_check"] is None
+    assert m["functional_check"] == "match"
 
 
 @pytest.mark.parametrize(
