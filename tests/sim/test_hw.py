@@ -1,4 +1,5 @@
 import pytest
+from pydantic import ValidationError
 
 from isa.errors import ConfigError
 from sim.hw import HardwareConfig, load_hardware, preset_dict, preset_names
@@ -47,7 +48,7 @@ def test_overrides_apply_field_by_field_and_config_is_frozen():
     hw = load_hardware("aries", {"dram.efficiency": 0.5, "cores.clock_hz": 1e9})
     assert hw.dram.efficiency == 0.5 and hw.cores.clock_hz == 1e9
     assert hw.dram.channels == 8
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         hw.dram.channels = 4  # type: ignore[misc]
 
 
