@@ -10,7 +10,6 @@ import argparse
 import json
 import time
 
-
 from models.demo import demo_data, gemv_layer
 from sim.device import Device
 from sim.hw import load_hardware

@@ -19,8 +19,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from dataclasses import dataclass, field
-from functools import cached_property
 from enum import IntEnum
+from functools import cached_property
 from typing import ClassVar, NamedTuple
 
 NO_ADDR = 0xFFFF_FFFF_FFFF_FFFF

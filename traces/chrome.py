@@ -53,8 +53,10 @@ def bandwidth_series(
         acc = np.zeros(bins)
         # overlap of each interval with each bin, vectorised over bins per interval chunk
         for lo in range(0, len(s), 4096):
-            ss, ee, rr = s[lo : lo + 4096, None], e[lo : lo + 4096, None], rate[lo : lo + 4096, None]
-            ov = np.clip(np.minimum(ee, edges[None, 1:]) - np.maximum(ss, edges[None, :-1]), 0, None)
+            sl = slice(lo, lo + 4096)
+            ss, ee, rr = s[sl, None], e[sl, None], rate[sl, None]
+            ov = np.clip(np.minimum(ee, edges[None, 1:]) - np.maximum(ss, edges[None, :-1]),
+                         0, None)
             acc += (ov * rr).sum(axis=0)
         out[key] = (edges[:-1].astype(np.int64), acc / width * 1e12)
     return out
