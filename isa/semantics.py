@@ -20,6 +20,20 @@ SOFTMAX    row softmax, int8 probabilities (Q7)        mult, shift, out_shift
 REQUANT    int32 src0 -> int8                          mult, shift
 FROM_F32   float32 src0 -> int8, ``x * p0 / 2**p1``    mult, shift
 ========== =========================================== ==================================
+
+KV caches (``KvWrite``, ``KvRead``, ``Attn``): each cache is a DRAM region of
+``fmt.region_bytes(cap, width)`` bytes laid out as :mod:`isa.kvformats` describes (header
+with the token count for formats with a window or per-channel groups, sink slots,
+quantized slots, full-precision ring). ``KvWrite`` (``nbytes`` = the region's bytes)
+appends ``tokens`` int8 rows at ``pos`` (``pos`` below the cached length truncates first)
+and re-quantizes the tokens that leave the window (:meth:`KVFormat.region_write`; only the
+touched bytes are written back). ``KvRead`` returns positions ``pos .. pos+tokens-1`` on
+the int8 grid. ``Attn`` reads the first ``ctx`` tokens of the K and V regions at ``k``/``v``
+(``k_nbytes``/``v_nbytes`` are the bytes the attention unit streams, for timing; the
+values come from the regions) and runs :func:`isa.kernels.attention.attend`. MLA form: when
+``v`` lies inside the K region and both use the same format, the one latent cache is both
+key and value (the value is the whole cached row; its first ``kv_lora_rank`` columns are
+the latent output).
 """
 
 from __future__ import annotations
@@ -147,40 +161,55 @@ def _vec(v: Vec, mem: Memory) -> None:
     mem.write(Space.SRAM, c, v.dst, out.reshape(-1).view(np.uint8))
 
 
-def _cache(mem: Memory, fmt: kvformats.KVFormat, base: int, tokens: int,
-           width: int) -> np.ndarray:
-    """int8 ``[tokens, width]`` values of the cache stored at DRAM ``base``."""
-    if tokens == 0:
-        return np.zeros((0, width), np.int8)
-    buf = mem.read(Space.DRAM, 0, base, fmt.bytes(tokens, width))
-    return fmt.decode_cache(buf, tokens, width)
+def _region(mem: Memory, fmt: kvformats.KVFormat, base: int, cap: int, width: int,
+            what: str) -> np.ndarray:
+    """The bytes of the cache region of ``cap`` tokens at DRAM ``base`` (a copy)."""
+    if cap <= 0:
+        raise IsaError(f"{what}: the cache capacity (cap) must be given")
+    return mem.read(Space.DRAM, 0, base, fmt.region_bytes(cap, width))
+
+
+def _check_nbytes(what: str, fmt: kvformats.KVFormat, cap: int, width: int,
+                  nbytes: int) -> None:
+    need = fmt.region_bytes(cap, width)
+    if nbytes != need:
+        raise IsaError(f"{what}: a {fmt} region of {cap} tokens of width {width} is {need} "
+                       f"bytes (KVFormat.region_bytes), the instruction says {nbytes}")
 
 
 def _kv_write(ins: KvWrite, mem: Memory, fmt: kvformats.KVFormat) -> None:
+    _check_nbytes("kv.write", fmt, ins.cap, ins.width, ins.nbytes)
     new = _sram(mem, ins.core, ins.src, ins.tokens * ins.width).reshape(ins.tokens, ins.width)
-    end = ins.pos + ins.tokens
-    if ins.cap and end > ins.cap:
-        raise IsaError(f"kv.write: tokens {ins.pos}..{end - 1} exceed the cache capacity "
-                       f"of {ins.cap}")
-    old = _cache(mem, fmt, ins.dst, ins.pos, ins.width)
-    stored = fmt.encode_cache(np.concatenate([old, new], axis=0))
-    if stored.size > ins.nbytes:
-        raise IsaError(f"kv.write: {stored.size} bytes of cache exceed the {ins.nbytes}-byte "
-                       "region")
-    mem.write(Space.DRAM, 0, ins.dst, stored)
+    region = _region(mem, fmt, ins.dst, ins.cap, ins.width, "kv.write")
+    patches = sorted(fmt.region_write(region, ins.cap, ins.pos, new))
+    merged: list[list[int]] = []
+    for off, n in patches:  # region holds the final bytes: write each touched range once
+        if merged and off <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], off + n)
+        else:
+            merged.append([off, off + n])
+    for a, b in merged:
+        mem.write(Space.DRAM, 0, ins.dst + a, region[a:b])
 
 
 def _kv_read(ins: KvRead, mem: Memory, fmt: kvformats.KVFormat) -> None:
-    vals = _cache(mem, fmt, ins.src, ins.pos + ins.tokens, ins.width)[ins.pos:]
-    mem.write(Space.SRAM, ins.core, ins.dst, np.ascontiguousarray(vals).reshape(-1).view(np.uint8))
+    _check_nbytes("kv.read", fmt, ins.cap, ins.width, ins.nbytes)
+    region = _region(mem, fmt, ins.src, ins.cap, ins.width, "kv.read")
+    vals = fmt.region_read(region, ins.cap, ins.width, ins.pos, ins.tokens)
+    mem.write(Space.SRAM, ins.core, ins.dst, vals.reshape(-1).view(np.uint8))
 
 
 def _attn(a: Attn, mem: Memory, kf: kvformats.KVFormat, vf: kvformats.KVFormat) -> None:
     dk = a.head_dim
     q = _sram(mem, a.core, a.q, a.q_len * a.heads * dk).reshape(a.q_len, a.heads, dk)
     width = a.kv_heads * dk
-    k = _cache(mem, kf, a.k, a.ctx, width).reshape(a.ctx, a.kv_heads, dk)
-    v = _cache(mem, vf, a.v, a.ctx, width).reshape(a.ctx, a.kv_heads, dk)
+    kreg = _region(mem, kf, a.k, a.cap, width, "attn")
+    k = kf.region_read(kreg, a.cap, width, 0, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+    if kf == vf and a.k <= a.v < a.k + kreg.size:  # MLA: the latent cache is K and V
+        v = k
+    else:
+        vreg = _region(mem, vf, a.v, a.cap, width, "attn")
+        v = vf.region_read(vreg, a.cap, width, 0, a.ctx).reshape(a.ctx, a.kv_heads, dk)
     out = katt.attend(q, k, v, pos=a.pos, score_mult=a.score_mult, score_shift=a.score_shift,
                       out_mult=a.out_mult, out_shift=a.out_shift)
     mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))

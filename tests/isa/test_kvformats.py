@@ -423,3 +423,97 @@ def test_write_traffic() -> None:
     assert f.write_bytes(191, 1, w) == (4 + 32 * fp, 4 + f.block_bytes(w) + fp)
     assert kf.parse("int8").write_bytes(10, 1, w) == (0, w)
     assert kf.parse("int8").read_bytes(0, 100, w) == 100 * w
+
+
+# --- instruction semantics on regions --------------------------------------------------------
+
+
+class FlatMemory:
+    """DRAM, SRAM (one core) and host as flat byte arrays (the semantics' Memory)."""
+
+    def __init__(self, nbytes: int = 1 << 20):
+        self.spaces = {s: np.zeros(nbytes, np.uint8) for s in (0, 1, 2)}
+
+    def read(self, space, core, addr, nbytes):
+        return self.spaces[int(space)][addr:addr + nbytes].copy()
+
+    def write(self, space, core, addr, data):
+        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        self.spaces[int(space)][addr:addr + data.size] = data
+
+
+@pytest.mark.parametrize("layout", ["int8", "kivi-2", "qserve-kv4", "b4.channel.g8.asym.sink2"])
+def test_kv_write_read_attn_instructions(layout: str) -> None:
+    from isa import semantics
+    from isa.instructions import Attn, KvRead, KvWrite, Space
+    from isa.kernels.attention import attend
+
+    kfmt, vfmt = kf.pair(layout)
+    rng = np.random.default_rng(0)
+    cap, hd, heads, T = 200, 64, 3, 170
+    k = rng.integers(-128, 128, (T, hd), dtype=np.int8)
+    v = rng.integers(-128, 128, (T, hd), dtype=np.int8)
+    q = rng.integers(-128, 128, (1, heads, hd), dtype=np.int8)
+    formats = (kf.to_text(kfmt), kf.to_text(vfmt))
+    kreg, vreg = 0x10000, 0x40000
+    mem = FlatMemory()
+    mem.write(Space.SRAM, 0, 0x8000, q)
+    pos = 0
+    for n in (100, 1, 1, 30, 1, 37):  # a prefill, then decode steps and chunks
+        for fmt_i, vals, reg in ((0, k, kreg), (1, v, vreg)):
+            mem.write(Space.SRAM, 0, 0, vals[pos:pos + n])
+            f = (kfmt, vfmt)[fmt_i]
+            semantics.execute(KvWrite(fmt=fmt_i, tokens=n, width=hd, pos=pos, cap=cap, src=0,
+                                      dst=reg, nbytes=f.max_bytes(cap, hd)), mem, formats)
+        pos += n
+    assert pos == T
+    assert np.array_equal(mem.read(Space.DRAM, 0, kreg, kfmt.region_bytes(cap, hd)),
+                          kfmt.region_encode(k, cap))
+    semantics.execute(KvRead(fmt=1, tokens=5, width=hd, pos=160, cap=cap, src=vreg,
+                             dst=0x4000, nbytes=vfmt.region_bytes(cap, hd)), mem, formats)
+    v_back = vfmt.decode_cache(vfmt.encode_cache(v), T, hd)
+    assert np.array_equal(mem.read(Space.SRAM, 0, 0x4000, 5 * hd).view(np.int8).reshape(5, hd),
+                          v_back[160:165])
+    kw = dict(score_mult=3 << 20, score_shift=30, out_mult=1, out_shift=24)
+    semantics.execute(Attn(q_len=1, ctx=T, heads=heads, kv_heads=1, head_dim=hd, pos=T - 1,
+                           cap=cap, k_fmt=0, v_fmt=1, q=0x8000, k=kreg, v=vreg, out=0x9000,
+                           k_nbytes=kfmt.bytes(T, hd), v_nbytes=vfmt.bytes(T, hd), **kw),
+                      mem, formats)
+    k_back = kfmt.decode_cache(kfmt.encode_cache(k), T, hd)
+    expected = attend(q, k_back[:, None], v_back[:, None], pos=T - 1, **kw)
+    got = mem.read(Space.SRAM, 0, 0x9000, heads * hd).view(np.int8).reshape(1, heads, hd)
+    assert np.array_equal(got, expected)
+
+
+def test_kv_write_checks_the_region_size() -> None:
+    from isa import semantics
+    from isa.errors import IsaError
+    from isa.instructions import KvWrite
+
+    with pytest.raises(IsaError, match="region_bytes"):
+        semantics.execute(KvWrite(fmt=0, tokens=1, width=64, pos=0, cap=10, src=0, dst=0,
+                                  nbytes=123), FlatMemory(), ("kivi-4.k",))
+
+
+def test_attn_mla_form_reads_one_latent_cache() -> None:
+    from isa import semantics
+    from isa.instructions import Attn, Space
+    from isa.kernels.attention import attention_mla
+
+    f = kf.parse("quantmla-c4r4")
+    rng = np.random.default_rng(1)
+    cap, w, T, heads = 300, 576, 260, 2
+    cache = rng.integers(-128, 128, (T, w), dtype=np.int8)
+    q = rng.integers(-128, 128, (1, heads, w), dtype=np.int8)
+    mem = FlatMemory(1 << 21)
+    mem.write(Space.DRAM, 0, 0, f.region_encode(cache, cap))
+    mem.write(Space.SRAM, 0, 0, q)
+    kw = dict(score_mult=1 << 20, score_shift=32, out_mult=1, out_shift=24)
+    half = f.bytes(T, w) // 2  # the timing-only split of the one stream over K and V
+    semantics.execute(Attn(q_len=1, ctx=T, heads=heads, kv_heads=1, head_dim=w, pos=T - 1,
+                           cap=cap, k_fmt=0, v_fmt=0, q=0, k=0, v=half, out=0x8000,
+                           k_nbytes=half, v_nbytes=half, **kw), mem, ("quantmla-c4r4",))
+    got = mem.read(Space.SRAM, 0, 0x8000, heads * w).view(np.int8).reshape(1, heads, w)
+    back = f.decode_cache(f.encode_cache(cache), T, w)
+    assert np.array_equal(got, attention_mla(q, back, v_dim=w, pos=T - 1, **kw))
+    assert np.array_equal(got[..., :512], attention_mla(q, back, v_dim=512, pos=T - 1, **kw))
