@@ -699,6 +699,8 @@ class KVFormat:
         without a header need it)."""
         L = self._check_region(buf, cap, width)
         T = self.region_length(buf)
+        if T is not None and T > cap:
+            raise FormatError(f"{self}: region header says {T} tokens, capacity is {cap}")
         if tokens is None:
             if T is None:
                 raise FormatError(f"{self}: regions have no length header; give tokens")

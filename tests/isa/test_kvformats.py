@@ -410,6 +410,11 @@ def test_region_errors() -> None:
         f.region_read(region, 64, 32, 0, 1)  # empty cache
     with pytest.raises(FormatError):
         f.region_write(np.zeros(10, np.uint8), 64, 0, np.zeros((1, 32), np.int8))
+    region[:4] = np.array([65], "<u4").view(np.uint8)  # a corrupted length header
+    with pytest.raises(FormatError, match="header"):
+        f.region_read(region, 64, 32)
+    with pytest.raises(FormatError, match="header"):
+        f.region_write(region, 64, 0, np.zeros((1, 32), np.int8))
 
 
 def test_write_traffic() -> None:
