@@ -35,6 +35,13 @@ from ..reference import rope_cos_sin, rope_dim
 from ..weights import SafetensorsWeights, SyntheticWeights, WeightSource, quantize_weight
 from .calibrate import calibrate
 from .lower import Lowering, SramOverflow, Target, lower_forward
+from .lower_mla import (
+    absorbed_params_region,
+    lower_forward_mla,
+    mla_kv_problem,
+    mla_record_width,
+    probe_layers,
+)
 from .memmap import MemoryMap
 from .numerics import AddQ, AttnQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ
 
@@ -100,7 +107,8 @@ class CompiledModel:
         return self.bits.weights.bits_for(self.model.tensor_spec(name).role)
 
     def lowering(self) -> Lowering:
-        wb = {s.name: self.bits_for(s.name) for s in self.model.tensors() if s.kind == "matrix"}
+        wb = {s.name: self.bits_for(s.name) for s in self.model.tensors()
+              if s.kind == "matrix" and s.role != "embedding"}  # an untied embedding: host
         return Lowering(
             model=self.model, weight_bits=wb, k_fmt=self.k_fmt, v_fmt=self.v_fmt,
             cap=self.cap, max_seq=self.max_seq, m_tile=self.m_tile, mm=self.mm,
@@ -117,8 +125,9 @@ class CompiledModel:
                 host_out: int = 0) -> Program:
         if not 0 <= slot < self.slots:
             raise ConfigError(f"cache slot {slot} out of range 0..{self.slots - 1}")
-        return lower_forward(self.lowering(), n=tokens, cache_size=cache_size, slot=slot,
-                             host_in=host_in, host_out=host_out)
+        lower = lower_forward_mla if self.model.is_mla else lower_forward
+        return lower(self.lowering(), n=tokens, cache_size=cache_size, slot=slot,
+                     host_in=host_in, host_out=host_out)
 
     def weight_source(self) -> WeightSource:
         w = self.weights
@@ -127,8 +136,22 @@ class CompiledModel:
         return SafetensorsWeights(self.model, w["paths"])
 
     def kv_caches(self) -> list[dict[str, Any]]:
-        """One entry per (slot, layer, component): name, region, format, width, heads."""
+        """One entry per (slot, layer, component): name, region, format, width, heads.
+
+        GQA: components ``k`` and ``v`` of ``num_kv_heads`` heads of ``head_dim``; MLA: one
+        component ``c`` (the ``[latent | rope key]`` records, ``kv_lora_rank +
+        qk_rope_head_dim`` wide, one head) in the K format."""
         out = []
+        if self.model.is_mla:
+            w = mla_record_width(self.model)
+            fmt = self.k_fmt
+            for s in range(self.slots):
+                for layer in range(self.model.num_layers):
+                    name = Lowering.kv_region(s, layer, "c")
+                    out.append({"name": name, "slot": s, "layer": layer, "component": "c",
+                                "region": self.mm[name], "format": fmt, "width": w,
+                                "heads": 1, "head_bytes": fmt.max_bytes(self.cap, w)})
+            return out
         hd = self.model.head_dim
         for s in range(self.slots):
             for layer in range(self.model.num_layers):
@@ -236,6 +259,29 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
     rot = rope_dim(cfg)
     mm.add("rope.cos", cap * rot, "weights")
     mm.add("rope.sin", cap * rot, "weights")
+    h = cfg.hidden_size
+    if cfg.is_mla:
+        # absorbed attention (lower_mla): per-head multipliers of the absorption GEMMs, one
+        # [latent | rope key] cache per slot and layer, score queries, attention outputs
+        assert cfg.kv_lora_rank is not None
+        w = mla_record_width(cfg)
+        for layer in range(cfg.num_layers):
+            mm.add(absorbed_params_region(layer), 8 * cfg.num_heads * cfg.kv_lora_rank,
+                   "weights")
+        for s in range(slots):
+            for layer in range(cfg.num_layers):
+                mm.add(Lowering.kv_region(s, layer, "c"), pair.k.max_bytes(cap, w), "kv_cache")
+        mm.add("act.qs", m_tile * cfg.num_heads * w, "activations")
+        mm.add("act.lat", m_tile * cfg.num_heads * w, "activations")
+        mm.add("act.kv", m_tile * w, "activations")
+        if cfg.q_lora_rank:
+            mm.add("act.qa", m_tile * cfg.q_lora_rank, "activations")
+    if cfg.is_moe:
+        assert cfg.n_routed_experts is not None and cfg.moe_intermediate_size is not None
+        mm.add("act.router", m_tile * cfg.n_routed_experts, "activations")
+        # one routed partial sum per core that runs experts (at most one per core)
+        contributors = min(max(CORE_MODES.values()), cfg.n_routed_experts)
+        mm.add("act.moe", contributors * m_tile * h, "activations")
     if not cfg.is_mla:
         hd = cfg.head_dim
         for s in range(slots):
@@ -244,12 +290,12 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
                        cfg.num_kv_heads * pair.k.max_bytes(cap, hd), "kv_cache")
                 mm.add(Lowering.kv_region(s, layer, "v"),
                        cfg.num_kv_heads * pair.v.max_bytes(cap, hd), "kv_cache")
-    h = cfg.hidden_size
     mm.add("act.x0", m_tile * h, "activations")
     mm.add("act.x1", m_tile * h, "activations")
     mm.add("act.xm", m_tile * h, "activations")
     mm.add("act.ao", m_tile * cfg.num_heads * cfg.head_dim, "activations")
-    mm.add("act.hb", m_tile * cfg.intermediate_size, "activations")
+    shared = (cfg.n_shared_experts or 0) * (cfg.moe_intermediate_size or 0)
+    mm.add("act.hb", m_tile * max(cfg.intermediate_size, shared), "activations")
     mm.add("io.emb", 4 * max_seq * h, "host_io")
     mm.add("io.logits", 4 * cfg.vocab_size, "host_io")
     return mm
@@ -276,8 +322,9 @@ def compile_model(
         raise CompileError(f"core_mode {core_mode!r} needs {CORE_MODES[core_mode]} cores; "
                            f"{hw.name} has {hw.num_cores}")
     if model.is_mla:
-        raise CompileError(f"model {model.name!r}: MLA models cannot be compiled to programs "
-                           "yet (see `kvsim kv` for their cache sizes)")
+        problem = mla_kv_problem(model, kv)
+        if problem:
+            raise CompileError(f"kv.format: {problem}")
     if max_seq < 1 or cap < max_seq:
         raise CompileError(f"max_sequence_length ({max_seq}) must be >= 1 and <= the cache "
                            f"length ({cap})")
@@ -314,19 +361,26 @@ def compile_model(
 
 def _fit_m_tile(cm: CompiledModel) -> int:
     """The most tokens per pass whose stage buffers fit in SRAM (binary search)."""
+    def lower(m: int) -> None:
+        if cm.model.is_mla:  # one layer of each kind says as much, much faster
+            lower_forward_mla(cm.lowering(), n=m, cache_size=0,
+                              layers=probe_layers(cm.model))
+        else:
+            lower_forward(cm.lowering(), n=m, cache_size=0)
+
     def fits(m: int) -> bool:
         cm.m_tile = m
         cm.mm = build_memory_map(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
                                  max_seq=cm.max_seq, m_tile=m)
         try:
-            lower_forward(cm.lowering(), n=m, cache_size=0)
+            lower(m)
         except SramOverflow:
             return False
         return True
 
     try:
         if not fits(1):
-            lower_forward(cm.lowering(), n=1, cache_size=0)  # re-raise with its message
+            lower(1)  # re-raise with its message
     except SramOverflow as err:
         raise CompileError(f"model {cm.model.name!r} does not fit {cm.hw.name}'s SRAM even "
                            f"one token at a time: {err}") from None

@@ -1,0 +1,243 @@
+"""Timing-only compilation of MLA + MoE models (tiny-mla, DeepSeek-V2-Lite): programs that
+validate and run on the device, caches in the memory map, a decode step that reads only
+its token's experts, and the cache streamed once per layer in its stored format."""
+
+from __future__ import annotations
+
+import bisect
+from fractions import Fraction
+from functools import cache
+
+import pytest
+
+from isa import kvformats
+from isa.instructions import Attn, DmaLoad, KvWrite
+from models.bits import BitConfig
+from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
+from models.compiler.lower_mla import expert_tokens, routed_experts
+from models.config import load_model, load_preset
+from sim.device import Device, append_traffic
+from sim.hw import load_hardware
+
+HOST_BYTES = 1 << 24
+#: DMA event size for the DeepSeek runs: the preset's 64 KiB is simulation granularity
+#: (sim/presets/aries.toml); 1 MiB events give the same bytes and ~the same time, faster.
+ARIES_FAST = {"dma.chunk_bytes": 1 << 20}
+DSV2_CAP = 4096  # tokens: a cache of a few thousand tokens next to the W8 weights
+DSV2_SEQ = 4  # a short prefill (every prompt token routes to 6 of 64 experts)
+RECORD = 576  # DeepSeek MLA record: kv_lora_rank 512 + qk_rope_head_dim 64 (FACTS.md)
+
+
+@cache
+def _hw(name: str, fast: bool = False):
+    return load_hardware(name, ARIES_FAST if fast else None)
+
+
+@cache
+def _dsv2(kv: str) -> CompiledModel:
+    return compile_model(load_preset("deepseek-v2-lite"), BitConfig(),
+                         HardwareTarget.from_hw(_hw("aries", True)), kv=kv, max_seq=DSV2_SEQ,
+                         cap=DSV2_CAP, functional=False)
+
+
+@cache
+def _dsv2_decode(kv: str, cache_size: int):
+    """(program, run) of one decode step of DeepSeek-V2-Lite at ``cache_size`` tokens."""
+    cm = _dsv2(kv)
+    prog = cm.program(tokens=1, cache_size=cache_size)
+    dev = Device(_hw("aries", True), functional=False, layout=cm.layout(host_bytes=HOST_BYTES))
+    return prog, dev.run(prog)  # Device.run validates the program first
+
+
+def _read(run, kind: str) -> int:
+    return run.stats["link_kind"].get(("dram_read", kind), 0)
+
+
+def _weight_code_bytes(cm: CompiledModel, prog) -> int:
+    """Bytes the program's DMA loads read from weight-code regions (``w.*``)."""
+    regions = sorted(cm.mm.regions, key=lambda r: r.base)
+    bases = [r.base for r in regions]
+    total = 0
+    for ins in prog:
+        if isinstance(ins, DmaLoad):
+            r = regions[bisect.bisect_right(bases, ins.src) - 1]
+            if r.name.startswith("w."):
+                total += ins.total_bytes
+    return total
+
+
+def _expected_code_bytes(cm: CompiledModel, experts_of_layer) -> int:
+    """Code bytes of every matrix the NPU reads, routed experts only those given."""
+    cfg = cm.model
+    total = 0
+    for spec in cfg.tensors():
+        if spec.kind != "matrix" or spec.role == "embedding":
+            continue
+        parts = spec.name.split(".")
+        if "experts" in parts and int(parts[3]) not in experts_of_layer(int(parts[1])):
+            continue
+        n, k = spec.shape
+        total += n * ((k * cm.bits_for(spec.name) + 7) // 8)
+    return total
+
+
+# --- tiny-mla --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("hw_name", "core_mode"), [("tiny", "single"), ("aries", "global8")])
+@pytest.mark.parametrize("overrides", [None, {"q_lora_rank": 16}], ids=["q_proj", "q_lora"])
+def test_tiny_mla_prefill_and_decode_run(hw_name, core_mode, overrides) -> None:
+    model = load_model("tiny-mla", overrides)
+    hw = _hw(hw_name)
+    cm = compile_model(model, BitConfig(weights="W4V8"), HardwareTarget.from_hw(hw),
+                       kv="int8", core_mode=core_mode, max_seq=48, cap=128, slots=2,
+                       functional=False)
+    dev = Device(hw, functional=False, layout=cm.layout(host_bytes=HOST_BYTES))
+    pre = dev.run(cm.program(tokens=48, cache_size=0, slot=1))
+    dec = dev.run(cm.program(tokens=1, cache_size=48, slot=1))
+    assert pre.duration_ps > dec.duration_ps > 0
+    w = model.kv_lora_rank + model.qk_rope_head_dim
+    prog = cm.program(tokens=1, cache_size=48, slot=1)
+    writes = [i for i in prog if isinstance(i, KvWrite)]
+    attns = [i for i in prog if isinstance(i, Attn)]
+    assert len(writes) == len(attns) == model.num_layers
+    assert all(i.width == w and i.tokens == 1 and i.pos == 48 for i in writes)
+    assert all(i.kv_heads == 1 and i.head_dim == w and i.heads == model.num_heads
+               and i.ctx == 49 for i in attns)
+    caches = {c["name"]: c for c in cm.kv_caches()}
+    assert {i.dst for i in writes} == {caches[f"kv.s1.l{la}.c"]["region"].base
+                                       for la in range(model.num_layers)}
+
+
+def test_tiny_mla_prefill_in_several_tiles() -> None:
+    hw = _hw("tiny")
+    cm = compile_model(load_preset("tiny-mla"), BitConfig(), HardwareTarget.from_hw(hw),
+                       core_mode="single", max_seq=256, cap=512, functional=False)
+    assert 1 < cm.m_tile < 128
+    n = 2 * cm.m_tile + 1  # the last tile has one token
+    dev = Device(hw, functional=False, layout=cm.layout(host_bytes=HOST_BYTES))
+    run = dev.run(cm.program(tokens=n, cache_size=0))
+    prog = cm.program(tokens=n, cache_size=0)
+    assert sorted({i.tokens for i in prog if isinstance(i, KvWrite)}) == [1, cm.m_tile]
+    assert run.stats["link_kind"][("dram_write", "kv_cache")] > 0
+
+
+def test_mla_kv_caches_one_latent_record_per_layer() -> None:
+    cm = _dsv2("bf16")
+    caches = cm.kv_caches()
+    assert len(caches) == cm.model.num_layers
+    fmt = kvformats.parse("bf16")
+    for c in caches:
+        assert c["component"] == "c" and c["heads"] == 1 and c["width"] == RECORD
+        assert c["region"].size == fmt.max_bytes(DSV2_CAP, RECORD) == c["head_bytes"]
+        assert c["region"].kind == "kv_cache"
+    assert cm.mm.bytes_of_kind("kv_cache") == len(caches) * fmt.max_bytes(DSV2_CAP, RECORD)
+
+
+def test_mla_kv_layout_must_be_one_format_with_the_models_rope_width() -> None:
+    hw = HardwareTarget.from_hw(_hw("tiny"))
+    tiny = load_preset("tiny-mla")
+    with pytest.raises(CompileError, match="different K and V"):
+        compile_model(tiny, BitConfig(), hw, kv="kivi-4", core_mode="single", max_seq=8,
+                      cap=64, functional=False)
+    with pytest.raises(CompileError, match="qk_rope_head_dim 8"):
+        compile_model(tiny, BitConfig(), hw, kv="quantmla-c4r4", core_mode="single",
+                      max_seq=8, cap=64, functional=False)
+    cm = compile_model(tiny, BitConfig(), hw, kv="b4.token.g8.asym.rope8b4",
+                       core_mode="single", max_seq=8, cap=64, functional=False)
+    assert cm.k_fmt.rope_width == 8
+
+
+def test_functional_mla_is_refused() -> None:
+    with pytest.raises(NotImplementedError, match="timing"):
+        compile_model(load_preset("tiny-mla"), BitConfig(), HardwareTarget.from_hw(_hw("tiny")),
+                      core_mode="single", max_seq=8, cap=64)
+
+
+# --- routing -----------------------------------------------------------------------------
+
+def test_routing_is_deterministic_distinct_and_spread() -> None:
+    cfg = load_preset("deepseek-v2-lite")
+    seen = set()
+    for pos in range(200):
+        e = routed_experts(cfg, 3, pos)
+        assert e == routed_experts(cfg, 3, pos) and len(set(e)) == 6 == len(e)
+        assert e == tuple(sorted(e)) and all(0 <= x < 64 for x in e)
+        seen.update(e)
+    assert seen == set(range(64))
+    assert routed_experts(cfg, 3, 7) != routed_experts(cfg, 4, 7)
+    tile = expert_tokens(cfg, 3, 100, 5)
+    assert sum(len(t) for t in tile.values()) == 5 * 6
+    assert set(tile) == {e for t in range(5) for e in routed_experts(cfg, 3, 100 + t)}
+    with pytest.raises(ValueError, match="no routed experts"):
+        routed_experts(cfg, 0, 0)  # layer 0 is dense
+
+
+# --- DeepSeek-V2-Lite on ARIES -------------------------------------------------------------
+
+def test_deepseek_v2_lite_w8_fits_aries() -> None:
+    cm = _dsv2("bf16")
+    assert cm.mm.total_bytes <= cm.hw.dram_bytes
+    cfg = cm.model
+    codes = sum(r.size for r in cm.mm.regions if r.name.startswith("w."))
+    assert codes == cfg.weights_total  # W8: one byte per weight, embedding on the host
+    assert cm.m_tile == DSV2_SEQ
+
+
+def test_decode_reads_only_the_active_experts() -> None:
+    cm = _dsv2("bf16")
+    cfg = cm.model
+    pos = 1000
+    prog, run = _dsv2_decode("bf16", pos)
+    active = {la: set(routed_experts(cfg, la, pos)) for la in range(cfg.num_layers)
+              if cfg.layer_is_moe(la)}
+    expected = _expected_code_bytes(cm, lambda la: active[la])
+    assert _weight_code_bytes(cm, prog) == expected == cfg.active_weights_per_token
+    # the device read those codes plus per-row multipliers, norm gains and RoPE tables
+    weights = _read(run, "weights")
+    assert cfg.active_weights_per_token < weights < 1.005 * cfg.active_weights_per_token
+    # every other expert's weights stay in DRAM
+    assert weights < 0.2 * cm.mm.bytes_of_kind("weights")
+
+
+def test_prefill_reads_the_union_of_its_tokens_experts() -> None:
+    cm = _dsv2("bf16")
+    cfg = cm.model
+    prog = cm.programs[f"prefill_{DSV2_SEQ}"]
+    union = {la: set(expert_tokens(cfg, la, 0, DSV2_SEQ)) for la in range(cfg.num_layers)
+             if cfg.layer_is_moe(la)}
+    assert max(len(u) for u in union.values()) > cfg.num_experts_per_tok
+    assert _weight_code_bytes(cm, prog) == _expected_code_bytes(cm, lambda la: union[la])
+    dev = Device(_hw("aries", True), functional=False, layout=cm.layout(host_bytes=HOST_BYTES))
+    run = dev.run(prog)
+    assert _read(run, "weights") > _read(_dsv2_decode("bf16", 1000)[1], "weights")
+    assert run.stats["link_kind"][("dram_write", "kv_cache")] == cfg.num_layers * (
+        kvformats.parse("bf16").bytes(DSV2_SEQ, RECORD))
+
+
+def test_quantmla_streams_the_cache_by_the_format_ratio() -> None:
+    cfg = _dsv2("bf16").model
+    pos = 1000
+    ctx = pos + 1
+    bf16, c4r4 = kvformats.parse("bf16"), kvformats.parse("quantmla-c4r4")
+    streamed = {}
+    for name, fmt in (("bf16", bf16), ("quantmla-c4r4", c4r4)):
+        prog, run = _dsv2_decode(name, pos)
+        attn = [i for i in prog if isinstance(i, Attn)]
+        assert len(attn) == cfg.num_layers  # one core streams each layer's cache once
+        assert all(i.k_nbytes + i.v_nbytes == fmt.bytes(ctx, RECORD) for i in attn)
+        appended_reads = cfg.num_layers * append_traffic(fmt, pos, 1, RECORD)[0]
+        streamed[name] = _read(run, "kv_cache") - appended_reads
+        assert streamed[name] == cfg.num_layers * fmt.bytes(ctx, RECORD)
+    ratio = Fraction(c4r4.bytes(ctx, RECORD), bf16.bytes(ctx, RECORD))
+    assert Fraction(streamed["quantmla-c4r4"], streamed["bf16"]) == ratio < Fraction(1, 2)
+
+
+def test_decode_time_grows_with_context() -> None:
+    short = _dsv2_decode("bf16", 64)[1]
+    long = _dsv2_decode("bf16", 1000)[1]
+    assert long.duration_ps > short.duration_ps
+    extra = _read(long, "kv_cache") - _read(short, "kv_cache")
+    peak = _hw("aries").dram.channels * _hw("aries").dram.bus_width_bits_per_channel / 8 * (
+        _hw("aries").dram.data_rate_mtps * 1e6)
+    # the extra context is streamed from DRAM: never faster than the peak bandwidth
+    assert (long.duration_ps - short.duration_ps) * 1e-12 > 0.5 * extra / peak
