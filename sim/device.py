@@ -46,29 +46,6 @@ from traces.recorder import Recorder
 UNMAPPED = "unmapped"
 
 
-def append_traffic(fmt: kvformats.KVFormat, pos: int, tokens: int, width: int) -> tuple[int, int]:
-    """DRAM bytes read and written when ``tokens`` tokens are appended to a cache of ``pos``
-    tokens, from the format's layouts before and after: a segment that keeps its kind,
-    first token and offset only gets its new records written; any other new segment is
-    written whole, and the full-precision segments it replaces are read back (their tokens
-    are re-quantized or moved)."""
-    old = {(s.kind, s.start, s.offset): s for s in fmt.layout(pos, width)}
-    new = fmt.layout(pos + tokens, width)
-    kept = set()
-    written = 0
-    for s in new:
-        if s.kind == "pad":
-            continue
-        prev = old.get((s.kind, s.start, s.offset))
-        if prev is not None and prev.tokens <= s.tokens:
-            written += s.nbytes - prev.nbytes
-            kept.add((s.kind, s.start, s.offset))
-        else:
-            written += s.nbytes
-    read = sum(s.nbytes for k, s in old.items() if s.kind == "fp" and k not in kept)
-    return read, written
-
-
 @dataclass(frozen=True)
 class ProgramRun:
     """Timing of one program on the device, and what it moved."""
@@ -293,11 +270,12 @@ class Device:
             ])
         elif isinstance(ins, (KvWrite, KvRead)):
             fmt = self._format(program.formats[ins.fmt])
+            # the bytes the format's DRAM region layout really moves
             if isinstance(ins, KvWrite):
-                rd, wr = append_traffic(fmt, ins.pos, ins.tokens, ins.width)
+                rd, wr = fmt.write_bytes(ins.pos, ins.tokens, ins.width)
                 base = ins.dst
             else:
-                rd = fmt.bytes(ins.pos + ins.tokens, ins.width) - fmt.bytes(ins.pos, ins.width)
+                rd = fmt.read_bytes(ins.pos, ins.tokens, ins.width)
                 wr = 0
                 base = ins.src
             kind = self.kind_of(base)

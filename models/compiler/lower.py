@@ -462,7 +462,8 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int, po
             b.emit(Attn(core=c, q_len=m, ctx=ctx, heads=hb - ha, kv_heads=1, head_dim=hd,
                         pos=pos0, cap=lw.cap, k_fmt=0, v_fmt=1, q=qb,
                         k=kreg.base + j * k_sub, v=vreg.base + j * v_sub, out=ob,
-                        k_nbytes=lw.k_fmt.bytes(ctx, hd), v_nbytes=lw.v_fmt.bytes(ctx, hd),
+                        k_nbytes=lw.k_fmt.read_bytes(0, ctx, hd),
+                        v_nbytes=lw.v_fmt.read_bytes(0, ctx, hd),
                         score_mult=q.attn.score_mult, score_shift=q.attn.score_shift,
                         out_mult=q.attn.out_mult, out_shift=q.attn.out_shift,
                         wait=wait, signal=(b.sem(c, "mxu_out"),)))

@@ -554,9 +554,10 @@ def _append_latent(b: MlaBuilder, lw: Lowering, layer: int, q, c: int, plan: Sra
 
 
 def mla_attention_bytes(fmt, ctx: int, width: int) -> tuple[int, int]:
-    """(k_nbytes, v_nbytes) of an MLA ``Attn``: the stored cache's bytes, streamed once,
-    split in halves over the instruction's two streams."""
-    total = fmt.bytes(ctx, width)
+    """(k_nbytes, v_nbytes) of an MLA ``Attn``: the bytes a read of the whole cache moves
+    (header and records, :meth:`KVFormat.read_bytes`), streamed once, split in halves over
+    the instruction's two streams."""
+    total = fmt.read_bytes(0, ctx, width)
     return total - total // 2, total // 2
 
 

@@ -16,7 +16,7 @@ from models.bits import BitConfig
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.compiler.lower_mla import expert_tokens, routed_experts
 from models.config import load_model, load_preset
-from sim.device import Device, append_traffic
+from sim.device import Device
 from sim.hw import load_hardware
 
 HOST_BYTES = 1 << 24
@@ -224,11 +224,11 @@ def test_quantmla_streams_the_cache_by_the_format_ratio() -> None:
         prog, run = _dsv2_decode(name, pos)
         attn = [i for i in prog if isinstance(i, Attn)]
         assert len(attn) == cfg.num_layers  # one core streams each layer's cache once
-        assert all(i.k_nbytes + i.v_nbytes == fmt.bytes(ctx, RECORD) for i in attn)
-        appended_reads = cfg.num_layers * append_traffic(fmt, pos, 1, RECORD)[0]
+        assert all(i.k_nbytes + i.v_nbytes == fmt.read_bytes(0, ctx, RECORD) for i in attn)
+        appended_reads = cfg.num_layers * fmt.write_bytes(pos, 1, RECORD)[0]
         streamed[name] = _read(run, "kv_cache") - appended_reads
-        assert streamed[name] == cfg.num_layers * fmt.bytes(ctx, RECORD)
-    ratio = Fraction(c4r4.bytes(ctx, RECORD), bf16.bytes(ctx, RECORD))
+        assert streamed[name] == cfg.num_layers * fmt.read_bytes(0, ctx, RECORD)
+    ratio = Fraction(c4r4.read_bytes(0, ctx, RECORD), bf16.read_bytes(0, ctx, RECORD))
     assert Fraction(streamed["quantmla-c4r4"], streamed["bf16"]) == ratio < Fraction(1, 2)
 
 
