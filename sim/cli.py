@@ -152,6 +152,91 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _model_and_bits(args: argparse.Namespace):
+    from models.bits import build_bit_config
+    from models.config import load_model
+
+    model = load_model(args.model, where="--model")
+    bits = build_bit_config({"weights": args.bits}, where="--bits")
+    return model, bits
+
+
+def cmd_compile(args: argparse.Namespace, console: Console) -> int:
+    from models.compiler import HardwareTarget, compile_model
+    from sim.hw import load_hardware
+
+    model, bits = _model_and_bits(args)
+    hw = load_hardware(args.hw)
+    cm = compile_model(model, bits, HardwareTarget.from_hw(hw), kv=args.kv,
+                       core_mode=args.core_mode, max_seq=args.max_seq, cap=args.cache_length,
+                       slots=args.cache_slots, functional=not args.timing_only,
+                       weights={"kind": "synthetic", "seed": args.seed})
+    cm.save(args.output)
+    t = Table(title=f"compiled {model.name} -> {args.output}")
+    t.add_column("item")
+    t.add_column("value", justify="right")
+    t.add_row("hardware / core mode", f"{hw.name} / {cm.core_mode}")
+    t.add_row("weights (DRAM)", f"{cm.mm.bytes_of_kind('weights'):,} B")
+    t.add_row("KV cache (DRAM)", f"{cm.mm.bytes_of_kind('kv_cache'):,} B")
+    t.add_row("activations + host I/O (DRAM)",
+              f"{cm.mm.bytes_of_kind('activations') + cm.mm.bytes_of_kind('host_io'):,} B")
+    t.add_row("tokens per pass (SRAM-fitted tile)", str(cm.m_tile))
+    for name, prog in cm.programs.items():
+        t.add_row(f"program {name}", f"{len(prog):,} instructions")
+    console.print(t)
+    if args.asm:
+        from isa.asm import disassemble
+
+        print(disassemble(cm.programs["decode"]))
+    return 0
+
+
+def cmd_kv(args: argparse.Namespace, console: Console) -> int:
+    from isa import kvformats
+    from models.config import load_model
+
+    model = load_model(args.model, where="--model")
+    pair = kvformats.pair(args.format)
+    bf16 = kvformats.parse("bf16")
+    n = args.context
+    comps = model.kv_components()
+    if model.is_mla:
+        caches = [("latent", pair.k, comps["content"] + comps["rope"], 1)]
+    else:
+        hd = model.head_dim
+        caches = [("key", pair.k, hd, model.num_kv_heads),
+                  ("value", pair.v, hd, model.num_kv_heads)]
+    rows = []
+    for name, fmt, width, heads in caches:
+        b = heads * fmt.bytes(n, width)
+        ref = heads * bf16.bytes(n, width)
+        rows.append({"cache": name, "format": kvformats.to_text(fmt), "width": width,
+                     "heads": heads, "bytes_per_layer": b, "bf16_bytes_per_layer": ref,
+                     "bytes_per_token_per_layer": b / n, "compression_vs_bf16": ref / b})
+    total = model.num_layers * sum(r["bytes_per_layer"] for r in rows)
+    total_ref = model.num_layers * sum(r["bf16_bytes_per_layer"] for r in rows)
+    out = {"model": model.name, "format": args.format, "context_tokens": n,
+           "layers": model.num_layers, "per_layer": rows, "total_bytes": total,
+           "bytes_per_token": total / n, "bf16_total_bytes": total_ref,
+           "compression_vs_bf16": total_ref / total}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    t = Table(title=f"{model.name}: KV cache {args.format} at {n:,} tokens "
+                    f"({model.num_layers} layers)")
+    for col in ("cache", "format", "heads x width", "bytes per layer", "bytes/token/layer",
+                "vs bf16"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["cache"], r["format"], f"{r['heads']} x {r['width']}",
+                  f"{r['bytes_per_layer']:,}", f"{r['bytes_per_token_per_layer']:,.2f}",
+                  f"{r['compression_vs_bf16']:.3f}x")
+    t.add_row("total", "", "", f"{total:,}", f"{total / n:,.2f}",
+              f"{total_ref / total:.3f}x")
+    console.print(t)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvsim",
@@ -166,6 +251,29 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="kvsim-out", help="output folder (default: kvsim-out)")
     r.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     r.set_defaults(func=cmd_run)
+
+    c = sub.add_parser("compile", help="compile a model to a .kvm file (memory map, programs)")
+    c.add_argument("--model", required=True, help="model preset or config.json path")
+    c.add_argument("--bits", default="W8", help="weight-bit preset (W8, W4V8)")
+    c.add_argument("--kv", default="int8", help="KV format (int8, bf16, kivi-4, ...)")
+    c.add_argument("--hw", default="aries", help="hardware preset")
+    c.add_argument("--core-mode", default="global8", choices=["single", "global4", "global8"])
+    c.add_argument("--max-seq", type=int, default=512, help="most tokens per infer call")
+    c.add_argument("--cache-length", type=int, default=4096, help="KV capacity, tokens")
+    c.add_argument("--cache-slots", type=int, default=1)
+    c.add_argument("--seed", type=int, default=0, help="synthetic weight seed")
+    c.add_argument("--timing-only", action="store_true",
+                   help="skip calibration of integer parameters (timing-only runs)")
+    c.add_argument("--asm", action="store_true", help="print the decode program's assembly")
+    c.add_argument("-o", "--output", required=True, help="output file (.kvm)")
+    c.set_defaults(func=cmd_compile)
+
+    k = sub.add_parser("kv", help="KV-cache bytes of a model in a format")
+    k.add_argument("--model", required=True)
+    k.add_argument("--format", required=True)
+    k.add_argument("--context", type=int, required=True, help="tokens in the cache")
+    k.add_argument("--json", action="store_true")
+    k.set_defaults(func=cmd_kv)
 
     hw = sub.add_parser("hw", help="hardware presets")
     hsub = hw.add_subparsers(dest="hw_command", required=True)

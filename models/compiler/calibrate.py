@@ -20,8 +20,9 @@ from ..reference import apply_rope, rms_norm, rope_cos_sin, silu, softmax, softm
 from ..weights import QuantizedWeight, WeightSource, quantize_weight
 from .numerics import AddQ, AttnQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ
 
-#: Headroom over the calibration maximum (inputs outside the calibration set may be
-#: larger; 25 % is a common choice for static max calibration).
+#: Headroom over the calibration maximum: inputs outside the calibration set can be
+#: larger, and a clipped int8 activation costs more than a coarser step (25 % is a
+#: common choice for static max calibration).
 MARGIN = 1.25
 #: Calibration tokens (a deterministic pseudo-random sequence).
 CALIBRATION_TOKENS = 48
@@ -88,6 +89,12 @@ def attn_params(s_q: float, s_k: float, s_v: float, s_out: float, scale: float) 
     return AttnQ(score_mult=sm, score_shift=ss, out_mult=om, out_shift=osh)
 
 
+def _pair_norm(x: np.ndarray) -> np.ndarray:
+    """Norms of the rotate-half channel pairs of the last axis (and the values past them)."""
+    half = x.shape[-1] // 2
+    return np.sqrt(x[..., :half] ** 2 + x[..., half : 2 * half] ** 2)
+
+
 def calibration_tokens(cfg: ModelConfig, seed: int, n: int = CALIBRATION_TOKENS) -> np.ndarray:
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xCA11B]))
     return rng.integers(0, cfg.vocab_size, size=n)
@@ -126,11 +133,16 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
         p = f"layers.{i}."
         xn = rec(f"{i}.xn", rms_norm(x, source.tensor(p + "attn_norm"), cfg.rms_norm_eps))
         bq = (p + "q_bias", p + "k_bias", p + "v_bias") if cfg.qkv_bias else (None,) * 3
-        q = rec(f"{i}.q", lin(xn, p + "q_proj", bq[0])).reshape(n, H, hd)
-        k = rec(f"{i}.k", lin(xn, p + "k_proj", bq[1])).reshape(n, KV, hd)
+        q = lin(xn, p + "q_proj", bq[0]).reshape(n, H, hd)
+        k = lin(xn, p + "k_proj", bq[1]).reshape(n, KV, hd)
         v = rec(f"{i}.v", lin(xn, p + "v_proj", bq[2])).reshape(n, KV, hd)
-        q = rec(f"{i}.q", apply_rope(q, cos, sin))
-        k = rec(f"{i}.k", apply_rope(k, cos, sin))
+        # RoPE rotates channel pairs (j, j + hd/2): at any position a rotated value is at
+        # most its pair's norm, so that norm (not the values at the calibration
+        # positions) bounds the int8 range of q and k wherever they are used.
+        rec(f"{i}.q", _pair_norm(q))
+        rec(f"{i}.k", _pair_norm(k))
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
         g = H // KV
         kk = np.repeat(k, g, axis=1)
         vv = np.repeat(v, g, axis=1)
