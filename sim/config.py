@@ -25,7 +25,7 @@ from .hw import HardwareConfig, preset_dict, set_dotted, validation_message
 DEFAULT_CONFIG_TOML = """
 # The embedded default scenario of `kvsim run`: Qwen2.5-0.5B (synthetic weights, INT8
 # weights and INT8 KV cache) on the ARIES preset: prefill a 240-token prompt, then decode
-# 16 tokens, every call through the host runtime (embeddings in and logits out over PCIe).
+# 8 tokens, every call through the host runtime (embeddings in and logits out over PCIe).
 [hardware]
 preset = "aries"
 
@@ -41,7 +41,7 @@ format = "int8"
 [workload]
 kind = "generate"
 prompt_tokens = 240
-output_tokens = 16
+output_tokens = 8
 seed = 0
 
 [sim]

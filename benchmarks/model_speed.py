@@ -1,0 +1,79 @@
+"""Wall time kvsim needs per simulated decode token (and per prefill), in timing-only and
+in functional mode, for a model on a hardware preset.
+
+    python benchmarks/model_speed.py [--model qwen2.5-0.5b] [--hw aries] [--tokens 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+
+import numpy as np
+
+from models.bits import build_bit_config
+from models.compiler import HardwareTarget, compile_model
+from models.config import load_preset
+from sim.hw import load_hardware
+from sim.runtime import Accelerator, Model
+
+
+def measure(model_name: str, hw_name: str, functional: bool, prompt: int, tokens: int) -> dict:
+    hw = load_hardware(hw_name)
+    cfg = load_preset(model_name)
+    t0 = time.perf_counter()
+    cm = compile_model(cfg, build_bit_config({}), HardwareTarget.from_hw(hw),
+                       max_seq=prompt, cap=prompt + tokens + 1, functional=functional)
+    t_compile = time.perf_counter() - t0
+    acc = Accelerator(hw=hw, functional=functional)
+    model = Model(cm)
+    t0 = time.perf_counter()
+    model.launch(acc)
+    t_launch = time.perf_counter() - t0
+    emb = (cm.weight_source().tensor("embed") if functional
+           else np.zeros((cfg.vocab_size, cfg.hidden_size), np.float32))
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, cfg.vocab_size, size=prompt)
+    t0 = time.perf_counter()
+    logits = model.infer(emb[toks], cache_size=0)[0]
+    t_prefill = time.perf_counter() - t0
+    walls = []
+    for i in range(tokens):
+        tok = int(np.argmax(logits)) if logits is not None else int(rng.integers(cfg.vocab_size))
+        t0 = time.perf_counter()
+        logits = model.infer(emb[[tok]], cache_size=prompt + i)[0]
+        walls.append(time.perf_counter() - t0)
+    return {
+        "model": model_name, "hw": hw_name, "mode": "functional" if functional else "timing",
+        "compile_wall_s": t_compile, "launch_wall_s": t_launch,
+        "prefill_tokens": prompt, "prefill_wall_s": t_prefill,
+        "decode_wall_s_per_token": float(np.mean(walls)),
+        "simulated_decode_s_per_token": acc.calls[-1].time_s,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen2.5-0.5b")
+    p.add_argument("--hw", default="aries")
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--tokens", type=int, default=4)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    rows = [measure(a.model, a.hw, f, a.prompt, a.tokens) for f in (False, True)]
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return
+    for r in rows:
+        print(f"{r['model']} on {r['hw']}, {r['mode']:10s}: compile {r['compile_wall_s']:.1f} s, "
+              f"launch {r['launch_wall_s']:.1f} s, prefill of {r['prefill_tokens']} "
+              f"{r['prefill_wall_s']:.2f} s, decode {r['decode_wall_s_per_token']:.2f} s wall "
+              f"per token (simulated {r['simulated_decode_s_per_token'] * 1e3:.2f} ms), "
+              f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB")
+
+
+if __name__ == "__main__":
+    main()
