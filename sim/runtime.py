@@ -26,10 +26,22 @@ from typing import Any
 import numpy as np
 
 from isa.errors import DeviceError, KvsimError
-from isa.instructions import HostWrite, Program
+from isa.instructions import HostRead, HostWrite, Program
 from models.compiler import CompiledModel
 from traces.recorder import Recorder
 
+from .cacheops import (
+    CacheOpError,
+    CacheView,
+    EditFn,
+    EditResult,
+    measure,
+    model_identity,
+    pack_file,
+    rearrange_program,
+    requantize_program,
+    unpack_file,
+)
 from .device import Device, ProgramRun
 from .hw import HardwareConfig, load_hardware
 from .units import ns_to_ps
@@ -37,6 +49,8 @@ from .units import ns_to_ps
 #: Host-memory layout the runtime uses for its staging buffers.
 HOST_IN = 0
 HOST_OUT_ALIGN = 1 << 20
+#: The vendor's filter_cache_tail handles at most this many tail tokens (FACTS.md).
+FILTER_TAIL_MAX = 32
 
 
 class RuntimeApiError(KvsimError, RuntimeError):
@@ -236,6 +250,337 @@ class Model:
         return [logits]
 
     # --- caches ---------------------------------------------------------------------------
+    def _begin(self) -> tuple[int, dict]:
+        dev = self.acc.device
+        return dev.env.now, dev.stats.snapshot()
+
+    def _end(self, op: str, start: int, before: dict) -> CallRecord:
+        dev = self.acc.device
+        rec = CallRecord(op, start, dev.env.now, dev.stats.delta(dev.stats.snapshot(), before))
+        self.acc.calls.append(rec)
+        return rec
+
+    def _cache_groups(self) -> list[list[dict]]:
+        """Per cache (get_cache_infos order): its regions, one per slot."""
+        groups: dict[tuple[int, str], list[dict]] = {}
+        for c in self.compiled.kv_caches():
+            groups.setdefault((c["layer"], c["component"]), []).append(c)
+        return [sorted(v, key=lambda c: c["slot"]) for _, v in sorted(groups.items())]
+
+    def dump_cache_memory(self) -> list[bytes]:
+        """The bytes of every cache (``get_cache_infos`` order; all slots of a cache
+        concatenated). Cost: the runtime call, then every cache region crosses the host
+        link device-to-host (``sum(size * num_batches)`` bytes). In timing-only mode the
+        bytes are zeros (their transfer is still simulated)."""
+        self._check_alive()
+        acc, dev = self.acc, self.acc.device
+        start, before = self._begin()
+        acc.host_work(acc.hw.host.call_overhead_ns, "dump_cache_memory")
+        addr = HOST_IN
+        reads, spans = [], []
+        for group in self._cache_groups():
+            for c in group:
+                r = c["region"]
+                reads.append(HostRead(src=r.base, dst=addr, nbytes=r.size))
+                spans.append((addr, r.size))
+                addr += r.size
+        acc.run(Program(tuple(reads), name="dump caches"), "dump_cache_memory")
+        self._end("dump_cache_memory", start, before)
+        out, i = [], 0
+        for group in self._cache_groups():
+            parts = []
+            for _ in group:
+                a, n = spans[i]
+                i += 1
+                parts.append(dev.host_read(a, n).tobytes() if acc.functional else bytes(n))
+            out.append(b"".join(parts))
+        return out
+
+    def _check_bufs(self, bufs) -> list[bytes]:
+        infos = self.get_cache_infos()
+        if not isinstance(bufs, (list, tuple)):
+            raise CacheOpError(f"load_cache_memory: expected a list of {len(infos)} buffers, "
+                               f"got {type(bufs).__name__}")
+        if len(bufs) != len(infos):
+            raise CacheOpError(f"load_cache_memory: got {len(bufs)} buffers, the model has "
+                               f"{len(infos)} caches")
+        out = []
+        for i, (b, info) in enumerate(zip(bufs, infos, strict=True)):
+            try:
+                data = bytes(memoryview(b).cast("B"))
+            except TypeError:
+                raise CacheOpError(f"load_cache_memory: buffer {i} ({info.name}) is not "
+                                   f"bytes-like") from None
+            want = info.size * info.num_batches
+            if len(data) != want:
+                raise CacheOpError(f"load_cache_memory: buffer {i} ({info.name}) has "
+                                   f"{len(data)} bytes, the cache takes {want}")
+            out.append(data)
+        return out
+
+    def load_cache_memory(self, bufs) -> None:
+        """Overwrite every cache with ``bufs`` (as ``dump_cache_memory`` returns them).
+        Every buffer is checked first (count, sizes): a refused load changes nothing.
+        Cost: the runtime call, then every byte crosses the host link host-to-device."""
+        self._check_alive()
+        data = self._check_bufs(bufs)
+        acc, dev = self.acc, self.acc.device
+        start, before = self._begin()
+        acc.host_work(acc.hw.host.call_overhead_ns, "load_cache_memory")
+        writes = []
+        addr = HOST_IN
+        for group, blob in zip(self._cache_groups(), data, strict=True):
+            off = 0
+            for c in group:
+                r = c["region"]
+                if acc.functional:
+                    dev.host_write(addr, np.frombuffer(blob, np.uint8, r.size, off))
+                writes.append(HostWrite(src=addr, dst=r.base, nbytes=r.size))
+                addr += r.size
+                off += r.size
+        acc.run(Program(tuple(writes), name="load caches"), "load_cache_memory")
+        self._end("load_cache_memory", start, before)
+
+    def dump_cache_memory_to(self, directory: str | Path) -> list[Path]:
+        """``dump_cache_memory`` into one file per cache, ``cache_<layer_hash>.bin``, each
+        with a header (format version, model and KV-format identity, cache name, size,
+        CRC-32 of the bytes). Files are written atomically."""
+        from traces.io import atomic_write_bytes
+
+        bufs = self.dump_cache_memory()
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        ident = model_identity(self.compiled)
+        paths = []
+        for info, blob in zip(self.get_cache_infos(), bufs, strict=True):
+            meta = {"model": ident, "name": info.name, "cache_type": info.cache_type,
+                    "layer_hash": info.layer_hash, "size": len(blob),
+                    "num_batches": info.num_batches}
+            p = d / f"cache_{info.layer_hash}.bin"
+            atomic_write_bytes(p, pack_file(meta, blob))
+            paths.append(p)
+        return paths
+
+    def load_cache_memory_from(self, directory: str | Path) -> None:
+        """Load the files ``dump_cache_memory_to`` wrote. Every file is checked first
+        (present, header, model and format identity, name, size, checksum); any problem
+        refuses the whole load and leaves the device cache as it was."""
+        self._check_alive()
+        d = Path(directory)
+        if not d.is_dir():
+            raise CacheOpError(f"load_cache_memory_from: {str(d)!r} is not a directory")
+        ident = model_identity(self.compiled)
+        bufs = []
+        for info in self.get_cache_infos():
+            p = d / f"cache_{info.layer_hash}.bin"
+            if not p.is_file():
+                raise CacheOpError(f"load_cache_memory_from: {p.name} is missing")
+            meta, payload = unpack_file(p.read_bytes(), p.name)
+            if meta.get("model") != ident:
+                raise CacheOpError(f"{p.name}: dumped from another model or KV format "
+                                   f"({meta.get('model')!r}; this model is {ident!r})")
+            if meta.get("name") != info.name:
+                raise CacheOpError(f"{p.name}: holds cache {meta.get('name')!r}, expected "
+                                   f"{info.name!r}")
+            bufs.append(payload)
+        self.load_cache_memory(bufs)
+
+    def reset_cache_memory(self) -> None:
+        """Clear every cache (the host's ``cache_size`` goes back to 0). Cost: the runtime
+        call; the driver clears the caches' length headers, which is not timed further."""
+        self._check_alive()
+        acc, dev = self.acc, self.acc.device
+        start, before = self._begin()
+        acc.host_work(acc.hw.host.call_overhead_ns, "reset_cache_memory")
+        if acc.functional:
+            for c in self.compiled.kv_caches():
+                r = c["region"]
+                dev.mem.dram.write(r.base, np.zeros(r.size, np.uint8))
+        self._end("reset_cache_memory", start, before)
+
+    def _rearrange(self, op: str, keep: list[int], dst: int, cache_id: int) -> None:
+        acc = self.acc
+        start, before = self._begin()
+        acc.host_work(acc.hw.host.call_overhead_ns, op)
+        prog = rearrange_program(self.compiled, slot=cache_id, keep=keep, dst=dst, name=op)
+        if prog.instructions:
+            acc.run(prog, op)
+        self._end(op, start, before)
+
+    def filter_cache_tail(self, cache_size: int, tail_size: int, mask, *,
+                          cache_id: int = 0) -> int:
+        """Keep the last ``tail_size`` (<= 32) tokens whose ``mask`` entry is true, drop
+        the others and shift the kept ones forward; returns the new cache size. Cost: the
+        runtime call and an on-device DRAM-to-DRAM program over every cache (KvRead of the
+        kept tokens, KvWrite at their new positions)."""
+        self._check_alive()
+        m = self._check_mask(mask, tail_size)
+        if not 1 <= tail_size <= FILTER_TAIL_MAX:
+            raise CacheOpError(f"filter_cache_tail: tail_size {tail_size} must be 1.."
+                               f"{FILTER_TAIL_MAX}")
+        self._check_size(cache_size, cache_id)
+        if tail_size > cache_size:
+            raise CacheOpError(f"filter_cache_tail: tail_size {tail_size} exceeds cache_size "
+                               f"{cache_size}")
+        first = cache_size - tail_size
+        keep = [first + i for i, k in enumerate(m) if k]
+        self._rearrange("filter_cache_tail", keep, first, cache_id)
+        return first + len(keep)
+
+    def move_cache_tail(self, num_head: int, num_tail: int, cache_size: int, *,
+                        cache_id: int = 0) -> int:
+        """Move the last ``num_tail`` tokens to position ``num_head`` (dropping the tokens
+        between); returns the new cache size ``num_head + num_tail``. Cost: as
+        ``filter_cache_tail``."""
+        self._check_alive()
+        self._check_size(cache_size, cache_id)
+        for name, v in (("num_head", num_head), ("num_tail", num_tail)):
+            if not isinstance(v, (int, np.integer)) or v < 0:
+                raise CacheOpError(f"move_cache_tail: {name} must be an integer >= 0, got {v!r}")
+        if num_head + num_tail > cache_size:
+            raise CacheOpError(f"move_cache_tail: num_head {num_head} + num_tail {num_tail} "
+                               f"exceed cache_size {cache_size}")
+        keep = list(range(cache_size - num_tail, cache_size))
+        self._rearrange("move_cache_tail", keep, num_head, cache_id)
+        return num_head + num_tail
+
+    def _check_size(self, cache_size: int, cache_id: int) -> None:
+        cap = self.compiled.cap
+        if not isinstance(cache_size, (int, np.integer)) or not 0 <= cache_size <= cap:
+            raise CacheOpError(f"cache_size {cache_size!r} must be an integer in 0.."
+                               f"{self.compiled.cap}")
+        if not 0 <= cache_id < self.compiled.slots:
+            raise CacheOpError(f"cache_id {cache_id} out of range 0..{self.compiled.slots - 1}")
+
+    @staticmethod
+    def _check_mask(mask, tail_size: int) -> list[bool]:
+        arr = np.asarray(mask)
+        if arr.ndim != 1 or arr.shape[0] != tail_size:
+            raise CacheOpError(f"filter_cache_tail: mask has shape {arr.shape}, expected "
+                               f"({tail_size},)")
+        if arr.dtype != bool and not (np.issubdtype(arr.dtype, np.integer)
+                                      and np.isin(arr, (0, 1)).all()):
+            raise CacheOpError("filter_cache_tail: mask must hold booleans (or 0/1)")
+        return [bool(x) for x in arr]
+
+    # --- host-side and on-device edits ------------------------------------------------
+    def _views(self, bufs: list[bytes], cache_size: int, cache_id: int) -> list[CacheView]:
+        cm = self.compiled
+        views = []
+        for group, blob in zip(self._cache_groups(), bufs, strict=True):
+            c = group[cache_id]
+            region = np.frombuffer(blob, np.uint8, c["region"].size,
+                                   cache_id * c["region"].size)
+            fmt, w, hb = c["format"], c["width"], c["head_bytes"]
+            heads = [fmt.region_read(region[h * hb:(h + 1) * hb], cm.cap, w, 0, cache_size)
+                     for h in range(c["heads"])]
+            views.append(CacheView(c["name"], c["layer"], c["component"],
+                                   np.stack(heads, axis=1), blob, fmt))
+        return views
+
+    def edit_cache_on_host(self, fn: EditFn, *, cache_size: int, cache_id: int = 0,
+                           mode: str = "model", op: str = "host_edit") -> EditResult:
+        """Dump every cache over PCIe, decode cache ``cache_id`` into views (tokens x heads
+        x width int8, plus the raw bytes), run ``fn(views)`` (it returns new values per
+        view, or None to keep them), encode the changes, and load everything back over
+        PCIe. Host time: the hardware's host cost model (``mode="model"``, the default,
+        deterministic) or the measured wall time of ``fn`` (``mode="in_the_loop"``); both
+        are reported. Returns the cost and the new cache size."""
+        self._check_alive()
+        self._check_size(cache_size, cache_id)
+        if mode not in ("model", "in_the_loop"):
+            raise CacheOpError(f"mode must be 'model' or 'in_the_loop', got {mode!r}")
+        acc, cm = self.acc, self.compiled
+        start, before = self._begin()
+        bufs = self.dump_cache_memory()
+        views = self._views(bufs, cache_size, cache_id)
+        new, measured = measure(fn, views)
+        nbytes = sum(len(b) for b in bufs)
+        host = acc.hw.host
+        modelled = (host.edit_overhead_ns * 1e-9 + 2 * nbytes / host.edit_bytes_per_s)
+        new_size = cache_size
+        out = []
+        if new is None:
+            new = [v.values for v in views]
+        if len(new) != len(views):
+            raise CacheOpError(f"the edit returned {len(new)} caches, expected {len(views)}")
+        sizes = {np.asarray(x).shape[0] for x in new}
+        if len(sizes) != 1:
+            raise CacheOpError(f"the edit left caches of different lengths {sorted(sizes)}")
+        new_size = sizes.pop()
+        for group, blob, view, vals in zip(self._cache_groups(), bufs, views, new, strict=True):
+            c = group[cache_id]
+            vals = np.asarray(vals)
+            if vals.dtype != np.int8 or vals.shape[1:] != view.values.shape[1:]:
+                raise CacheOpError(f"{view.name}: the edit returned {vals.dtype} "
+                                   f"{vals.shape}, expected int8 (tokens,"
+                                   f" {view.values.shape[1]}, {view.values.shape[2]})")
+            if new_size > cm.cap:
+                raise CacheOpError(f"{view.name}: {new_size} tokens exceed the capacity "
+                                   f"{cm.cap}")
+            region = bytearray(blob)
+            base = cache_id * c["region"].size
+            fmt, hb = c["format"], c["head_bytes"]
+            for h in range(c["heads"]):
+                old, nv = view.values[:, h], vals[:, h]
+                same = min(len(old), len(nv))
+                diff = np.nonzero((old[:same] != nv[:same]).any(axis=1))[0]
+                dst = int(diff[0]) if diff.size else same
+                if dst == len(nv) and len(nv) == len(old):
+                    continue
+                sub = np.frombuffer(region, np.uint8, hb, base + h * hb).copy()
+                if dst < len(nv):
+                    fmt.region_write(sub, cm.cap, dst, nv[dst:])
+                region[base + h * hb: base + (h + 1) * hb] = sub.tobytes()
+            out.append(bytes(region))
+        acc.host_work((modelled if mode == "model" else measured) * 1e9, op)
+        self.load_cache_memory(out)
+        rec = self._end(op, start, before)
+        t = rec.stats.get("traffic", {})
+        return EditResult(op, "host", rec.time_s, t.get("pcie_h2d", 0) + t.get("pcie_d2h", 0),
+                          t.get("dram_read", 0) + t.get("dram_write", 0),
+                          host_model_s=modelled, host_measured_s=measured,
+                          new_cache_size=new_size)
+
+    def evict_on_device(self, drop, *, cache_size: int, cache_id: int = 0,
+                        op: str = "device_evict") -> EditResult:
+        """Remove the tokens at positions ``drop`` from every cache with an on-device
+        program (compaction by KvRead/KvWrite through DRAM scratch): no PCIe traffic."""
+        self._check_alive()
+        self._check_size(cache_size, cache_id)
+        drop_set = {int(p) for p in drop}
+        if any(not 0 <= p < cache_size for p in drop_set):
+            raise CacheOpError(f"evict: positions must lie in 0..{cache_size - 1}")
+        if not drop_set:
+            raise CacheOpError("evict: no positions to drop")
+        first = min(drop_set)
+        keep = [p for p in range(first, cache_size) if p not in drop_set]
+        start, before = self._begin()
+        self._rearrange(op, keep, first, cache_id)
+        rec = self.acc.calls.pop()
+        rec = CallRecord(op, start, rec.end_ps, rec.stats)
+        self.acc.calls.append(rec)
+        t = rec.stats.get("traffic", {})
+        return EditResult(op, "device", rec.time_s, t.get("pcie_h2d", 0) + t.get("pcie_d2h", 0),
+                          t.get("dram_read", 0) + t.get("dram_write", 0),
+                          new_cache_size=first + len(keep))
+
+    def requantize_on_device(self, via, *, cache_size: int, cache_id: int = 0,
+                             op: str = "device_requantize") -> EditResult:
+        """Pass every cached value through KV format ``via`` and back, on the device."""
+        self._check_alive()
+        self._check_size(cache_size, cache_id)
+        acc = self.acc
+        start, before = self._begin()
+        acc.host_work(acc.hw.host.call_overhead_ns, op)
+        acc.run(requantize_program(self.compiled, slot=cache_id, tokens=cache_size, via=via,
+                                   name=op), op)
+        rec = self._end(op, start, before)
+        t = rec.stats.get("traffic", {})
+        return EditResult(op, "device", rec.time_s, t.get("pcie_h2d", 0) + t.get("pcie_d2h", 0),
+                          t.get("dram_read", 0) + t.get("dram_write", 0),
+                          new_cache_size=cache_size)
+
     def get_cache_infos(self) -> list[CacheInfo]:
         """The KV caches: one per layer and component (K and V; MLA: the latent), each
         ``num_batches`` slots; ``size`` is the bytes of one slot's region."""

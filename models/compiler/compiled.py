@@ -298,6 +298,10 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
     mm.add("act.hb", m_tile * max(cfg.intermediate_size, shared), "activations")
     mm.add("io.emb", 4 * max_seq * h, "host_io")
     mm.add("io.logits", 4 * cfg.vocab_size, "host_io")
+    # scratch for on-device cache rearrangement (sim.cacheops): one cache's worth of int8
+    # values per core, so compaction never reads a token it has already overwritten
+    width = mla_record_width(cfg) if cfg.is_mla else cfg.head_dim
+    mm.add("act.kvtmp", max(CORE_MODES.values()) * cap * width, "kv_cache")
     return mm
 
 
