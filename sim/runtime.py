@@ -199,18 +199,23 @@ class Model:
 
     # --- inference ----------------------------------------------------------------------
     def infer(self, inputs: Any, outputs: list | None = None, cache_size: int = 0, *,
-              cache_id: int = 0) -> list[np.ndarray | None]:
+              cache_id: int = 0,
+              batch_param: BatchParam | None = None) -> list[np.ndarray | None]:
         """Run the input embeddings (float32, shape ``(seq, hidden)`` or
         ``(1, 1, seq, hidden)``) at cache positions ``cache_size .. cache_size+seq-1``.
 
         Returns ``[logits]`` (float32 ``(vocab,)`` of the last token; ``None`` in
         timing-only mode); when ``outputs`` is a list, the logits are also put in it.
+        ``batch_param`` (``BatchParam(sequence_length, cache_size, cache_id)``) selects
+        the cache slot, as with the vendor's batch LLM models.
         Cost: runtime overhead + embeddings over the host link + the forward program (weights
         and the cache streamed from DRAM) + logits back over the host link.
         """
         self._check_alive()
         acc = self.acc
         cm = self.compiled
+        if batch_param is not None:
+            cache_size, cache_id = batch_param.cache_size, batch_param.cache_id
         x = np.asarray(inputs)
         if x.ndim == 4:
             if x.shape[:2] != (1, 1):
@@ -220,6 +225,9 @@ class Model:
             raise RuntimeApiError(f"inputs: shape {np.shape(inputs)}, expected (seq, "
                                   f"{cm.model.hidden_size}) float32 embeddings")
         seq = x.shape[0]
+        if batch_param is not None and batch_param.sequence_length != seq:
+            raise RuntimeApiError(f"batch_param.sequence_length {batch_param.sequence_length} "
+                                  f"does not match the {seq} input tokens")
         if seq > cm.max_seq:
             raise RuntimeApiError(f"inputs: {seq} tokens exceed max_sequence_length "
                                   f"{cm.max_seq}; prefill in chunks with growing cache_size")
@@ -493,11 +501,25 @@ class Model:
         acc, cm = self.acc, self.compiled
         start, before = self._begin()
         bufs = self.dump_cache_memory()
-        views = self._views(bufs, cache_size, cache_id)
-        new, measured = measure(fn, views)
         nbytes = sum(len(b) for b in bufs)
         host = acc.hw.host
+        # decode and re-encode pass over every dumped byte once each
         modelled = (host.edit_overhead_ns * 1e-9 + 2 * nbytes / host.edit_bytes_per_s)
+        if not acc.functional:
+            # timing-only: the bytes are not real, only the costs are simulated
+            if mode == "in_the_loop":
+                raise CacheOpError("in-the-loop host time needs functional mode (real bytes "
+                                   "for the user's function)")
+            acc.host_work(modelled * 1e9, op)
+            self.load_cache_memory(bufs)
+            rec = self._end(op, start, before)
+            t = rec.stats.get("traffic", {})
+            return EditResult(op, "host", rec.time_s,
+                              t.get("pcie_h2d", 0) + t.get("pcie_d2h", 0),
+                              t.get("dram_read", 0) + t.get("dram_write", 0),
+                              host_model_s=modelled, new_cache_size=cache_size)
+        views = self._views(bufs, cache_size, cache_id)
+        new, measured = measure(fn, views)
         new_size = cache_size
         out = []
         if new is None:
