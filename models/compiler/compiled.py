@@ -89,6 +89,7 @@ class CompiledModel:
     numerics: Numerics
     weights: dict[str, Any]  # {"kind": "synthetic", "seed": s} | {"kind": "safetensors", ...}
     programs: dict[str, Program] = field(default_factory=dict)
+    tile_fixed: bool = False  # tile_bytes given by the user: use it for every pass
 
     # --- derived --------------------------------------------------------------------------
     @property
@@ -106,14 +107,14 @@ class CompiledModel:
     def bits_for(self, name: str) -> int:
         return self.bits.weights.bits_for(self.model.tensor_spec(name).role)
 
-    def lowering(self) -> Lowering:
+    def lowering(self, tile_bytes: int | None = None) -> Lowering:
         wb = {s.name: self.bits_for(s.name) for s in self.model.tensors()
               if s.kind == "matrix" and s.role != "embedding"}  # an untied embedding: host
         return Lowering(
             model=self.model, weight_bits=wb, k_fmt=self.k_fmt, v_fmt=self.v_fmt,
             cap=self.cap, max_seq=self.max_seq, m_tile=self.m_tile, mm=self.mm,
             numerics=self.numerics,
-            target=Target(self.cores, self.hw.sram_bytes, self.tile_bytes),
+            target=Target(self.cores, self.hw.sram_bytes, tile_bytes or self.tile_bytes),
         )
 
     def layout(self, *, host_bytes: int) -> MemoryLayout:
@@ -126,8 +127,31 @@ class CompiledModel:
         if not 0 <= slot < self.slots:
             raise ConfigError(f"cache slot {slot} out of range 0..{self.slots - 1}")
         lower = lower_forward_mla if self.model.is_mla else lower_forward
-        return lower(self.lowering(), n=tokens, cache_size=cache_size, slot=slot,
+        tile = self.tile_for(min(tokens, self.m_tile))
+        return lower(self.lowering(tile), n=tokens, cache_size=cache_size, slot=slot,
                      host_in=host_in, host_out=host_out)
+
+    def tile_for(self, m: int) -> int:
+        """The weight tile size for passes of ``m`` tokens: the largest candidate whose
+        stage buffers still fit SRAM beside two tiles (a decode step's activations are
+        small, so it streams weights in larger tiles than a prefill pass can)."""
+        cache = self.__dict__.setdefault("_tile_cache", {})
+        if m in cache:
+            return cache[m]
+        candidates = [self.tile_bytes]
+        if not self.tile_fixed:
+            big = min(DEFAULT_TILE_BYTES, self.hw.sram_bytes // 4)
+            candidates = sorted({big, self.tile_bytes}, reverse=True)
+        lower = lower_forward_mla if self.model.is_mla else lower_forward
+        for t in candidates:
+            try:
+                lower(self.lowering(t), n=m, cache_size=0)
+            except SramOverflow:
+                continue
+            cache[m] = t
+            return t
+        cache[m] = self.tile_bytes
+        return self.tile_bytes
 
     def weight_source(self) -> WeightSource:
         w = self.weights
@@ -301,7 +325,7 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
     # scratch for on-device cache rearrangement (sim.cacheops): one cache's worth of int8
     # values per core, so compaction never reads a token it has already overwritten
     width = mla_record_width(cfg) if cfg.is_mla else cfg.head_dim
-    mm.add("act.kvtmp", max(CORE_MODES.values()) * cap * width, "kv_cache")
+    mm.add("act.kvtmp", max(CORE_MODES.values()) * cap * width, "activations")
     return mm
 
 
@@ -337,10 +361,12 @@ def compile_model(
     except KvsimError as err:
         raise CompileError(f"kv.format: {err}") from None
     weights = weights or {"kind": "synthetic", "seed": 0}
+    tile_fixed = tile_bytes is not None
     if tile_bytes is None:
         tile_bytes = min(DEFAULT_TILE_BYTES, hw.sram_bytes // 8)
     cm = CompiledModel(model=model, bits=bits, kv=kv, hw=hw, core_mode=core_mode,
                        max_seq=max_seq, cap=cap, slots=slots, tile_bytes=tile_bytes, m_tile=1,
+                       tile_fixed=tile_fixed,
                        mm=MemoryMap(), numerics=Numerics.placeholder(model.num_layers),
                        weights=weights)
     cm.m_tile = _fit_m_tile(cm)
@@ -441,6 +467,7 @@ def _to_header(cm: CompiledModel) -> tuple[dict, dict[str, np.ndarray]]:
         "bits": cm.bits.model_dump(mode="json"),
         "kv": cm.kv, "hw": vars(cm.hw), "core_mode": cm.core_mode, "max_seq": cm.max_seq,
         "cap": cm.cap, "slots": cm.slots, "tile_bytes": cm.tile_bytes, "m_tile": cm.m_tile,
+        "tile_fixed": cm.tile_fixed,
         "memory_map": cm.mm.to_json(), "numerics": numerics, "weights": cm.weights,
     }
     return header, arrays
@@ -475,6 +502,7 @@ def _from_header(h: dict, arrays: dict[str, np.ndarray]) -> CompiledModel:
             model=build_model(h["model"]), bits=build_bit_config(h["bits"]), kv=h["kv"],
             hw=HardwareTarget(**h["hw"]), core_mode=h["core_mode"], max_seq=h["max_seq"],
             cap=h["cap"], slots=h["slots"], tile_bytes=h["tile_bytes"], m_tile=h["m_tile"],
+            tile_fixed=h.get("tile_fixed", False),
             mm=MemoryMap.from_json(h["memory_map"]), numerics=numerics, weights=h["weights"],
         )
     except (KeyError, TypeError, ValueError) as err:
