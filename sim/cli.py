@@ -10,11 +10,12 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from isa.errors import KvsimError
+from isa.errors import ConfigError, KvsimError
 
 EXIT_BAD_INPUT = 2
 
@@ -141,14 +142,88 @@ def print_run_summary(metrics: dict, paths: dict, console: Console) -> None:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from sim.check import check_run
     from sim.config import load_run_config
     from sim.run import run, write_outputs
 
     cfg = load_run_config(args.config, args.set)
+    check_run(cfg)  # bad input is one line naming the field, before any compiling
     result = run(cfg)
     paths = write_outputs(result, args.out)
     if not args.quiet:
         print_run_summary(result.metrics, paths, console)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    from sim.check import check_run
+    from sim.config import apply_sets, build_run_config, load_tree
+    from sim.sweep import build_sweep, is_sweep_tree
+
+    tree = load_tree(args.config)
+    if args.config is not None and is_sweep_tree(tree):
+        sweep = build_sweep(tree, folder=Path(args.config).parent, sets=args.set,
+                            axes=args.axis, source=args.config)
+        shape = " x ".join(f"{k} ({len(v)})" for k, v in sweep.axes.items())
+        print(f"ok: sweep of {len(sweep.points)} points: {shape}")
+        return 0
+    if args.axis:
+        raise ConfigError("--axis: only a sweep file (with [axes]) takes axes")
+    apply_sets(tree, args.set or [])
+    print(f"ok: {check_run(build_run_config(tree)).summary}")
+    return 0
+
+
+def _metric_column(name: str, values: list) -> tuple[str, list[str]]:
+    """A results column for the console: its label with the unit, and its cells."""
+    from traces.report import quantity
+
+    nums = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    label, scale = quantity(name, nums)
+    cells = [f"{v / scale:,.4g}" if v in nums and v is not None else
+             ("" if v is None else str(v)) for v in values]
+    return label, cells
+
+
+def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    from sim.sweep import load_sweep, run_sweep
+
+    sweep = load_sweep(args.sweep, args.set, args.axis)
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
+    if args.scheduler and args.executor != "dask":
+        raise ConfigError("--scheduler: only with --executor dask")
+    if not args.quiet:
+        where = (f"dask scheduler {args.scheduler}" if args.scheduler else
+                 "a dask LocalCluster" if args.executor == "dask" else "local processes")
+        console.print(f"[bold]kvsim sweep[/bold] {args.sweep}: {len(sweep.points)} points "
+                      f"on {where}")
+    result = run_sweep(sweep, args.out, executor=args.executor, workers=args.workers,
+                       scheduler=args.scheduler, progress=not args.quiet)
+    failed = result.failed
+    if not args.quiet:
+        t = Table(title=f"{len(result.rows)} points in {result.wall_s:,.1f} s "
+                        f"({result.executor}, {result.workers} workers)")
+        shown = [_metric_column(m, [r.get(m) for r in result.rows])
+                 for m in sweep.metrics if m in result.columns]
+        for col in ("#", *sweep.axes, "status", *(label for label, _ in shown)):
+            t.add_column(col, justify="right", overflow="fold")
+        for i, r in enumerate(result.rows):
+            t.add_row(str(r["index"]), *(str(r[a]) for a in sweep.axes), r["status"],
+                      *(cells[i] for _, cells in shown))
+        console.print(t)
+        for name, p in result.paths.items():
+            console.print(f"{name}: {p}")
+    for r in failed:
+        point = sweep.points[r["index"]]
+        base = f"{args.sweep} (base)"
+        print(f"kvsim: point {r['index']} ({point.label}) failed: {r['error']}\n"
+              f"  rerun it alone: kvsim run ... {' '.join('--set ' + s for s in point.sets)}"
+              f"  [{base}]", file=sys.stderr)
+    if failed:
+        print(f"kvsim: {len(failed)} of {len(result.rows)} points failed; the others' "
+              f"results are in {args.out}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -181,8 +256,12 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
     t.add_row("activations + host I/O (DRAM)",
               f"{cm.mm.bytes_of_kind('activations') + cm.mm.bytes_of_kind('host_io'):,} B")
     t.add_row("tokens per pass (SRAM-fitted tile)", str(cm.m_tile))
+    from sim.device import static_roofline
+
     for name, prog in cm.programs.items():
-        t.add_row(f"program {name}", f"{len(prog):,} instructions")
+        roof = static_roofline(prog, hw)
+        t.add_row(f"program {name}", f"{len(prog):,} instructions, roofline "
+                  f"{_fmt_s(roof['bound_s'])} ({roof['dram_bytes']:,} DRAM bytes)")
     console.print(t)
     if args.asm:
         from isa.asm import disassemble
@@ -251,6 +330,34 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="kvsim-out", help="output folder (default: kvsim-out)")
     r.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     r.set_defaults(func=cmd_run)
+
+    ch = sub.add_parser("check", help="validate a run or sweep config without running it")
+    ch.add_argument("config", nargs="?", help="run or sweep config (TOML); omit for the "
+                    "embedded default")
+    ch.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a config field (of a sweep: of its base config)")
+    ch.add_argument("--axis", action="append", metavar="KEY=[V1,V2,...]",
+                    help="sweep only: replace or add an axis")
+    ch.set_defaults(func=cmd_check)
+
+    sw = sub.add_parser("sweep", help="run a parameter sweep (cartesian product of axes)")
+    sw.add_argument("sweep", help="sweep config (TOML): base run config, [axes], [outputs]")
+    sw.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a field of the base config")
+    sw.add_argument("--axis", action="append", metavar="KEY=[V1,V2,...]",
+                    help="replace or add an axis, e.g. --axis workload.prompt_tokens=[512,2048]")
+    sw.add_argument("--out", default="kvsim-sweep", help="output folder (default: kvsim-sweep)")
+    sw.add_argument("--executor", choices=["local", "dask"], default="local",
+                    help="local process pool (default) or a Dask distributed cluster")
+    sw.add_argument("--workers", type=int, metavar="N",
+                    help="local: processes (default: one per CPU; 1 runs in this process); "
+                         "dask without --scheduler: workers of the LocalCluster it starts")
+    sw.add_argument("--scheduler", metavar="ADDRESS",
+                    help="dask: scheduler address, e.g. tcp://10.0.0.5:8786 (default: start a "
+                         "LocalCluster)")
+    sw.add_argument("-q", "--quiet", action="store_true",
+                    help="no progress bar or table (failed points are still reported)")
+    sw.set_defaults(func=cmd_sweep)
 
     c = sub.add_parser("compile", help="compile a model to a .kvm file (memory map, programs)")
     c.add_argument("--model", required=True, help="model preset or config.json path")

@@ -46,6 +46,29 @@ from traces.recorder import Recorder
 UNMAPPED = "unmapped"
 
 
+def static_roofline(program: Program, hw: HardwareConfig,
+                    precision: str = "w8a8") -> dict[str, float]:
+    """A program's lower bound from its instructions alone: ``max(DRAM bytes / effective
+    DRAM bandwidth, ops / peak ops)``, where DRAM bytes are what its instructions read and
+    write in DRAM (for KV writes and reads, what the format's layout moves)."""
+    dram = 0
+    fmts = {t: kvformats.parse(t) for t in program.formats}
+    for ins in program.instructions:
+        if isinstance(ins, KvWrite):
+            dram += sum(fmts[program.formats[ins.fmt]].write_bytes(ins.pos, ins.tokens,
+                                                                   ins.width))
+        elif isinstance(ins, KvRead):
+            dram += fmts[program.formats[ins.fmt]].read_bytes(ins.pos, ins.tokens, ins.width)
+        elif isinstance(ins, (DmaLoad, DmaStore)):
+            dram += ins.total_bytes  # a 2-D transfer moves rows x nbytes, not its extent
+        else:
+            dram += sum(a.nbytes for a in ins.accesses() if a.space == Space.DRAM)
+    d = dram / hw.dram.effective_bytes_per_s
+    c = program.ops() / hw.cores.peak_ops_per_s(precision)
+    return {"dram_bytes": dram, "ops": program.ops(), "dram_bound_s": d,
+            "compute_bound_s": c, "bound_s": max(d, c)}
+
+
 @dataclass(frozen=True)
 class ProgramRun:
     """Timing of one program on the device, and what it moved."""

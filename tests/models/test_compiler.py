@@ -11,7 +11,7 @@ from models.bits import build_bit_config
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.config import load_preset
 from models.reference import ReferenceModel
-from sim.device import Device
+from sim.device import Device, static_roofline
 from sim.hw import load_hardware
 from sim.run import roofline_s
 from sim.runtime import Accelerator, Model
@@ -106,6 +106,8 @@ def test_simulated_time_is_never_below_the_roofline(hw_name, model, tokens, cach
         cm.program(tokens=tokens, cache_size=cache_size))
     bound = roofline_s(run.stats, hw, "w8a8")["bound_s"]
     assert run.duration_ps / 1e12 >= bound > 0
+    static = static_roofline(cm.program(tokens=tokens, cache_size=cache_size), hw)
+    assert static["bound_s"] == pytest.approx(bound, rel=1e-9)
 
 
 def test_decode_time_grows_with_context_and_kv_bytes_follow_the_format():
