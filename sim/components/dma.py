@@ -68,6 +68,12 @@ class DmaEngine:
             yield env.timeout(self.setup_ps)
         chunk = self.cfg.chunk_bytes
         total = nbytes * rows
+        if total <= chunk:
+            # one chunk: run it in this process (same schedule, no extra process)
+            req = self.slots.request()
+            yield req
+            yield from self._chunk(req, direction, src, dst, total)
+            return
         pending = []
         for off in range(0, total, chunk):
             n = min(chunk, total - off)
