@@ -12,13 +12,15 @@ names the field path at fault.
 from __future__ import annotations
 
 import copy
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from isa.errors import ConfigError
+from isa import kvformats
+from isa.errors import ConfigError, KvsimError
 
 from .hw import HardwareConfig, preset_dict, set_dotted, validation_message
 
@@ -90,12 +92,66 @@ class CompileSection(_Section):
     tile_bytes: int | None = Field(None, ge=64)
 
 
+class CacheOp(_Section):
+    """One scheduled operation on the KV cache of a ``generate`` workload
+    (``[[workload.cache_ops]]``), run between two runtime calls.
+
+    - ``at_token``: the op runs when the sequence holds this many tokens: after the prefill
+      (``at_token = prompt_tokens``) or after a decode step (up to ``prompt_tokens +
+      output_tokens - 1``). Ops run in the listed order, which must not go back in time.
+    - ``op``: ``"evict"`` (remove tokens), ``"requantize"`` (pass every cached value
+      through ``format`` and back) or ``"dump_load"`` (dump every cache to the host and
+      load it back unchanged: a snapshot and restore).
+    - ``where``: ``"host"`` (dump over the host link, edit on the host, load back) or
+      ``"device"`` (a DRAM-only program on the card; not for ``dump_load``).
+    - evict ``policy``: ``"window"`` keeps the first ``sinks`` and the last ``recent``
+      tokens (StreamingLLM); ``"key_norm"`` also keeps the ``budget`` tokens between them
+      whose keys have the largest norms (H2O-style; scored on the host, so host only);
+      ``"positions"`` drops the token positions listed in ``drop``.
+
+    Example: at token 1024, dump, evict on the host keeping 4 sinks and 508 recent tokens,
+    load back::
+
+        [[workload.cache_ops]]
+        at_token = 1024
+        op = "evict"
+        where = "host"
+        policy = "window"
+        sinks = 4
+        recent = 508
+    """
+
+    at_token: int = Field(ge=1, description="sequence length (tokens) when the op runs")
+    op: Literal["evict", "requantize", "dump_load"]
+    where: Literal["host", "device"] = "host"
+    policy: Literal["window", "key_norm", "positions"] | None = None
+    sinks: int | None = Field(None, ge=0, description="evict: first tokens always kept")
+    recent: int | None = Field(None, ge=0, description="evict: last tokens always kept")
+    budget: int | None = Field(None, ge=0, description="evict key_norm: tokens kept by score")
+    drop: list[int] | None = Field(None, description="evict positions: positions to drop")
+    format: str | None = Field(None, description="requantize: the KV format values pass "
+                               "through")
+
+
+#: Fields of a cache op that only some ops or policies take: field -> who takes it.
+_CACHE_OP_FIELDS = {
+    "policy": ("evict", None),
+    "sinks": ("evict", ("window", "key_norm")),
+    "recent": ("evict", ("window", "key_norm")),
+    "budget": ("evict", ("key_norm",)),
+    "drop": ("evict", ("positions",)),
+    "format": ("requantize", None),
+}
+
+
 class WorkloadConfig(_Section):
     kind: Literal["generate", "gemv"] = "generate"
     # generate: prefill then decode through the runtime
     prompt_tokens: int = Field(240, ge=1)
     output_tokens: int = Field(16, ge=0)
     seed: int = Field(0, ge=0)
+    cache_ops: list[CacheOp] = Field(default_factory=list, description="scheduled KV-cache "
+                                     "operations (generate only)")
     # gemv: the hand-written demo layer (one GEMV with double-buffered weight streaming)
     k: int = Field(2048, ge=2, description="gemv: input features")
     n: int = Field(8192, ge=1, description="gemv: output features (rows of W)")
@@ -141,6 +197,61 @@ def parse_value(text: str) -> Any:
         return text
 
 
+_INDEXED = re.compile(r"([^.\[\]]+)((?:\[\d+\])*)")
+
+
+def _set_indexed(tree: dict[str, Any], key: str, value: Any) -> None:
+    """``set_dotted`` for keys with list indices, e.g. ``workload.cache_ops[0].at_token``."""
+    steps: list[str | int] = []
+    for part in key.split("."):
+        m = _INDEXED.fullmatch(part)
+        if m is None:
+            raise ConfigError(f"{key}: bad key")
+        steps.append(m.group(1))
+        steps.extend(int(i) for i in re.findall(r"\d+", m.group(2)))
+    node: Any = tree
+    walked = ""
+    for step, nxt in zip(steps, steps[1:], strict=False):
+        if isinstance(step, int):
+            if not isinstance(node, list) or not 0 <= step < len(node):
+                size = len(node) if isinstance(node, list) else 0
+                raise ConfigError(f"{walked}[{step}]: no such entry ({walked} has {size})")
+            walked += f"[{step}]"
+            node = node[step]
+        else:
+            if not isinstance(node, dict):
+                raise ConfigError(f"{walked}: is a value, not a table; cannot set {key}")
+            walked = f"{walked}.{step}" if walked else step
+            if step not in node:
+                node[step] = [] if isinstance(nxt, int) else {}
+            node = node[step]
+    last = steps[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or not 0 <= last < len(node):
+            size = len(node) if isinstance(node, list) else 0
+            raise ConfigError(f"{walked}[{last}]: no such entry ({walked} has {size})")
+        node[last] = value
+    elif not isinstance(node, dict):
+        raise ConfigError(f"{walked}: is a value, not a table; cannot set {key}")
+    else:
+        node[last] = value
+
+
+def set_field(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set one config field in a config tree, as ``--set key=value`` does (``key`` dotted,
+    list entries by index: ``workload.cache_ops[0].at_token``)."""
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"{key!r}: bad key")
+    if "[" in key or "]" in key:
+        _set_indexed(tree, key, value)
+    else:
+        set_dotted(tree, key, value)
+    # a model is named one way: setting one way replaces the other
+    other = {"model.preset": "hf_config", "model.hf_config": "preset"}.get(key)
+    if other and isinstance(tree.get("model"), dict):
+        tree["model"].pop(other, None)
+
+
 def apply_sets(tree: dict[str, Any], sets: list[str]) -> None:
     for item in sets:
         if "=" not in item:
@@ -149,11 +260,7 @@ def apply_sets(tree: dict[str, Any], sets: list[str]) -> None:
         key = key.strip()
         if not key or any(not p for p in key.split(".")):
             raise ConfigError(f"--set {item!r}: bad key {key!r}")
-        set_dotted(tree, key, parse_value(value.strip()))
-        # a model is named one way: setting one way replaces the other
-        other = {"model.preset": "hf_config", "model.hf_config": "preset"}.get(key)
-        if other and isinstance(tree.get("model"), dict):
-            tree["model"].pop(other, None)
+        set_field(tree, key, parse_value(value.strip()))
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -195,13 +302,108 @@ def load_tree(path: str | Path | None) -> dict[str, Any]:
         raise ConfigError(f"{p}: not a UTF-8 text file") from None
 
 
+def _cache_op_fields(op: CacheOp, where: str) -> None:
+    """A field given to an op or policy that does not take it is an error."""
+    for name, (takes_op, takes_policy) in _CACHE_OP_FIELDS.items():
+        if getattr(op, name) is None:
+            continue
+        if op.op != takes_op:
+            raise ConfigError(f"{where}.{name}: only op = {takes_op!r} takes it "
+                              f"(this op is {op.op!r})")
+        if takes_policy is not None and op.policy not in takes_policy:
+            raise ConfigError(f"{where}.{name}: only policy = "
+                              f"{' or '.join(repr(p) for p in takes_policy)} takes it "
+                              f"(this policy is {op.policy!r})")
+
+
+def _evicted(op: CacheOp, cache: int, where: str) -> int:
+    """Tokens an evict op removes from a cache of ``cache`` tokens (validating it)."""
+    if op.policy is None:
+        raise ConfigError(f"{where}.policy: op 'evict' needs a policy: 'window', "
+                          "'key_norm' or 'positions'")
+    if op.policy == "positions":
+        if not op.drop:
+            raise ConfigError(f"{where}.drop: policy 'positions' needs a non-empty list of "
+                              "token positions")
+        for j, p in enumerate(op.drop):
+            if not 0 <= p < cache:
+                raise ConfigError(f"{where}.drop[{j}]: position {p} is outside the cache "
+                                  f"(0..{cache - 1} at this point)")
+        if len(set(op.drop)) != len(op.drop):
+            raise ConfigError(f"{where}.drop: lists a position twice")
+        return len(op.drop)
+    if op.policy == "key_norm" and op.where == "device":
+        raise ConfigError(f"{where}.where: policy 'key_norm' scores keys on the host; "
+                          "use where = 'host'")
+    for name in ("sinks", "recent") + (("budget",) if op.policy == "key_norm" else ()):
+        if getattr(op, name) is None:
+            raise ConfigError(f"{where}.{name}: policy {op.policy!r} needs it")
+    kept = op.sinks + op.recent + (op.budget or 0)
+    if kept >= cache:
+        raise ConfigError(f"{where}.recent: keeping {kept} tokens (sinks + recent"
+                          f"{' + budget' if op.policy == 'key_norm' else ''}) of a cache of "
+                          f"{cache} tokens evicts nothing")
+    return cache - kept
+
+
+def check_cache_ops(w: WorkloadConfig) -> None:
+    """Cross-field checks of ``workload.cache_ops`` (each error names the op's field):
+    when each op runs, what it takes, and that each evict leaves something to evict in the
+    cache as the earlier ops left it."""
+    if not w.cache_ops:
+        return
+    if w.kind != "generate":
+        raise ConfigError(f"workload.cache_ops: only a 'generate' workload has a KV cache "
+                          f"(kind is {w.kind!r})")
+    first, last = w.prompt_tokens, w.prompt_tokens + max(w.output_tokens - 1, 0)
+    removed = 0
+    previous = first
+    for i, op in enumerate(w.cache_ops):
+        where = f"workload.cache_ops[{i}]"
+        if op.at_token < first:
+            raise ConfigError(f"{where}.at_token: {op.at_token} is inside the prefill; an op "
+                              f"runs after it (at_token >= prompt_tokens = {first})")
+        if op.at_token > last:
+            raise ConfigError(f"{where}.at_token: {op.at_token} is past the last token: the "
+                              f"sequence ends at {last} tokens (prompt_tokens {w.prompt_tokens}"
+                              f" + output_tokens {w.output_tokens} - 1)")
+        if op.at_token < previous:
+            raise ConfigError(f"{where}.at_token: {op.at_token} comes before the previous "
+                              f"op's {previous}; list the ops in the order they run")
+        previous = op.at_token
+        _cache_op_fields(op, where)
+        if op.op == "dump_load" and op.where == "device":
+            raise ConfigError(f"{where}.where: 'dump_load' moves the cache to the host and "
+                              "back; use where = 'host'")
+        if op.op == "requantize":
+            if op.format is None:
+                raise ConfigError(f"{where}.format: op 'requantize' needs a KV format")
+            try:
+                kvformats.parse(op.format)
+            except KvsimError as err:
+                raise ConfigError(f"{where}.format: {err}") from None
+        if op.op == "evict":
+            removed += _evicted(op, op.at_token - removed, where)
+
+
+def _paths(message: str) -> str:
+    """``workload.cache_ops.0.op`` -> ``workload.cache_ops[0].op`` in pydantic's paths."""
+    out = []
+    for item in message.split("; "):
+        path, sep, rest = item.partition(": ")
+        out.append(re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", path) + sep + rest)
+    return "; ".join(out)
+
+
 def build_run_config(tree: dict[str, Any]) -> RunConfig:
     tree = copy.deepcopy(tree)
     tree["hardware"] = resolve_hardware(tree.get("hardware", {"preset": "aries"}))
     try:
-        return RunConfig.model_validate(tree)
+        cfg = RunConfig.model_validate(tree)
     except ValidationError as err:
-        raise ConfigError(validation_message(err)) from None
+        raise ConfigError(_paths(validation_message(err))) from None
+    check_cache_ops(cfg.workload)
+    return cfg
 
 
 def load_run_config(path: str | Path | None = None, sets: list[str] | None = None) -> RunConfig:

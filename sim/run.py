@@ -265,23 +265,30 @@ def run(cfg: RunConfig) -> RunResult:
     return run_generate(cfg)
 
 
+def render_outputs(result: RunResult) -> dict[str, str]:
+    """The output files of a run as text, by name: ``metrics.json``, ``report.html`` and,
+    unless the trace level is ``off``, ``trace.json``."""
+    texts = {}
+    if result.recorder.level != "off":
+        trace = chrome_trace(result.recorder, counter_bins=result.config.outputs.counter_bins)
+        texts["trace.json"] = json.dumps(trace, separators=(",", ":"))
+    texts["report.html"] = run_report(result.metrics, result.recorder,
+                                      bins=result.config.outputs.counter_bins)
+    texts["metrics.json"] = json.dumps(result.metrics, indent=1) + "\n"
+    return texts
+
+
 def write_outputs(result: RunResult, out_dir: str | Path) -> dict[str, Path]:
     """Write ``metrics.json``, ``trace.json`` and ``report.html`` (each atomically) into
     ``out_dir``."""
     out = Path(out_dir)
-    paths = {"metrics": out / "metrics.json", "report": out / "report.html"}
-    trace_text = None
-    if result.recorder.level != "off":
-        trace = chrome_trace(result.recorder, counter_bins=result.config.outputs.counter_bins)
-        trace_text = json.dumps(trace, separators=(",", ":"))
-        paths["trace"] = out / "trace.json"
     # Serialise everything before touching the disk, so an error leaves no files.
-    metrics_text = json.dumps(result.metrics, indent=1)
-    report_text = run_report(result.metrics, result.recorder,
-                             bins=result.config.outputs.counter_bins)
+    texts = render_outputs(result)
+    paths = {"metrics": out / "metrics.json", "report": out / "report.html"}
+    if "trace.json" in texts:
+        paths["trace"] = out / "trace.json"
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(paths["report"], report_text)
-    if trace_text is not None:
-        atomic_write_text(paths["trace"], trace_text)
-    atomic_write_text(paths["metrics"], metrics_text + "\n")
+    for key in ("report", "trace", "metrics"):  # metrics.json last: the run is complete
+        if key in paths:
+            atomic_write_text(paths[key], texts[paths[key].name])
     return paths

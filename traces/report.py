@@ -1,13 +1,16 @@
-"""The HTML report of a run: self-contained (plotly.js embedded, works offline).
+"""The HTML reports of a run and of a sweep: self-contained (plotly.js embedded, works
+offline).
 
-Figures: a timeline of every engine (Gantt), bandwidth over time per DRAM channel and per
+Run: a timeline of every engine (Gantt), bandwidth over time per DRAM channel and per
 host-link direction, traffic by kind and by link, engine utilization, and, when the run
-has them, the cost of each cache operation.
+has them, the cost of each cache operation. Sweep: each chosen metric against each axis,
+and the table of results.
 """
 
 from __future__ import annotations
 
 import html
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -27,7 +30,7 @@ _PAGE = """<!DOCTYPE html>
 h1{{font-size:1.4em}} table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:2px 8px;text-align:left}}
 .fig{{margin:1em 0}}</style></head>
-<body><h1>{title}</h1>{summary}{figures}</body></html>
+<body><h1>{title}</h1>{summary}{figures}{after}</body></html>
 """
 
 
@@ -133,8 +136,10 @@ def _summary_table(rows: list[tuple[str, str]]) -> str:
     return f"<table>{cells}</table>"
 
 
-def render_page(title: str, summary: list[tuple[str, str]], figures: list[go.Figure]) -> str:
-    """A self-contained page: plotly.js is embedded once, with the first figure."""
+def render_page(title: str, summary: list[tuple[str, str]], figures: list[go.Figure], *,
+                after: str = "") -> str:
+    """A self-contained page: plotly.js is embedded once, with the first figure; ``after``
+    is HTML placed after the figures."""
     parts = []
     for i, fig in enumerate(figures):
         parts.append('<div class="fig">' + pio.to_html(
@@ -142,7 +147,7 @@ def render_page(title: str, summary: list[tuple[str, str]], figures: list[go.Fig
             config={"displaylogo": False},
         ) + "</div>")
     return _PAGE.format(title=html.escape(title), summary=_summary_table(summary),
-                        figures="".join(parts))
+                        figures="".join(parts), after=after)
 
 
 def run_report(metrics: dict[str, Any], recorder: Recorder, *, bins: int = 200) -> str:
@@ -163,3 +168,140 @@ def run_report(metrics: dict[str, Any], recorder: Recorder, *, bins: int = 200) 
     if recorder.dropped:
         summary.append(("trace events dropped", f"{recorder.dropped:,} (event limit reached)"))
     return render_page(f"kvsim report: {metrics.get('scenario', 'run')}", summary, figs)
+
+
+# --- sweeps -----------------------------------------------------------------------------------
+
+#: Readable names of common metrics and config fields (others: the path, spelled out).
+NAMES = {
+    "prefill.ttft_s": "time to first token",
+    "decode.time_per_token_s": "decode time per token",
+    "decode.tokens_per_s": "decode throughput",
+    "kv_cache.bytes_per_token": "KV cache per token",
+    "kv_cache.capacity_tokens": "KV capacity",
+    "kv_cache.compression_vs_bf16": "KV compression vs bf16",
+    "traffic_by_kind.kv_cache": "KV-cache traffic",
+    "traffic_by_kind.weights": "weight traffic",
+    "launch.time_s": "launch time",
+    "sim_time_s": "simulated time",
+    "kv.format": "KV format",
+    "bits.preset": "weight bits",
+    "workload.prompt_tokens": "prompt tokens",
+    "workload.output_tokens": "output tokens",
+    "hardware.preset": "hardware",
+    "model.preset": "model",
+}
+
+_TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
+_BYTE_UNITS = ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "bytes"))
+
+
+def _spelled(path: str) -> str:
+    return path.replace(".", " ").replace("_", " ")
+
+
+def quantity(name: str, values: list[float]) -> tuple[str, float]:
+    """``(label with unit, scale)`` of a metric or config field: values are divided by
+    ``scale``; the unit is chosen from the name's suffix and the values' magnitude."""
+    top = max((abs(v) for v in values), default=0.0)
+    leaf = name.rsplit(".", 1)[-1]
+    base = NAMES.get(name)
+    if leaf.endswith("bytes_per_s"):
+        return f"{base or _spelled(name.removesuffix('_bytes_per_s'))} (GB/s)", 1e9
+    if leaf.endswith("tokens_per_s"):
+        return f"{base or _spelled(name.removesuffix('_tokens_per_s'))} (tokens/s)", 1.0
+    if leaf.endswith("_s") or leaf == "s":
+        scale, unit = next(((s, u) for s, u in _TIME_UNITS if top >= s), _TIME_UNITS[-1])
+        return f"{base or _spelled(name.removesuffix('_s'))} ({unit})", scale
+    if leaf.endswith("bytes_per_token"):
+        return f"{base or _spelled(name)} (bytes/token)", 1.0
+    if "bytes" in leaf or name.startswith(("traffic_bytes.", "traffic_by_kind.")):
+        scale, unit = next(((s, u) for s, u in _BYTE_UNITS if top >= s), _BYTE_UNITS[-1])
+        return f"{base or _spelled(name.removesuffix('_bytes'))} ({unit})", scale
+    if leaf.endswith("tokens"):
+        return f"{base or _spelled(name.removesuffix('_tokens'))} (tokens)", 1.0
+    if leaf.startswith("compression"):
+        return f"{base or _spelled(name)} (×)", 1.0
+    if name.startswith("engine_utilization."):
+        return f"{_spelled(name)} (%)", 0.01
+    return base or _spelled(name), 1.0
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _sweep_figure(metric: str, axis: str, axes: dict[str, list[Any]],
+                  rows: list[dict[str, Any]]) -> go.Figure | None:
+    ok = [r for r in rows if r["status"] == "ok" and _number(r.get(metric))]
+    if not ok:
+        return None
+    ylabel, scale = quantity(metric, [r[metric] for r in ok])
+    values = axes[axis]
+    numeric = all(_number(v) for v in values)
+    others = [a for a in axes if a != axis]
+    # lines keyed by the other axes' value indices (values may be unhashable tables)
+    lines: dict[tuple[int, ...], list[float | None]] = {}
+    for r in rows:
+        key = tuple(axes[a].index(r[a]) for a in others)
+        y = r.get(metric)
+        ys = lines.setdefault(key, [None] * len(values))
+        ys[values.index(r[axis])] = y / scale if r["status"] == "ok" and _number(y) else None
+    fig = go.Figure()
+    xs = values if numeric else [_fmt(v) for v in values]
+    for key, ys in lines.items():
+        name = ", ".join(f"{NAMES.get(a, a)}={_fmt(axes[a][i])}"
+                         for a, i in zip(others, key, strict=True))
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers",
+                                 name=name or NAMES.get(metric, metric)))
+    xlabel, _ = quantity(axis, [v for v in values if _number(v)])
+    if not numeric:
+        xlabel = NAMES.get(axis, axis)
+    fig.update_layout(showlegend=bool(others))
+    if numeric and min(values) > 0 and max(values) / min(values) >= 8:
+        fig.update_xaxes(type="log")
+    if not numeric:
+        fig.update_xaxes(type="category")
+    return _layout(fig, f"{ylabel.rsplit(' (', 1)[0]} vs {xlabel.rsplit(' (', 1)[0]}", xlabel,
+                   ylabel)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, dict | list):
+        return json.dumps(v, sort_keys=True)
+    return str(v)
+
+
+def _results_table(axes: dict[str, list[Any]], rows: list[dict[str, Any]],
+                   metrics: list[str]) -> str:
+    cols = ["index", *axes, "status", *metrics]
+    head = "".join(f"<th>{html.escape(NAMES.get(c, c))}</th>" for c in cols)
+    body = []
+    for r in rows:
+        cells = "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols)
+        body.append(f"<tr>{cells}</tr>")
+        if r["status"] != "ok":
+            body.append(f'<tr><td></td><td colspan="{len(cols) - 1}">error: '
+                        f"{html.escape(r['error'])}</td></tr>")
+    return f"<h2>Results</h2><table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def sweep_report(title: str, axes: dict[str, list[Any]], rows: list[dict[str, Any]],
+                 metrics: list[str]) -> str:
+    """The report of a sweep as an HTML string: each metric against each axis (the other
+    axes' combinations as separate lines), then the table of results."""
+    shown = [m for m in metrics if any(_number(r.get(m)) for r in rows)]
+    figs = [f for m in shown for a in axes if (f := _sweep_figure(m, a, axes, rows))]
+    failed = sum(r["status"] != "ok" for r in rows)
+    summary = [
+        ("points", f"{len(rows)} ({failed} failed)" if failed else str(len(rows))),
+        ("axes", "; ".join(f"{a} = {', '.join(map(str, v))}" for a, v in axes.items())),
+    ]
+    missing = [m for m in metrics if m not in shown]
+    if missing:
+        summary.append(("metrics without values", ", ".join(missing)))
+    return render_page(title, summary, figs, after=_results_table(axes, rows, shown))

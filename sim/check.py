@@ -1,0 +1,146 @@
+"""Checks of a run config beyond its schema, without running it (``kvsim check``, and every
+sweep point before a sweep starts): the model, weight bits and KV format resolve, the KV
+format suits the model, the core mode fits the hardware, the cache holds the workload, the
+compiled model fits the DRAM. Each problem is a :class:`ConfigError` naming the field.
+
+What only compiling finds (a model that does not fit the SRAM even one token at a time)
+is left to the run: the check stays fast (no lowering).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from isa import kvformats
+from isa.errors import ConfigError, KvsimError
+from models.bits import BitConfig, build_bit_config, weight_bits_preset
+from models.compiler.compiled import CORE_MODES, build_memory_map
+from models.compiler.lower_mla import mla_kv_problem
+from models.config import ModelConfig, load_model
+
+from .config import RunConfig
+from .run import CACHE_LENGTH_ROUND
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What a valid config resolves to, and a one-line summary of it."""
+
+    summary: str
+    dram_bytes: int = 0
+    cache_length: int = 0
+
+
+def _name(model: ModelConfig) -> str:
+    return model.name or model.family
+
+
+def _model(cfg: RunConfig) -> ModelConfig:
+    m = cfg.model
+    if m.hf_config is not None:
+        p = Path(m.hf_config)
+        if not (p / "config.json" if p.is_dir() else p).is_file():
+            raise ConfigError(f"model.hf_config: file {m.hf_config!r} does not exist")
+        try:
+            return load_model(p, where="model.hf_config")
+        except ConfigError as err:
+            raise ConfigError(f"model.hf_config: {err}") from None
+    assert m.preset is not None  # the schema asks for exactly one of them
+    return load_model(m.preset, where="model")
+
+
+def _bits(cfg: RunConfig) -> BitConfig:
+    preset = weight_bits_preset(cfg.bits.preset, where="bits.preset").model_dump()
+    return build_bit_config({"weights": {**preset, **cfg.bits.weights},
+                             "kv_key_format": "int8", "kv_value_format": "int8"},
+                            where="bits")
+
+
+def cache_length(cfg: RunConfig) -> int:
+    """The KV capacity a run compiles: ``compile.cache_length``, or prompt + output tokens
+    rounded up to :data:`CACHE_LENGTH_ROUND`."""
+    w = cfg.workload
+    return cfg.compile.cache_length or -(-(w.prompt_tokens + w.output_tokens)
+                                         // CACHE_LENGTH_ROUND) * CACHE_LENGTH_ROUND
+
+
+def _check_generate(cfg: RunConfig) -> Checked:
+    hw, w, c = cfg.hardware, cfg.workload, cfg.compile
+    if cfg.model.safetensors is not None and not Path(cfg.model.safetensors).exists():
+        raise ConfigError(f"model.safetensors: {cfg.model.safetensors!r} does not exist")
+    model = _model(cfg)
+    bits = _bits(cfg)
+    need_cores = CORE_MODES[c.core_mode]
+    if need_cores > hw.cores.num_cores:
+        raise ConfigError(f"compile.core_mode: {c.core_mode!r} needs {need_cores} cores; "
+                          f"{hw.name} has {hw.cores.num_cores}")
+    fed = w.prompt_tokens + max(w.output_tokens - 1, 0)  # the last token is not fed back
+    if fed > model.max_position_embeddings:
+        raise ConfigError(f"workload.prompt_tokens: {w.prompt_tokens} + output_tokens "
+                          f"{w.output_tokens} - 1 = {fed} tokens exceed model "
+                          f"{_name(model)!r}'s max_position_embeddings "
+                          f"{model.max_position_embeddings}")
+    cap = cache_length(cfg)
+    if cap < fed:
+        raise ConfigError(f"compile.cache_length: {cap} tokens cannot hold the {fed} tokens "
+                          f"the workload feeds (prompt_tokens + output_tokens - 1)")
+    try:
+        kvformats.pair(cfg.kv.format)
+    except KvsimError as err:
+        raise ConfigError(f"kv.format: {err}") from None
+    if model.is_mla:
+        problem = mla_kv_problem(model, cfg.kv.format)
+        if problem:
+            raise ConfigError(f"kv.format: {problem}")
+    if cfg.sim.fidelity == "functional" and (model.is_mla or model.is_moe):
+        raise ConfigError(f"sim.fidelity: functional (integer) simulation supports dense "
+                          f"grouped-query-attention models; {_name(model)!r} is MLA/MoE: use "
+                          f"'timing'")
+    max_seq = min(c.max_sequence_length, cap)
+    try:
+        mm = build_memory_map(model, bits, cfg.kv.format, cap=cap, slots=c.cache_slots,
+                              max_seq=max_seq, m_tile=1)
+    except KvsimError as err:
+        raise ConfigError(f"kv.format: {err}") from None
+    total = mm.total_bytes
+    if total > hw.dram.capacity_bytes:
+        raise ConfigError(
+            f"hardware.dram.capacity_bytes: model {_name(model)!r} with a cache of {cap} tokens "
+            f"x {c.cache_slots} slot(s) needs {total / GIB:.2f} GiB of DRAM (weights "
+            f"{mm.bytes_of_kind('weights') / GIB:.2f} GiB, KV cache "
+            f"{mm.bytes_of_kind('kv_cache') / GIB:.2f} GiB); {hw.name} has "
+            f"{hw.dram.capacity_bytes / GIB:.2f} GiB")
+    ops = len(w.cache_ops)
+    summary = (
+        f"{_name(model)} {cfg.bits.preset} kv={cfg.kv.format} on {hw.name} ({c.core_mode}): "
+        f"prefill {w.prompt_tokens} + decode {w.output_tokens} tokens, {cfg.sim.fidelity}; "
+        f"cache {cap} tokens; DRAM {total / GIB:.2f} of {hw.dram.capacity_bytes / GIB:.2f} "
+        f"GiB (weights {mm.bytes_of_kind('weights') / 1e6:,.1f} MB, KV cache "
+        f"{mm.bytes_of_kind('kv_cache') / 1e6:,.1f} MB)"
+        + (f"; {ops} cache op{'s' if ops != 1 else ''}" if ops else "")
+    )
+    return Checked(summary, total, cap)
+
+
+def _check_gemv(cfg: RunConfig) -> Checked:
+    from models.demo import gemv_layer
+
+    hw, w = cfg.hardware, cfg.workload
+    try:
+        layer = gemv_layer(k=w.k, n=w.n, w_bits=w.w_bits, num_cores=hw.cores.num_cores,
+                           sram_bytes=hw.sram.bytes_per_core, dram_bytes=hw.dram.capacity_bytes,
+                           host_bytes=hw.host.memory_bytes, tile_bytes=w.tile_bytes)
+    except ValueError as err:
+        raise ConfigError(f"workload: {err}") from None
+    return Checked(f"gemv {w.n} x {w.k} at {w.w_bits} bits on {hw.name}: "
+                   f"{len(layer.program):,} instructions, {cfg.sim.fidelity}")
+
+
+def check_run(cfg: RunConfig) -> Checked:
+    """Everything about ``cfg`` that can be known without compiling or running it."""
+    if cfg.workload.kind == "gemv":
+        return _check_gemv(cfg)
+    return _check_generate(cfg)
