@@ -80,17 +80,21 @@ def _check_generate(cfg: RunConfig) -> Checked:
     fed = w.prompt_tokens + max(w.output_tokens - 1, 0)  # the last token is not fed back
     if fed > model.max_position_embeddings:
         raise ConfigError(f"workload.prompt_tokens: {w.prompt_tokens} + output_tokens "
-                          f"{w.output_tokens} - 1 = {fed} tokens exceed model "
-                          f"{_name(model)!r}'s max_position_embeddings "
-                          f"{model.max_position_embeddings}")
+                          f"{w.output_tokens} - 1 = {fed} tokens exceed the "
+                          f"max_position_embeddings ({model.max_position_embeddings}) of "
+                          f"model {_name(model)!r}")
     cap = cache_length(cfg)
     if cap < fed:
         raise ConfigError(f"compile.cache_length: {cap} tokens cannot hold the {fed} tokens "
                           f"the workload feeds (prompt_tokens + output_tokens - 1)")
     try:
-        kvformats.pair(cfg.kv.format)
+        pair = kvformats.pair(cfg.kv.format)
     except KvsimError as err:
         raise ConfigError(f"kv.format: {err}") from None
+    if not model.is_mla and (pair.k.rope_width or pair.v.rope_width):
+        raise ConfigError(f"kv.format: {cfg.kv.format!r} is a format for MLA models (latent "
+                          f"+ RoPE key records); model {_name(model)!r} has grouped-query "
+                          f"attention")
     if model.is_mla:
         problem = mla_kv_problem(model, cfg.kv.format)
         if problem:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .recorder import Recorder
+from .recorder import Recorder, Span
 
 PS_PER_US = 1e6
 
@@ -62,16 +62,53 @@ def bandwidth_series(
     return out
 
 
+def _tracks(spans: list[Span]) -> list[int]:
+    """A track number per span of one lane such that the spans of each track nest
+    (Perfetto drops ``X`` events that partly overlap on one thread): overlapping work on
+    a lane, e.g. DMA chunks in flight together, goes to tracks 1, 2, ..."""
+    order = sorted(range(len(spans)), key=lambda i: (spans[i].start_ps, -spans[i].end_ps, i))
+    stacks: list[list[int]] = []  # per track: end times of the open spans
+    track = [0] * len(spans)
+
+    def fits(stack: list[int], s: Span) -> bool:
+        while stack and stack[-1] <= s.start_ps:  # spans that ended before s starts
+            stack.pop()
+        return not stack or s.end_ps <= stack[-1]
+
+    for i in order:
+        s = spans[i]
+        k = next((j for j, stack in enumerate(stacks) if fits(stack, s)), len(stacks))
+        if k == len(stacks):
+            stacks.append([])
+        stacks[k].append(s.end_ps)
+        track[i] = k
+    return track
+
+
 def chrome_trace(recorder: Recorder, *, counter_bins: int = 200) -> dict[str, Any]:
     """The trace as a JSON-ready dict (``{"traceEvents": [...]}``)."""
     blocks = sorted({s.block for s in recorder.spans} | {b.block for b in recorder.bytes},
                     key=_block_key)
     pid = {b: i + 1 for i, b in enumerate(blocks)}
+    by_lane: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, s in enumerate(recorder.spans):
+        by_lane[(s.block, s.lane)].append(i)
+    span_track = [0] * len(recorder.spans)
+    tracks: dict[tuple[str, str], int] = {}
+    for key, idx in by_lane.items():
+        for i, k in zip(idx, _tracks([recorder.spans[i] for i in idx]), strict=True):
+            span_track[i] = k
+        tracks[key] = max(span_track[i] for i in idx) + 1
     lanes: dict[str, list[str]] = defaultdict(list)
-    for s in recorder.spans:
-        if s.lane not in lanes[s.block]:
-            lanes[s.block].append(s.lane)
-    tid = {(b, lane): j + 1 for b, ls in lanes.items() for j, lane in enumerate(sorted(ls))}
+    for b, lane in by_lane:
+        lanes[b].append(lane)
+    tid: dict[tuple[str, str, int], int] = {}
+    for b, ls in lanes.items():
+        n = 0
+        for lane in sorted(ls):
+            for k in range(tracks[(b, lane)]):
+                n += 1
+                tid[(b, lane, k)] = n
     events: list[dict[str, Any]] = []
     for b in blocks:
         events.append({"ph": "M", "name": "process_name", "pid": pid[b], "tid": 0,
@@ -79,14 +116,16 @@ def chrome_trace(recorder: Recorder, *, counter_bins: int = 200) -> dict[str, An
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid[b], "tid": 0,
                        "args": {"sort_index": pid[b]}})
         for lane in sorted(lanes.get(b, [])):
-            events.append({"ph": "M", "name": "thread_name", "pid": pid[b],
-                           "tid": tid[(b, lane)], "args": {"name": lane}})
-    for s in recorder.spans:
+            for k in range(tracks[(b, lane)]):
+                events.append({"ph": "M", "name": "thread_name", "pid": pid[b],
+                               "tid": tid[(b, lane, k)],
+                               "args": {"name": lane if k == 0 else f"{lane} #{k + 1}"}})
+    for s, k in zip(recorder.spans, span_track, strict=True):
         ev = {
             "ph": "X",
             "name": s.name,
             "pid": pid[s.block],
-            "tid": tid[(s.block, s.lane)],
+            "tid": tid[(s.block, s.lane, k)],
             "ts": s.start_ps / PS_PER_US,
             "dur": (s.end_ps - s.start_ps) / PS_PER_US,
         }

@@ -1,0 +1,103 @@
+"""Traces stay usable on big runs and open in Perfetto: the trace level (off / ops / tiles)
+and the event limit bound what is written, and every trace is well-formed Chrome Trace
+Event JSON whose slices nest on each thread (Perfetto drops ``X`` events that partly
+overlap on one thread)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pytest
+
+from sim.cli import main
+from sim.config import load_run_config
+from sim.run import render_outputs, run
+from traces.chrome import chrome_trace
+from traces.recorder import Recorder
+
+TINY = ["hardware.preset=tiny", "model.preset=tiny", "compile.core_mode=single",
+        "workload.prompt_tokens=8", "workload.output_tokens=3"]
+
+
+def assert_perfetto_ready(trace: dict) -> None:
+    """What Perfetto's JSON importer needs: known phases with their fields, µs
+    timestamps, names for every process and thread, and slices that nest per thread."""
+    assert set(trace) <= {"traceEvents", "otherData"} and "displayTimeUnit" not in trace
+    events = trace["traceEvents"]
+    named_pids = {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    named_tids = {(e["pid"], e["tid"]) for e in events
+                  if e["ph"] == "M" and e["name"] == "thread_name"}
+    slices = defaultdict(list)
+    for e in events:
+        assert e["ph"] in ("M", "X", "C"), e
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        if e["ph"] == "X":
+            assert isinstance(e["name"], str) and e["ts"] >= 0 and e["dur"] >= 0
+            assert (e["pid"], e["tid"]) in named_tids
+            # back to integer picoseconds: nesting is exact there, not in float µs
+            start = round(e["ts"] * 1e6)
+            slices[(e["pid"], e["tid"])].append((start, start + round(e["dur"] * 1e6)))
+        elif e["ph"] == "C":
+            assert e["pid"] in named_pids and e["ts"] >= 0
+            assert all(isinstance(v, int | float) for v in e["args"].values())
+    for lane, spans in slices.items():
+        stack: list[int] = []
+        for start, end in sorted(spans, key=lambda se: (se[0], -se[1])):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            assert not stack or end <= stack[-1], f"slices overlap on thread {lane}"
+            stack.append(end)
+
+
+@pytest.mark.parametrize("level", ["ops", "tiles"])
+def test_traces_are_perfetto_ready(level):
+    result = run(load_run_config(None, [*TINY, f"outputs.trace={level}"]))
+    trace = json.loads(render_outputs(result)["trace.json"])
+    assert_perfetto_ready(trace)
+    assert trace["otherData"] == {"dropped_events": 0, "trace_level": level}
+
+
+def test_tiles_record_more_than_ops_and_overlapping_chunks_get_their_own_track():
+    ops = run(load_run_config(None, [*TINY, "outputs.trace=ops"])).recorder
+    tiles = run(load_run_config(None, [*TINY, "outputs.trace=tiles"])).recorder
+    assert len(tiles.spans) > len(ops.spans)
+    names = [e["args"]["name"] for e in chrome_trace(tiles)["traceEvents"]
+             if e["name"] == "thread_name"]
+    assert "dma_in" in names and "dma_in #2" in names  # two chunks in flight at once
+
+
+def test_overlapping_spans_of_a_lane_split_into_nesting_tracks():
+    rec = Recorder(level="ops")
+    for start, end in [(0, 10), (2, 4), (5, 12), (11, 20), (13, 14)]:
+        rec.span("core0", "dma_in", "x", start, end)
+    trace = chrome_trace(rec)
+    assert_perfetto_ready(trace)
+    tids = [e["tid"] for e in trace["traceEvents"] if e["ph"] == "X"]
+    # (2,4) nests in (0,10); (5,12) overlaps it: track 2; (11,20) fits after (0,10) ends?
+    # no: (0,10) ended, so (11,20) is back on track 1 and (13,14) nests inside it
+    assert tids == [1, 1, 2, 1, 1]
+
+
+def test_event_limit_bounds_the_trace(tmp_path):
+    out = tmp_path / "o"
+    args = ["run", "--out", str(out), "-q"]
+    for s in [*TINY, "outputs.trace=tiles", "outputs.max_trace_events=200"]:
+        args += ["--set", s]
+    assert main(args) == 0
+    trace = json.loads((out / "trace.json").read_text())
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["trace"]["dropped_events"] > 0
+    assert trace["otherData"]["dropped_events"] == metrics["trace"]["dropped_events"]
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) <= 200
+    assert_perfetto_ready(trace)
+    assert "event limit reached" in (out / "report.html").read_text()
+
+
+def test_trace_off_writes_no_trace(tmp_path):
+    out = tmp_path / "o"
+    args = ["run", "--out", str(out), "-q"]
+    for s in [*TINY, "outputs.trace=off"]:
+        args += ["--set", s]
+    assert main(args) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "report.html"]
