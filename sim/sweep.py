@@ -5,6 +5,7 @@ A sweep file (TOML)::
 
     base = "quickstart.toml"        # a run config, relative to this file; or a [base] table
                                     # holding one; without it, the embedded default
+    set = ["workload.output_tokens=4"]   # overrides of the base, as --set
     [axes]                          # dotted config fields -> lists of values
     kv.format = ["bf16", "int8", "kivi-4", "kivi-2"]
     workload.prompt_tokens = [512, 2048]
@@ -52,7 +53,7 @@ from isa.errors import ConfigError, KvsimError
 from .config import apply_sets, build_run_config, load_tree, parse_value, set_field
 from .hw import validation_message
 
-SWEEP_KEYS = ("base", "axes", "outputs")
+SWEEP_KEYS = ("base", "set", "axes", "outputs")
 #: Metrics plotted when the sweep file names none (those the points have).
 DEFAULT_METRICS = (
     "prefill.ttft_s",
@@ -205,7 +206,10 @@ def build_sweep(data: dict[str, Any], *, folder: Path | None = None,
         raise ConfigError(f"{unknown[0]}: unknown key; a sweep file has "
                           f"{', '.join(SWEEP_KEYS)}")
     base = _base_tree(data, folder)
-    apply_sets(base, sets or [])
+    file_sets = data.get("set", [])
+    if not isinstance(file_sets, list) or not all(isinstance(x, str) for x in file_sets):
+        raise ConfigError('set: a list of "key=value" overrides of the base config')
+    apply_sets(base, [*file_sets, *(sets or [])])
     table = _flatten_axes(data.get("axes", {}))
     for text in axes or []:
         key, values = parse_axis(text)
@@ -253,8 +257,9 @@ def load_sweep(path: str | Path, sets: list[str] | None = None,
 # --- running points ---------------------------------------------------------------------------
 
 def flatten_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested metrics as one level of dotted names; lists (per-call values, generated
-    tokens) and the resolved config are left out."""
+    """Nested metrics as one level of dotted names (``decode.time_per_token_s``); a list of
+    tables, such as the cache operations, by index (``cache_ops[0].time_s``). Lists of
+    values (per-call times, generated tokens) and the resolved config are left out."""
     out: dict[str, Any] = {}
     for key, value in metrics.items():
         name = f"{prefix}.{key}" if prefix else key
@@ -263,7 +268,9 @@ def flatten_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]
         if isinstance(value, dict):
             out.update(flatten_metrics(value, name))
         elif isinstance(value, list | tuple):
-            continue
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    out.update(flatten_metrics(item, f"{name}[{i}]"))
         else:
             out[name] = value
     return out

@@ -168,6 +168,7 @@ def test_sweep_file_errors(tmp_path, capsys):
         ('base = "missing.toml"\n[axes]\nkv.format = ["int8"]', "base: run config file"),
         ("[axes]\n[outputs]\nmetrics = []", "axes: a sweep needs at least one axis"),
         ('[axes]\nkv.format = ["int8"]\n[outputs]\nplots = 1', "outputs.plots: unknown key"),
+        ('set = "kv.format=int8"\n[axes]\nkv.format = ["int8"]', "set: a list of"),
     ]:
         p.write_text(text)
         assert main(["sweep", str(p), "--out", str(tmp_path / "o")]) == 2
@@ -178,9 +179,11 @@ def test_sweep_file_errors(tmp_path, capsys):
 def test_base_file_set_and_axis_overrides(tmp_path, capsys):
     (tmp_path / "base.toml").write_text(TINY_SWEEP.split("[axes]")[0].replace("base.", ""))
     p = tmp_path / "s.toml"
-    p.write_text('base = "base.toml"\n[axes]\nkv.format = ["int8", "bf16"]\n')
+    p.write_text('base = "base.toml"\nset = ["workload.seed=3", "workload.output_tokens=5"]\n'
+                 '[axes]\nkv.format = ["int8", "bf16"]\n')
     sweep = load_sweep(p, sets=["workload.output_tokens=2"],
                        axes=["workload.prompt_tokens=[8, 12]"])
+    assert sweep.base["workload"]["seed"] == 3  # the file's set, then the command line's
     assert [pt.values for pt in sweep.points][:2] == [
         (("kv.format", "int8"), ("workload.prompt_tokens", 8)),
         (("kv.format", "int8"), ("workload.prompt_tokens", 12))]
@@ -208,8 +211,10 @@ def test_missing_dask_is_a_clear_error(sweep_file, tmp_path, monkeypatch):
     assert not (tmp_path / "o").exists()
 
 
-def test_flatten_metrics_skips_config_and_lists():
+def test_flatten_metrics_skips_config_and_lists_of_values():
     m = {"config": {"a": 1}, "decode": {"tokens": 3, "time_per_call_s": [1.0, 2.0]},
-         "roofline": {"prefill": {"bound_s": 0.5}}, "functional": False, "scenario": "x"}
+         "roofline": {"prefill": {"bound_s": 0.5}}, "functional": False, "scenario": "x",
+         "generated_tokens": [1, 2], "cache_ops": [{"op": "evict", "time_s": 1e-3}]}
     assert flatten_metrics(m) == {"decode.tokens": 3, "roofline.prefill.bound_s": 0.5,
-                                  "functional": False, "scenario": "x"}
+                                  "functional": False, "scenario": "x",
+                                  "cache_ops[0].op": "evict", "cache_ops[0].time_s": 1e-3}

@@ -1,0 +1,136 @@
+"""The example configs of configs/, one per user question: each validates, and each runs in
+timing mode with the results the README quotes holding in direction (the slow test of the
+suite: a few minutes; ``-m "not slow"`` leaves it out).
+
+The quickstart's report.html is opened in headless Chromium (where there is one) and its
+trace checked for Perfetto; the sweeps' reports are opened too.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+from sim.config import load_run_config
+from sim.sweep import load_sweep, run_sweep
+from tests.traces.test_trace_levels import assert_perfetto_ready
+from traces.browser import check, find_chromium
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+RUNS = ["quickstart.toml"]
+SWEEPS = ["kv-bits-sweep.toml", "w8-vs-w4v8.toml", "mla-quantmla-vs-bf16.toml",
+          "host-vs-device-edit.toml"]
+
+
+def _rows(out: Path) -> dict[tuple, dict]:
+    """results.csv by the point's axis values."""
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    axes = json.loads((out / "results.json").read_text())["sweep"]["axes"]
+    return {tuple(r[a] for a in axes): r for r in rows}
+
+
+def _browser_check(page: Path) -> None:
+    if find_chromium() is None:
+        return  # tests/traces/test_report_browser.py says why it skips
+    count, problems = check(page)
+    assert problems == [] and count > 0
+
+
+def _cache_ops_executed() -> bool:
+    """Whether ``kvsim run`` executes ``workload.cache_ops`` yet (a tiny run with one op)."""
+    from sim.run import run
+
+    cfg = load_run_config(None, [
+        "hardware.preset=tiny", "model.preset=tiny", "compile.core_mode=single",
+        "workload.prompt_tokens=8", "workload.output_tokens=2", "outputs.trace=off",
+        'workload.cache_ops=[{at_token=8, op="dump_load"}]'])
+    return bool(run(cfg).metrics.get("cache_ops"))
+
+
+def test_quickstart_is_the_embedded_default():
+    assert load_run_config(CONFIGS / "quickstart.toml") == load_run_config(None)
+
+
+@pytest.mark.parametrize("name", RUNS + SWEEPS)
+def test_example_config_validates(name, capsys):
+    assert main(["check", str(CONFIGS / name)]) == 0
+    assert capsys.readouterr().out.startswith("ok: ")
+
+
+@pytest.mark.slow
+def test_quickstart_runs(tmp_path):
+    out = tmp_path / "quickstart"
+    assert main(["run", str(CONFIGS / "quickstart.toml"), "--out", str(out), "-q"]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["kv_cache"]["bytes_per_token"] == 6144
+    assert m["prefill"]["ttft_s"] >= m["roofline"]["prefill"]["bound_s"]
+    assert m["decode"]["time_per_token_s"] >= m["roofline"]["decode_per_token"]["bound_s"]
+    assert m["trace"]["dropped_events"] == 0
+    assert_perfetto_ready(json.loads((out / "trace.json").read_text()))
+    _browser_check(out / "report.html")
+
+
+@pytest.mark.slow
+def test_kv_bits_sweep_runs(tmp_path):
+    out = tmp_path / "kv-bits"
+    res = run_sweep(load_sweep(CONFIGS / "kv-bits-sweep.toml"), out, workers=2,
+                    progress=False)
+    assert not res.failed
+    rows = _rows(out)
+    per_token = {f: float(rows[(f, "512")]["kv_cache.bytes_per_token"])
+                 for f in ("bf16", "int8", "kivi-4", "kivi-2")}
+    assert per_token["bf16"] == 2 * per_token["int8"] == 12288
+    assert per_token["int8"] > per_token["kivi-4"] > per_token["kivi-2"]
+    kv_traffic = {f: int(rows[(f, "512")]["traffic_by_kind.kv_cache"]) for f in per_token}
+    assert kv_traffic["bf16"] > kv_traffic["int8"] > kv_traffic["kivi-2"]
+    for f in per_token:  # a longer context costs more per decoded token
+        assert float(rows[(f, "512")]["decode.time_per_token_s"]) > float(
+            rows[(f, "128")]["decode.time_per_token_s"])
+    _browser_check(out / "report.html")
+
+
+@pytest.mark.slow
+def test_w8_vs_w4v8_runs(tmp_path):
+    out = tmp_path / "w8-vs-w4v8"
+    res = run_sweep(load_sweep(CONFIGS / "w8-vs-w4v8.toml"), out, workers=2, progress=False)
+    assert not res.failed
+    rows = _rows(out)
+    w8, w4 = rows[("W8",)], rows[("W4V8",)]
+    assert int(w4["compiled.weight_bytes"]) < 0.6 * int(w8["compiled.weight_bytes"])
+    assert float(w4["decode.time_per_token_s"]) < float(w8["decode.time_per_token_s"])
+    _browser_check(out / "report.html")
+
+
+@pytest.mark.slow
+def test_mla_quantmla_vs_bf16_runs(tmp_path):
+    out = tmp_path / "mla"
+    res = run_sweep(load_sweep(CONFIGS / "mla-quantmla-vs-bf16.toml"), out, workers=2,
+                    progress=False)
+    assert not res.failed
+    rows = _rows(out)
+    bf16, c4r4 = rows[("bf16",)], rows[("quantmla-c4r4",)]
+    assert int(c4r4["kv_cache.capacity_tokens"]) > 3 * int(bf16["kv_cache.capacity_tokens"])
+    assert int(c4r4["compiled.dram_bytes"]) < int(bf16["compiled.dram_bytes"])
+    _browser_check(out / "report.html")
+
+
+@pytest.mark.slow
+def test_host_vs_device_edit_runs(tmp_path):
+    if not _cache_ops_executed():
+        pytest.skip("kvsim run validates workload.cache_ops but does not execute them yet "
+                    "(the runtime's cache-op schedule); configs/host-vs-device-edit.toml "
+                    "runs once it does")
+    out = tmp_path / "edit"
+    res = run_sweep(load_sweep(CONFIGS / "host-vs-device-edit.toml"), out, workers=2,
+                    progress=False)
+    assert not res.failed
+    rows = _rows(out)
+    host, device = rows[("host",)], rows[("device",)]
+    assert host["cache_ops[0].where"] == "host" and device["cache_ops[0].where"] == "device"
+    assert int(host["cache_ops[0].pcie_bytes"]) > 0 == int(device["cache_ops[0].pcie_bytes"])
+    _browser_check(out / "report.html")
