@@ -178,10 +178,12 @@ def _metric_column(name: str, values: list) -> tuple[str, list[str]]:
     """A results column for the console: its label with the unit, and its cells."""
     from traces.report import quantity
 
-    nums = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
-    label, scale = quantity(name, nums)
-    cells = [f"{v / scale:,.4g}" if v in nums and v is not None else
-             ("" if v is None else str(v)) for v in values]
+    def number(v) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+
+    label, scale = quantity(name, [v for v in values if number(v)])
+    cells = [f"{v / scale:,.4g}" if number(v) else ("" if v is None else str(v))
+             for v in values]
     return label, cells
 
 

@@ -219,7 +219,8 @@ def quantity(name: str, values: list[float]) -> tuple[str, float]:
         scale, unit = next(((s, u) for s, u in _BYTE_UNITS if top >= s), _BYTE_UNITS[-1])
         return f"{base or _spelled(name.removesuffix('_bytes'))} ({unit})", scale
     if leaf.endswith("tokens"):
-        return f"{base or _spelled(name.removesuffix('_tokens'))} (tokens)", 1.0
+        label = base or _spelled(name.removesuffix("_tokens"))
+        return (label if label.endswith("tokens") else f"{label} (tokens)"), 1.0
     if leaf.startswith("compression"):
         return f"{base or _spelled(name)} (×)", 1.0
     if name.startswith("engine_utilization."):
@@ -258,9 +259,12 @@ def _sweep_figure(metric: str, axis: str, axes: dict[str, list[Any]],
     if not numeric:
         xlabel = NAMES.get(axis, axis)
     fig.update_layout(showlegend=bool(others))
-    if numeric and min(values) > 0 and max(values) / min(values) >= 8:
-        fig.update_xaxes(type="log")
-    if not numeric:
+    if numeric:
+        # ticks at the swept values; a log axis where they span a factor of 8 or more
+        log = min(values) > 0 and max(values) / min(values) >= 8
+        fig.update_xaxes(type="log" if log else "linear", tickvals=values,
+                         ticktext=[f"{v:,}" for v in values])
+    else:
         fig.update_xaxes(type="category")
     return _layout(fig, f"{ylabel.rsplit(' (', 1)[0]} vs {xlabel.rsplit(' (', 1)[0]}", xlabel,
                    ylabel)
@@ -276,13 +280,20 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _scaled(v: Any, unit: tuple[str, float] | None) -> Any:
+    return v / unit[1] if unit is not None and _number(v) else v
+
+
 def _results_table(axes: dict[str, list[Any]], rows: list[dict[str, Any]],
                    metrics: list[str]) -> str:
     cols = ["index", *axes, "status", *metrics]
-    head = "".join(f"<th>{html.escape(NAMES.get(c, c))}</th>" for c in cols)
+    units = {m: quantity(m, [r[m] for r in rows if _number(r.get(m))]) for m in metrics}
+    head = "".join(f"<th>{html.escape(units[c][0] if c in units else NAMES.get(c, c))}</th>"
+                   for c in cols)
     body = []
     for r in rows:
-        cells = "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols)
+        cells = "".join(f"<td>{html.escape(_fmt(_scaled(r.get(c), units.get(c))))}</td>"
+                        for c in cols)
         body.append(f"<tr>{cells}</tr>")
         if r["status"] != "ok":
             body.append(f'<tr><td></td><td colspan="{len(cols) - 1}">error: '
