@@ -218,10 +218,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             console.print(f"{name}: {p}")
     for r in failed:
         point = sweep.points[r["index"]]
-        base = f"{args.sweep} (base)"
         print(f"kvsim: point {r['index']} ({point.label}) failed: {r['error']}\n"
-              f"  rerun it alone: kvsim run ... {' '.join('--set ' + s for s in point.sets)}"
-              f"  [{base}]", file=sys.stderr)
+              f"  to run it alone: {sweep.rerun_hint(point)}", file=sys.stderr)
     if failed:
         print(f"kvsim: {len(failed)} of {len(result.rows)} points failed; the others' "
               f"results are in {args.out}", file=sys.stderr)

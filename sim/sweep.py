@@ -26,7 +26,9 @@ point: the same sweep gives byte-identical files on any executor and any number 
 workers) and ``report.html`` (each plotted metric against each axis).
 
 Points run without a trace (``outputs.trace = "off"``) unless ``save_points`` asks for
-their files: a sweep writes no trace of its own.
+their files: a sweep writes no trace of its own. On a Dask cluster, every worker needs
+kvsim installed (the same version as the client): a point is a call of
+:func:`run_point`.
 """
 
 from __future__ import annotations
@@ -99,6 +101,16 @@ class SweepConfig:
     outputs: SweepOutputs
     points: list[Point]
     source: str | None = None
+    base_file: str | None = None  # the run config file the base came from, if any
+    base_sets: tuple[str, ...] = ()  # the overrides applied to it (the file's, then --set)
+
+    def rerun_hint(self, point: Point) -> str:
+        """How to run one point alone with ``kvsim run``."""
+        sets = " ".join(f"--set {s}" for s in [*self.base_sets, *point.sets])
+        if self.base_file is not None:
+            return f"kvsim run {self.base_file} {sets}"
+        where = f"of {self.source}" if self.source else ""
+        return f"kvsim run with the [base] table {where} as the config, {sets}"
 
     @property
     def metrics(self) -> list[str]:
@@ -175,19 +187,20 @@ def parse_axis(text: str) -> tuple[str, list[Any]]:
     return key, _axis_values(f"--axis {key}", parsed if isinstance(parsed, list) else [parsed])
 
 
-def _base_tree(data: dict[str, Any], folder: Path | None) -> dict[str, Any]:
+def _base_tree(data: dict[str, Any], folder: Path | None) -> tuple[dict[str, Any], str | None]:
+    """The base run-config tree, and the file it came from (None: inline or default)."""
     base = data.get("base")
     if base is None:
-        return load_tree(None)
+        return load_tree(None), None
     if isinstance(base, str):
         p = Path(base)
         if not p.is_absolute() and folder is not None:
             p = folder / p
         if not p.is_file():
             raise ConfigError(f"base: run config file {str(p)!r} does not exist")
-        return load_tree(p)
+        return load_tree(p), str(p)
     if isinstance(base, dict):
-        return copy.deepcopy(base)
+        return copy.deepcopy(base), None
     raise ConfigError("base: give a run config file name or a [base] table")
 
 
@@ -205,11 +218,12 @@ def build_sweep(data: dict[str, Any], *, folder: Path | None = None,
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown key; a sweep file has "
                           f"{', '.join(SWEEP_KEYS)}")
-    base = _base_tree(data, folder)
+    base, base_file = _base_tree(data, folder)
     file_sets = data.get("set", [])
     if not isinstance(file_sets, list) or not all(isinstance(x, str) for x in file_sets):
         raise ConfigError('set: a list of "key=value" overrides of the base config')
-    apply_sets(base, [*file_sets, *(sets or [])])
+    base_sets = (*file_sets, *(sets or []))
+    apply_sets(base, list(base_sets))
     table = _flatten_axes(data.get("axes", {}))
     for text in axes or []:
         key, values = parse_axis(text)
@@ -234,7 +248,7 @@ def build_sweep(data: dict[str, Any], *, folder: Path | None = None,
         except ConfigError as err:
             raise ConfigError(f"point {index} ({point.label}): {err}") from None
         points.append(point)
-    return SweepConfig(base, table, outputs, points, source)
+    return SweepConfig(base, table, outputs, points, source, base_file, base_sets)
 
 
 def validate_point(tree: dict[str, Any]):
@@ -320,7 +334,8 @@ def _run_local(points: list[Point], save: bool, workers: int, bar) -> Iterable[d
 
     # spawn: workers start clean (no threads or locks copied from this process)
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    try:
         futures = {pool.submit(run_point, p.index, p.tree, save): p for p in points}
         for fut in as_completed(futures):
             p = futures[fut]
@@ -331,6 +346,9 @@ def _run_local(points: list[Point], save: bool, workers: int, bar) -> Iterable[d
                        "metrics": {}, "files": {}}
             bar.update(1)
             yield res
+    finally:
+        # on Ctrl-C or an error here, drop the points not started instead of waiting
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _dask():

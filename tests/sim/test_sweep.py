@@ -124,6 +124,7 @@ def test_a_failed_point_keeps_the_others(sweep_file, tmp_path, capsys):
     assert "4 of 12 points failed" in err
     assert "point 1 (kv.format=bf16, hardware.sram.bytes_per_core=2048) failed" in err
     assert "does not fit" in err
+    assert "--set kv.format=bf16 --set hardware.sram.bytes_per_core=2048" in err  # rerun hint
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert len(rows) == 12
     failed = [r for r in rows if r["status"] == "error"]
