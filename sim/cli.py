@@ -146,6 +146,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from sim.config import load_run_config
     from sim.run import run, write_outputs
 
+    if args.config is not None:
+        from sim.config import load_tree
+        from sim.sweep import is_sweep_tree
+
+        if is_sweep_tree(load_tree(args.config)):
+            raise ConfigError(f"{args.config}: a sweep file (it has [axes]); run it with "
+                              f"kvsim sweep {args.config}")
     cfg = load_run_config(args.config, args.set)
     check_run(cfg)  # bad input is one line naming the field, before any compiling
     result = run(cfg)
