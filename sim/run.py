@@ -140,13 +140,27 @@ def run_generate(cfg: RunConfig) -> RunResult:
         return embed[tokens].astype(np.float32)
 
     first = len(acc.calls)
-    cache = 0
+    cache = 0  # tokens in the cache (what infer's cache_size says)
+    seq = 0  # tokens of the sequence so far (what cache-op schedules count)
     logits = None
+    pending = list(w.cache_ops)
+    op_results: list[dict[str, Any]] = []
+
+    def run_ops() -> None:
+        nonlocal cache
+        while pending and pending[0].at_token == seq:
+            op = pending.pop(0)
+            res = run_cache_op(model, op, cache, functional)
+            cache = res.new_cache_size
+            op_results.append({"at_token": op.at_token, **res.as_metrics()})
+
     for t0 in range(0, w.prompt_tokens, cm.max_seq):
         chunk = prompt[t0 : t0 + cm.max_seq]
         logits = model.infer(embeddings(chunk), cache_size=cache)[0]
         cache += len(chunk)
-    prefill_calls = acc.calls[first:]
+        seq += len(chunk)
+        run_ops()
+    prefill_calls = [c for c in acc.calls[first:] if c.op == "infer"]
     generated: list[int] = []
     decode_calls: list[CallRecord] = []
     for i in range(w.output_tokens):
@@ -157,7 +171,9 @@ def run_generate(cfg: RunConfig) -> RunResult:
             break
         logits = model.infer(embeddings(np.array([token])), cache_size=cache)[0]
         cache += 1
+        seq += 1
         decode_calls.append(acc.calls[-1])
+        run_ops()
     work = prefill_calls + decode_calls
     start_ps, end_ps = work[0].start_ps, work[-1].end_ps
     st = _sum_stats(work)
@@ -202,11 +218,58 @@ def run_generate(cfg: RunConfig) -> RunResult:
                      "dram_bytes": cm.mm.total_bytes,
                      "weight_bytes": cm.mm.bytes_of_kind("weights")},
         "generated_tokens": generated,
+        "cache_ops": op_results,
         "functional": functional,
         "trace": {"level": recorder.level, "dropped_events": recorder.dropped},
     }
     model.dispose()
     return RunResult(cfg, metrics, recorder)
+
+
+def run_cache_op(model: Model, op, cache_size: int, functional: bool):
+    """Execute one scheduled cache operation (``sim.config.CacheOp``) on a cache of
+    ``cache_size`` tokens; returns its :class:`sim.cacheops.EditResult`."""
+    from isa import kvformats
+
+    from .cacheops import EditResult, evict_positions, requantize_through, score_eviction
+
+    if op.op == "dump_load":
+        acc = model.acc
+        start = acc.device.env.now
+        before = len(acc.calls)
+        model.load_cache_memory(model.dump_cache_memory())
+        calls = acc.calls[before:]
+        t = _sum_stats(calls)["traffic"]
+        return EditResult("dump_load", "host", (acc.device.env.now - start) / PS_PER_S,
+                          t.get("pcie_h2d", 0) + t.get("pcie_d2h", 0),
+                          t.get("dram_read", 0) + t.get("dram_write", 0),
+                          new_cache_size=cache_size)
+    if op.op == "requantize":
+        fmt = kvformats.parse(op.format)
+        if op.where == "device":
+            return model.requantize_on_device(fmt, cache_size=cache_size)
+        return model.edit_cache_on_host(requantize_through(fmt), cache_size=cache_size,
+                                        op="host_requantize")
+    # evict
+    sinks, recent = op.sinks or 0, op.recent or 0
+    if op.policy == "positions":
+        drop = sorted(set(op.drop or []))
+    else:
+        middle = list(range(min(sinks, cache_size), max(sinks, cache_size - recent)))
+        keep_mid = middle[: op.budget or 0] if op.policy == "key_norm" else []
+        drop = [p for p in middle if p not in set(keep_mid)]
+    if not drop:
+        return EditResult("evict", op.where, 0.0, 0, 0, new_cache_size=cache_size)
+    if op.where == "device":
+        return model.evict_on_device(drop, cache_size=cache_size)
+    if op.policy == "key_norm" and functional:
+        fn = score_eviction(keep_sinks=sinks, keep_recent=recent, budget=op.budget or 0)
+    else:
+        fn = evict_positions(drop)
+    res = model.edit_cache_on_host(fn, cache_size=cache_size, op="host_evict")
+    if not functional:  # timing-only: the edit is not applied, its size is known
+        res.new_cache_size = cache_size - len(drop)
+    return res
 
 
 def run_gemv(cfg: RunConfig) -> RunResult:

@@ -266,3 +266,31 @@ def test_a_vendor_style_host_program_runs_unchanged(compiled, tmp_path):
     tokens = mod.generate(str(path), hw="tiny", prompt_tokens=24, new_tokens=4, chunk=8)
     again = mod.generate(str(path), hw="tiny", prompt_tokens=24, new_tokens=4, chunk=8)
     assert len(tokens) == 4 and tokens == again
+
+
+@pytest.mark.parametrize("op", [
+    {"op": "evict", "policy": "window", "sinks": 2, "recent": 8},
+    {"op": "evict", "policy": "positions", "drop": [1, 5, 9]},
+    {"op": "requantize", "format": "b4.token.g16.asym.scale-fp16.zero-fp16"},
+])
+def test_scheduled_cache_ops_agree_on_host_and_device(op):
+    from sim.config import build_run_config, load_tree
+    from sim.run import run
+
+    results = {}
+    for where in ("host", "device"):
+        tree = load_tree(None)
+        tree["hardware"] = {"preset": "tiny"}
+        tree["model"] = {"preset": "tiny"}
+        tree["compile"] = {"core_mode": "single"}
+        tree["sim"] = {"fidelity": "functional"}
+        tree["outputs"] = {"trace": "off"}
+        tree["workload"] = {"prompt_tokens": 16, "output_tokens": 4,
+                            "cache_ops": [{"at_token": 16, "where": where, **op}]}
+        m = run(build_run_config(tree)).metrics
+        results[where] = m
+    h, d = results["host"], results["device"]
+    assert h["generated_tokens"] == d["generated_tokens"]
+    assert h["cache_ops"][0]["new_cache_size"] == d["cache_ops"][0]["new_cache_size"]
+    assert h["cache_ops"][0]["pcie_bytes"] > 0 == d["cache_ops"][0]["pcie_bytes"]
+    assert h["cache_ops"][0]["time_s"] > d["cache_ops"][0]["time_s"]
