@@ -183,14 +183,14 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
 def _metric_column(name: str, values: list) -> tuple[str, list[str]]:
     """A results column for the console: its label with the unit, and its cells."""
-    from traces.report import quantity
+    from traces.report import fmt_number, quantity
 
     def number(v) -> bool:
         return isinstance(v, int | float) and not isinstance(v, bool)
 
     label, scale = quantity(name, [v for v in values if number(v)])
-    cells = [f"{v / scale:,.4g}" if number(v) else ("" if v is None else str(v))
-             for v in values]
+    cells = [fmt_number(v / scale if scale != 1 else v) if number(v) else
+             ("" if v is None else str(v)) for v in values]
     return label, cells
 
 

@@ -87,7 +87,9 @@ def test_kv_bits_sweep_runs(tmp_path):
     assert per_token["bf16"] == 2 * per_token["int8"] == 12288
     assert per_token["int8"] > per_token["kivi-4"] > per_token["kivi-2"]
     kv_traffic = {f: int(rows[(f, "512")]["traffic_by_kind.kv_cache"]) for f in per_token}
-    assert kv_traffic["bf16"] > kv_traffic["int8"] > kv_traffic["kivi-2"]
+    # KIVI keeps its 128 most recent tokens in fp16: at 512 tokens it moves more than int8
+    assert kv_traffic["bf16"] > kv_traffic["kivi-4"] > kv_traffic["kivi-2"] > kv_traffic[
+        "int8"]
     for f in per_token:  # a longer context costs more per decoded token
         assert float(rows[(f, "512")]["decode.time_per_token_s"]) > float(
             rows[(f, "128")]["decode.time_per_token_s"])

@@ -270,11 +270,19 @@ def _sweep_figure(metric: str, axis: str, axes: dict[str, list[Any]],
                    ylabel)
 
 
+def fmt_number(v: float) -> str:
+    """A figure for a table: 4 significant digits, thousands separated, no exponent above
+    1,000."""
+    if isinstance(v, int) or abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return ""
-    if isinstance(v, float):
-        return f"{v:.6g}"
+    if _number(v):
+        return fmt_number(v)
     if isinstance(v, dict | list):
         return json.dumps(v, sort_keys=True)
     return str(v)
