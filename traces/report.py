@@ -183,6 +183,8 @@ NAMES = {
     "traffic_by_kind.kv_cache": "KV-cache traffic",
     "traffic_by_kind.weights": "weight traffic",
     "launch.time_s": "launch time",
+    "compiled.dram_bytes": "DRAM footprint",
+    "compiled.weight_bytes": "weights in DRAM",
     "sim_time_s": "simulated time",
     "kv.format": "KV format",
     "bits.preset": "weight bits",
