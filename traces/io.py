@@ -1,44 +1,191 @@
-"""Atomic output files: written to a temporary file in the same folder, flushed to disk,
-then renamed over the target, so a killed run leaves either the old file or the new one,
-never half of one."""
+"""Atomic output files: a reader (or a run killed in the middle) sees either the complete
+old file or the complete new one, never part of one, and no temporary files pile up.
+
+How :func:`atomic_write_bytes` writes ``DIR/NAME``:
+
+1. The bytes go into a file with no name in ``DIR`` (Linux ``open(DIR, O_TMPFILE)``). A
+   process killed while writing (SIGKILL, SIGTERM without a handler, a crash) leaves
+   nothing behind: the kernel frees a file without a name when its last descriptor closes.
+2. When the bytes are complete and flushed to disk (``fsync``), the file gets a temporary
+   name, ``DIR/.NAME.kvsim-HOST-PID-RANDOM.tmp`` (``linkat``, see :func:`_link_fd`), and
+   is renamed over ``NAME`` (``os.replace``: atomic on POSIX). The folder is flushed too,
+   so the rename survives a power loss. Only a kill in the microseconds between the link
+   and the rename can leave the temporary name behind.
+3. Where there is no ``O_TMPFILE`` (macOS, Windows, some network and overlay file
+   systems, no ``/proc``), the bytes go straight into the named temporary file; a kill
+   while writing leaves it.
+
+Temporary names are recognisable (:data:`TEMP_PATTERN`: hidden, ``.kvsim-``, the writer's
+host and process id, ``.tmp``), and every write first removes the stale ones in its folder
+(:func:`clean_stale_temps`: written on this host by a process that is no longer running).
+So after a killed run, the next run into the same folder leaves no temporary behind; a
+reader never opens one, since it looks for ``NAME`` only.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
-import tempfile
+import re
+import secrets
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
+#: Names of this module's temporary files: ``.NAME.kvsim-HOST-PID-RANDOM.tmp``.
+TEMP_PATTERN = re.compile(
+    r"^\.(?P<name>.+)\.kvsim-(?P<host>[A-Za-z0-9]*)-(?P<pid>\d+)-[0-9a-f]+\.tmp$"
+)
+#: linkat(2) constants (Linux uapi fcntl.h).
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+#: Without a way to ask whether a process runs (Windows), a temporary this old is stale.
+STALE_AGE_S = 24 * 3600
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9]", "", socket.gethostname())[:32]
+
+
+def temp_path(path: Path) -> Path:
+    """A fresh temporary name for ``path``, in its folder (see :data:`TEMP_PATTERN`)."""
+    return path.with_name(f".{path.name}.kvsim-{_host()}-{os.getpid()}-"
+                          f"{secrets.token_hex(6)}.tmp")
+
+
+def _pid_running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. PermissionError: it exists, under another user
+        return True
+    return True
+
+
+def clean_stale_temps(folder: str | os.PathLike) -> list[Path]:
+    """Remove this module's temporary files in ``folder`` that no running process will
+    finish (written on this host by a process that has exited); return what was removed.
+    Files of other hosts (a shared network folder) are left alone."""
+    removed = []
+    host = _host()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = TEMP_PATTERN.match(entry.name)
+        if m is None or m["host"] != host:
+            continue
+        if os.name == "nt":  # os.kill(pid, 0) would terminate the process on Windows
+            try:
+                stale = time.time() - entry.stat().st_mtime > STALE_AGE_S
+            except OSError:
+                continue
+        else:
+            stale = not _pid_running(int(m["pid"]))
+        if stale:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+    return removed
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _write_anonymous(folder: Path, tmp: Path, data: bytes) -> bool:
+    """Write ``data`` into a nameless file in ``folder``, flush it and link it at ``tmp``;
+    False where the platform or file system cannot (nothing is left behind then)."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag or not os.path.isdir("/proc/self/fd"):
+        return False
+    try:
+        fd = os.open(folder, flag | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError:
+        return False
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+        return _link_fd(fd, tmp)
+    finally:
+        os.close(fd)
+
+
+def _link_fd(fd: int, tmp: Path) -> bool:
+    """Give the nameless file open at ``fd`` the name ``tmp``: ``linkat`` through
+    ``/proc/self/fd`` (the documented way), else ``linkat(fd, "", AT_EMPTY_PATH)`` (allowed
+    to root, and to a file's creator since Linux 6.10; some sandboxes allow only this)."""
+    try:
+        os.link(f"/proc/self/fd/{fd}", tmp)
+        return True
+    except OSError:
+        pass
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        linkat = libc.linkat
+    except (OSError, AttributeError):
+        return False
+    linkat.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                       ctypes.c_int)
+    return linkat(fd, b"", _AT_FDCWD, os.fsencode(tmp), _AT_EMPTY_PATH) == 0
+
+
+def _write_named(tmp: Path, data: bytes) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(tmp, flags | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # Windows cannot open a folder; its rename is flushed by the file system
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (see the module docstring); the file gets
+    the usual mode (``0o666`` less the umask)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    folder = path.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(folder)
+    tmp = temp_path(path)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
+        if not _write_anonymous(folder, tmp, data):
+            _write_named(tmp, data)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
+    _fsync_folder(folder)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 1) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False) + "\n")
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 1,
+                      sort_keys: bool = False) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
