@@ -1,0 +1,780 @@
+"""Bad input, everywhere: one table of cases over run configs, compiled-model files, ISA
+programs, cache blobs and files, and runtime misuse.
+
+Every case asserts three things: the error is of a documented type (a subclass of
+``isa.errors.KvsimError`` from the documented list below), its message holds a given
+substring, and nothing changed: the config and output files on disk (results of an earlier
+run), the compiled-model file, the ISA input, the device's KV cache (its DRAM bytes, read
+directly), the cache files on disk, and the simulated clock. Run configs are also given to
+``kvsim run`` (``sim.cli.main``), which must exit 2 with one line and leave the earlier
+outputs as they were.
+
+A case that crashes with an undocumented exception today is marked ``xfail(strict=True,
+raises=...)`` with the bug in its reason: when the bug is fixed, the mark must go.
+(tests/sim/test_runtime.py and tests/isa/ hold further cases of the same kinds.)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import shutil
+import struct
+import zipfile
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from isa.asm import assemble
+from isa.encoding import decode_program, encode_program
+from isa.errors import (
+    AssembleError,
+    ConfigError,
+    DecodeError,
+    DeviceError,
+    FormatError,
+    IsaError,
+    KvsimError,
+    ProgramError,
+)
+from isa.instructions import (
+    Attn,
+    DmaCopy,
+    DmaLoad,
+    Gemm,
+    HostWrite,
+    KvRead,
+    MemoryLayout,
+    Nop,
+    Program,
+    Vec,
+    VecFunc,
+)
+from isa.validate import validate_program
+from models.bits import build_bit_config
+from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
+from models.config import load_preset
+from sim.cacheops import CacheOpError
+from sim.cli import main as cli_main
+from sim.config import load_run_config
+from sim.hw import load_hardware
+from sim.regress import RegressError
+from sim.run import run, write_outputs
+from sim.runtime import Accelerator, BatchParam, Model, ModelConfig, RuntimeApiError
+
+#: The documented exception types (README, isa/errors.py, and the modules that define them).
+DOCUMENTED = (KvsimError, ConfigError, IsaError, DecodeError, AssembleError, ProgramError,
+              FormatError, DeviceError, CompileError, CacheOpError, RuntimeApiError,
+              RegressError)
+
+TINY_HW = load_hardware("tiny")
+TINY = load_preset("tiny")
+CAP, MAX_SEQ, FILLED = 64, 16, 32  # cache capacity, tokens per call, tokens in the cache
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str  # config | compiled | isa | cache | runtime
+    id: str
+    act: Callable[[Any], Any]  # the bad call (gets the kind's context)
+    exc: type[KvsimError]
+    needle: str  # a substring of the message
+    prepare: Callable[[Any], Any] | None = None  # sets the bad input up before the snapshot
+    sets: tuple[str, ...] = ()  # config: --set overrides
+    costs_time: bool = False  # runtime: the call did work (a dump) before refusing
+    xfail: tuple[type[BaseException], str] | None = None  # (what it raises now, the bug)
+    extra: dict = field(default_factory=dict)
+
+
+CASES: list[Case] = []
+
+
+def case(kind: str, id: str, act, exc, needle, **kw) -> None:
+    CASES.append(Case(kind, id, act, exc, needle, **kw))
+
+
+# --- run configs -----------------------------------------------------------------------------
+
+BASE_TOML = """\
+[hardware]
+preset = "tiny"
+
+[model]
+preset = "tiny"
+
+[compile]
+core_mode = "single"
+
+[workload]
+prompt_tokens = 8
+output_tokens = 2
+
+[outputs]
+trace = "ops"
+"""
+
+
+def _cfg(id: str, needle: str, *sets: str, toml: str | bytes | None = None,
+         files: dict[str, bytes] | None = None, exc=ConfigError, xfail=None) -> None:
+    """A run config case: the config file (``BASE_TOML`` or ``toml``), ``--set`` overrides
+    (``{dir}`` stands for the case's folder), extra ``files`` in that folder."""
+    def act(ctx):
+        return run(load_run_config(ctx.config, ctx.sets))
+
+    case("config", id, act, exc, needle, sets=sets, xfail=xfail,
+         extra={"toml": toml, "files": files or {}})
+
+
+_cfg("unknown section", "modle: unknown key", toml=BASE_TOML + "[modle]\nx = 1\n")
+_cfg("unknown key", "workload.prompt_token: unknown key", "workload.prompt_token=8")
+_cfg("unknown hardware key", "hardware.dram.speed: unknown key", "hardware.dram.speed=2")
+_cfg("wrong type", "workload.prompt_tokens: Input should be a valid integer",
+     "workload.prompt_tokens='many'")
+_cfg("negative size", "workload.prompt_tokens: Input should be greater than or equal to 1",
+     "workload.prompt_tokens=-5")
+_cfg("zero tokens per call", "compile.max_sequence_length: Input should be greater",
+     "compile.max_sequence_length=0")
+_cfg("bits=3 (gemv)", "workload.w_bits: Input should be 4 or 8", "workload.kind='gemv'",
+     "workload.w_bits=3")
+_cfg("bits=3 (KV format)", "kv.format: KV format: bits must be one of", "kv.format='b3.token'",
+     exc=CompileError)
+_cfg("odd k for 4-bit", "k must be even for 4-bit packed weights", "workload.kind='gemv'",
+     "workload.w_bits=4", "workload.k=7")
+_cfg("unknown hardware preset", "unknown preset 'nosuch'; valid: aries, regulus, tiny",
+     "hardware.preset='nosuch'")
+_cfg("unknown model preset", "model.preset: unknown model preset 'nosuch'",
+     "model.preset='nosuch'")
+_cfg("unknown bits preset", "bits.preset: unknown weight-bit preset 'W3'", "bits.preset='W3'")
+_cfg("unknown KV format", "kv.format: unknown KV format 'int7'", "kv.format='int7'",
+     exc=CompileError)
+_cfg("unknown core mode", "compile.core_mode: Input should be", "compile.core_mode='global16'")
+_cfg("unknown trace level", "outputs.trace: Input should be", "outputs.trace='all'")
+_cfg("unknown workload", "workload.kind: Input should be", "workload.kind='train'")
+_cfg("missing hf_config", "missing.json",
+     "model.hf_config='{dir}/missing.json'")
+_cfg("hf_config not JSON", "bad.json: not valid JSON", "model.hf_config='{dir}/bad.json'",
+     files={"bad.json": b"{nope"})
+_cfg("hf_config unsupported", "unsupported model_type 'gpt2'",
+     "model.hf_config='{dir}/gpt2.json'", files={"gpt2.json": b'{"model_type": "gpt2"}'})
+_cfg("preset and hf_config", "give exactly one of 'preset' and 'hf_config'",
+     toml=BASE_TOML.replace('preset = "tiny"\n\n[compile]',
+                            'preset = "tiny"\nhf_config = "x.json"\n\n[compile]'))
+_cfg("bad TOML", "not valid TOML", toml=BASE_TOML + "[workload\n")
+_cfg("not UTF-8", "not a UTF-8 text file", toml=b"\xff\xfe" + BASE_TOML.encode())
+_cfg("hardware not a table", "hardware: must be a table with a 'preset' key",
+     toml=BASE_TOML.replace('[hardware]\npreset = "tiny"', 'hardware = "tiny"'))
+_cfg("efficiency > 1", "hardware.dram.efficiency: Input should be less than or equal to 1",
+     "hardware.dram.efficiency=1.5")
+_cfg("zero DRAM channels", "hardware.dram.channels: Input should be greater than or equal",
+     "hardware.dram.channels=0")
+_cfg("set without =", "expected key=value", "nonsense")
+_cfg("set with empty key part", "bad key 'workload..k'", "workload..k=1")
+_cfg("set through a value", "workload.prompt_tokens: is a value, not a table",
+     "workload.prompt_tokens.x=1")
+_cfg("model too big for DRAM", "GiB of DRAM", "hardware.dram.capacity_bytes=4096", exc=CompileError)
+_cfg("model too big for SRAM", "does not fit tiny's SRAM", "hardware.sram.bytes_per_core=1024",
+     exc=CompileError)
+_cfg("infinite call overhead", "hardware.host.call_overhead_ns",
+     "hardware.host.call_overhead_ns=inf",
+     xfail=(OverflowError, "sim.hw accepts inf for float fields (allow_inf_nan); a run then "
+                           "dies converting inf ns to ps: OverflowError"))
+_cfg("gemv n not a multiple of the cores", "workload.n", "workload.kind='gemv'", "workload.n=3",
+     xfail=(ValueError, "models.demo.gemv_layer raises a plain ValueError: kvsim run turns "
+                        "it into a ConfigError (sim.check), sim.run.run does not"))
+_cfg("cache shorter than the prompt", "compile.cache_length", "compile.cache_length=4",
+     exc=ConfigError,
+     xfail=(AssertionError, "kvsim run names it (sim.check.check_run: 'compile.cache_length:"
+                            " 4 tokens cannot hold...'), but sim.run.run does not check: a "
+                            "library caller gets RuntimeApiError mid-run ('cache_size 4 + 4 "
+                            "tokens exceed the cache capacity')"))
+
+
+# --- compiled-model files ----------------------------------------------------------------------
+
+
+def _members(data: bytes) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        return {n: z.read(n) for n in z.namelist()}
+
+
+def _zip(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for n, d in members.items():
+            z.writestr(n, d)
+    return buf.getvalue()
+
+
+def _header(change: Callable[[dict], Any]) -> Callable[[bytes], bytes]:
+    def mutate(data: bytes) -> bytes:
+        m = _members(data)
+        h = json.loads(m["header.json"])
+        out = change(h)
+        m["header.json"] = json.dumps(h if out is None else out).encode()
+        return _zip(m)
+    return mutate
+
+
+def _member(name: str, new: bytes | None) -> Callable[[bytes], bytes]:
+    def mutate(data: bytes) -> bytes:
+        m = _members(data)
+        if new is None:
+            del m[name]
+        else:
+            m[name] = new
+        return _zip(m)
+    return mutate
+
+
+def _member_data_offset(data: bytes, name: str) -> int:
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        info = z.getinfo(name)
+    # the local file header: 30 bytes, the name, the extra field (lengths at 26 and 28)
+    n, extra = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    return info.header_offset + 30 + n + extra
+
+
+def _flip_in_member(name: str, *, at: float = 0.5) -> Callable[[bytes], bytes]:
+    """Flip one bit in a member's compressed bytes (the zip's CRC-32 catches it)."""
+    def mutate(data: bytes) -> bytes:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            size = z.getinfo(name).compress_size
+        b = bytearray(data)
+        b[_member_data_offset(data, name) + int(size * at)] ^= 0x10
+        return bytes(b)
+    return mutate
+
+
+def _bad_deflate_block(name: str) -> Callable[[bytes], bytes]:
+    """Make a member's first deflate block of the reserved type 3 (zlib refuses it)."""
+    def mutate(data: bytes) -> bytes:
+        b = bytearray(data)
+        b[_member_data_offset(data, name)] = 0b111  # BFINAL=1, BTYPE=11 (reserved)
+        return bytes(b)
+    return mutate
+
+
+def _compression_method(method: int) -> Callable[[bytes], bytes]:
+    """Set every central-directory entry's compression method to ``method``."""
+    def mutate(data: bytes) -> bytes:
+        b = bytearray(data)
+        at = b.find(b"PK\x01\x02")
+        while at >= 0:
+            b[at + 10:at + 12] = struct.pack("<H", method)
+            at = b.find(b"PK\x01\x02", at + 4)
+        return bytes(b)
+    return mutate
+
+
+def _kvm(id: str, needle: str, mutate: Callable[[bytes], bytes] | None, *, path: str = "m.kvm",
+         exc=CompileError, xfail=None) -> None:
+    """A compiled-model case: the valid tiny model's file, changed by ``mutate`` (None: the
+    file is not written), loaded from ``path``."""
+    def act(ctx):
+        return CompiledModel.load(ctx.dir / path)
+
+    case("compiled", id, act, exc, needle, xfail=xfail, extra={"mutate": mutate, "path": path})
+
+
+_kvm("not a zip", "not a kvsim compiled model",
+     lambda d: random.Random(1).randbytes(len(d)))
+_kvm("empty file", "not a kvsim compiled model", lambda d: b"")
+_kvm("truncated to half", "not a kvsim compiled model (File is not a zip file)",
+     lambda d: d[: len(d) // 2])
+_kvm("last 10 bytes cut", "not a kvsim compiled model", lambda d: d[:-10])
+_kvm("no header.json", "There is no item named 'header.json'", _member("header.json", None))
+_kvm("no arrays.npz", "There is no item named 'arrays.npz'", _member("arrays.npz", None))
+_kvm("header not JSON", "not a kvsim compiled model", _member("header.json", b"{oops"))
+_kvm("arrays not npz", "not a kvsim compiled model", _member("arrays.npz", b"garbage" * 9))
+_kvm("program corrupt", "not a kvsim compiled model",
+     _member("programs/decode.bin", b"KVSI\x01\x00\x05\x00\x00\x00"))
+_kvm("wrong format name", "not a kvsim compiled model",
+     _header(lambda h: h.update(format="something-else")))
+_kvm("wrong version", "compiled-model version 2 is not supported",
+     _header(lambda h: h.update(version=2)))
+_kvm("missing numerics", "header is incomplete or invalid",
+     _header(lambda h: h.pop("numerics") and None))
+_kvm("missing model", "header is incomplete or invalid", _header(lambda h: h.pop("model") and None))
+_kvm("invalid model config", "header is incomplete or invalid",
+     _header(lambda h: h["model"].update(num_layers=-1)))
+_kvm("memory map not a list", "header is incomplete or invalid",
+     _header(lambda h: h.update(memory_map=5)))
+_kvm("missing file", "does not exist", None, path="nope.kvm")
+_kvm("a directory", "does not exist", None, path=".")
+_kvm("header is a list", "not a kvsim compiled model", _header(lambda h: [h]),
+     xfail=(AttributeError, "CompiledModel.load calls header.get() on any JSON value: "
+                            "'list' object has no attribute 'get'"))
+_kvm("flipped bit in a compressed member", "Bad CRC-32", _flip_in_member("arrays.npz"))
+_kvm("invalid deflate block", "not a kvsim compiled model", _bad_deflate_block("header.json"),
+     xfail=(zlib.error, "CompiledModel.load lets zlib.error escape (corrupt deflate data)"))
+_kvm("unknown compression method", "not a kvsim compiled model", _compression_method(99),
+     xfail=(NotImplementedError, "CompiledModel.load lets zipfile's NotImplementedError "
+                                 "escape (a corrupt compression method field)"))
+_kvm("unknown KV format in header", "kv", _header(lambda h: h.update(kv="int7")),
+     xfail=(pytest.fail.Exception, "CompiledModel.load accepts any KV format name; the "
+                                   "error comes only at the first infer"))
+_kvm("unknown core mode in header", "core_mode", _header(lambda h: h.update(core_mode="x")),
+     xfail=(pytest.fail.Exception, "CompiledModel.load checks no scalar header field "
+                                   "(core_mode, cap, max_seq, slots, m_tile, tile_bytes, "
+                                   "weights): later calls die with KeyError/TypeError"))
+
+
+# --- ISA programs ------------------------------------------------------------------------------
+
+LAYOUT = MemoryLayout(dram_bytes=1 << 20, sram_bytes=1 << 16, host_bytes=1 << 20, num_cores=2)
+GOOD = Program((DmaLoad(core=1, src=0, dst=0, nbytes=64, signal=(1,)),
+                Nop(core=1, on=0, wait=(1,))), name="ok")
+GOOD_BYTES = encode_program(GOOD)
+
+
+def _decode(id: str, needle: str, data: bytes) -> None:
+    case("isa", id, lambda buf: decode_program(buf), DecodeError, needle,
+         extra={"input": data})
+
+
+def _with(data: bytes, offset: int, new: bytes) -> bytes:
+    return data[:offset] + new + data[offset + len(new):]
+
+
+HEAD = 4 + 2 + 4 + 2 + 2 + len(b"ok")  # magic, version, count, formats, name
+_decode("empty", "bad magic", b"")
+_decode("wrong magic", "bad magic b'KVSX'", b"KVSX" + GOOD_BYTES[4:])
+_decode("version 2", "unsupported format version 2", _with(GOOD_BYTES, 4, b"\x02\x00"))
+_decode("header cut", "truncated data: program header", GOOD_BYTES[:7])
+_decode("unknown opcode", "unknown opcode 0xee", _with(GOOD_BYTES, HEAD, b"\xee"))
+_decode("body cut", "truncated data", GOOD_BYTES[:-1])
+_decode("trailing bytes", "2 trailing bytes", GOOD_BYTES + b"\x00\x00")
+_decode("count beyond the data", "truncated data: instruction 2 header",
+        _with(GOOD_BYTES, 6, struct.pack("<I", 3)))
+_decode("name not UTF-8", "not valid utf-8", _with(GOOD_BYTES, HEAD - 2, b"\xff\xfe"))
+_decode("bad enum", "is not a valid Engine",
+        encode_program(Program((Nop(core=1, on=1),)))[:-1] + b"\xfe")
+_decode("random bytes", "bad magic", random.Random(7).randbytes(300))
+
+
+def _validate(id: str, needle: str, *instructions, formats=()) -> None:
+    prog = Program(tuple(instructions), formats=formats, name=id)
+    case("isa", id, lambda p: validate_program(p, LAYOUT), ProgramError, needle,
+         extra={"input": prog})
+
+
+_validate("core out of range", "instruction 0: core 5 out of range",
+          DmaLoad(core=5, src=0, dst=0, nbytes=64))
+_validate("device engine on core 1", "requires core 0",
+          DmaCopy(core=1, src=0, dst=4096, nbytes=64))
+_validate("gemm w_bits 3", "w_bits must be one of (2, 4, 8), got 3",
+          Gemm(m=1, k=64, n=64, w_bits=3, a=0, w=4096, out=8192))
+_validate("gemm misaligned 4-bit k", "misaligned packed weights",
+          Gemm(m=1, k=63, n=64, w_bits=4, a=0, w=4096, out=8192))
+_validate("attn heads", "heads (3) must be a multiple of kv_heads (2)",
+          Attn(q_len=1, ctx=8, heads=3, kv_heads=2, head_dim=16, k_fmt=0, v_fmt=0, q=0,
+               k=0, v=4096, out=1024, k_nbytes=128, v_nbytes=128), formats=("int8",))
+_validate("attn ctx 0", "ctx must be >= 1",
+          Attn(q_len=1, ctx=0, heads=2, kv_heads=2, head_dim=16, k_fmt=0, v_fmt=0, q=0,
+               k=0, v=4096, out=1024, k_nbytes=128, v_nbytes=128), formats=("int8",))
+_validate("format index", "fmt 0 is not an index into the program's 0 formats",
+          KvRead(fmt=0, tokens=1, width=16, src=0, dst=0, nbytes=64))
+_validate("zero-byte transfer", "zero-byte transfer", HostWrite(src=0, dst=0, nbytes=0))
+_validate("DRAM overflow", "overflows the 1048576-byte DRAM",
+          DmaLoad(src=(1 << 20) - 8, dst=0, nbytes=64))
+_validate("deadlock", "waits on flag 9 (1 time) but it is never signalled (deadlock)",
+          Vec(func=VecFunc(0), rows=1, cols=16, src0=0, dst=64, wait=(9,)))
+
+
+def _asm(id: str, needle: str, text: str) -> None:
+    case("isa", id, lambda t: assemble(t), AssembleError, needle, extra={"input": text})
+
+
+_asm("unknown mnemonic", "line 2: unknown mnemonic 'jump'", "nop on=0\njump core=1\n")
+_asm("missing field", "missing required field(s) src, dst, nbytes", "dma.load core=1")
+_asm("duplicate field", "duplicate field 'core'", "nop on=0 core=1 core=1")
+_asm("bad number", "bad number '12z'", "dma.load src=12z dst=0 nbytes=1")
+_asm("out of range", "is out of range for u8", "nop on=0 core=256")
+_asm("unknown directive", "unknown directive '.align'", ".align 4")
+
+
+# --- cache blobs and files ---------------------------------------------------------------------
+
+
+def _files(ctx) -> list[Path]:
+    return sorted(ctx.snap.glob("cache_*.bin"))
+
+
+def _rewrite(i: int, change: Callable[[bytes], bytes]) -> Callable[[Any], None]:
+    def prepare(ctx):
+        p = _files(ctx)[i]
+        p.write_bytes(change(p.read_bytes()))
+    return prepare
+
+
+HDR = struct.calcsize("<8sHII")
+
+
+def _repack(change_meta: Callable[[dict], Any]) -> Callable[[bytes], bytes]:
+    """Rewrite a cache file's JSON header (keeping the payload and its CRC)."""
+    def change(data: bytes) -> bytes:
+        magic, version, jlen, crc = struct.unpack("<8sHII", data[:HDR])
+        meta = json.loads(data[HDR:HDR + jlen])
+        out = change_meta(meta)
+        js = json.dumps(meta if out is None else out).encode()
+        return struct.pack("<8sHII", magic, version, len(js), crc) + js + data[HDR + jlen:]
+    return change
+
+
+def _flip(offset_of: Callable[[bytes], int], bit: int = 0) -> Callable[[bytes], bytes]:
+    def change(data: bytes) -> bytes:
+        b = bytearray(data)
+        b[offset_of(data)] ^= 1 << bit
+        return bytes(b)
+    return change
+
+
+def _load_from(ctx):
+    return ctx.model.load_cache_memory_from(ctx.snap)
+
+
+def _load_bufs(make: Callable[[Any], Any]) -> Callable[[Any], None]:
+    return lambda ctx: ctx.model.load_cache_memory(make(ctx))
+
+
+def _cache(id: str, needle: str, act, prepare=None, *, exc=CacheOpError, xfail=None) -> None:
+    case("cache", id, act, exc, needle, prepare=prepare, xfail=xfail)
+
+
+_cache("one buffer too many", "got 5 buffers, the model has 4",
+       _load_bufs(lambda ctx: ctx.bufs + [ctx.bufs[0]]))
+_cache("a dict of buffers", "expected a list of 4 buffers, got dict",
+       _load_bufs(lambda ctx: dict(enumerate(ctx.bufs))))
+_cache("one bytes object", "expected a list of 4 buffers, got bytes",
+       _load_bufs(lambda ctx: b"".join(ctx.bufs)))
+_cache("buffer one byte long", "buffer 2 (l1.k) has 2049 bytes, the cache takes 2048",
+       _load_bufs(lambda ctx: ctx.bufs[:2] + [ctx.bufs[2] + b"\x00"] + ctx.bufs[3:]))
+_cache("blobs of another model", "has 3072 bytes, the cache takes 2048",
+       _load_bufs(lambda ctx: ctx.other_bufs))
+_cache("a None buffer", "buffer 0 (l0.k) is not bytes-like",
+       _load_bufs(lambda ctx: [None] + ctx.bufs[1:]))
+_cache("a str buffer", "is not bytes-like",
+       _load_bufs(lambda ctx: ["x" * 2048] + ctx.bufs[1:]))
+_cache("file payload truncated", "holds 1948 bytes, its header says 2048", _load_from,
+       _rewrite(0, lambda d: d[:-100]))
+_cache("file empty", "truncated header (0 bytes)", _load_from, _rewrite(1, lambda d: b""))
+_cache("file cut inside the header", "corrupt header", _load_from,
+       _rewrite(1, lambda d: d[:HDR + 5]))
+_cache("file bit flipped in the payload", "checksum mismatch", _load_from,
+       _rewrite(2, _flip(lambda d: len(d) - 1000, bit=5)))
+_cache("file bit flipped in the magic", "not a kvsim cache file", _load_from,
+       _rewrite(3, _flip(lambda d: 2)))
+_cache("file bit flipped in the version", "cache file version 3", _load_from,
+       _rewrite(0, _flip(lambda d: 8, bit=1)))
+_cache("file bit flipped in the JSON header", "corrupt header", _load_from,
+       _rewrite(0, _flip(lambda d: HDR, bit=0)))
+_cache("file header length too large", "corrupt header", _load_from,
+       _rewrite(0, lambda d: d[:10] + struct.pack("<I", len(d)) + d[14:]))
+_cache("file header size lies", "holds 2048 bytes, its header says 2049", _load_from,
+       _rewrite(0, _repack(lambda m: m.update(size=m["size"] + 1))))
+_cache("file trailing garbage", "holds 2052 bytes, its header says 2048", _load_from,
+       _rewrite(3, lambda d: d + b"junk"))
+_cache("file of random bytes", "not a kvsim cache file", _load_from,
+       _rewrite(2, lambda d: random.Random(3).randbytes(len(d))))
+_cache("files swapped (K and V)", "holds cache 'l0.v', expected 'l0.k'",
+       _load_from, lambda ctx: _swap(_files(ctx)[0], _files(ctx)[1]))
+_cache("files of another model", "dumped from another model or KV format",
+       lambda ctx: ctx.model.load_cache_memory_from(ctx.other_snap))
+_cache("a folder named like a cache file", "cache_0000k.bin is missing", _load_from,
+       lambda ctx: (_files(ctx)[0].unlink(), (ctx.snap / "cache_0000k.bin").mkdir()))
+_cache("a file, not a folder", "is not a directory",
+       lambda ctx: ctx.model.load_cache_memory_from(_files(ctx)[0]))
+_cache("file header not an object", "corrupt header", _load_from,
+       _rewrite(1, _repack(lambda m: [m])),
+       xfail=(AttributeError, "sim.cacheops.unpack_file calls meta.get() on any JSON value: "
+                              "'list' object has no attribute 'get'"))
+
+
+def _swap(a: Path, b: Path) -> None:
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+
+
+# --- runtime misuse ------------------------------------------------------------------------------
+
+
+def _rt(id: str, needle: str, act, prepare=None, *, exc=RuntimeApiError, costs_time=False,
+        xfail=None) -> None:
+    case("runtime", id, act, exc, needle, prepare=prepare, costs_time=costs_time, xfail=xfail)
+
+
+def _infer(x: Callable[[Any], Any], **kw) -> Callable[[Any], Any]:
+    return lambda ctx: ctx.model.infer(x(ctx), **kw)
+
+
+def _one(ctx):
+    return ctx.emb[FILLED:FILLED + 1]
+
+
+def _dispose(ctx):
+    ctx.model.dispose()
+
+
+_rt("cache_size beyond capacity", "cache_size 56 + 16 tokens exceed the cache capacity of 64",
+    _infer(lambda ctx: ctx.emb[:16], cache_size=56))
+_rt("negative cache_size", "cache_size -1 + 1 tokens exceed", _infer(_one, cache_size=-1))
+_rt("inputs of the wrong width", "inputs: shape (1, 32), expected (seq, 64)",
+    _infer(lambda ctx: ctx.emb[:1, :32], cache_size=FILLED))
+_rt("inputs 1-D", "inputs: shape (64,)", _infer(lambda ctx: ctx.emb[0], cache_size=FILLED))
+_rt("inputs 4-D not (1, 1, ...)", "expected (1, 1, seq, hidden)",
+    _infer(lambda ctx: ctx.emb[:2].reshape(2, 1, 1, 64), cache_size=FILLED))
+_rt("no tokens", "inputs: shape (0, 64)", _infer(lambda ctx: ctx.emb[:0], cache_size=FILLED))
+_rt("more tokens than max_sequence_length", "17 tokens exceed max_sequence_length 16",
+    _infer(lambda ctx: ctx.emb[:17], cache_size=0))
+_rt("cache_id out of range", "cache_id 1 out of range 0..0",
+    _infer(_one, cache_size=FILLED, cache_id=1))
+_rt("batch_param disagrees", "batch_param.sequence_length 2 does not match the 1 input",
+    _infer(_one, batch_param=BatchParam(sequence_length=2, cache_size=FILLED)))
+_rt("inputs of text", "inputs",
+    _infer(lambda ctx: np.full((1, 64), "a"), cache_size=FILLED),
+    xfail=(ValueError, "Model.infer converts inputs with np.ascontiguousarray(dtype=float32) "
+                       "unchecked: 'could not convert string to float'"))
+_rt("fractional cache_size", "cache_size", _infer(_one, cache_size=FILLED + 0.5),
+    xfail=(TypeError, "Model.infer does not check that cache_size is an integer: "
+                      "'list indices must be integers'"))
+_rt("fractional cache_id", "cache_id", _infer(_one, cache_size=FILLED, cache_id=0.5),
+    xfail=(KeyError, "Model.infer accepts cache_id=0.5 (0 <= 0.5 < slots): KeyError "
+                     "'kv.s0.5.l0.k'"))
+_rt("mask of fractions", "mask must hold booleans (or 0/1)",
+    lambda ctx: ctx.model.filter_cache_tail(FILLED, 2, [0.5, 1.0]), exc=CacheOpError)
+_rt("mask None", "mask has shape (), expected (2,)",
+    lambda ctx: ctx.model.filter_cache_tail(FILLED, 2, None), exc=CacheOpError)
+_rt("tail_size 0", "tail_size 0 must be 1..32",
+    lambda ctx: ctx.model.filter_cache_tail(FILLED, 0, np.zeros(0, bool)), exc=CacheOpError)
+_rt("filter beyond capacity", "cache_size 65 must be an integer in 0..64",
+    lambda ctx: ctx.model.filter_cache_tail(CAP + 1, 2, [True, False]), exc=CacheOpError)
+_rt("filter with a float cache_size", "cache_size 32.0 must be an integer",
+    lambda ctx: ctx.model.filter_cache_tail(32.0, 2, [True, False]), exc=CacheOpError)
+_rt("move more than the cache", "num_head 20 + num_tail 20 exceed cache_size 32",
+    lambda ctx: ctx.model.move_cache_tail(20, 20, FILLED), exc=CacheOpError)
+_rt("move a negative tail", "num_tail must be an integer >= 0, got -1",
+    lambda ctx: ctx.model.move_cache_tail(2, -1, FILLED), exc=CacheOpError)
+_rt("move in a slot that does not exist", "cache_id 3 out of range",
+    lambda ctx: ctx.model.move_cache_tail(2, 2, FILLED, cache_id=3), exc=CacheOpError)
+_rt("evict positions outside the cache", "positions must lie in 0..31",
+    lambda ctx: ctx.model.evict_on_device([3, 40], cache_size=FILLED), exc=CacheOpError)
+_rt("evict nothing", "no positions to drop",
+    lambda ctx: ctx.model.evict_on_device([], cache_size=FILLED), exc=CacheOpError)
+_rt("host edit in an unknown mode", "mode must be 'model' or 'in_the_loop'",
+    lambda ctx: ctx.model.edit_cache_on_host(lambda v: None, cache_size=FILLED, mode="fast"),
+    exc=CacheOpError)
+_rt("host edit returns floats", "the edit returned float64",
+    lambda ctx: ctx.model.edit_cache_on_host(
+        lambda views: [v.values.astype(float) for v in views], cache_size=FILLED),
+    exc=CacheOpError, costs_time=True)
+_rt("host edit returns too few caches", "the edit returned 3 caches, expected 4",
+    lambda ctx: ctx.model.edit_cache_on_host(lambda views: [v.values for v in views[:3]],
+                                             cache_size=FILLED),
+    exc=CacheOpError, costs_time=True)
+_rt("host edit returns ragged caches", "caches of different lengths [31, 32]",
+    lambda ctx: ctx.model.edit_cache_on_host(
+        lambda views: [v.values[1:] if i == 0 else v.values for i, v in enumerate(views)],
+        cache_size=FILLED),
+    exc=CacheOpError, costs_time=True)
+_rt("host edit grows past the capacity", "70 tokens exceed the capacity 64",
+    lambda ctx: ctx.model.edit_cache_on_host(
+        lambda views: [np.resize(v.values, (70, *v.values.shape[1:])) for v in views],
+        cache_size=FILLED),
+    exc=CacheOpError, costs_time=True)
+_rt("requantize beyond capacity", "cache_size 65 must be an integer in 0..64",
+    lambda ctx: ctx.model.requantize_on_device("int8", cache_size=CAP + 1), exc=CacheOpError)
+_rt("infer after dispose", "the model was disposed", _infer(_one, cache_size=FILLED), _dispose)
+_rt("dump after dispose", "the model was disposed",
+    lambda ctx: ctx.model.dump_cache_memory(), _dispose)
+_rt("load after dispose", "the model was disposed",
+    lambda ctx: ctx.model.load_cache_memory(ctx.bufs), _dispose)
+_rt("filter after dispose", "the model was disposed",
+    lambda ctx: ctx.model.filter_cache_tail(FILLED, 1, [True]), _dispose)
+_rt("cache infos after dispose", "the model was disposed",
+    lambda ctx: ctx.model.get_cache_infos(), _dispose)
+_rt("dispose twice", "the model was disposed", lambda ctx: ctx.model.dispose(), _dispose)
+_rt("launch after dispose", "the model was disposed",
+    lambda ctx: ctx.model.launch(ctx.acc), _dispose)
+_rt("launching twice", "this accelerator already runs a model; dispose it first",
+    lambda ctx: ctx.model.launch(ctx.acc))
+_rt("a second model on the card", "this accelerator already runs a model",
+    lambda ctx: Model(ctx.cm).launch(ctx.acc))
+_rt("core mode mismatch", "ModelConfig.core_mode 'global8' does not match the compiled "
+    "model's 'single'", lambda ctx: Model(ctx.cm, ModelConfig(core_mode="global8")))
+_rt("model compiled for a bigger chip", "the model was compiled for 'aries', which this "
+    "accelerator ('tiny') cannot run", lambda ctx: Model(ctx.aries_cm).launch(ctx.acc))
+_rt("dump into a path that is a file", "dump_cache_memory_to",
+    lambda ctx: ctx.model.dump_cache_memory_to(_files(ctx)[0]), exc=CacheOpError,
+    costs_time=True,
+    xfail=(FileExistsError, "Model.dump_cache_memory_to lets mkdir's FileExistsError / "
+                            "NotADirectoryError escape"))
+_rt("launch a launched model on a second card", "already launched",
+    lambda ctx: ctx.model.launch(Accelerator(hw=TINY_HW)),
+    xfail=(pytest.fail.Exception, "Model.launch on a second accelerator moves the model "
+                                  "silently; the first card keeps acc.model set and can "
+                                  "never launch another model"))
+
+
+# --- fixtures: one compiled tiny model and an earlier run's outputs ------------------------------
+
+
+def _compile(cap=CAP, **kw):
+    return compile_model(TINY, build_bit_config({}), HardwareTarget.from_hw(TINY_HW),
+                         kv="int8", core_mode="single", max_seq=MAX_SEQ, cap=cap, **kw)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad-input")
+    cm = _compile()
+    other = _compile(cap=96)
+    rng = np.random.default_rng(0)
+    emb = rng.standard_normal((48, TINY.hidden_size)).astype(np.float32)
+    kvm = root / "tiny.kvm"
+    cm.save(kvm)
+    # an earlier run's complete outputs (what a refused run must leave alone)
+    prior = root / "prior"
+    cfg = root / "base.toml"
+    cfg.write_text(BASE_TOML)
+    write_outputs(run(load_run_config(cfg)), prior)
+    aries = load_hardware("aries")
+    aries_cm = compile_model(TINY, build_bit_config({}), HardwareTarget.from_hw(aries),
+                             core_mode="global8", max_seq=MAX_SEQ, cap=CAP, functional=False)
+    _, o = _launched(other, emb)
+    other_snap = root / "other"
+    o.dump_cache_memory_to(other_snap)
+    return SimpleNamespace(cm=cm, other=other, emb=emb, kvm=kvm.read_bytes(), prior=prior,
+                           aries_cm=aries_cm, other_bufs=o.dump_cache_memory(),
+                           other_snap=other_snap)
+
+
+def _launched(cm, emb):
+    acc = Accelerator(hw=TINY_HW)
+    model = Model(cm)
+    model.launch(acc)
+    for a in range(0, FILLED, MAX_SEQ):
+        model.infer(emb[a:a + MAX_SEQ], cache_size=a)
+    return acc, model
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path -> bytes)."""
+    return {str(p.relative_to(folder)): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _device_cache(acc, cm) -> list[bytes]:
+    """The KV cache regions as the device DRAM holds them (read directly: no simulated
+    cost, works after dispose)."""
+    dram = acc.device.mem.dram
+    return [dram.read(c["region"].base, c["region"].size).tobytes() for c in cm.kv_caches()]
+
+
+# --- the harnesses: build the context, snapshot, call, compare -----------------------------------
+
+
+def _raises(c: Case, call: Callable[[], Any]) -> KvsimError:
+    with pytest.raises(KvsimError) as info:
+        call()
+    err = info.value
+    assert isinstance(err, c.exc), f"{type(err).__name__} is not a {c.exc.__name__}: {err}"
+    assert type(err) in DOCUMENTED, f"{type(err).__name__} is not a documented type"
+    assert c.needle in str(err), f"{c.needle!r} not in {str(err)!r}"
+    return err
+
+
+def _run_config(c: Case, world, tmp_path, capsys) -> None:
+    toml = c.extra["toml"] if c.extra["toml"] is not None else BASE_TOML
+    config = tmp_path / "config.toml"
+    config.write_bytes(toml if isinstance(toml, bytes) else toml.encode())
+    for name, data in c.extra["files"].items():
+        (tmp_path / name).write_bytes(data)
+    out = tmp_path / "out"
+    shutil.copytree(world.prior, out)
+    sets = [s.replace("{dir}", str(tmp_path)) for s in c.sets]
+    before = _tree(tmp_path)
+    _raises(c, lambda: c.act(SimpleNamespace(config=config, sets=sets)))
+    assert _tree(tmp_path) == before
+    args = ["run", str(config), "--out", str(out), "-q"]
+    for s in sets:
+        args += ["--set", s]
+    capsys.readouterr()
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert c.needle in err and "\n" not in err and "Traceback" not in err
+    assert _tree(tmp_path) == before  # the earlier run's outputs are untouched
+
+
+def _run_compiled(c: Case, world, tmp_path, capsys) -> None:
+    if c.extra["mutate"] is not None:
+        (tmp_path / "m.kvm").write_bytes(c.extra["mutate"](world.kvm))
+    before = _tree(tmp_path)
+    ctx = SimpleNamespace(dir=tmp_path)
+    _raises(c, lambda: c.act(ctx))
+    assert _tree(tmp_path) == before
+    _raises(c, lambda: Model(tmp_path / c.extra["path"]))  # the runtime refuses it the same way
+    assert _tree(tmp_path) == before
+
+
+def _run_isa(c: Case, world, tmp_path, capsys) -> None:
+    data = c.extra["input"]
+    if isinstance(data, bytes):
+        buf = bytearray(data)
+        _raises(c, lambda: c.act(buf))
+        assert bytes(buf) == data
+    elif isinstance(data, Program):
+        before = (data, encode_program(data))
+        _raises(c, lambda: c.act(data))
+        assert (data, encode_program(data)) == before
+    else:
+        _raises(c, lambda: c.act(data))
+
+
+def _run_device(c: Case, world, tmp_path, capsys) -> None:
+    acc, model = _launched(world.cm, world.emb)
+    snap = tmp_path / "snap"
+    model.dump_cache_memory_to(snap)
+    ctx = SimpleNamespace(acc=acc, model=model, cm=world.cm, emb=world.emb, snap=snap,
+                          bufs=model.dump_cache_memory(), other_bufs=world.other_bufs,
+                          other_snap=world.other_snap, aries_cm=world.aries_cm)
+    if c.prepare is not None:
+        c.prepare(ctx)
+    cache, files, now = _device_cache(acc, world.cm), _tree(tmp_path), acc.device.env.now
+    calls = len(acc.calls)
+    _raises(c, lambda: c.act(ctx))
+    assert _device_cache(acc, world.cm) == cache  # the device cache is as it was
+    assert _tree(tmp_path) == files  # and so are the files on disk
+    if not c.costs_time:  # refused before any work: no simulated time, no call record
+        assert acc.device.env.now == now and len(acc.calls) == calls
+
+
+HARNESS = {"config": _run_config, "compiled": _run_compiled, "isa": _run_isa,
+           "cache": _run_device, "runtime": _run_device}
+
+
+def _param(c: Case):
+    marks = ()
+    if c.xfail is not None:
+        raises, reason = c.xfail
+        marks = (pytest.mark.xfail(strict=True, raises=raises, reason=reason),)
+    return pytest.param(c, id=f"{c.kind}: {c.id}", marks=marks)
+
+
+@pytest.mark.parametrize("c", [_param(c) for c in CASES])
+def test_bad_input_is_refused_with_a_documented_error_and_changes_nothing(c, world, tmp_path,
+                                                                         capsys):
+    HARNESS[c.kind](c, world, tmp_path, capsys)
+
+
+def test_the_table_covers_every_kind():
+    kinds = {k: sum(c.kind == k for c in CASES) for k in HARNESS}
+    assert all(n >= 5 for n in kinds.values()), kinds
+    assert sum(c.xfail is None for c in CASES) >= 40
