@@ -1,7 +1,21 @@
+import os
+
 import pytest
 import simpy
+from hypothesis import HealthCheck, settings
 
 from traces.recorder import Recorder
+
+# Hypothesis profiles, chosen with HYPOTHESIS_PROFILE (default "ci"):
+#   ci   - Hypothesis's default of 100 examples per property: the fuzz tests
+#          (tests/test_fuzz.py) run briefly in every test run and in CI.
+#   fuzz - long fuzzing: HYPOTHESIS_PROFILE=fuzz python -m pytest tests/test_fuzz.py
+#          (50,000 examples per property; no deadline; failures are saved in .hypothesis/
+#          and replayed first on the next run).
+settings.register_profile("ci", max_examples=100)
+settings.register_profile("fuzz", max_examples=50_000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture
