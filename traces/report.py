@@ -121,7 +121,8 @@ def _cache_ops(metrics: dict[str, Any]) -> go.Figure | None:
     ops = metrics.get("cache_ops") or []
     if not ops:
         return None
-    labels = [f"{i}: {o['op']}" for i, o in enumerate(ops)]
+    labels = [f"{i}: {o['op']}" + (f" at token {o['at_token']}" if "at_token" in o else "")
+              for i, o in enumerate(ops)]
     fig = go.Figure(go.Bar(x=labels, y=[o["time_s"] * 1e3 for o in ops],
                            customdata=[[o.get("pcie_bytes", 0), o.get("dram_bytes", 0)]
                                        for o in ops],
