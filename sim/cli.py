@@ -399,6 +399,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a field, e.g. --set dram.efficiency=0.7")
     hs.add_argument("--json", action="store_true", help="print JSON")
     hs.set_defaults(func=cmd_hw_show)
+
+    from sim.regress import add_parser as add_regress_parser
+
+    add_regress_parser(sub)
     return p
 
 
