@@ -75,6 +75,20 @@ class SramOverflow(DeviceError):
 
 
 @dataclass(frozen=True)
+class TileSeq:
+    """The tokens of one sequence inside a token tile (batched lowering): ``n`` tokens at
+    rows ``off .. off+n-1`` of the tile, at cache positions ``pos0 .. pos0+n-1`` of cache
+    slot ``slot``; ``route``: the MoE routing key of its first token (the next tokens
+    count up from it; None: the tokens' positions, as one sequence's call routes them)."""
+
+    slot: int
+    pos0: int
+    n: int
+    off: int = 0
+    route: int | None = None
+
+
+@dataclass(frozen=True)
 class Target:
     """What the lowering needs to know of the hardware and the core mode."""
 
@@ -373,7 +387,11 @@ def _norm(b: Builder, lw: Lowering, c: int, plan: SramPlan, norm: str, nq, x: in
 
 
 def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int, pos0: int,
-                     slot: int) -> None:
+                     slot: int, segs: tuple[TileSeq, ...] | None = None) -> None:
+    """Stages A and B of a token tile. ``segs`` splits the tile into sequences with their
+    own cache slots and positions (batched steps, :mod:`.lower_batch`); by default the
+    tile is one sequence of ``m`` tokens at ``pos0`` in ``slot``."""
+    segs = segs or (TileSeq(slot, pos0, m),)
     cfg = lw.model
     h, hd = cfg.hidden_size, cfg.head_dim
     p = f"layers.{layer}."
@@ -383,8 +401,8 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int, po
     sin = lw.mm["rope.sin"].base
     k_sub = lw.k_fmt.max_bytes(lw.cap, hd)
     v_sub = lw.v_fmt.max_bytes(lw.cap, hd)
-    kreg = lw.mm[lw.kv_region(slot, layer, "k")]
-    vreg = lw.mm[lw.kv_region(slot, layer, "v")]
+    kregs = [lw.mm[lw.kv_region(sq.slot, layer, "k")] for sq in segs]
+    vregs = [lw.mm[lw.kv_region(sq.slot, layer, "v")] for sq in segs]
     mq = lw.matrix(p + "q_proj", q.q)
     mk = lw.matrix(p + "k_proj", q.k)
     mv = lw.matrix(p + "v_proj", q.v)
@@ -404,8 +422,10 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int, po
         b.load(c, x, xs, m * h, to="in_vpu")
         xn = _norm(b, lw, c, plan, p + "attn_norm", q.attn_norm, xs, m, h, to="vpu_mxu")
         tab = plan.take(2 * m * rot, "RoPE tables")
-        b.load(c, cos + pos0 * rot, tab, m * rot, to="in_vpu")
-        b.load(c, sin + pos0 * rot, tab + m * rot, m * rot, to="in_vpu")
+        for sq in segs:  # per sequence: [cos | sin] of its positions
+            t = tab + 2 * sq.off * rot
+            b.load(c, cos + sq.pos0 * rot, t, sq.n * rot, to="in_vpu")
+            b.load(c, sin + sq.pos0 * rot, t + sq.n * rot, sq.n * rot, to="in_vpu")
         first = (b.sem(c, "vpu_mxu"),)
         vpu_ops: list[tuple[str, int, int, int]] = []  # (kind, buf, width, kv head)
         held[c] = []
@@ -431,17 +451,23 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int, po
             wait = (b.sem(c, "mxu_vpu"),)
             if kind in ("rope", "k"):
                 if not tables_taken:
-                    wait += (b.sem(c, "in_vpu"),) * 2
+                    wait += (b.sem(c, "in_vpu"),) * (2 * len(segs))
                     tables_taken = True
-                b.emit(Vec(core=c, func=VecFunc.ROPE, rows=m, cols=width, src0=buf, src1=tab,
-                           dst=buf, p0=hd, p1=rot, wait=wait))
-                wait = ()
+                for sq in segs:
+                    row = buf + sq.off * width
+                    b.emit(Vec(core=c, func=VecFunc.ROPE, rows=sq.n, cols=width, src0=row,
+                               src1=tab + 2 * sq.off * rot, dst=row, p0=hd, p1=rot,
+                               wait=wait))
+                    wait = ()
             if kind in ("k", "v"):
-                fmt, reg, sub = (0, kreg, k_sub) if kind == "k" else (1, vreg, v_sub)
-                b.emit(KvWrite(core=c, fmt=fmt, tokens=m, width=hd, pos=pos0, cap=lw.cap,
-                               src=buf, dst=reg.base + j * sub, nbytes=sub, wait=wait))
+                fmt, regs, sub = (0, kregs, k_sub) if kind == "k" else (1, vregs, v_sub)
+                for sq, reg in zip(segs, regs, strict=True):
+                    b.emit(KvWrite(core=c, fmt=fmt, tokens=sq.n, width=hd, pos=sq.pos0,
+                                   cap=lw.cap, src=buf + sq.off * hd, dst=reg.base + j * sub,
+                                   nbytes=sub, wait=wait))
+                    wait = ()
         if not tables_taken:  # the tables were loaded for nothing: consume their credits
-            b.emit(Nop(core=c, on=Engine.VPU, wait=(b.sem(c, "in_vpu"),) * 2))
+            b.emit(Nop(core=c, on=Engine.VPU, wait=(b.sem(c, "in_vpu"),) * (2 * len(segs))))
         b.emit(Nop(core=c, on=Engine.VPU, signal=(b.sem(c, "vpu_out"),)))
         b.emit(Nop(core=c, on=Engine.DMA_OUT, wait=(b.sem(c, "vpu_out"),),
                    signal=b.barrier()))
@@ -455,19 +481,23 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int, po
                    signal=(b.sem(c, "in_mxu"),)))
         wait = (b.sem(c, "in_mxu"),)
         outs = []
-        ctx = pos0 + m
         for j, ha, hb, qb, plan in held[c]:
             ob = plan.take(m * (hb - ha) * hd, f"attention output heads {ha}..{hb - 1}")
             outs.append((ob, ha, hb))
-            b.emit(Attn(core=c, q_len=m, ctx=ctx, heads=hb - ha, kv_heads=1, head_dim=hd,
-                        pos=pos0, cap=lw.cap, k_fmt=0, v_fmt=1, q=qb,
-                        k=kreg.base + j * k_sub, v=vreg.base + j * v_sub, out=ob,
-                        k_nbytes=lw.k_fmt.read_bytes(0, ctx, hd),
-                        v_nbytes=lw.v_fmt.read_bytes(0, ctx, hd),
-                        score_mult=q.attn.score_mult, score_shift=q.attn.score_shift,
-                        out_mult=q.attn.out_mult, out_shift=q.attn.out_shift,
-                        wait=wait, signal=(b.sem(c, "mxu_out"),)))
-            wait = ()
+            w = (hb - ha) * hd
+            for i, (sq, kreg, vreg) in enumerate(zip(segs, kregs, vregs, strict=True)):
+                ctx = sq.pos0 + sq.n
+                b.emit(Attn(core=c, q_len=sq.n, ctx=ctx, heads=hb - ha, kv_heads=1,
+                            head_dim=hd, pos=sq.pos0, cap=lw.cap, k_fmt=0, v_fmt=1,
+                            q=qb + sq.off * w, k=kreg.base + j * k_sub,
+                            v=vreg.base + j * v_sub, out=ob + sq.off * w,
+                            k_nbytes=lw.k_fmt.read_bytes(0, ctx, hd),
+                            v_nbytes=lw.v_fmt.read_bytes(0, ctx, hd),
+                            score_mult=q.attn.score_mult, score_shift=q.attn.score_shift,
+                            out_mult=q.attn.out_mult, out_shift=q.attn.out_shift,
+                            wait=wait,
+                            signal=(b.sem(c, "mxu_out"),) if i == len(segs) - 1 else ()))
+                wait = ()
         for idx, (ob, ha, hb) in enumerate(outs):
             last = idx == len(outs) - 1
             b.emit(DmaStore(core=c, src=ob, dst=ao + ha * hd, nbytes=(hb - ha) * hd,

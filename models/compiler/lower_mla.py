@@ -72,6 +72,7 @@ rope part of each record.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from isa import kvformats
@@ -98,6 +99,7 @@ from .lower import (
     Lowering,
     Matrix,
     SramPlan,
+    TileSeq,
     _head_rows,
     _norm,
     _rows,
@@ -146,14 +148,26 @@ def routed_experts(cfg: ModelConfig, layer: int, pos: int, *,
 
 
 def expert_tokens(cfg: ModelConfig, layer: int, pos0: int, m: int, *,
-                  seed: int = ROUTING_SEED) -> dict[int, list[int]]:
+                  seed: int = ROUTING_SEED,
+                  keys: Sequence[int] | None = None) -> dict[int, list[int]]:
     """Active expert -> the tokens (indices ``0..m-1`` of the tile at ``pos0``) routed to
-    it, experts ascending."""
+    it, experts ascending. ``keys`` replaces the positions ``pos0 + t`` as the tokens'
+    routing keys (a batched tile of several sequences: :func:`tile_keys`)."""
+    if keys is None:
+        keys = range(pos0, pos0 + m)
     out: dict[int, list[int]] = {}
-    for t in range(m):
-        for e in routed_experts(cfg, layer, pos0 + t, seed=seed):
+    for t, key in enumerate(keys):
+        for e in routed_experts(cfg, layer, key, seed=seed):
             out.setdefault(e, []).append(t)
     return dict(sorted(out.items()))
+
+
+def tile_keys(segs: Sequence[TileSeq]) -> tuple[int, ...]:
+    """Routing keys of a batched tile's tokens: each piece's own (:attr:`TileSeq.route`,
+    counting up over its tokens), so that sequences at the same position route apart; a
+    piece without one routes by position, as :func:`lower_forward_mla` routes a call."""
+    return tuple((sq.pos0 if sq.route is None else sq.route) + t
+                 for sq in segs for t in range(sq.n))
 
 
 def _runs(tokens: list[int]) -> list[tuple[int, int, int]]:
@@ -426,9 +440,11 @@ def _stage_q_latent(b: MlaBuilder, lw: Lowering, layer: int, q, x: int, m: int) 
 
 
 def _stage_mla_prep(b: MlaBuilder, lw: Lowering, layer: int, q, x: int, m: int, pos0: int,
-                    slot: int) -> None:
+                    slot: int, segs: tuple[TileSeq, ...] | None = None) -> None:
     """A: query path, absorption and RoPE per head -> act.qs; the cache owner appends the
-    layer's [latent | rope key] records."""
+    layer's [latent | rope key] records. ``segs`` splits the tile into sequences with
+    their own cache slots and positions (batched steps); by default one sequence."""
+    segs = segs or (TileSeq(slot, pos0, m),)
     cfg = lw.model
     d = _Dims.of(cfg)
     p = f"layers.{layer}."
@@ -437,7 +453,7 @@ def _stage_mla_prep(b: MlaBuilder, lw: Lowering, layer: int, q, x: int, m: int, 
     mq = _q_matrix(lw, layer, q)
     mkv = lw.matrix(p + "kv_a_proj", q.k)
     qs = lw.mm["act.qs"].base
-    creg = lw.mm[lw.kv_region(slot, layer, "c")]
+    cregs = [lw.mm[lw.kv_region(sq.slot, layer, "c")] for sq in segs]
     cos, sin = lw.mm["rope.cos"].base, lw.mm["rope.sin"].base
     hw = d.heads * d.w  # act.qs row: every head's score query
     for c in lw.target.cores:
@@ -466,10 +482,12 @@ def _stage_mla_prep(b: MlaBuilder, lw: Lowering, layer: int, q, x: int, m: int, 
             if not d.qr:
                 qin = xn
         tab = plan.take(2 * m * d.rope, "RoPE tables")
-        b.load(c, cos + pos0 * d.rope, tab, m * d.rope, to="in_vpu")
-        b.load(c, sin + pos0 * d.rope, tab + m * d.rope, m * d.rope, to="in_vpu")
-        in_vpu.issue()
-        tables = in_vpu.issue()
+        for sq in segs:  # per sequence: [cos | sin] of its positions
+            t = tab + 2 * sq.off * d.rope
+            b.load(c, cos + sq.pos0 * d.rope, t, sq.n * d.rope, to="in_vpu")
+            b.load(c, sin + sq.pos0 * d.rope, t + sq.n * d.rope, sq.n * d.rope, to="in_vpu")
+            in_vpu.issue()
+            tables = in_vpu.issue()
         # the query heads: q_nope -> absorbed latent query, q_rope -> RoPE
         nh = len(heads)
         first = (b.sem(c, "vpu_mxu"),)
@@ -491,10 +509,13 @@ def _stage_mla_prep(b: MlaBuilder, lw: Lowering, layer: int, q, x: int, m: int, 
             b.emit(DmaStore(core=c, src=ql, dst=qs + hd * d.w, nbytes=d.kvr, rows=m,
                             dst_stride=hw, wait=(b.sem(c, "mxu_out"),)))
         if heads:
-            b.emit(Vec(core=c, func=VecFunc.ROPE, rows=m, cols=nh * d.rope, src0=qr, src1=tab,
-                       dst=qr, p0=d.rope, p1=d.rope,
-                       wait=(b.sem(c, "mxu_vpu"),) + in_vpu.upto(tables),
-                       signal=(b.sem(c, "vpu_out"),)))
+            for i, sq in enumerate(segs):
+                row = qr + sq.off * nh * d.rope
+                b.emit(Vec(core=c, func=VecFunc.ROPE, rows=sq.n, cols=nh * d.rope, src0=row,
+                           src1=tab + 2 * sq.off * d.rope, dst=row, p0=d.rope, p1=d.rope,
+                           wait=((b.sem(c, "mxu_vpu"),) + in_vpu.upto(tables)) if i == 0
+                           else (),
+                           signal=(b.sem(c, "vpu_out"),) if i == len(segs) - 1 else ()))
             for i, hd in enumerate(heads):
                 b.emit(DmaStore(core=c, src=qr + i * d.rope, dst=qs + hd * d.w + d.kvr,
                                 nbytes=d.rope, rows=m, src_stride=nh * d.rope, dst_stride=hw,
@@ -503,7 +524,7 @@ def _stage_mla_prep(b: MlaBuilder, lw: Lowering, layer: int, q, x: int, m: int, 
             # the normed input's signal is still due unless the query path read it
             kv_wait = (b.sem(c, "vpu_mxu"),) if d.qr or not heads else ()
             _append_latent(b, lw, layer, q, c, plan, in_vpu, kv_wait, xn, tab, tables, m,
-                           pos0, creg, mkv)
+                           segs, cregs, mkv)
         rest = in_vpu.rest()
         if rest:  # loads nobody consumed (cannot happen today): take their credits
             b.emit(Nop(core=c, on=Engine.VPU, wait=rest))
@@ -512,7 +533,8 @@ def _stage_mla_prep(b: MlaBuilder, lw: Lowering, layer: int, q, x: int, m: int, 
 
 def _append_latent(b: MlaBuilder, lw: Lowering, layer: int, q, c: int, plan: SramPlan,
                    in_vpu: _Credits, kv_wait: tuple[int, ...], xn: int, tab: int,
-                   tables: int, m: int, pos0: int, creg, mkv: Matrix) -> None:
+                   tables: int, m: int, segs: tuple[TileSeq, ...], cregs,
+                   mkv: Matrix) -> None:
     """The cache owner's part of stage A: kv_a_proj, latent RMSNorm, RoPE key, KvWrite."""
     d = _Dims.of(lw.model)
     p = f"layers.{layer}."
@@ -536,9 +558,12 @@ def _append_latent(b: MlaBuilder, lw: Lowering, layer: int, q, c: int, plan: Sra
     b.emit(Vec(core=c, func=VecFunc.RMSNORM, rows=m, cols=d.kvr, src0=lat, src1=gamma, dst=ln,
                p0=norm.eps_q, p1=norm.shift,
                wait=(b.sem(c, "mxu_vpu"),) + in_vpu.upto(g_ticket)))
-    b.emit(Vec(core=c, func=VecFunc.ROPE, rows=m, cols=d.rope, src0=rp, src1=tab, dst=rp,
-               p0=d.rope, p1=d.rope, wait=in_vpu.upto(tables),
-               signal=(b.sem(c, "vpu_out"),) if m > 1 else ()))
+    for i, sq in enumerate(segs):
+        row = rp + sq.off * d.rope
+        b.emit(Vec(core=c, func=VecFunc.ROPE, rows=sq.n, cols=d.rope, src0=row,
+                   src1=tab + 2 * sq.off * d.rope, dst=row, p0=d.rope, p1=d.rope,
+                   wait=in_vpu.upto(tables) if i == 0 else (),
+                   signal=(b.sem(c, "vpu_out"),) if m > 1 and i == len(segs) - 1 else ()))
     if m > 1:  # join [latent | rope key] into token records through DRAM
         kv = lw.mm["act.kv"].base
         b.emit(DmaStore(core=c, src=ln, dst=kv, nbytes=d.kvr, rows=m, dst_stride=d.w,
@@ -549,8 +574,10 @@ def _append_latent(b: MlaBuilder, lw: Lowering, layer: int, q, c: int, plan: Sra
         ticket = in_vpu.issue()
     else:
         ticket = 0
-    b.emit(KvWrite(core=c, fmt=0, tokens=m, width=d.w, pos=pos0, cap=lw.cap, src=rec,
-                   dst=creg.base, nbytes=creg.size, wait=in_vpu.upto(ticket)))
+    for i, (sq, creg) in enumerate(zip(segs, cregs, strict=True)):
+        b.emit(KvWrite(core=c, fmt=0, tokens=sq.n, width=d.w, pos=sq.pos0, cap=lw.cap,
+                       src=rec + sq.off * d.w, dst=creg.base, nbytes=creg.size,
+                       wait=in_vpu.upto(ticket) if i == 0 else ()))
 
 
 def mla_attention_bytes(fmt, ctx: int, width: int) -> tuple[int, int]:
@@ -647,11 +674,11 @@ def _shared_width(cfg: ModelConfig) -> int:
     return (cfg.n_shared_experts or 0) * cfg.moe_intermediate_size
 
 
-def _expert_cores(lw: Lowering, layer: int, pos0: int,
-                  m: int) -> dict[int, list[tuple[int, list[int]]]]:
+def _expert_cores(lw: Lowering, layer: int, pos0: int, m: int,
+                  keys: Sequence[int] | None = None) -> dict[int, list[tuple[int, list[int]]]]:
     """core -> [(expert, its tokens)]: active experts round-robin over the cores, most
     tokens first."""
-    routing = expert_tokens(lw.model, layer, pos0, m)
+    routing = expert_tokens(lw.model, layer, pos0, m, keys=keys)
     order = sorted(routing.items(), key=lambda kv: (-len(kv[1]), kv[0]))
     cores = lw.target.cores
     out: dict[int, list[tuple[int, list[int]]]] = {c: [] for c in cores}
@@ -666,9 +693,11 @@ def _max_active(lw: Lowering, m: int) -> int:
     return min(cfg.n_routed_experts, m * cfg.num_experts_per_tok)
 
 
-def _stage_moe_experts(b: MlaBuilder, lw: Lowering, layer: int, q, m: int, pos0: int) -> None:
+def _stage_moe_experts(b: MlaBuilder, lw: Lowering, layer: int, q, m: int, pos0: int,
+                       keys: Sequence[int] | None = None) -> None:
     """D': MLP RMSNorm; router + softmax (last core) -> act.router; shared gate/up slices
-    and SwiGLU -> act.hb; the core's routed experts, summed per token -> act.moe."""
+    and SwiGLU -> act.hb; the core's routed experts, summed per token -> act.moe. ``keys``:
+    the tokens' routing keys (default: their positions ``pos0 + t``)."""
     cfg = lw.model
     assert cfg.n_routed_experts is not None and cfg.moe_intermediate_size is not None
     h, inter, ne = cfg.hidden_size, cfg.moe_intermediate_size, cfg.n_routed_experts
@@ -676,7 +705,7 @@ def _stage_moe_experts(b: MlaBuilder, lw: Lowering, layer: int, q, m: int, pos0:
     p = f"layers.{layer}."
     cores = lw.target.cores
     router_core = cores[-1]
-    experts = _expert_cores(lw, layer, pos0, m)
+    experts = _expert_cores(lw, layer, pos0, m, keys)
     contributors = [c for c in cores if experts[c]]
     per_core_bound = -(-_max_active(lw, m) // len(cores))
     xm = lw.mm["act.xm"].base
@@ -773,14 +802,14 @@ def _stage_moe_experts(b: MlaBuilder, lw: Lowering, layer: int, q, m: int, pos0:
 
 
 def _stage_moe_combine(b: MlaBuilder, lw: Lowering, layer: int, q, x_next: int, m: int,
-                       pos0: int) -> None:
+                       pos0: int, keys: Sequence[int] | None = None) -> None:
     """E': shared down-projection slice + residual + the routed partial sums -> the next
     layer's input."""
     cfg = lw.model
     h = cfg.hidden_size
     ws = _shared_width(cfg)
     p = f"layers.{layer}."
-    experts = _expert_cores(lw, layer, pos0, m)
+    experts = _expert_cores(lw, layer, pos0, m, keys)
     contributors = [c for c in lw.target.cores if experts[c]]
     bound = min(len(lw.target.cores), _max_active(lw, m))
     xm = lw.mm["act.xm"].base
