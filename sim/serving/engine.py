@@ -1,0 +1,167 @@
+"""The serving engine as a discrete-event simulation (SimPy): requests arrive, a router
+sends each to a chip, and each chip's engine runs one step at a time, for as long as the
+device takes (:class:`.costs.StepCostModel`, plus the PCIe time of any swap), then starts
+the next. Requests that arrive during a step wait for the next one, as with vLLM.
+
+Several chips (MLA400: four ARIES chips, each with its own DRAM and PCIe link) are
+data-parallel replicas, each with its own scheduler and KV pool; the router picks a chip
+per request: ``round_robin`` (in turn) or ``least_loaded`` (the fewest unfinished
+requests; ties to the lowest chip).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import simpy
+
+from models.compiler.lower_batch import StepSeq
+
+from .blocks import KvGeometry
+from .scheduler import Request, Scheduler, SchedulerConfig, StepPlan
+
+Router = Literal["round_robin", "least_loaded"]
+StepCost = Callable[[list[StepSeq]], int]
+SwapCost = Callable[[str, int], int]  # ("out" | "in", bytes) -> picoseconds
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step of one chip (times in picoseconds)."""
+
+    chip: int
+    index: int
+    start_ps: int
+    end_ps: int
+    swap_ps: int
+    tokens: int
+    decode_seqs: int
+    prefill_tokens: int
+    sampled: int
+    preempted: tuple[int, ...]
+    swapped_in: tuple[int, ...]
+    swap_out_bytes: int
+    swap_in_bytes: int
+    used_blocks: int  # after the step
+    running: int
+    waiting: int
+    swapped: int
+    items: tuple[tuple[int, int], ...]  # (rid, tokens) in scheduling order
+
+
+@dataclass
+class Chip:
+    index: int
+    scheduler: Scheduler
+    steps: list[StepRecord] = field(default_factory=list)
+    wake: simpy.Event | None = None
+    busy_ps: int = 0
+
+
+class ServingSim:
+    """Requests -> router -> chips; :meth:`run` returns when every request finished."""
+
+    def __init__(self, requests: Sequence[Request], *, chips: int,
+                 scheduler: SchedulerConfig, geometry: KvGeometry, step_cost: StepCost,
+                 swap_cost: SwapCost | None = None, router: Router = "round_robin",
+                 slots: int = 1):
+        if chips < 1:
+            raise ValueError(f"chips must be >= 1, got {chips}")
+        if router not in ("round_robin", "least_loaded"):
+            raise ValueError(f"router {router!r}: valid routers are round_robin, least_loaded")
+        if scheduler.preemption == "swap" and swap_cost is None:
+            raise ValueError("swap mode needs a swap cost")
+        self.env = simpy.Environment()
+        self.requests = sorted(requests, key=lambda r: (r.arrival_ps, r.rid))
+        self.chips = [Chip(i, Scheduler(scheduler, geometry)) for i in range(chips)]
+        self.step_cost = step_cost
+        self.swap_cost = swap_cost
+        self.router = router
+        self.slots = slots
+        self._rr = 0
+        self._finished = 0
+        self.done = self.env.event()
+
+    def pick(self) -> Chip:
+        if self.router == "round_robin":
+            chip = self.chips[self._rr % len(self.chips)]
+            self._rr += 1
+            return chip
+        return min(self.chips, key=lambda c: (c.scheduler.unfinished, c.index))
+
+    def _arrivals(self):
+        env = self.env
+        i = 0
+        reqs = self.requests
+        while i < len(reqs):
+            t = reqs[i].arrival_ps
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            # every request of this instant joins before any engine looks
+            while i < len(reqs) and reqs[i].arrival_ps == t:
+                chip = self.pick()
+                reqs[i].chip = chip.index
+                chip.scheduler.add(reqs[i])
+                if chip.wake is not None and not chip.wake.triggered:
+                    chip.wake.succeed()
+                i += 1
+
+    def _engine(self, chip: Chip):
+        env = self.env
+        sched = chip.scheduler
+        while True:
+            if not sched.has_work():
+                chip.wake = env.event()
+                yield chip.wake
+                chip.wake = None
+                continue
+            plan = sched.schedule()
+            if plan is None:
+                raise RuntimeError(f"chip {chip.index}: requests wait but none can run "
+                                   f"(KV pool of {sched.geo.num_blocks} blocks)")
+            start = env.now
+            swap = self._swap_ps(plan)
+            dur = swap + self.step_cost(plan.seqs(self.slots))
+            yield env.timeout(dur)
+            chip.busy_ps += dur
+            self._finished += len(sched.complete(plan, env.now))
+            chip.steps.append(self._record(chip, plan, start, env.now, swap))
+            if self._finished == len(self.requests):
+                self.done.succeed()
+                return
+
+    def _swap_ps(self, plan: StepPlan) -> int:
+        t = 0
+        if plan.swap_out_bytes:
+            t += self.swap_cost("out", plan.swap_out_bytes)
+        if plan.swap_in_bytes:
+            t += self.swap_cost("in", plan.swap_in_bytes)
+        return t
+
+    def _record(self, chip: Chip, plan: StepPlan, start: int, end: int,
+                swap: int) -> StepRecord:
+        s = chip.scheduler
+        dec = sum(1 for _, n in plan.items if n == 1)
+        return StepRecord(
+            chip=chip.index, index=plan.index, start_ps=start, end_ps=end, swap_ps=swap,
+            tokens=plan.tokens, decode_seqs=dec, prefill_tokens=plan.tokens - dec,
+            sampled=sum(1 for r, _ in plan.items if r.token_ps and r.token_ps[-1] == end),
+            preempted=tuple(r.rid for r in plan.preempted),
+            swapped_in=tuple(r.rid for r in plan.swapped_in),
+            swap_out_bytes=plan.swap_out_bytes, swap_in_bytes=plan.swap_in_bytes,
+            used_blocks=s.used_blocks, running=len(s.running), waiting=len(s.waiting),
+            swapped=len(s.swapped), items=tuple((r.rid, n) for r, n in plan.items))
+
+    def run(self) -> None:
+        env = self.env
+        if not self.requests:
+            return
+        env.process(self._arrivals())
+        for c in self.chips:
+            env.process(self._engine(c))
+        env.run(until=self.done)
+        lost = [r.rid for r in self.requests if r.state != "finished"]
+        if lost:
+            raise RuntimeError(f"requests {lost[:10]} did not finish")

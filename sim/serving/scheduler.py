@@ -1,0 +1,266 @@
+"""Continuous batching with vLLM's semantics (FACTS.md; vLLM v1's scheduler, with v0's swap
+mode): pure logic, no time. The engine (:mod:`.engine`) asks for a step, runs it for as
+long as the device takes, then completes it.
+
+One step (:meth:`Scheduler.schedule`), within a budget of ``max_num_batched_tokens``:
+
+1. Running requests, in the order they were admitted: each gets the tokens it has not
+   computed yet (one for a decoding request; a chunk of its prompt, up to the budget, for
+   one that is prefilling). When the blocks for them cannot be had, the most recently
+   admitted running request is preempted (it may be the request itself, which then waits)
+   until they can: in ``recompute`` mode its blocks are freed and it goes to the front of
+   the waiting queue, to prefill everything it knows (prompt and the tokens it has
+   generated) again when it is readmitted; in ``swap`` mode its blocks are copied to host
+   memory (over PCIe, costed by the engine) and it goes to the front of the swapped queue.
+2. Only if nobody was preempted in this step: swapped requests come back (their blocks
+   copied back to the device) while blocks and ``max_num_seqs`` allow, then, once no
+   request is swapped out, waiting requests are admitted in order (a prompt chunk each,
+   up to the budget) while their blocks can be had.
+
+A request samples a token when a step computes its last known token (the last chunk of a
+prompt, or a decode step); it finishes when it has sampled ``output_tokens`` tokens, and
+frees its blocks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from models.compiler.lower_batch import StepSeq
+
+from .blocks import KvGeometry
+
+Preemption = Literal["recompute", "swap"]
+
+
+@dataclass(eq=False)
+class Request:
+    """One request and what happened to it (times in picoseconds)."""
+
+    rid: int
+    arrival_ps: int
+    prompt_tokens: int
+    output_tokens: int
+    chip: int = -1
+    state: str = "new"  # waiting | running | swapped | finished
+    generated: int = 0  # output tokens sampled
+    computed: int = 0  # tokens whose KV is in the device cache
+    high_water: int = 0  # most tokens ever computed (beyond it, work is new)
+    blocks: int = 0  # device blocks held
+    host_blocks: int = 0  # blocks swapped out to host memory
+    admitted: int = -1  # admission order (running requests are preempted newest first)
+    first_token_ps: int | None = None
+    finish_ps: int | None = None
+    preemptions: int = 0
+    prompt_computed: int = 0  # prompt tokens computed for the first time
+    decode_computed: int = 0  # generated tokens computed for the first time
+    recomputed_tokens: int = 0  # tokens computed again after a preemption
+    swapped_out_bytes: int = 0
+    swapped_in_bytes: int = 0
+    token_ps: list[int] = field(default_factory=list)  # when each output token was sampled
+
+    @property
+    def known(self) -> int:
+        """Tokens the request knows: its prompt and the tokens it has sampled."""
+        return self.prompt_tokens + self.generated
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.output_tokens
+
+
+@dataclass
+class StepPlan:
+    """What one step runs: ``items`` (request, tokens) in scheduling order."""
+
+    index: int
+    items: list[tuple[Request, int]]
+    preempted: list[Request] = field(default_factory=list)
+    swapped_in: list[Request] = field(default_factory=list)
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+
+    def seqs(self, slots: int = 1) -> list[StepSeq]:
+        """The step as the device runs it: decoding sequences first, then prompt chunks
+        (fewer token tiles mix the two), each with its cache position and whether it
+        samples."""
+        dec = [(r, n) for r, n in self.items if n == 1]
+        pre = [(r, n) for r, n in self.items if n != 1]
+        return [StepSeq(r.rid % slots, n, r.computed, r.computed + n == r.known, r.rid + 1)
+                for r, n in dec + pre]
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+    def log(self) -> tuple:
+        """``(step, ((rid, tokens), ...), preempted rids, swapped-in rids)`` for tests."""
+        return (self.index, tuple((r.rid, n) for r, n in self.items),
+                tuple(r.rid for r in self.preempted), tuple(r.rid for r in self.swapped_in))
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    chunked_prefill: bool = True
+    preemption: Preemption = "recompute"
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.preemption not in ("recompute", "swap"):
+            raise ValueError(f"preemption {self.preemption!r}: valid modes are recompute, swap")
+
+
+class Scheduler:
+    """The scheduler of one chip (one model replica)."""
+
+    def __init__(self, cfg: SchedulerConfig, geometry: KvGeometry):
+        self.cfg = cfg
+        self.geo = geometry
+        self.free = geometry.num_blocks
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        self.steps = 0
+        self._admissions = 0
+        self.num_preemptions = 0
+        self.unfinished = 0
+
+    # --- queues ---------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        """A new request joins the waiting queue (at the back)."""
+        if self.geo.blocks(req.prompt_tokens + req.output_tokens - 1) > self.geo.num_blocks:
+            raise ValueError(f"request {req.rid}: {req.prompt_tokens} + {req.output_tokens} "
+                             f"tokens need more KV blocks than the chip has "
+                             f"({self.geo.num_blocks})")
+        req.state = "waiting"
+        self.waiting.append(req)
+        self.unfinished += 1
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.geo.num_blocks - self.free
+
+    # --- one step ----------------------------------------------------------------------------
+    def schedule(self) -> StepPlan | None:
+        """The next step, or None when there is nothing to run."""
+        cfg, geo = self.cfg, self.geo
+        budget = cfg.max_num_batched_tokens
+        plan = StepPlan(self.steps, [])
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.known - req.computed, budget)
+            while True:
+                need = geo.blocks(req.computed + n) - req.blocks
+                if need <= self.free:
+                    break
+                victim = self.running.pop()
+                self._preempt(victim, plan)
+                if victim is req:
+                    break
+            if req.state != "running":
+                break
+            self._take(req, need)
+            plan.items.append((req, n))
+            budget -= n
+            i += 1
+        if not plan.preempted:
+            while self.swapped and budget > 0 and len(self.running) < cfg.max_num_seqs:
+                req = self.swapped[0]
+                n = min(req.known - req.computed, budget)
+                need = geo.blocks(req.computed + n)
+                if need > self.free:
+                    break
+                self.swapped.popleft()
+                plan.swap_in_bytes += req.host_blocks * geo.block_bytes
+                req.swapped_in_bytes += req.host_blocks * geo.block_bytes
+                req.host_blocks = 0
+                plan.swapped_in.append(req)
+                self._admit(req, need, n, plan)
+                budget -= n
+            while (not self.swapped and self.waiting and budget > 0
+                   and len(self.running) < cfg.max_num_seqs):
+                req = self.waiting[0]
+                left = req.known - req.computed
+                if not cfg.chunked_prefill and left > budget:
+                    break
+                n = min(left, budget)
+                need = geo.blocks(req.computed + n) - req.blocks
+                if need > self.free:
+                    break
+                self.waiting.popleft()
+                self._admit(req, need, n, plan)
+                budget -= n
+        if not plan.items:
+            return None
+        self.steps += 1
+        return plan
+
+    def _take(self, req: Request, blocks: int) -> None:
+        self.free -= blocks
+        req.blocks += blocks
+
+    def _admit(self, req: Request, blocks: int, n: int, plan: StepPlan) -> None:
+        req.state = "running"
+        req.admitted = self._admissions
+        self._admissions += 1
+        self._take(req, blocks)
+        self.running.append(req)
+        plan.items.append((req, n))
+
+    def _preempt(self, req: Request, plan: StepPlan) -> None:
+        self.free += req.blocks
+        req.preemptions += 1
+        self.num_preemptions += 1
+        plan.preempted.append(req)
+        if self.cfg.preemption == "swap":
+            nbytes = req.blocks * self.geo.block_bytes
+            plan.swap_out_bytes += nbytes
+            req.swapped_out_bytes += nbytes
+            req.host_blocks = req.blocks
+            req.blocks = 0
+            req.state = "swapped"
+            self.swapped.appendleft(req)
+        else:
+            req.blocks = 0
+            req.computed = 0
+            req.state = "waiting"
+            self.waiting.appendleft(req)
+
+    # --- after the step ------------------------------------------------------------------------
+    def complete(self, plan: StepPlan, now_ps: int) -> list[Request]:
+        """Account the step's tokens (it ended at ``now_ps``); returns the requests that
+        finished."""
+        finished = []
+        for req, n in plan.items:
+            a, b = req.computed, req.computed + n
+            again = max(0, min(b, req.high_water) - a)
+            new_a = max(a, req.high_water)
+            req.recomputed_tokens += again
+            if b > new_a:
+                req.prompt_computed += max(0, min(b, req.prompt_tokens) - new_a)
+                req.decode_computed += max(0, b - max(new_a, req.prompt_tokens))
+            req.high_water = max(req.high_water, b)
+            req.computed = b
+            if req.computed == req.known:
+                req.generated += 1
+                req.token_ps.append(now_ps)
+                if req.first_token_ps is None:
+                    req.first_token_ps = now_ps
+                if req.done:
+                    req.state = "finished"
+                    req.finish_ps = now_ps
+                    self.free += req.blocks
+                    req.blocks = 0
+                    self.running.remove(req)
+                    self.unfinished -= 1
+                    finished.append(req)
+        return finished

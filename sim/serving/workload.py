@@ -1,0 +1,131 @@
+"""Serving workloads: ``N`` requests with prompt and output lengths (fixed, drawn from a
+distribution, or read from a JSONL trace with ``arrival_s``, ``prompt_tokens``,
+``output_tokens`` per line), arriving all at once or as a Poisson process at a given rate.
+Every draw comes from one generator seeded by ``seed``, so a workload is reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from isa.errors import ConfigError
+from sim.units import s_to_ps
+
+from .scheduler import Request
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LengthDist(_Section):
+    """Token counts drawn per request, rounded and clipped to ``[min, max]``:
+    ``uniform`` (integers in ``[min, max]``), ``normal`` (``mean``, ``std``),
+    ``lognormal`` (``median``, ``sigma`` of the log), ``exponential`` (``mean``)."""
+
+    dist: Literal["uniform", "normal", "lognormal", "exponential"]
+    min: int = Field(1, ge=1)
+    max: int = Field(ge=1)
+    mean: float | None = Field(None, gt=0)
+    std: float | None = Field(None, ge=0)
+    median: float | None = Field(None, gt=0)
+    sigma: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _params(self) -> LengthDist:
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) < min ({self.min})")
+        need = {"uniform": (), "normal": ("mean", "std"), "lognormal": ("median", "sigma"),
+                "exponential": ("mean",)}[self.dist]
+        missing = [k for k in need if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"dist {self.dist!r} needs {', '.join(missing)}")
+        return self
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.dist == "uniform":
+            x = rng.integers(self.min, self.max + 1, size=n)
+        elif self.dist == "normal":
+            x = rng.normal(self.mean, self.std, size=n)
+        elif self.dist == "lognormal":
+            x = rng.lognormal(np.log(self.median), self.sigma, size=n)
+        else:
+            x = rng.exponential(self.mean, size=n)
+        return np.clip(np.rint(x), self.min, self.max).astype(np.int64)
+
+
+class WorkloadSpec(_Section):
+    requests: int = Field(100, ge=1, description="number of requests (a trace: the first N)")
+    prompt_tokens: int | LengthDist = 512
+    output_tokens: int | LengthDist = 128
+    arrival: Literal["all_at_once", "poisson"] = "all_at_once"
+    rate_per_s: float | None = Field(None, gt=0, description="poisson: requests per second")
+    trace: str | None = Field(None, description="JSONL: arrival_s, prompt_tokens, "
+                                                "output_tokens per line")
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _arrival(self) -> WorkloadSpec:
+        if self.arrival == "poisson" and self.rate_per_s is None and self.trace is None:
+            raise ValueError("arrival = 'poisson' needs rate_per_s")
+        for name in ("prompt_tokens", "output_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, int) and v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        return self
+
+
+def _lengths(spec: int | LengthDist, rng: np.random.Generator, n: int) -> np.ndarray:
+    if isinstance(spec, int):
+        return np.full(n, spec, np.int64)
+    return spec.draw(rng, n)
+
+
+def read_trace(path: str | Path, limit: int | None = None) -> list[tuple[float, int, int]]:
+    """``(arrival_s, prompt_tokens, output_tokens)`` of each line of a JSONL trace."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"serving.workload.trace: {str(p)!r} does not exist")
+    out = []
+    for i, line in enumerate(p.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            row = (float(d["arrival_s"]), int(d["prompt_tokens"]), int(d["output_tokens"]))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"{p}:{i}: expected arrival_s, prompt_tokens, output_tokens "
+                              f"({err})") from None
+        if row[0] < 0 or row[1] < 1 or row[2] < 1:
+            raise ConfigError(f"{p}:{i}: arrival_s must be >= 0 and token counts >= 1")
+        out.append(row)
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise ConfigError(f"{p}: no requests")
+    return out
+
+
+def make_requests(spec: WorkloadSpec) -> list[Request]:
+    """The workload's requests, ids in arrival order (ties: in generation order)."""
+    rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 0x5E2E]))
+    if spec.trace is not None:
+        rows = read_trace(spec.trace, spec.requests)
+        rows.sort(key=lambda r: r[0])
+    else:
+        n = spec.requests
+        prompts = _lengths(spec.prompt_tokens, rng, n)
+        outputs = _lengths(spec.output_tokens, rng, n)
+        if spec.arrival == "poisson":
+            gaps = rng.exponential(1.0 / spec.rate_per_s, size=n)
+            times = np.cumsum(gaps) - gaps[0]  # the first request at t = 0
+        else:
+            times = np.zeros(n)
+        rows = list(zip(times.tolist(), prompts.tolist(), outputs.tolist(), strict=True))
+    return [Request(rid=i, arrival_ps=s_to_ps(t), prompt_tokens=int(p), output_tokens=int(o))
+            for i, (t, p, o) in enumerate(rows)]

@@ -1,0 +1,164 @@
+"""Traces and figures of a serving run (``kvsim serve``).
+
+- :func:`serving_trace`: Chrome Trace Event JSON (Perfetto): one process per chip, a track
+  of steps (``X`` events: tokens, decoding sequences, prompt tokens, preemptions) and of
+  swaps, and counters: KV blocks in use, running/waiting/swapped requests.
+- :func:`occupancy_figure`, :func:`latency_figure`, :func:`batch_figure`: plotly figures.
+- :func:`serving_report_html`: a self-contained page (plotly.js embedded once).
+
+Step records are duck-typed (``chip``, ``start_ps``, ``end_ps``, ``swap_ps``, ``tokens``,
+``decode_seqs``, ``prefill_tokens``, ``preempted``, ``used_blocks``, ``running``,
+``waiting``, ``swapped``); the KV geometry gives ``num_blocks``, ``block_tokens``,
+``block_bytes``. Nothing here knows about hardware.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+
+PS_PER_US = 1e6
+PS_PER_S = 1e12
+#: Most points drawn per line (long runs are thinned to the largest value per bin).
+MAX_POINTS = 5000
+
+
+def serving_trace(steps: Sequence[Sequence[Any]], geometry: Any) -> dict[str, Any]:
+    """Chrome Trace Event JSON of a serving run (``ts`` in µs)."""
+    ev: list[dict[str, Any]] = []
+    for chip, recs in enumerate(steps):
+        pid = chip + 1
+        ev.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                   "args": {"name": f"chip{chip}"}})
+        for tid, name in ((1, "steps"), (2, "swaps")):
+            ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                       "args": {"name": name}})
+        for s in recs:
+            t0 = s.start_ps / PS_PER_US
+            if s.swap_ps:
+                ev.append({"ph": "X", "name": "swap", "pid": pid, "tid": 2, "ts": t0,
+                           "dur": s.swap_ps / PS_PER_US,
+                           "args": {"out_bytes": s.swap_out_bytes,
+                                    "in_bytes": s.swap_in_bytes}})
+            ev.append({"ph": "X", "name": "step", "pid": pid, "tid": 1,
+                       "ts": t0 + s.swap_ps / PS_PER_US,
+                       "dur": (s.end_ps - s.start_ps - s.swap_ps) / PS_PER_US,
+                       "args": {"tokens": s.tokens, "decoding": s.decode_seqs,
+                                "prompt_tokens": s.prefill_tokens,
+                                "preempted": list(s.preempted)}})
+            t1 = s.end_ps / PS_PER_US
+            ev.append({"ph": "C", "name": "kv_blocks_used", "pid": pid, "ts": t1,
+                       "args": {"used": s.used_blocks,
+                                "free": geometry.num_blocks - s.used_blocks}})
+            ev.append({"ph": "C", "name": "requests", "pid": pid, "ts": t1,
+                       "args": {"running": s.running, "waiting": s.waiting,
+                                "swapped": s.swapped}})
+    return {"traceEvents": ev}
+
+
+def _thin(x: list[float], y: list[float]) -> tuple[list[float], list[float]]:
+    if len(x) <= MAX_POINTS:
+        return x, y
+    k = -(-len(x) // MAX_POINTS)
+    return ([x[min(i + k, len(x)) - 1] for i in range(0, len(x), k)],
+            [max(y[i:i + k]) for i in range(0, len(y), k)])
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, height=420,
+                      template="plotly_white", margin={"l": 80, "r": 20, "t": 50, "b": 50})
+    return fig
+
+
+def occupancy_figure(steps: Sequence[Sequence[Any]], geometry: Any) -> go.Figure:
+    """KV blocks in use (% of the pool) over time, one line per chip; preemptions marked."""
+    fig = go.Figure()
+    n = max(1, geometry.num_blocks)
+    for chip, recs in enumerate(steps):
+        t = [0.0] + [s.end_ps / PS_PER_S for s in recs]
+        u = [0.0] + [100 * s.used_blocks / n for s in recs]
+        t, u = _thin(t, u)
+        fig.add_trace(go.Scatter(x=t, y=u, mode="lines", line_shape="hv",
+                                 name=f"chip{chip}"))
+        pre = [s for s in recs if s.preempted]
+        if pre:
+            fig.add_trace(go.Scatter(
+                x=[s.end_ps / PS_PER_S for s in pre],
+                y=[100 * s.used_blocks / n for s in pre], mode="markers",
+                marker={"symbol": "x", "size": 7}, name=f"chip{chip} preemptions",
+                text=[f"preempted {list(s.preempted)}" for s in pre]))
+    title = (f"KV cache occupancy ({geometry.num_blocks:,} blocks of "
+             f"{geometry.block_tokens} tokens, {geometry.block_bytes:,} B each)")
+    return _layout(fig, title, "time (s)", "blocks in use (%)")
+
+
+def latency_figure(rows: Sequence[dict[str, Any]]) -> go.Figure:
+    """Cumulative distributions of TTFT and time per output token."""
+    fig = go.Figure()
+    for key, name in (("ttft_s", "TTFT"), ("tpot_s", "time per output token")):
+        v = np.sort([r[key] for r in rows if r.get(key) is not None])
+        if len(v):
+            fig.add_trace(go.Scatter(x=v, y=np.arange(1, len(v) + 1) / len(v) * 100,
+                                     mode="lines", name=name))
+    fig.update_xaxes(type="log")
+    return _layout(fig, "Latency distributions", "seconds (log)", "requests (%)")
+
+
+def batch_figure(steps: Sequence[Sequence[Any]]) -> go.Figure:
+    """Tokens per step over time: decoding sequences and prompt (incl. recomputed)
+    tokens."""
+    fig = go.Figure()
+    for chip, recs in enumerate(steps):
+        t = [s.end_ps / PS_PER_S for s in recs]
+        for attr, name in (("decode_seqs", "decoding"), ("prefill_tokens", "prompt tokens")):
+            x, y = _thin(t, [float(getattr(s, attr)) for s in recs])
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"chip{chip} {name}"))
+    return _layout(fig, "Batch composition per step", "time (s)", "tokens in the step")
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}}
+h1{{font-size:1.4em}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:2px 8px;text-align:left}}
+.fig{{margin:1em 0}}</style></head>
+<body><h1>{title}</h1>{summary}{figures}</body></html>
+"""
+
+
+def serving_report_html(metrics: dict[str, Any], rows: Sequence[dict[str, Any]],
+                        steps: Sequence[Sequence[Any]], geometry: Any) -> str:
+    """The report page of a serving run."""
+    s = metrics.get("serving", {})
+    summary = [
+        ("scenario", str(metrics.get("scenario", ""))),
+        ("output tokens/s", f"{s.get('output_tokens_per_s', 0):,.2f}"),
+        ("requests/s", f"{s.get('requests_per_s', 0):,.4f}"),
+        ("TTFT p50 / p90 / p99", " / ".join(f"{s.get(f'ttft_s_p{q}', 0):.3f} s"
+                                            for q in (50, 90, 99))),
+        ("time per output token p50 / p90 / p99",
+         " / ".join(f"{s.get(f'tpot_s_p{q}', 0) * 1e3:.2f} ms" for q in (50, 90, 99))),
+        ("preemptions", f"{s.get('num_preemptions', 0):,}"),
+        ("recomputed tokens", f"{s.get('recomputed_tokens', 0):,}"),
+        ("swapped bytes", f"{s.get('swapped_bytes', 0):,}"),
+        ("tokens computed (prompt + decode + recomputed)",
+         f"{s.get('computed_tokens', 0):,} = {s.get('prompt_tokens_computed', 0):,} + "
+         f"{s.get('decode_tokens_computed', 0):,} + {s.get('recomputed_tokens', 0):,}"),
+        ("KV peak / mean occupancy", f"{100 * s.get('kv_peak_occupancy', 0):.1f} % / "
+                                     f"{100 * s.get('kv_mean_occupancy', 0):.1f} %"),
+    ]
+    figs = [occupancy_figure(steps, geometry), batch_figure(steps), latency_figure(rows)]
+    parts = []
+    for i, fig in enumerate(figs):
+        parts.append('<div class="fig">' + pio.to_html(
+            fig, full_html=False, include_plotlyjs=(i == 0), div_id=f"fig{i}",
+            config={"displaylogo": False}) + "</div>")
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                    for k, v in summary)
+    return _PAGE.format(title=html.escape("kvsim serve"), summary=f"<table>{cells}</table>",
+                        figures="".join(parts))
