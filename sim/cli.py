@@ -401,8 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
     hs.set_defaults(func=cmd_hw_show)
 
     from sim.regress import add_parser as add_regress_parser
+    from sim.serving.cli import add_serve_parser
 
     add_regress_parser(sub)
+    add_serve_parser(sub)
     return p
 
 

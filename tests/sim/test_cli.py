@@ -93,3 +93,14 @@ def test_hw_list_names_every_preset(capsys):
     out = capsys.readouterr().out
     for name in ("aries", "regulus", "tiny"):
         assert name in out
+
+
+def test_every_subcommand_is_registered():
+    from sim.cli import build_parser
+
+    p = build_parser()
+    for argv in (["run"], ["check", "x.toml"], ["sweep", "x.toml"], ["serve"],
+                 ["regress", "b.json"], ["compile", "--model", "tiny", "-o", "x"],
+                 ["kv", "--model", "tiny", "--format", "int8", "--context", "4"],
+                 ["hw", "list"]):
+        assert callable(p.parse_args(argv).func)
