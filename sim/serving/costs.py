@@ -344,9 +344,13 @@ class StepCostModel:
         self.build_s = time.perf_counter() - t0
         self._fit(measured)
         if path is not None:
-            atomic_write_json(path, {"key": self.key(), "build_s": self.build_s,
-                                     "grid": self.spec.to_json(),
-                                     "measured": [[list(t), v] for t, v in measured.items()]})
+            try:
+                atomic_write_json(path, {"key": self.key(), "build_s": self.build_s,
+                                         "grid": self.spec.to_json(),
+                                         "measured": [[list(t), v]
+                                                      for t, v in measured.items()]})
+            except OSError:  # a cache that cannot be written only costs the next run time
+                self.cache_path = None
 
     def _fit(self, meas: dict[tuple, int]) -> None:
         s = self.spec
