@@ -11,8 +11,10 @@ from isa.errors import ConfigError
 from models.config import load_model, load_preset
 from models.hf import load_hf_config
 
-HF_DIR = Path("/work/shared/hf-configs")
-PRESETS = Path(__file__).resolve().parents[2] / "models" / "presets"
+ROOT = Path(__file__).resolve().parents[2]
+#: The project's shared documents sit beside the repository (in CI too).
+HF_DIR = ROOT.parent / "shared" / "hf-configs"
+PRESETS = ROOT / "models" / "presets"
 
 
 def _write(tmp_path: Path, data: dict, name: str = "config.json") -> Path:
