@@ -20,7 +20,9 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from isa.errors import ConfigError
 
-from .config import ModelConfig, TensorRole, _Frozen, validation_message
+from .config import ModelConfig, TensorRole
+from .schema import Frozen as _Frozen
+from .schema import validation_message
 
 WeightBitWidth = Literal[4, 8]
 

@@ -23,7 +23,6 @@ PyTorch ``nn.Linear`` layout and the layout of the ISA's ``Gemm`` ``w`` operand.
 from __future__ import annotations
 
 import math
-import re
 import tomllib
 from dataclasses import dataclass
 from functools import cached_property
@@ -31,9 +30,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from isa.errors import ConfigError
+
+from .schema import Frozen as _Frozen
+from .schema import validation_message
 
 PRESET_PACKAGE = "models.presets"
 
@@ -58,38 +60,6 @@ TensorRole = Literal[
     "bias",
 ]
 TensorKind = Literal["matrix", "vector"]
-
-
-_LEADING_FIELD = re.compile(r"^([a-z_]+): (.*)$", re.DOTALL)
-
-
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc)
-
-
-def validation_message(err: ValidationError, prefix: str = "") -> str:
-    """One ``path: message`` per problem, ``;``-joined, each naming the field path."""
-    lines = []
-    for e in err.errors():
-        loc = _format_loc(e["loc"])
-        path = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-            # Cross-field checks start their message with the field at fault: move it
-            # into the path so every error reads "<where>.<field>: <problem>".
-            m = _LEADING_FIELD.match(msg)
-            if m and not loc:
-                loc, msg = m.group(1), m.group(2)
-                path = f"{prefix}.{loc}" if prefix else loc
-        lines.append(f"{path}: {msg}" if path else msg)
-    return "; ".join(lines)
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 # --- RoPE scaling -------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from isa.errors import ConfigError
 from isa.instructions import (
     DmaLoad,
     DmaStore,
@@ -69,9 +70,9 @@ def gemv_layer(
 ) -> GemvLayer:
     """Build the program for ``y = requant(W x)`` with ``W`` of ``n x k`` at ``w_bits``."""
     if w_bits not in (4, 8):
-        raise ValueError(f"w_bits must be 4 or 8, got {w_bits}")
+        raise ConfigError(f"workload.w_bits: must be 4 or 8, got {w_bits}")
     if n % num_cores:
-        raise ValueError(f"n={n} must be a multiple of the {num_cores} cores")
+        raise ConfigError(f"workload.n: {n} must be a multiple of the {num_cores} cores")
     row_bytes = k * w_bits // 8
     rows_per_core = n // num_cores
     # SRAM plan per core: x, two weight buffers, scales, output slice.
@@ -79,9 +80,9 @@ def gemv_layer(
     budget = tile_bytes if tile_bytes is not None else (sram_bytes - fixed) // 2
     tile_rows = max(1, min(rows_per_core, budget // row_bytes))
     if fixed + 2 * _align(tile_rows * row_bytes) > sram_bytes:
-        raise ValueError(
-            f"a weight tile of {tile_rows} rows x {row_bytes} bytes does not fit in "
-            f"{sram_bytes} bytes of SRAM with the vectors"
+        raise ConfigError(
+            f"workload.tile_bytes: a weight tile of {tile_rows} rows x {row_bytes} bytes does "
+            f"not fit in {sram_bytes} bytes of SRAM with the vectors"
         )
     # DRAM map
     x_dram = 0

@@ -238,6 +238,9 @@ def unpack_file(data: bytes, where: str) -> tuple[dict, bytes]:
         meta = json.loads(data[n : n + jlen])
     except (ValueError, UnicodeDecodeError):
         raise CacheOpError(f"{where}: corrupt header") from None
+    if not isinstance(meta, dict):
+        raise CacheOpError(f"{where}: corrupt header (a JSON {type(meta).__name__}, "
+                           "not an object)")
     payload = data[n + jlen :]
     if len(payload) != meta.get("size"):
         raise CacheOpError(f"{where}: holds {len(payload)} bytes, its header says "

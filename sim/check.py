@@ -110,13 +110,9 @@ def _check_generate(cfg: RunConfig) -> Checked:
     except KvsimError as err:
         raise ConfigError(f"kv.format: {err}") from None
     total = mm.total_bytes
-    if total > hw.dram.capacity_bytes:
-        raise ConfigError(
-            f"hardware.dram.capacity_bytes: model {_name(model)!r} with a cache of {cap} tokens "
-            f"x {c.cache_slots} slot(s) needs {total / GIB:.2f} GiB of DRAM (weights "
-            f"{mm.bytes_of_kind('weights') / GIB:.2f} GiB, KV cache "
-            f"{mm.bytes_of_kind('kv_cache') / GIB:.2f} GiB); {hw.name} has "
-            f"{hw.dram.capacity_bytes / GIB:.2f} GiB")
+    if (why := mm.too_big(hw.dram.capacity_bytes, hw.name)) is not None:
+        raise ConfigError(f"hardware.dram.capacity_bytes: model {_name(model)!r} with a cache "
+                          f"of {cap} tokens x {c.cache_slots} slot(s) {why}")
     ops = len(w.cache_ops)
     summary = (
         f"{_name(model)} {cfg.bits.preset} kv={cfg.kv.format} on {hw.name} ({c.core_mode}): "
@@ -137,6 +133,8 @@ def _check_gemv(cfg: RunConfig) -> Checked:
         layer = gemv_layer(k=w.k, n=w.n, w_bits=w.w_bits, num_cores=hw.cores.num_cores,
                            sram_bytes=hw.sram.bytes_per_core, dram_bytes=hw.dram.capacity_bytes,
                            host_bytes=hw.host.memory_bytes, tile_bytes=w.tile_bytes)
+    except ConfigError:
+        raise
     except ValueError as err:
         raise ConfigError(f"workload: {err}") from None
     return Checked(f"gemv {w.n} x {w.k} at {w.w_bits} bits on {hw.name}: "

@@ -142,7 +142,6 @@ def print_run_summary(metrics: dict, paths: dict, console: Console) -> None:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from sim.check import check_run
     from sim.config import load_run_config
     from sim.run import run, write_outputs
 
@@ -154,8 +153,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             raise ConfigError(f"{args.config}: a sweep file (it has [axes]); run it with "
                               f"kvsim sweep {args.config}")
     cfg = load_run_config(args.config, args.set)
-    check_run(cfg)  # bad input is one line naming the field, before any compiling
-    result = run(cfg)
+    result = run(cfg)  # checks cfg first: bad input is one line naming the field
     paths = write_outputs(result, args.out)
     if not args.quiet:
         print_run_summary(result.metrics, paths, console)

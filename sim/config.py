@@ -17,12 +17,13 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from isa import kvformats
 from isa.errors import ConfigError, KvsimError
+from models.schema import Frozen, validation_message
 
-from .hw import HardwareConfig, preset_dict, set_dotted, validation_message
+from .hw import HardwareConfig, preset_dict, set_dotted
 
 DEFAULT_CONFIG_TOML = """
 # The embedded default scenario of `kvsim run`: Qwen2.5-0.5B (synthetic weights, INT8
@@ -53,8 +54,8 @@ fidelity = "timing"
 trace = "ops"
 """
 
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class _Section(Frozen):
+    pass
 
 
 class ModelSection(_Section):

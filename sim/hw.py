@@ -13,9 +13,10 @@ from functools import cached_property
 from importlib import resources
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from isa.errors import ConfigError
+from models.schema import Frozen, validation_message
 
 PRESET_PACKAGE = "sim.presets"
 
@@ -25,11 +26,7 @@ PCIE_GT_PER_S = {3: 8.0e9, 4: 16.0e9, 5: 32.0e9}
 PCIE_ENCODING_EFFICIENCY = 128 / 130  # 128b/130b line code (Gen3 and later)
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class DramConfig(_Frozen):
+class DramConfig(Frozen):
     """Device DRAM (LPDDR4X on ARIES)."""
 
     channels: int = Field(ge=1)
@@ -53,7 +50,7 @@ class DramConfig(_Frozen):
         return self.effective_bytes_per_s / self.channels
 
 
-class SramConfig(_Frozen):
+class SramConfig(Frozen):
     """On-chip SRAM, one bank group per core."""
 
     bytes_per_core: int = Field(ge=1024)
@@ -61,7 +58,7 @@ class SramConfig(_Frozen):
     port_bytes_per_cycle: int = Field(ge=1)
 
 
-class DmaConfig(_Frozen):
+class DmaConfig(Frozen):
     """DMA engines: each core has a load queue (DRAM->SRAM) and a store queue (SRAM->DRAM);
     one device-wide engine does DRAM->DRAM copies."""
 
@@ -70,7 +67,7 @@ class DmaConfig(_Frozen):
     setup_latency_ns: float = Field(ge=0)
 
 
-class PcieConfig(_Frozen):
+class PcieConfig(Frozen):
     generation: Literal[3, 4, 5]
     lanes: Literal[1, 2, 4, 8, 16]
     max_payload_bytes: Literal[128, 256, 512, 1024, 2048, 4096]
@@ -107,7 +104,7 @@ class PcieConfig(_Frozen):
         )
 
 
-class SharedDramLinkConfig(_Frozen):
+class SharedDramLinkConfig(Frozen):
     """Host CPU on the same SoC as the NPU, sharing its DRAM (REGULUS): a host<->device
     "transfer" is a memory copy by the host CPU through the same DRAM channels."""
 
@@ -116,7 +113,7 @@ class SharedDramLinkConfig(_Frozen):
     chunk_bytes: int = Field(ge=256)
 
 
-class HostLinkConfig(_Frozen):
+class HostLinkConfig(Frozen):
     kind: Literal["pcie", "shared_dram"]
     pcie: PcieConfig | None = None
     shared_dram: SharedDramLinkConfig | None = None
@@ -153,7 +150,7 @@ class HostLinkConfig(_Frozen):
 _PRECISION_KEY = re.compile(r"^w(2|4|8|16)a(8|16)$")
 
 
-class CoresConfig(_Frozen):
+class CoresConfig(Frozen):
     clusters: int = Field(ge=1)
     cores_per_cluster: int = Field(ge=1)
     clock_hz: float = Field(gt=0)
@@ -185,7 +182,7 @@ class CoresConfig(_Frozen):
         return 2 * self.macs_per_cycle[precision] * self.clock_hz * self.num_cores
 
 
-class HostConfig(_Frozen):
+class HostConfig(Frozen):
     """The host computer and the cost model of host-side work on the cache."""
 
     memory_bytes: int = Field(ge=1)
@@ -194,7 +191,7 @@ class HostConfig(_Frozen):
     edit_overhead_ns: float = Field(ge=0, description="fixed cost of one host-side edit")
 
 
-class HardwareConfig(_Frozen):
+class HardwareConfig(Frozen):
     name: str
     description: str = ""
     dram: DramConfig
@@ -221,23 +218,6 @@ class HardwareConfig(_Frozen):
             out["pcie_raw_bytes_per_s"] = self.host_link.pcie.raw_bytes_per_s
         out["sram_port_bytes_per_s"] = self.sram.port_bytes_per_cycle * self.cores.clock_hz
         return out
-
-
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc)
-
-
-def validation_message(err: ValidationError, prefix: str = "") -> str:
-    """One line per problem, each naming the field path."""
-    lines = []
-    for e in err.errors():
-        loc = _format_loc(e["loc"])
-        path = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"{path}: {msg}")
-    return "; ".join(lines)
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any, *, root: str = "") -> None:

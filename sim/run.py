@@ -323,6 +323,11 @@ def run_gemv(cfg: RunConfig) -> RunResult:
 
 
 def run(cfg: RunConfig) -> RunResult:
+    """Run ``cfg`` after checking it (``sim.check.check_run``): bad input is a
+    ``ConfigError`` naming the field, before anything is compiled or simulated."""
+    from .check import check_run
+
+    check_run(cfg)
     if cfg.workload.kind == "gemv":
         return run_gemv(cfg)
     return run_generate(cfg)

@@ -53,6 +53,11 @@ HOST_OUT_ALIGN = 1 << 20
 FILTER_TAIL_MAX = 32
 
 
+def _is_index(v: Any) -> bool:
+    """An integer argument (numpy integers too; not bool, not a whole float)."""
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
 class RuntimeApiError(KvsimError, RuntimeError):
     """Misuse of the runtime API (wrong shapes, calls after dispose, bad cache sizes)."""
 
@@ -158,6 +163,11 @@ class Model:
         """Load the model on ``acc``: its memory map, then its weights over the host link
         (one transfer per weight region; the simulated clock advances by their time)."""
         self._check_alive(launched=False)
+        if self.acc is not None:
+            raise RuntimeApiError("the model is already launched on an accelerator; "
+                                  "dispose it and create a new Model to launch elsewhere")
+        if not isinstance(acc, Accelerator):
+            raise RuntimeApiError(f"launch: expected an Accelerator, got {type(acc).__name__}")
         cm = self.compiled
         hw = acc.hw
         if cm.hw.num_cores > hw.cores.num_cores or cm.hw.sram_bytes > hw.sram.bytes_per_core:
@@ -216,7 +226,13 @@ class Model:
         cm = self.compiled
         if batch_param is not None:
             cache_size, cache_id = batch_param.cache_size, batch_param.cache_id
-        x = np.asarray(inputs)
+        for name, v in (("cache_size", cache_size), ("cache_id", cache_id)):
+            if not _is_index(v):
+                raise RuntimeApiError(f"{name} must be an integer, got {v!r}")
+        try:
+            x = np.asarray(inputs, dtype=np.float32)
+        except (TypeError, ValueError) as err:
+            raise RuntimeApiError(f"inputs: not float32 embeddings ({err})") from None
         if x.ndim == 4:
             if x.shape[:2] != (1, 1):
                 raise RuntimeApiError(f"inputs: shape {x.shape}, expected (1, 1, seq, hidden)")
@@ -239,7 +255,7 @@ class Model:
         dev = acc.device
         host_out = -(-4 * seq * cm.model.hidden_size // HOST_OUT_ALIGN + 1) * HOST_OUT_ALIGN
         if acc.functional:
-            dev.host_write(HOST_IN, np.ascontiguousarray(x, dtype=np.float32).view(np.uint8))
+            dev.host_write(HOST_IN, np.ascontiguousarray(x).view(np.uint8))
         prog = cm.program(tokens=seq, cache_size=cache_size, slot=cache_id, host_in=HOST_IN,
                           host_out=host_out)
         start = dev.env.now
@@ -355,9 +371,14 @@ class Model:
         CRC-32 of the bytes). Files are written atomically."""
         from traces.io import atomic_write_bytes
 
-        bufs = self.dump_cache_memory()
+        self._check_alive()
         d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
+        try:  # before the dump: a path that cannot be a folder costs no device time
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CacheOpError(f"dump_cache_memory_to: cannot make the folder {str(d)!r} "
+                               f"({err.strerror or err})") from None
+        bufs = self.dump_cache_memory()
         ident = model_identity(self.compiled)
         paths = []
         for info, blob in zip(self.get_cache_infos(), bufs, strict=True):
@@ -365,7 +386,11 @@ class Model:
                     "layer_hash": info.layer_hash, "size": len(blob),
                     "num_batches": info.num_batches}
             p = d / f"cache_{info.layer_hash}.bin"
-            atomic_write_bytes(p, pack_file(meta, blob))
+            try:
+                atomic_write_bytes(p, pack_file(meta, blob))
+            except OSError as err:
+                raise CacheOpError(f"dump_cache_memory_to: cannot write {str(p)!r} "
+                                   f"({err.strerror or err})") from None
             paths.append(p)
         return paths
 
@@ -443,7 +468,7 @@ class Model:
         self._check_alive()
         self._check_size(cache_size, cache_id)
         for name, v in (("num_head", num_head), ("num_tail", num_tail)):
-            if not isinstance(v, (int, np.integer)) or v < 0:
+            if not _is_index(v) or v < 0:
                 raise CacheOpError(f"move_cache_tail: {name} must be an integer >= 0, got {v!r}")
         if num_head + num_tail > cache_size:
             raise CacheOpError(f"move_cache_tail: num_head {num_head} + num_tail {num_tail} "
@@ -454,10 +479,10 @@ class Model:
 
     def _check_size(self, cache_size: int, cache_id: int) -> None:
         cap = self.compiled.cap
-        if not isinstance(cache_size, (int, np.integer)) or not 0 <= cache_size <= cap:
+        if not _is_index(cache_size) or not 0 <= cache_size <= cap:
             raise CacheOpError(f"cache_size {cache_size!r} must be an integer in 0.."
                                f"{self.compiled.cap}")
-        if not 0 <= cache_id < self.compiled.slots:
+        if not _is_index(cache_id) or not 0 <= cache_id < self.compiled.slots:
             raise CacheOpError(f"cache_id {cache_id} out of range 0..{self.compiled.slots - 1}")
 
     @staticmethod

@@ -48,12 +48,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from isa.errors import ConfigError, KvsimError
+from models.schema import Frozen, validation_message
 
 from .config import apply_sets, build_run_config, load_tree, parse_value, set_field
-from .hw import validation_message
 
 SWEEP_KEYS = ("base", "set", "axes", "outputs")
 #: Metrics plotted when the sweep file names none (those the points have).
@@ -69,8 +69,7 @@ DEFAULT_METRICS = (
 SKIPPED_METRICS = ("config",)
 
 
-class SweepOutputs(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class SweepOutputs(Frozen):
 
     metrics: list[str] | None = Field(None, description="metrics plotted against each axis")
     save_points: bool = Field(False, description="write each point's run outputs too")

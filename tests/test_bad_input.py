@@ -143,8 +143,7 @@ _cfg("zero tokens per call", "compile.max_sequence_length: Input should be great
      "compile.max_sequence_length=0")
 _cfg("bits=3 (gemv)", "workload.w_bits: Input should be 4 or 8", "workload.kind='gemv'",
      "workload.w_bits=3")
-_cfg("bits=3 (KV format)", "kv.format: KV format: bits must be one of", "kv.format='b3.token'",
-     exc=CompileError)
+_cfg("bits=3 (KV format)", "kv.format: KV format: bits must be one of", "kv.format='b3.token'")
 _cfg("odd k for 4-bit", "k must be even for 4-bit packed weights", "workload.kind='gemv'",
      "workload.w_bits=4", "workload.k=7")
 _cfg("unknown hardware preset", "unknown preset 'nosuch'; valid: aries, regulus, tiny",
@@ -152,8 +151,7 @@ _cfg("unknown hardware preset", "unknown preset 'nosuch'; valid: aries, regulus,
 _cfg("unknown model preset", "model.preset: unknown model preset 'nosuch'",
      "model.preset='nosuch'")
 _cfg("unknown bits preset", "bits.preset: unknown weight-bit preset 'W3'", "bits.preset='W3'")
-_cfg("unknown KV format", "kv.format: unknown KV format 'int7'", "kv.format='int7'",
-     exc=CompileError)
+_cfg("unknown KV format", "kv.format: unknown KV format 'int7'", "kv.format='int7'")
 _cfg("unknown core mode", "compile.core_mode: Input should be", "compile.core_mode='global16'")
 _cfg("unknown trace level", "outputs.trace: Input should be", "outputs.trace='all'")
 _cfg("unknown workload", "workload.kind: Input should be", "workload.kind='train'")
@@ -178,22 +176,19 @@ _cfg("set without =", "expected key=value", "nonsense")
 _cfg("set with empty key part", "bad key 'workload..k'", "workload..k=1")
 _cfg("set through a value", "workload.prompt_tokens: is a value, not a table",
      "workload.prompt_tokens.x=1")
-_cfg("model too big for DRAM", "GiB of DRAM", "hardware.dram.capacity_bytes=4096", exc=CompileError)
+_cfg("model too big for DRAM", "needs 336 KiB of DRAM (weights 107 KiB, KV cache 32 KiB); "
+     "tiny has 4 KiB", "hardware.dram.capacity_bytes=4096")
 _cfg("model too big for SRAM", "does not fit tiny's SRAM", "hardware.sram.bytes_per_core=1024",
      exc=CompileError)
 _cfg("infinite call overhead", "hardware.host.call_overhead_ns",
-     "hardware.host.call_overhead_ns=inf",
-     xfail=(OverflowError, "sim.hw accepts inf for float fields (allow_inf_nan); a run then "
-                           "dies converting inf ns to ps: OverflowError"))
-_cfg("gemv n not a multiple of the cores", "workload.n", "workload.kind='gemv'", "workload.n=3",
-     xfail=(ValueError, "models.demo.gemv_layer raises a plain ValueError: kvsim run turns "
-                        "it into a ConfigError (sim.check), sim.run.run does not"))
-_cfg("cache shorter than the prompt", "compile.cache_length", "compile.cache_length=4",
-     exc=ConfigError,
-     xfail=(AssertionError, "kvsim run names it (sim.check.check_run: 'compile.cache_length:"
-                            " 4 tokens cannot hold...'), but sim.run.run does not check: a "
-                            "library caller gets RuntimeApiError mid-run ('cache_size 4 + 4 "
-                            "tokens exceed the cache capacity')"))
+     "hardware.host.call_overhead_ns=inf")
+_cfg("gemv n not a multiple of the cores", "workload.n: 3 must be a multiple of the",
+     "workload.kind='gemv'", "workload.n=3")
+_cfg("cache shorter than the prompt", "compile.cache_length: 4 tokens cannot hold",
+     "compile.cache_length=4")
+_cfg("NaN DRAM efficiency", "hardware.dram.efficiency", "hardware.dram.efficiency=nan")
+_cfg("boolean prompt length", "workload.prompt_tokens: expected a number, got the boolean",
+     "workload.prompt_tokens=true")
 
 
 # --- compiled-model files ----------------------------------------------------------------------
@@ -308,22 +303,22 @@ _kvm("memory map not a list", "header is incomplete or invalid",
      _header(lambda h: h.update(memory_map=5)))
 _kvm("missing file", "does not exist", None, path="nope.kvm")
 _kvm("a directory", "does not exist", None, path=".")
-_kvm("header is a list", "not a kvsim compiled model", _header(lambda h: [h]),
-     xfail=(AttributeError, "CompiledModel.load calls header.get() on any JSON value: "
-                            "'list' object has no attribute 'get'"))
+_kvm("header is a list", "not a kvsim compiled model", _header(lambda h: [h]))
 _kvm("flipped bit in a compressed member", "Bad CRC-32", _flip_in_member("arrays.npz"))
-_kvm("invalid deflate block", "not a kvsim compiled model", _bad_deflate_block("header.json"),
-     xfail=(zlib.error, "CompiledModel.load lets zlib.error escape (corrupt deflate data)"))
-_kvm("unknown compression method", "not a kvsim compiled model", _compression_method(99),
-     xfail=(NotImplementedError, "CompiledModel.load lets zipfile's NotImplementedError "
-                                 "escape (a corrupt compression method field)"))
-_kvm("unknown KV format in header", "kv", _header(lambda h: h.update(kv="int7")),
-     xfail=(pytest.fail.Exception, "CompiledModel.load accepts any KV format name; the "
-                                   "error comes only at the first infer"))
-_kvm("unknown core mode in header", "core_mode", _header(lambda h: h.update(core_mode="x")),
-     xfail=(pytest.fail.Exception, "CompiledModel.load checks no scalar header field "
-                                   "(core_mode, cap, max_seq, slots, m_tile, tile_bytes, "
-                                   "weights): later calls die with KeyError/TypeError"))
+_kvm("invalid deflate block", "not a kvsim compiled model", _bad_deflate_block("header.json"))
+_kvm("unknown compression method", "not a kvsim compiled model", _compression_method(99))
+_kvm("unknown KV format in header", "kv = 'int7' is not a KV format",
+     _header(lambda h: h.update(kv="int7")))
+_kvm("unknown core mode in header", "core_mode = 'x' is not one of",
+     _header(lambda h: h.update(core_mode="x")))
+_kvm("fractional cache capacity in header", "cap = 64.5 is not a positive integer",
+     _header(lambda h: h.update(cap=64.5)))
+_kvm("max_seq beyond the capacity in header", "max_seq = 100000 exceeds the cache capacity",
+     _header(lambda h: h.update(max_seq=100000)))
+_kvm("zero cache slots in header", "slots = 0 is not a positive integer",
+     _header(lambda h: h.update(slots=0)))
+_kvm("unknown weight source in header", "weights = {'kind': 'pickle'}",
+     _header(lambda h: h.update(weights={"kind": "pickle"})))
 
 
 # --- ISA programs ------------------------------------------------------------------------------
@@ -492,9 +487,7 @@ _cache("a folder named like a cache file", "cache_0000k.bin is missing", _load_f
 _cache("a file, not a folder", "is not a directory",
        lambda ctx: ctx.model.load_cache_memory_from(_files(ctx)[0]))
 _cache("file header not an object", "corrupt header", _load_from,
-       _rewrite(1, _repack(lambda m: [m])),
-       xfail=(AttributeError, "sim.cacheops.unpack_file calls meta.get() on any JSON value: "
-                              "'list' object has no attribute 'get'"))
+       _rewrite(1, _repack(lambda m: [m])))
 
 
 def _swap(a: Path, b: Path) -> None:
@@ -539,15 +532,16 @@ _rt("cache_id out of range", "cache_id 1 out of range 0..0",
 _rt("batch_param disagrees", "batch_param.sequence_length 2 does not match the 1 input",
     _infer(_one, batch_param=BatchParam(sequence_length=2, cache_size=FILLED)))
 _rt("inputs of text", "inputs",
-    _infer(lambda ctx: np.full((1, 64), "a"), cache_size=FILLED),
-    xfail=(ValueError, "Model.infer converts inputs with np.ascontiguousarray(dtype=float32) "
-                       "unchecked: 'could not convert string to float'"))
-_rt("fractional cache_size", "cache_size", _infer(_one, cache_size=FILLED + 0.5),
-    xfail=(TypeError, "Model.infer does not check that cache_size is an integer: "
-                      "'list indices must be integers'"))
-_rt("fractional cache_id", "cache_id", _infer(_one, cache_size=FILLED, cache_id=0.5),
-    xfail=(KeyError, "Model.infer accepts cache_id=0.5 (0 <= 0.5 < slots): KeyError "
-                     "'kv.s0.5.l0.k'"))
+    _infer(lambda ctx: np.full((1, 64), "a"), cache_size=FILLED))
+_rt("fractional cache_size", "cache_size must be an integer, got 32.5",
+    _infer(_one, cache_size=FILLED + 0.5))
+_rt("boolean cache_size", "cache_size must be an integer, got True",
+    _infer(_one, cache_size=True))
+_rt("fractional cache_id", "cache_id must be an integer, got 0.5",
+    _infer(_one, cache_size=FILLED, cache_id=0.5))
+_rt("fractional cache_id on filter", "cache_id 0.5 out of range",
+    lambda ctx: ctx.model.filter_cache_tail(FILLED, 2, [True, False], cache_id=0.5),
+    exc=CacheOpError)
 _rt("mask of fractions", "mask must hold booleans (or 0/1)",
     lambda ctx: ctx.model.filter_cache_tail(FILLED, 2, [0.5, 1.0]), exc=CacheOpError)
 _rt("mask None", "mask has shape (), expected (2,)",
@@ -603,7 +597,7 @@ _rt("cache infos after dispose", "the model was disposed",
 _rt("dispose twice", "the model was disposed", lambda ctx: ctx.model.dispose(), _dispose)
 _rt("launch after dispose", "the model was disposed",
     lambda ctx: ctx.model.launch(ctx.acc), _dispose)
-_rt("launching twice", "this accelerator already runs a model; dispose it first",
+_rt("launching twice", "the model is already launched on an accelerator",
     lambda ctx: ctx.model.launch(ctx.acc))
 _rt("a second model on the card", "this accelerator already runs a model",
     lambda ctx: Model(ctx.cm).launch(ctx.acc))
@@ -612,15 +606,11 @@ _rt("core mode mismatch", "ModelConfig.core_mode 'global8' does not match the co
 _rt("model compiled for a bigger chip", "the model was compiled for 'aries', which this "
     "accelerator ('tiny') cannot run", lambda ctx: Model(ctx.aries_cm).launch(ctx.acc))
 _rt("dump into a path that is a file", "dump_cache_memory_to",
-    lambda ctx: ctx.model.dump_cache_memory_to(_files(ctx)[0]), exc=CacheOpError,
-    costs_time=True,
-    xfail=(FileExistsError, "Model.dump_cache_memory_to lets mkdir's FileExistsError / "
-                            "NotADirectoryError escape"))
+    lambda ctx: ctx.model.dump_cache_memory_to(_files(ctx)[0]), exc=CacheOpError)
 _rt("launch a launched model on a second card", "already launched",
-    lambda ctx: ctx.model.launch(Accelerator(hw=TINY_HW)),
-    xfail=(pytest.fail.Exception, "Model.launch on a second accelerator moves the model "
-                                  "silently; the first card keeps acc.model set and can "
-                                  "never launch another model"))
+    lambda ctx: ctx.model.launch(Accelerator(hw=TINY_HW)))
+_rt("launch on something else", "expected an Accelerator, got str",
+    lambda ctx: Model(ctx.cm).launch("aries"))
 
 
 # --- fixtures: one compiled tiny model and an earlier run's outputs ------------------------------

@@ -227,7 +227,7 @@ BAD = [
     ("bad set in entry", {"version": 1, "entries": [_entry(sets=["workload.n=-1"])]}, [],
      "workload.n: Input should be greater than or equal to 1"),
     ("refused by kvsim check", {"version": 1, "entries": [_entry(sets=["workload.n=3"])]}, [],
-     "workload: n=3 must be a multiple of the 8 cores"),
+     "workload.n: 3 must be a multiple of the 8 cores"),
     ("bad --set", {"version": 1, "entries": [_entry()]}, ["--set", "hardware.dram.x=1"],
      "hardware.dram.x: unknown key"),
     ("bad --scale", {"version": 1, "entries": [_entry()]}, ["--scale", "hardware.name=2"],

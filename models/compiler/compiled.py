@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import numpy as np
 
 from isa import kvformats
 from isa.encoding import decode_program, encode_program
-from isa.errors import ConfigError, DeviceError, KvsimError
+from isa.errors import ConfigError, DecodeError, DeviceError, KvsimError
 from isa.instructions import MemoryLayout, Program
 
 from ..bits import BitConfig, build_bit_config
@@ -246,9 +247,12 @@ class CompiledModel:
                 arrays = dict(np.load(io.BytesIO(z.read("arrays.npz"))))
                 progs = {n[len("programs/"):-len(".bin")]: decode_program(z.read(n))
                          for n in z.namelist() if n.startswith("programs/")}
-        except (zipfile.BadZipFile, KeyError, json.JSONDecodeError, ValueError, OSError) as err:
+        except (zipfile.BadZipFile, KeyError, json.JSONDecodeError, ValueError, OSError,
+                zlib.error, EOFError, NotImplementedError, DecodeError) as err:
+            # zlib.error: a corrupt deflate stream; NotImplementedError: a corrupt
+            # compression-method field; EOFError: a member cut short
             raise CompileError(f"{p}: not a kvsim compiled model ({err})") from None
-        if header.get("format") != FILE_FORMAT:
+        if not isinstance(header, dict) or header.get("format") != FILE_FORMAT:
             raise CompileError(f"{p}: not a kvsim compiled model")
         if header.get("version") != FILE_VERSION:
             raise CompileError(f"{p}: compiled-model version {header.get('version')} is not "
@@ -372,13 +376,8 @@ def compile_model(
     cm.m_tile = _fit_m_tile(cm)
     cm.mm = build_memory_map(model, bits, kv, cap=cap, slots=slots, max_seq=max_seq,
                              m_tile=cm.m_tile)
-    if cm.mm.total_bytes > hw.dram_bytes:
-        raise CompileError(
-            f"model {model.name!r} needs {cm.mm.total_bytes / 2**30:.2f} GiB of DRAM "
-            f"(weights {cm.mm.bytes_of_kind('weights') / 2**30:.2f} GiB, KV cache "
-            f"{cm.mm.bytes_of_kind('kv_cache') / 2**30:.2f} GiB); {hw.name} has "
-            f"{hw.dram_bytes / 2**30:.2f} GiB"
-        )
+    if (why := cm.mm.too_big(hw.dram_bytes, hw.name)) is not None:
+        raise CompileError(f"model {model.name!r} {why}")
     if functional:
         cm.numerics = calibrate(model, cm.weight_source(), cm.bits_for,
                                 seed=int(weights.get("seed", 0)))
@@ -498,6 +497,7 @@ def _from_header(h: dict, arrays: dict[str, np.ndarray]) -> CompiledModel:
                             head=gemm("head", n["head"]),
                             head_row_scale=arrays.get("head_row_scale"), scales=n["scales"],
                             functional=n["functional"])
+        _check_scalars(h)
         return CompiledModel(
             model=build_model(h["model"]), bits=build_bit_config(h["bits"]), kv=h["kv"],
             hw=HardwareTarget(**h["hw"]), core_mode=h["core_mode"], max_seq=h["max_seq"],
@@ -505,8 +505,40 @@ def _from_header(h: dict, arrays: dict[str, np.ndarray]) -> CompiledModel:
             tile_fixed=h.get("tile_fixed", False),
             mm=MemoryMap.from_json(h["memory_map"]), numerics=numerics, weights=h["weights"],
         )
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CompileError(f"compiled model header is incomplete or invalid: {err!r}") from None
+
+
+def _check_scalars(h: dict) -> None:
+    """Refuse a header whose scalar fields a later call would trip over, naming the field."""
+    def bad(field: str, why: str) -> CompileError:
+        return CompileError(f"compiled model header: {field} = {h.get(field)!r} {why}")
+
+    try:
+        kvformats.pair(h["kv"])
+    except (KvsimError, TypeError, AttributeError) as err:
+        raise bad("kv", f"is not a KV format ({err})") from None
+    if h["core_mode"] not in CORE_MODES:
+        raise bad("core_mode", f"is not one of {sorted(CORE_MODES)}")
+    for f in ("max_seq", "cap", "slots", "tile_bytes", "m_tile"):
+        v = h[f]
+        if type(v) is not int or v <= 0:
+            raise bad(f, "is not a positive integer")
+    if h["max_seq"] > h["cap"]:
+        raise bad("max_seq", f"exceeds the cache capacity cap = {h['cap']}")
+    if not isinstance(h.get("tile_fixed", False), bool):
+        raise bad("tile_fixed", "is not a boolean")
+    w = h["weights"]
+    ok = isinstance(w, dict) and (
+        (w.get("kind") == "synthetic" and type(w.get("seed")) is int)
+        or (w.get("kind") == "safetensors" and (
+            isinstance(w.get("paths"), str) or (
+                isinstance(w.get("paths"), list)
+                and all(isinstance(x, str) for x in w["paths"])))))
+    if not ok:
+        raise CompileError(f"compiled model header: weights = {w!r} is neither "
+                           "{'kind': 'synthetic', 'seed': int} nor "
+                           "{'kind': 'safetensors', 'paths': str | [str, ...]}")
 
 
 __all__ = ["CompiledModel", "CompileError", "HardwareTarget", "compile_model", "CORE_MODES",

@@ -15,6 +15,14 @@ def align(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
+def fmt_bytes(n: int | float) -> str:
+    """``n`` bytes in the largest binary unit that keeps three significant figures."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}" if n / size < 100 else f"{n / size:,.0f} {unit}"
+    return f"{n:,.0f} B"
+
+
 @dataclass
 class MemoryMap:
     """A bump allocator over DRAM that names every region."""
@@ -45,6 +53,15 @@ class MemoryMap:
     @property
     def total_bytes(self) -> int:
         return align(self.top, REGION_ALIGN)
+
+    def too_big(self, dram_bytes: int, hw_name: str) -> str | None:
+        """Why this map does not fit ``dram_bytes`` of DRAM, or None when it does."""
+        if self.total_bytes <= dram_bytes:
+            return None
+        return (f"needs {fmt_bytes(self.total_bytes)} of DRAM (weights "
+                f"{fmt_bytes(self.bytes_of_kind('weights'))}, KV cache "
+                f"{fmt_bytes(self.bytes_of_kind('kv_cache'))}); {hw_name} has "
+                f"{fmt_bytes(dram_bytes)}")
 
     def to_json(self) -> list[dict]:
         return [{"name": r.name, "base": r.base, "size": r.size, "kind": r.kind}

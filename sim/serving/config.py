@@ -13,17 +13,18 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from isa.errors import ConfigError
+from models.schema import Frozen, validation_message
 from sim.config import BitsSection, KvSection, ModelSection, apply_sets, resolve_hardware
-from sim.hw import HardwareConfig, validation_message
+from sim.hw import HardwareConfig
 
 from .workload import WorkloadSpec
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class _Section(Frozen):
+    pass
 
 
 class ServeCompileSection(_Section):

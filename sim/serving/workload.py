@@ -11,16 +11,17 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from isa.errors import ConfigError
+from models.schema import Frozen
 from sim.units import s_to_ps
 
 from .scheduler import Request
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class _Section(Frozen):
+    pass
 
 
 class LengthDist(_Section):

@@ -41,7 +41,7 @@ CASES = [
     ("missing hf_config file", "", ["model.hf_config=no/such/config.json"],
      "model.hf_config: file 'no/such/config.json' does not exist"),
     ("model preset and hf_config", "[model]\npreset = 'tiny'\nhf_config = 'x.json'", [],
-     "model: Value error, give exactly one of 'preset' and 'hf_config'"),
+     "model: give exactly one of 'preset' and 'hf_config'"),
     ("unknown KV format", "", ["kv.format=int3"], "kv.format: unknown KV format 'int3'"),
     ("MLA format on a GQA model", "", ["kv.format=quantmla-c4r4"],
      "kv.format: 'quantmla-c4r4' is a format for MLA models"),
