@@ -14,7 +14,7 @@ default): the formats themselves, their byte layouts and their validation belong
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -102,6 +102,25 @@ def weight_bits_preset(name: str, *, where: str = "bits.weights") -> WeightBits:
     raise ConfigError(
         f"{where}: unknown weight-bit preset {name!r}; valid: {', '.join(WEIGHT_BITS_PRESETS)}"
     )
+
+
+def preset_with_overrides(preset: str, overrides: dict[str, Any], *,
+                          where: str = "bits") -> WeightBits:
+    """The weight-bit preset ``preset`` with per-projection ``overrides`` on top (``ffn``
+    overrides ``up``, ``gate`` and ``down`` together)."""
+    base = weight_bits_preset(preset, where=f"{where}.preset").model_dump()
+    over = dict(overrides)
+    if "ffn" in over:
+        both = [k for k in ("up", "gate", "down") if k in over]
+        if both:
+            raise ConfigError(f"{where}.weights.ffn: give either ffn or {', '.join(both)}, "
+                              "not both")
+        ffn = over.pop("ffn")
+        if isinstance(ffn, bool) or ffn not in get_args(WeightBitWidth):
+            raise ConfigError(f"{where}.weights.ffn: must be one of "
+                              f"{', '.join(map(str, get_args(WeightBitWidth)))}, got {ffn!r}")
+        over.update(up=ffn, gate=ffn, down=ffn)
+    return build_weight_bits({**base, **over}, where=f"{where}.weights")
 
 
 class BitConfig(_Frozen):

@@ -14,13 +14,13 @@ from pathlib import Path
 
 from isa import kvformats
 from isa.errors import ConfigError, KvsimError
-from models.bits import BitConfig, build_bit_config, weight_bits_preset
+from models.bits import BitConfig
 from models.compiler.compiled import CORE_MODES, build_memory_map
 from models.compiler.lower_mla import mla_kv_problem
+from models.compiler.memmap import MemoryMap, dram_shortfall
 from models.config import ModelConfig, load_model
 
-from .config import RunConfig
-from .run import CACHE_LENGTH_ROUND
+from .config import RunConfig, cache_length
 
 GIB = 2**30
 
@@ -53,18 +53,7 @@ def _model(cfg: RunConfig) -> ModelConfig:
 
 
 def _bits(cfg: RunConfig) -> BitConfig:
-    preset = weight_bits_preset(cfg.bits.preset, where="bits.preset").model_dump()
-    return build_bit_config({"weights": {**preset, **cfg.bits.weights},
-                             "kv_key_format": "int8", "kv_value_format": "int8"},
-                            where="bits")
-
-
-def cache_length(cfg: RunConfig) -> int:
-    """The KV capacity a run compiles: ``compile.cache_length``, or prompt + output tokens
-    rounded up to :data:`CACHE_LENGTH_ROUND`."""
-    w = cfg.workload
-    return cfg.compile.cache_length or -(-(w.prompt_tokens + w.output_tokens)
-                                         // CACHE_LENGTH_ROUND) * CACHE_LENGTH_ROUND
+    return BitConfig(weights=cfg.bits.weight_bits())
 
 
 def _check_generate(cfg: RunConfig) -> Checked:
@@ -104,18 +93,36 @@ def _check_generate(cfg: RunConfig) -> Checked:
                           f"grouped-query-attention models; {_name(model)!r} is MLA/MoE: use "
                           f"'timing'")
     max_seq = min(c.max_sequence_length, cap)
-    try:
-        mm = build_memory_map(model, bits, cfg.kv.format, cap=cap, slots=c.cache_slots,
-                              max_seq=max_seq, m_tile=1)
-    except KvsimError as err:
-        raise ConfigError(f"kv.format: {err}") from None
+
+    def memory_map(slots: int) -> MemoryMap:
+        try:
+            return build_memory_map(model, bits, cfg.kv.format, cap=cap, slots=slots,
+                                    max_seq=max_seq, m_tile=1)
+        except KvsimError as err:
+            raise ConfigError(f"kv.format: {err}") from None
+
+    if c.cache_slots > 2:
+        # Every slot adds the same page-aligned regions: extrapolate from one and two slots
+        # before building a map of (perhaps) millions of regions only to refuse it.
+        one, two = memory_map(1), memory_map(2)
+        more = c.cache_slots - 1
+        why = dram_shortfall(
+            one.total_bytes + more * (two.total_bytes - one.total_bytes),
+            one.bytes_of_kind("weights"),
+            one.bytes_of_kind("kv_cache") + more * (two.bytes_of_kind("kv_cache")
+                                                    - one.bytes_of_kind("kv_cache")),
+            hw.dram.capacity_bytes, hw.name)
+        if why is not None:
+            raise ConfigError(f"hardware.dram.capacity_bytes: model {_name(model)!r} with a "
+                              f"cache of {cap} tokens x {c.cache_slots} slot(s) {why}")
+    mm = memory_map(c.cache_slots)
     total = mm.total_bytes
     if (why := mm.too_big(hw.dram.capacity_bytes, hw.name)) is not None:
         raise ConfigError(f"hardware.dram.capacity_bytes: model {_name(model)!r} with a cache "
                           f"of {cap} tokens x {c.cache_slots} slot(s) {why}")
     ops = len(w.cache_ops)
     summary = (
-        f"{_name(model)} {cfg.bits.preset} kv={cfg.kv.format} on {hw.name} ({c.core_mode}): "
+        f"{_name(model)} {cfg.bits.label} kv={cfg.kv.format} on {hw.name} ({c.core_mode}): "
         f"prefill {w.prompt_tokens} + decode {w.output_tokens} tokens, {cfg.sim.fidelity}; "
         f"cache {cap} tokens; DRAM {total / GIB:.2f} of {hw.dram.capacity_bytes / GIB:.2f} "
         f"GiB (weights {mm.bytes_of_kind('weights') / 1e6:,.1f} MB, KV cache "

@@ -17,10 +17,11 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, StrictInt, ValidationError, model_validator
 
 from isa import kvformats
 from isa.errors import ConfigError, KvsimError
+from models.bits import WeightBits, preset_with_overrides
 from models.schema import Frozen, validation_message
 
 from .hw import HardwareConfig, preset_dict, set_dotted
@@ -77,7 +78,16 @@ class BitsSection(_Section):
     """Weight bits: a preset (``W8``, ``W4V8``) and optional per-projection overrides."""
 
     preset: str = "W8"
-    weights: dict[str, int] = Field(default_factory=dict)
+    weights: dict[str, StrictInt] = Field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """The preset, with the overrides when there are any (``W8+ffn=4``)."""
+        return "+".join([self.preset, *(f"{k}={v}" for k, v in self.weights.items())])
+
+    def weight_bits(self) -> WeightBits:
+        """The preset with the per-projection overrides applied."""
+        return preset_with_overrides(self.preset, self.weights, where="bits")
 
 
 class KvSection(_Section):
@@ -412,3 +422,15 @@ def load_run_config(path: str | Path | None = None, sets: list[str] | None = Non
     tree = load_tree(path)
     apply_sets(tree, sets or [])
     return build_run_config(tree)
+
+
+#: A run's default cache capacity is its prompt + output tokens rounded up to this (tokens).
+CACHE_LENGTH_ROUND = 256
+
+
+def cache_length(cfg: RunConfig) -> int:
+    """The KV capacity a run compiles: ``compile.cache_length``, or prompt + output tokens
+    rounded up to :data:`CACHE_LENGTH_ROUND`."""
+    w = cfg.workload
+    return cfg.compile.cache_length or -(-(w.prompt_tokens + w.output_tokens)
+                                         // CACHE_LENGTH_ROUND) * CACHE_LENGTH_ROUND

@@ -18,7 +18,7 @@ import numpy as np
 
 from isa import kvformats
 from isa.errors import KvsimError
-from models.bits import build_bit_config
+from models.bits import BitConfig
 from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.config import load_model
 from models.demo import demo_data, gemv_layer
@@ -27,13 +27,11 @@ from traces.io import atomic_write_text
 from traces.recorder import Recorder
 from traces.report import run_report
 
-from .config import RunConfig
+from .config import RunConfig, cache_length
 from .device import Device
 from .runtime import Accelerator, CallRecord, Model
 from .stats import LINKS
 from .units import PS_PER_S, ps_to_s
-
-CACHE_LENGTH_ROUND = 256
 
 
 @dataclass
@@ -72,12 +70,8 @@ def compile_for_run(cfg: RunConfig) -> CompiledModel:
     """The compiled model a run config describes."""
     m = cfg.model
     model = load_model(m.hf_config or m.preset, where="model")
-    bits = build_bit_config({"weights": {**_preset_bits(cfg.bits.preset), **cfg.bits.weights},
-                             "kv_key_format": "int8", "kv_value_format": "int8"},
-                            where="bits")
-    w = cfg.workload
-    cap = cfg.compile.cache_length or -(-(w.prompt_tokens + w.output_tokens)
-                                        // CACHE_LENGTH_ROUND) * CACHE_LENGTH_ROUND
+    bits = BitConfig(weights=cfg.bits.weight_bits())
+    cap = cache_length(cfg)
     weights = ({"kind": "safetensors", "paths": m.safetensors} if m.safetensors
                else {"kind": "synthetic", "seed": m.weights_seed})
     return compile_model(
@@ -88,11 +82,6 @@ def compile_for_run(cfg: RunConfig) -> CompiledModel:
         functional=cfg.sim.fidelity == "functional", weights=weights,
     )
 
-
-def _preset_bits(name: str) -> dict[str, int]:
-    from models.bits import weight_bits_preset
-
-    return weight_bits_preset(name, where="bits.preset").model_dump()
 
 
 def kv_metrics(cm: CompiledModel, tokens: int, hw) -> dict[str, Any]:
@@ -139,7 +128,7 @@ def run_generate(cfg: RunConfig) -> RunResult:
             return np.zeros((len(tokens), cfgm.hidden_size), np.float32)
         return embed[tokens].astype(np.float32)
 
-    first = len(acc.calls)
+    prefill_calls: list[CallRecord] = []
     cache = 0  # tokens in the cache (what infer's cache_size says)
     seq = 0  # tokens of the sequence so far (what cache-op schedules count)
     logits = None
@@ -157,10 +146,10 @@ def run_generate(cfg: RunConfig) -> RunResult:
     for t0 in range(0, w.prompt_tokens, cm.max_seq):
         chunk = prompt[t0 : t0 + cm.max_seq]
         logits = model.infer(embeddings(chunk), cache_size=cache)[0]
+        prefill_calls.append(acc.calls[-1])
         cache += len(chunk)
         seq += len(chunk)
         run_ops()
-    prefill_calls = [c for c in acc.calls[first:] if c.op == "infer"]
     generated: list[int] = []
     decode_calls: list[CallRecord] = []
     for i in range(w.output_tokens):
@@ -188,7 +177,7 @@ def run_generate(cfg: RunConfig) -> RunResult:
     roof_decode = roofline_s(decode_stats, hw, precision)
     metrics: dict[str, Any] = {
         "config": cfg.resolved(),
-        "scenario": (f"{cfgm.name or cfgm.family} {cfg.bits.preset} kv={cm.kv}: prefill "
+        "scenario": (f"{cfgm.name or cfgm.family} {cfg.bits.label} kv={cm.kv}: prefill "
                      f"{w.prompt_tokens} + decode {w.output_tokens} on {hw.name}"),
         "sim_time_s": (end_ps - start_ps) / PS_PER_S,
         "launch": {"time_s": launch.time_s,
@@ -236,9 +225,9 @@ def run_cache_op(model: Model, op, cache_size: int, functional: bool):
     if op.op == "dump_load":
         acc = model.acc
         start = acc.device.env.now
-        before = len(acc.calls)
+        before = acc.num_calls
         model.load_cache_memory(model.dump_cache_memory())
-        calls = acc.calls[before:]
+        calls = acc.calls_since(before)
         t = _sum_stats(calls)["traffic"]
         return EditResult("dump_load", "host", (acc.device.env.now - start) / PS_PER_S,
                           t.get("pcie_h2d", 0) + t.get("pcie_d2h", 0),

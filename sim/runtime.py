@@ -19,6 +19,7 @@ Typical use (see ``examples`` in the README)::
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,20 +108,42 @@ class CallRecord:
 class Accelerator:
     """One simulated NPU card (the vendor's ``Accelerator(dev_no)``)."""
 
+    #: Call records kept by default: enough for any one run's bookkeeping, while a serving
+    #: loop of millions of calls keeps its memory flat (a record is about 3 KiB).
+    KEEP_CALLS = 10_000
+
     def __init__(self, dev_no: int = 0, *, hw: str | HardwareConfig = "aries",
-                 functional: bool = True, recorder: Recorder | None = None):
+                 functional: bool = True, recorder: Recorder | None = None,
+                 keep_calls: int | None = KEEP_CALLS):
         self.dev_no = dev_no
         self.hw = load_hardware(hw) if isinstance(hw, str) else hw
         self.functional = functional
         self.recorder = recorder or Recorder(level="off")
         self.device = Device(self.hw, functional=functional, recorder=self.recorder)
-        self.calls: list[CallRecord] = []
+        #: The latest runtime calls (at most ``keep_calls``; None keeps them all), oldest
+        #: first; ``num_calls`` counts every call made.
+        self.calls: deque[CallRecord] = deque(maxlen=keep_calls)
+        self.num_calls = 0
         self.model: Model | None = None
         self._validated: set[tuple] = set()
 
     @property
     def now_s(self) -> float:
         return self.device.env.now / 1e12
+
+    def record(self, rec: CallRecord) -> CallRecord:
+        """Keep ``rec`` as the latest call."""
+        self.calls.append(rec)
+        self.num_calls += 1
+        return rec
+
+    def calls_since(self, count: int) -> list[CallRecord]:
+        """The records of the calls made since ``num_calls`` was ``count``."""
+        n = self.num_calls - count
+        if not 0 <= n <= len(self.calls):
+            raise RuntimeApiError(f"calls_since({count}): {n} calls were made since, "
+                                  f"{len(self.calls)} are kept (keep_calls)")
+        return list(self.calls)[len(self.calls) - n:]
 
     # --- helpers used by Model ------------------------------------------------------------
     def host_work(self, ns: float, name: str) -> None:
@@ -188,8 +211,8 @@ class Model:
             regions = [r for r in cm.mm.regions if r.kind == "weights"]
             acc.run(Program(tuple(HostWrite(src=HOST_IN, dst=r.base, nbytes=r.size)
                                   for r in regions), name="load weights"), "launch")
-        acc.calls.append(CallRecord("launch", start, acc.device.env.now,
-                                    acc.device.stats.delta(acc.device.stats.snapshot(), before)))
+        acc.record(CallRecord("launch", start, acc.device.env.now,
+                              acc.device.stats.delta(acc.device.stats.snapshot(), before)))
         acc.model = self
         self.acc = acc
 
@@ -262,8 +285,8 @@ class Model:
         before = dev.stats.snapshot()
         acc.host_work(acc.hw.host.call_overhead_ns, "infer")
         acc.run(prog, "infer", shape=(seq, cache_id))
-        acc.calls.append(CallRecord("infer", start, dev.env.now,
-                                    dev.stats.delta(dev.stats.snapshot(), before)))
+        acc.record(CallRecord("infer", start, dev.env.now,
+                              dev.stats.delta(dev.stats.snapshot(), before)))
         logits = None
         if acc.functional:
             acc_i32 = dev.host_read(host_out, 4 * cm.model.vocab_size).view(np.int32)
@@ -281,8 +304,7 @@ class Model:
     def _end(self, op: str, start: int, before: dict) -> CallRecord:
         dev = self.acc.device
         rec = CallRecord(op, start, dev.env.now, dev.stats.delta(dev.stats.snapshot(), before))
-        self.acc.calls.append(rec)
-        return rec
+        return self.acc.record(rec)
 
     def _cache_groups(self) -> list[list[dict]]:
         """Per cache (get_cache_infos order): its regions, one per slot."""
@@ -604,9 +626,8 @@ class Model:
         keep = [p for p in range(first, cache_size) if p not in drop_set]
         start, before = self._begin()
         self._rearrange(op, keep, first, cache_id)
-        rec = self.acc.calls.pop()
-        rec = CallRecord(op, start, rec.end_ps, rec.stats)
-        self.acc.calls.append(rec)
+        rec = self.acc.calls[-1]
+        rec = self.acc.calls[-1] = CallRecord(op, start, rec.end_ps, rec.stats)
         t = rec.stats.get("traffic", {})
         return EditResult(op, "device", rec.time_s, t.get("pcie_h2d", 0) + t.get("pcie_d2h", 0),
                           t.get("dram_read", 0) + t.get("dram_write", 0),

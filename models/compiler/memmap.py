@@ -23,6 +23,16 @@ def fmt_bytes(n: int | float) -> str:
     return f"{n:,.0f} B"
 
 
+def dram_shortfall(total: int, weights: int, kv: int, dram_bytes: int,
+                   hw_name: str) -> str | None:
+    """Why ``total`` bytes (of which ``weights`` and ``kv``) do not fit ``dram_bytes``, or
+    None when they do."""
+    if total <= dram_bytes:
+        return None
+    return (f"needs {fmt_bytes(total)} of DRAM (weights {fmt_bytes(weights)}, KV cache "
+            f"{fmt_bytes(kv)}); {hw_name} has {fmt_bytes(dram_bytes)}")
+
+
 @dataclass
 class MemoryMap:
     """A bump allocator over DRAM that names every region."""
@@ -56,12 +66,8 @@ class MemoryMap:
 
     def too_big(self, dram_bytes: int, hw_name: str) -> str | None:
         """Why this map does not fit ``dram_bytes`` of DRAM, or None when it does."""
-        if self.total_bytes <= dram_bytes:
-            return None
-        return (f"needs {fmt_bytes(self.total_bytes)} of DRAM (weights "
-                f"{fmt_bytes(self.bytes_of_kind('weights'))}, KV cache "
-                f"{fmt_bytes(self.bytes_of_kind('kv_cache'))}); {hw_name} has "
-                f"{fmt_bytes(dram_bytes)}")
+        return dram_shortfall(self.total_bytes, self.bytes_of_kind("weights"),
+                              self.bytes_of_kind("kv_cache"), dram_bytes, hw_name)
 
     def to_json(self) -> list[dict]:
         return [{"name": r.name, "base": r.base, "size": r.size, "kind": r.kind}

@@ -20,7 +20,7 @@ import numpy as np
 
 from isa.errors import ConfigError
 from isa.instructions import HostRead, HostWrite, Program
-from models.bits import build_bit_config
+from models.bits import BitConfig
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.compiler.compiled import build_memory_map
 from models.compiler.lower_batch import StepSeq, batch_memory_map
@@ -233,10 +233,7 @@ def run_serving(cfg: ServeConfig, *,
         raise CompileError(f"serving.max_model_len {max_len} is shorter than the longest "
                            f"request ({longest} tokens)")
     model = load_model(cfg.model.preset or cfg.model.hf_config, where="model")
-    from sim.run import _preset_bits
-
-    bits = build_bit_config({"weights": {**_preset_bits(cfg.bits.preset),
-                                         **cfg.bits.weights}}, where="bits")
+    bits = BitConfig(weights=cfg.bits.weight_bits())
     t0 = time.perf_counter()
     cm = compile_for_serving(model, bits, hw, kv=cfg.kv.format,
                              core_mode=cfg.compile.core_mode, cap=max_len,
@@ -273,7 +270,7 @@ def run_serving(cfg: ServeConfig, *,
     name = cfg.model.preset or Path(cfg.model.hf_config).stem
     metrics = {
         "config": cfg.resolved(),
-        "scenario": (f"serve {len(requests)} requests: {name} {cfg.bits.preset} "
+        "scenario": (f"serve {len(requests)} requests: {name} {cfg.bits.label} "
                      f"kv={cfg.kv.format} on {s.chips} x {hw.name}, {s.preemption}"),
         "serving": serving,
         "cost_model": cost_info,

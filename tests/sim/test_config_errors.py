@@ -34,6 +34,13 @@ CASES = [
     ("negative hardware size", "", ["hardware.sram.bytes_per_core=-1"],
      "hardware.sram.bytes_per_core: Input should be greater than"),
     ("bits = 3", "", ["bits.weights.query=3"], "bits.weights.query: Input should be 4 or 8"),
+    ("ffn bits = 3", "", ["bits.weights.ffn=3"], "bits.weights.ffn: must be one of 4, 8, got 3"),
+    ("ffn and up", "", ["bits.weights.ffn=4", "bits.weights.up=8"],
+     "bits.weights.ffn: give either ffn or up, not both"),
+    ("boolean bits", "", ["bits.weights.key=true"], "bits.weights.key: Input should be a valid "
+     "integer"),
+    ("infinite bandwidth", "", ["hardware.dram.data_rate_mtps=inf"],
+     "hardware.dram.data_rate_mtps: Input should be a finite number"),
     ("unknown bits preset", "", ["bits.preset=W3"], "bits.preset: unknown weight-bit preset 'W3'"),
     ("unknown model preset", "", ["model.preset=qwen9"], "model.preset: unknown model preset"),
     ("unknown hardware preset", "", ["hardware.preset=nosuch"],
@@ -158,3 +165,45 @@ format = "kivi-2.k"
     # --set reaches into the list; the second evict then finds nothing left to evict
     assert main(["check", str(cfg), "--set", "workload.cache_ops[2].recent=8"]) == 2
     assert "workload.cache_ops[2].recent: keeping 10 tokens" in capsys.readouterr().err
+
+
+def test_ffn_overrides_the_presets_up_gate_and_down():
+    from sim.config import load_run_config
+
+    bits = load_run_config(None, ["bits.preset=W8", "bits.weights.ffn=4"]).bits
+    wb = bits.weight_bits()
+    assert (wb.up, wb.gate, wb.down) == (4, 4, 4)
+    assert (wb.query, wb.key, wb.value, wb.output, wb.head) == (8, 8, 8, 8, 8)
+    assert bits.label == "W8+ffn=4"
+    wb = load_run_config(None, ["bits.preset=W4V8", "bits.weights.ffn=8"]).bits.weight_bits()
+    assert (wb.up, wb.gate, wb.down, wb.query, wb.value) == (8, 8, 8, 4, 8)
+
+
+@pytest.mark.parametrize("preset,kv", [("qwen2.5-0.5b", "int8"), ("tiny", "kivi-4"),
+                                       ("deepseek-v2-lite", "quantmla-c4r4")])
+def test_slots_add_equal_page_aligned_blocks(preset, kv):
+    """kvsim check extrapolates DRAM from one and two slots before it builds a map of many
+    slots: that is exact only if every slot adds the same bytes."""
+    from models.bits import BitConfig
+    from models.compiler.compiled import build_memory_map
+    from models.config import load_model
+
+    model = load_model(preset)
+
+    def mm(slots):
+        return build_memory_map(model, BitConfig(), kv, cap=512, slots=slots, max_seq=128,
+                                m_tile=1)
+
+    one, two = mm(1), mm(2)
+    for n in (3, 5, 17):
+        m = mm(n)
+        assert m.total_bytes == one.total_bytes + (n - 1) * (two.total_bytes - one.total_bytes)
+        assert m.bytes_of_kind("kv_cache") == n * one.bytes_of_kind("kv_cache")
+
+
+def test_a_huge_slot_count_is_refused_with_exact_figures(capsys):
+    assert main(["check", "--set", "compile.cache_slots=100000"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "kvsim: error: hardware.dram.capacity_bytes: model 'qwen2.5-0.5b' with a cache of 256 "
+        "tokens x 100000 slot(s) needs 147 GiB of DRAM (weights 475 MiB, KV cache 146 GiB); "
+        "aries has 16 GiB")

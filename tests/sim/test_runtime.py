@@ -294,3 +294,18 @@ def test_scheduled_cache_ops_agree_on_host_and_device(op):
     assert h["cache_ops"][0]["new_cache_size"] == d["cache_ops"][0]["new_cache_size"]
     assert h["cache_ops"][0]["pcie_bytes"] > 0 == d["cache_ops"][0]["pcie_bytes"]
     assert h["cache_ops"][0]["time_s"] > d["cache_ops"][0]["time_s"]
+
+
+def test_call_records_are_bounded_and_counted(compiled, emb):
+    acc = Accelerator(hw=TINY_HW, functional=False, keep_calls=4)
+    model = Model(compiled["int8"])
+    model.launch(acc)
+    ends = []
+    for i in range(10):
+        model.infer(emb[i : i + 1], cache_size=i)
+        ends.append(acc.calls[-1].end_ps)
+    assert acc.num_calls == 11 and len(acc.calls) == 4  # launch + 10 infers, 4 kept
+    assert [c.end_ps for c in acc.calls] == ends[-4:]
+    assert [c.end_ps for c in acc.calls_since(acc.num_calls - 2)] == ends[-2:]
+    with pytest.raises(RuntimeApiError, match="5 calls were made since, 4 are kept"):
+        acc.calls_since(acc.num_calls - 5)
