@@ -275,6 +275,18 @@ class Lowering:
     target: Target
 
     # --- names ------------------------------------------------------------------------
+    def check_call(self, n: int, cache_size: int) -> None:
+        """Refuse a call of ``n`` tokens at cache position ``cache_size`` that this
+        lowering cannot hold."""
+        if n < 1:
+            raise ConfigError(f"a call needs at least one token, got {n}")
+        if n > self.max_seq:
+            raise ConfigError(f"{n} tokens exceed the compiled max_sequence_length "
+                              f"{self.max_seq}")
+        if cache_size < 0 or cache_size + n > self.cap:
+            raise ConfigError(f"cache_size {cache_size} + {n} tokens exceed the cache "
+                              f"capacity {self.cap}")
+
     @staticmethod
     def kv_region(slot: int, layer: int, comp: str) -> str:
         return f"kv.s{slot}.l{layer}.{comp}"
@@ -320,13 +332,7 @@ def lower_forward(lw: Lowering, *, n: int, cache_size: int, slot: int = 0,
     cfg = lw.model
     if cfg.is_mla:
         raise NotImplementedError("MLA lowering lives in lower_mla")
-    if n < 1:
-        raise ConfigError(f"a call needs at least one token, got {n}")
-    if n > lw.max_seq:
-        raise ConfigError(f"{n} tokens exceed the compiled max_sequence_length {lw.max_seq}")
-    if cache_size < 0 or cache_size + n > lw.cap:
-        raise ConfigError(f"cache_size {cache_size} + {n} tokens exceed the cache capacity "
-                          f"{lw.cap}")
+    lw.check_call(n, cache_size)
     b = Builder(lw.target)
     cores = lw.target.cores
     h = cfg.hidden_size
@@ -513,31 +519,37 @@ def _rows(lw: Lowering, n: int, c: int, unit: int = 16) -> tuple[int, int]:
 def _stage_o(b: Builder, lw: Lowering, layer: int, q, x: int, m: int) -> None:
     """O projection slice + residual add -> act.xm."""
     cfg = lw.model
-    h = cfg.hidden_size
-    qh = cfg.num_heads * cfg.head_dim
-    mo = lw.matrix(f"layers.{layer}.o_proj", q.o)
-    xm = lw.mm["act.xm"].base
-    ao = lw.mm["act.ao"].base
+    _proj_residual(b, lw, lw.matrix(f"layers.{layer}.o_proj", q.o), q.add1, m=m,
+                   src=lw.mm["act.ao"].base, k=cfg.num_heads * cfg.head_dim,
+                   resid=x, dst=lw.mm["act.xm"].base, what=("attention output", "o_proj"))
+
+
+def _proj_residual(b: Builder, lw: Lowering, mat, add, *, m: int, src: int, k: int,
+                   resid: int, dst: int, what: tuple[str, str]) -> None:
+    """Each core: its slice of ``mat`` @ ``src`` (``m`` rows of ``k``) plus the same slice of
+    the residual ``resid`` (``m`` rows of hidden) -> ``dst``. ``what`` names the input and
+    the projection for SRAM-overflow messages."""
+    h = lw.model.hidden_size
     for c in lw.target.cores:
         r0, r1 = _rows(lw, h, c)
         if r1 <= r0:
             continue
         w = r1 - r0
         plan = SramPlan(lw.target, c)
-        b.prefetch(c, mo, (r0, r1))
-        a = plan.take(m * qh, "attention output")
-        b.load(c, ao, a, m * qh, to="in_mxu")
+        b.prefetch(c, mat, (r0, r1))
+        a = plan.take(m * k, what[0])
+        b.load(c, src, a, m * k, to="in_mxu")
         xs = plan.take(m * w, "residual slice")
-        b.load(c, x + r0, xs, w, rows=m, src_stride=h, to="in_vpu")
-        ob = plan.take(m * w, "o_proj output")
-        b.gemm(c, mo, (r0, r1), a=a, m=m, out=ob, plan=plan, first_wait=(b.sem(c, "in_mxu"),),
-               last_signal=(b.sem(c, "mxu_vpu"),))
+        b.load(c, resid + r0, xs, w, rows=m, src_stride=h, to="in_vpu")
+        pb = plan.take(m * w, f"{what[1]} output")
+        b.gemm(c, mat, (r0, r1), a=a, m=m, out=pb, plan=plan,
+               first_wait=(b.sem(c, "in_mxu"),), last_signal=(b.sem(c, "mxu_vpu"),))
         out = plan.take(m * w, "residual output")
-        b.emit(Vec(core=c, func=VecFunc.ADD, rows=m, cols=w, src0=xs, src1=ob, dst=out,
-                   p0=q.add1.ma, p1=q.add1.mb, p2=q.add1.shift,
+        b.emit(Vec(core=c, func=VecFunc.ADD, rows=m, cols=w, src0=xs, src1=pb, dst=out,
+                   p0=add.ma, p1=add.mb, p2=add.shift,
                    wait=(b.sem(c, "in_vpu"), b.sem(c, "mxu_vpu")),
                    signal=(b.sem(c, "vpu_out"),)))
-        b.emit(DmaStore(core=c, src=out, dst=xm + r0, nbytes=w, rows=m, dst_stride=h,
+        b.emit(DmaStore(core=c, src=out, dst=dst + r0, nbytes=w, rows=m, dst_stride=h,
                         wait=(b.sem(c, "vpu_out"),), signal=b.barrier()))
 
 
@@ -577,33 +589,9 @@ def _stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int) -> None:
 
 def _stage_mlp_down(b: Builder, lw: Lowering, layer: int, q, x_next: int, m: int) -> None:
     """down projection slice + residual add -> the next layer's input."""
-    cfg = lw.model
-    h = cfg.hidden_size
-    inter = cfg.intermediate_size
-    md = lw.matrix(f"layers.{layer}.down_proj", q.down)
-    xm = lw.mm["act.xm"].base
-    hb = lw.mm["act.hb"].base
-    for c in lw.target.cores:
-        r0, r1 = _rows(lw, h, c)
-        if r1 <= r0:
-            continue
-        w = r1 - r0
-        plan = SramPlan(lw.target, c)
-        b.prefetch(c, md, (r0, r1))
-        a = plan.take(m * inter, "SwiGLU output")
-        b.load(c, hb, a, m * inter, to="in_mxu")
-        xs = plan.take(m * w, "residual slice")
-        b.load(c, xm + r0, xs, w, rows=m, src_stride=h, to="in_vpu")
-        db = plan.take(m * w, "down_proj output")
-        b.gemm(c, md, (r0, r1), a=a, m=m, out=db, plan=plan, first_wait=(b.sem(c, "in_mxu"),),
-               last_signal=(b.sem(c, "mxu_vpu"),))
-        out = plan.take(m * w, "residual output")
-        b.emit(Vec(core=c, func=VecFunc.ADD, rows=m, cols=w, src0=xs, src1=db, dst=out,
-                   p0=q.add2.ma, p1=q.add2.mb, p2=q.add2.shift,
-                   wait=(b.sem(c, "in_vpu"), b.sem(c, "mxu_vpu")),
-                   signal=(b.sem(c, "vpu_out"),)))
-        b.emit(DmaStore(core=c, src=out, dst=x_next + r0, nbytes=w, rows=m, dst_stride=h,
-                        wait=(b.sem(c, "vpu_out"),), signal=b.barrier()))
+    _proj_residual(b, lw, lw.matrix(f"layers.{layer}.down_proj", q.down), q.add2, m=m,
+                   src=lw.mm["act.hb"].base, k=lw.model.intermediate_size,
+                   resid=lw.mm["act.xm"].base, dst=x_next, what=("SwiGLU output", "down_proj"))
 
 
 def _head_rows(lw: Lowering, c: int) -> tuple[int, int] | None:

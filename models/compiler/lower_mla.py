@@ -102,6 +102,7 @@ from .lower import (
     TileSeq,
     _head_rows,
     _norm,
+    _proj_residual,
     _rows,
     _stage_head,
     _stage_input,
@@ -370,13 +371,7 @@ def lower_forward_mla(lw: Lowering, *, n: int, cache_size: int, slot: int = 0,
     cfg = lw.model
     if not cfg.is_mla:
         raise ConfigError(f"model {cfg.name!r} is not an MLA model; use lower_forward")
-    if n < 1:
-        raise ConfigError(f"a call needs at least one token, got {n}")
-    if n > lw.max_seq:
-        raise ConfigError(f"{n} tokens exceed the compiled max_sequence_length {lw.max_seq}")
-    if cache_size < 0 or cache_size + n > lw.cap:
-        raise ConfigError(f"cache_size {cache_size} + {n} tokens exceed the cache capacity "
-                          f"{lw.cap}")
+    lw.check_call(n, cache_size)
     b = MlaBuilder(lw.target)
     h = cfg.hidden_size
     emb = lw.mm["io.emb"].base
@@ -640,34 +635,10 @@ def _stage_mla_attend(b: MlaBuilder, lw: Lowering, layer: int, q, m: int, pos0: 
 def _stage_mla_o(b: MlaBuilder, lw: Lowering, layer: int, q, x: int, m: int) -> None:
     """C: o_proj slice (num_heads * v_head_dim inputs) + residual add -> act.xm."""
     d = _Dims.of(lw.model)
-    qh = d.heads * d.v
-    mo = lw.matrix(f"layers.{layer}.o_proj", q.o)
-    xm = lw.mm["act.xm"].base
-    ao = lw.mm["act.ao"].base
-    for c in lw.target.cores:
-        r0, r1 = _rows(lw, d.h, c)
-        if r1 <= r0:
-            continue
-        w = r1 - r0
-        plan = SramPlan(lw.target, c)
-        b.prefetch(c, mo, (r0, r1))
-        a = plan.take(m * qh, "value heads")
-        b.load(c, ao, a, m * qh, to="in_mxu")
-        xs = plan.take(m * w, "residual slice")
-        b.load(c, x + r0, xs, w, rows=m, src_stride=d.h, to="in_vpu")
-        ob = plan.take(m * w, "o_proj output")
-        b.gemm(c, mo, (r0, r1), a=a, m=m, out=ob, plan=plan, first_wait=(b.sem(c, "in_mxu"),),
-               last_signal=(b.sem(c, "mxu_vpu"),))
-        out = plan.take(m * w, "residual output")
-        b.emit(Vec(core=c, func=VecFunc.ADD, rows=m, cols=w, src0=xs, src1=ob, dst=out,
-                   p0=q.add1.ma, p1=q.add1.mb, p2=q.add1.shift,
-                   wait=(b.sem(c, "in_vpu"), b.sem(c, "mxu_vpu")),
-                   signal=(b.sem(c, "vpu_out"),)))
-        b.emit(DmaStore(core=c, src=out, dst=xm + r0, nbytes=w, rows=m, dst_stride=d.h,
-                        wait=(b.sem(c, "vpu_out"),), signal=b.barrier()))
+    _proj_residual(b, lw, lw.matrix(f"layers.{layer}.o_proj", q.o), q.add1, m=m,
+                   src=lw.mm["act.ao"].base, k=d.heads * d.v, resid=x,
+                   dst=lw.mm["act.xm"].base, what=("value heads", "o_proj"))
 
-
-# --- MoE ----------------------------------------------------------------------------------
 
 def _shared_width(cfg: ModelConfig) -> int:
     assert cfg.moe_intermediate_size is not None
