@@ -31,19 +31,26 @@ def _block_key(block: str) -> tuple[int, str]:
 def bandwidth_series(
     recorder: Recorder, *, bins: int = 200, end_ps: int | None = None
 ) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
-    """Bytes/s over time per (block, lane), from the recorded byte intervals.
+    """Bytes/s over time per (block, lane), from the recorder's byte bins.
 
-    Returns ``{(block, lane): (bin_start_ps, bytes_per_s)}``; each interval's bytes are
-    spread uniformly over its duration.
+    Returns ``{(block, lane): (bin_start_ps, bytes_per_s)}`` with at most ``bins`` bins
+    from 0 to ``end_ps`` (default: the end of the last transfer). A bin is a whole number
+    of the recorder's byte bins wide (see :mod:`traces.recorder`), so each recorder bin
+    falls in one of them: a bin's bytes are those of the transfers' parts that fell in it,
+    as if every transfer had been spread uniformly over its duration, and the bytes under
+    each curve are the track's recorded bytes.
     """
-    if not recorder.bytes:
+    records = recorder.bytes
+    if not records:
         return {}
-    stop = end_ps if end_ps is not None else max(b.end_ps for b in recorder.bytes)
+    stop = end_ps if end_ps is not None else max(b.end_ps for b in records)
     stop = max(stop, 1)
-    width = max(1, -(-stop // bins))
+    unit = recorder.byte_bin_width_ps
+    width = -(-max(1, -(-stop // bins)) // unit) * unit
+    bins = -(-stop // width)
     edges = np.arange(bins + 1, dtype=np.float64) * width
     grouped: dict[tuple[str, str], list] = defaultdict(list)
-    for b in recorder.bytes:
+    for b in records:
         grouped[(b.block, b.lane)].append((b.start_ps, b.end_ps, b.nbytes))
     out = {}
     for key, items in grouped.items():

@@ -3,8 +3,19 @@
 Detail levels: ``off`` records nothing, ``ops`` one span per instruction / runtime call,
 ``tiles`` also one span per DMA chunk, DRAM channel burst and link chunk. ``max_events``
 bounds memory on long runs: past it, spans are counted in ``dropped`` and not stored.
-Byte intervals (for bandwidth counters) are kept at ``ops`` and above, subject to the same
-limit.
+
+Bytes moved (for bandwidth counters) are kept at ``ops`` and above, binned as they are
+recorded: per track (a DRAM channel, a link direction) into bins of fixed simulated time,
+so memory grows with the number of bins, not with the number of transfers. Bins start
+``byte_bin_ps`` wide; whenever a transfer ends past ``max_byte_bins`` bins, the width
+doubles (neighbouring bins merge), so a track never holds more than ``max_byte_bins``
+bins. A transfer spanning several bins is split over them in proportion to its overlap
+with each, in whole bytes (cumulative floor: the parts add up to the transfer exactly);
+each bin also keeps the earliest start and latest end of the bytes in it. Byte totals are
+exact: :attr:`Recorder.byte_totals` counts every transfer reported, and the bins hold
+exactly the bytes of every transfer they accepted. Each non-empty bin is one event
+towards ``max_events``; a transfer that would need a new bin past the limit is counted
+in ``dropped`` (whole, never split) and left out of the bins, not out of ``byte_totals``.
 """
 
 from __future__ import annotations
@@ -27,6 +38,9 @@ class Span:
 
 @dataclass(frozen=True, slots=True)
 class ByteInterval:
+    """Bytes moved on one track between two times: since byte intervals are binned, one
+    bin's bytes, between the earliest start and the latest end of what fell in it."""
+
     block: str
     lane: str
     start_ps: int
@@ -38,20 +52,31 @@ class ByteInterval:
 class Recorder:
     level: str = "ops"
     max_events: int = 2_000_000
+    #: Width of the byte bins at the start of a run (simulated ps); doubles as needed.
+    byte_bin_ps: int = 1_000
+    #: Most byte bins per track (the width doubles to stay within it).
+    max_byte_bins: int = 4096
     spans: list[Span] = field(default_factory=list)
-    bytes: list[ByteInterval] = field(default_factory=list)
     dropped: int = 0
+    #: Exact bytes reported per (block, lane), whether or not their bins were stored.
+    byte_totals: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
             raise ValueError(f"trace level {self.level!r}: valid levels are {', '.join(LEVELS)}")
+        if self.byte_bin_ps < 1 or self.max_byte_bins < 1:
+            raise ValueError("byte_bin_ps and max_byte_bins must be at least 1")
         self._rank = LEVELS[self.level]
+        self._width = self.byte_bin_ps
+        # per track: {bin index: [bytes, earliest start ps, latest end ps]}
+        self._bins: dict[tuple[str, str], dict[int, list[int]]] = {}
+        self._nbins = 0
 
     def wants(self, detail: str) -> bool:
         return self._rank >= LEVELS[detail]
 
-    def _room(self) -> bool:
-        if len(self.spans) + len(self.bytes) < self.max_events:
+    def _room(self, n: int = 1) -> bool:
+        if len(self.spans) + self._nbins + n <= self.max_events:
             return True
         self.dropped += 1
         return False
@@ -72,5 +97,91 @@ class Recorder:
 
     def moved(self, block: str, lane: str, start_ps: int, end_ps: int, nbytes: int) -> None:
         """Bytes that crossed a channel or link between two times (for bandwidth counters)."""
-        if self._rank >= 1 and self._room():
-            self.bytes.append(ByteInterval(block, lane, start_ps, end_ps, nbytes))
+        if self._rank < 1:
+            return
+        key = (block, lane)
+        totals = self.byte_totals
+        totals[key] = totals.get(key, 0) + nbytes
+        w = self._width
+        last = end_ps - 1 if end_ps > start_ps else start_ps
+        while last // w >= self.max_byte_bins:
+            self._coarsen()
+            w = self._width
+        k0, k1 = start_ps // w, last // w
+        track = self._bins.get(key)
+        if track is None:
+            track = self._bins[key] = {}
+        if k0 == k1:  # the common case: the whole transfer in one bin
+            cell = track.get(k0)
+            if cell is not None:
+                cell[0] += nbytes
+                if start_ps < cell[1]:
+                    cell[1] = start_ps
+                if end_ps > cell[2]:
+                    cell[2] = end_ps
+            elif self._room():
+                track[k0] = [nbytes, start_ps, end_ps]
+                self._nbins += 1
+            return
+        new = sum(k not in track for k in range(k0, k1 + 1))
+        if new and not self._room(new):
+            return
+        self._nbins += new
+        dur = end_ps - start_ps
+        done = 0
+        for k in range(k0, k1 + 1):
+            lo = max(start_ps, k * w)
+            hi = min(end_ps, (k + 1) * w)
+            upto = nbytes * (hi - start_ps) // dur  # bytes moved by ``hi`` (floor)
+            n, done = upto - done, upto
+            cell = track.get(k)
+            if cell is None:
+                track[k] = [n, lo, hi]
+            else:
+                cell[0] += n
+                if lo < cell[1]:
+                    cell[1] = lo
+                if hi > cell[2]:
+                    cell[2] = hi
+
+    def _coarsen(self) -> None:
+        """Double the bin width: bins ``2j`` and ``2j + 1`` merge into bin ``j``."""
+        self._width *= 2
+        n = 0
+        for key, track in self._bins.items():
+            merged: dict[int, list[int]] = {}
+            for k in sorted(track):
+                cell = track[k]
+                into = merged.get(k >> 1)
+                if into is None:
+                    merged[k >> 1] = cell
+                else:
+                    into[0] += cell[0]
+                    into[1] = min(into[1], cell[1])
+                    into[2] = max(into[2], cell[2])
+            self._bins[key] = merged
+            n += len(merged)
+        self._nbins = n
+
+    @property
+    def byte_bin_width_ps(self) -> int:
+        """The current width of the byte bins (simulated ps)."""
+        return self._width
+
+    @property
+    def byte_records(self) -> int:
+        """How many byte bins are stored (each one event towards ``max_events``)."""
+        return self._nbins
+
+    @property
+    def bytes(self) -> list[ByteInterval]:
+        """The byte bins as intervals, per track in time order (built on each access)."""
+        return [ByteInterval(block, lane, cell[1], cell[2], cell[0])
+                for (block, lane), track in self._bins.items()
+                for _, cell in sorted(track.items())]
+
+    def binned_totals(self) -> dict[tuple[str, str], int]:
+        """Bytes per (block, lane) held in the bins: equal to :attr:`byte_totals` for
+        every track unless byte transfers were dropped at the event limit."""
+        return {key: sum(cell[0] for cell in track.values())
+                for key, track in self._bins.items()}
