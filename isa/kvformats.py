@@ -76,6 +76,19 @@ re-quantizes tokens leaving the window (from their exact full-precision values, 
 chunking does not change the result), clears slots that no longer hold a cached token
 (functional tidiness, not counted as traffic), and :meth:`KVFormat.read_bytes` /
 :meth:`KVFormat.write_bytes` give the DRAM traffic of reads and appends.
+
+A write at ``pos`` below the cached length truncates the cache there and goes straight from
+the old layout to the new one: the kept tokens keep their records and read back as before
+(those that come back into the tail are stored as the values they read), with one
+exception. A per-channel block that the truncation splits and the same write completes
+again shares one scale (and zero) per channel between its kept and its new tokens, so it is
+re-quantized from what its kept tokens read and the new tokens: its kept tokens read back
+re-quantized, not necessarily as before. (Keeping the old block's scales instead would
+clamp the new tokens to the old tokens' range.) A token stored
+dequantized after a truncation is re-quantized from that value when a later write pushes it
+out of the tail again; formats with integer zero points do not always reproduce their own
+dequantized values, so there, after a truncation, appending in chunks can read back
+differently from appending at once.
 """
 
 from __future__ import annotations
@@ -650,7 +663,10 @@ class KVFormat:
         tokens that left the window are quantized from their full-precision values (exact,
         so writing token by token and writing all at once give the same bytes). Formats
         with a header require ``pos <= `` the cached length; ``pos`` below it truncates the
-        cache first (tokens that come back into the window are stored dequantized).
+        cache there: kept tokens read back as before (tokens that come back into the window
+        are stored dequantized), except the kept tokens of a per-channel block that the
+        truncation splits and this write completes again: that block is re-quantized from
+        its kept tokens' values and the new tokens (see the module docstring).
         """
         x = np.asarray(x)
         if x.ndim != 2 or x.dtype != np.int8:

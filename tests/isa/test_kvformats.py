@@ -364,26 +364,70 @@ def test_region_sub_reads(case, data) -> None:
     assert np.array_equal(f.region_read(region, cap, w, pos, n), full[pos:pos + n])
 
 
+def check_truncate_then_append(f: kf.KVFormat, x: np.ndarray, cap: int, pos: int,
+                               new: np.ndarray) -> None:
+    """Write ``new`` at ``pos`` into the region of ``x`` (``pos < len(x)``, no longer than
+    ``x``): the tokens from ``pos`` on are dropped. The kept tokens read back as before,
+    except those of a per-channel block the truncation splits and the write completes again:
+    that block is re-quantized from what its kept tokens read and the new tokens. Tokens in
+    full precision hold exactly what was read before (or written); the quantized records and
+    blocks the write builds are quantized from those values."""
+    t, w = x.shape
+    n = new.shape[0]
+    assert 0 <= pos < t and 1 <= n and pos + n <= t
+    region = f.region_encode(x, cap)
+    before = f.region_read(region, cap, w, 0, t)
+    f.region_write(region, cap, pos, new)
+    assert f.region_length(region) == pos + n
+    after = f.region_read(region, cap, w)
+    expect = np.concatenate([before[:pos], new])
+    s, qe = min(f.sink, pos + n), ref_quant_end(f, pos + n)
+    first = max(s, pos)  # the first token of the records and blocks the write builds
+    if f.axis == "channel" and first < qe:
+        first = s + (first - s) // f.group * f.group  # the block pos falls in
+    kept = min(first, pos)
+    assert np.array_equal(after[:kept], before[:kept])
+    if first < qe:
+        expect[first:qe] = f.decode(f.encode(expect[first:qe]), qe - first, w)
+    assert np.array_equal(after, expect)
+
+
 @SETTINGS
 @given(region_cases(), st.data())
 def test_region_truncate_then_append(case, data) -> None:
-    """Writing at pos < length drops the tokens from pos on; the rest reads back as before."""
+    """Writing at pos < length drops the tokens from pos on; the rest reads back as before
+    (but for a per-channel block the truncation splits and the write completes again)."""
     f, x, cap, _ = case
     t, w = x.shape
     if not f.stateful or t == 0:
         return
-    region = f.region_encode(x, cap)
-    before = f.region_read(region, cap, w, 0, t)
     pos = data.draw(st.integers(0, t - 1))
-    new = data.draw(hnp.arrays(np.int8, (1, w), elements=st.integers(-128, 127)))
-    f.region_write(region, cap, pos, new)
-    assert f.region_length(region) == pos + 1
-    after = f.region_read(region, cap, w)
-    assert np.array_equal(after[:pos], before[:pos])
-    # tokens now in full precision hold exactly what was read before (or written)
-    expect = np.concatenate([before[:pos], new])
-    qe = ref_quant_end(f, pos + 1)
-    assert np.array_equal(after[qe:], expect[qe:])
+    n = data.draw(st.integers(1, t - pos))
+    new = data.draw(hnp.arrays(np.int8, (n, w), elements=st.integers(-128, 127)))
+    check_truncate_then_append(f, x, cap, pos, new)
+
+
+@pytest.mark.parametrize(("spec", "x", "pos", "new", "reads"), [
+    # found by the fuzz profile: block [1, 3) (sink 1, G 2) split at 2 and completed by the
+    # new token: re-quantized from [22, -1], so token 1 reads 21, not 22
+    ("b4.channel.g2.asym.scale-fp16.zero-uint8.fp-fp16.sink1", [[22], [22], [22]], 2, [[-1]],
+     [[22], [21], [-2]]),
+    # the new token gets the block's new range, not the old block's (all 22: scale 0)
+    ("b4.channel.g2.asym.fp-fp16.sink1", [[22], [22], [22]], 2, [[-100]],
+     [[22], [22], [-100]]),
+    # with a window: block [1, 4) split at 2 and completed by new tokens 2 and 3 (of six)
+    ("b4.channel.g3.asym.window2.sink1", [[v, -v] for v in range(10, 90, 10)], 2,
+     [[-128, 127], [0, 0], [5, 5], [6, 6], [7, 7], [8, 8]], None),
+])
+def test_region_truncation_requantizes_a_split_channel_block(spec, x, pos, new, reads) -> None:
+    f = kf.parse(spec)
+    x, new = np.array(x, np.int8), np.array(new, np.int8)
+    t, w = x.shape
+    check_truncate_then_append(f, x, t, pos, new)
+    if reads is not None:
+        region = f.region_encode(x, t)
+        f.region_write(region, t, pos, new)
+        assert f.region_read(region, t, w).tolist() == reads
 
 
 def test_region_layout_by_hand() -> None:
