@@ -10,12 +10,13 @@ from traces.recorder import Recorder
 #   ci   - Hypothesis's default of 100 examples per property: the fuzz tests
 #          (tests/test_fuzz.py) run briefly in every test run and in CI.
 #   fuzz - long fuzzing: HYPOTHESIS_PROFILE=fuzz python -m pytest tests/test_fuzz.py
-#          (50,000 examples per property; no deadline; failures are saved in .hypothesis/
-#          and replayed first on the next run).
+#          (50,000 examples per property, or HYPOTHESIS_EXAMPLES; no deadline; failures
+#          are saved in .hypothesis/ and replayed first on the next run).
 # CI runs a fixed set of examples (derandomize): a red CI names a change, not luck;
 # the fuzz profile explores at random.
 settings.register_profile("ci", max_examples=100, derandomize=True)
-settings.register_profile("fuzz", max_examples=50_000, deadline=None,
+settings.register_profile("fuzz", max_examples=int(os.environ.get("HYPOTHESIS_EXAMPLES",
+                                                                 50_000)), deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

@@ -22,7 +22,6 @@ import random
 import shutil
 import struct
 import zipfile
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +216,18 @@ def _header(change: Callable[[dict], Any]) -> Callable[[bytes], bytes]:
     return mutate
 
 
+def _arrays(change: Callable[[dict], Any]) -> Callable[[bytes], bytes]:
+    def mutate(data: bytes) -> bytes:
+        m = _members(data)
+        arrays = dict(np.load(io.BytesIO(m["arrays.npz"])))
+        change(arrays)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        m["arrays.npz"] = buf.getvalue()
+        return _zip(m)
+    return mutate
+
+
 def _member(name: str, new: bytes | None) -> Callable[[bytes], bytes]:
     def mutate(data: bytes) -> bytes:
         m = _members(data)
@@ -319,6 +330,18 @@ _kvm("zero cache slots in header", "slots = 0 is not a positive integer",
      _header(lambda h: h.update(slots=0)))
 _kvm("unknown weight source in header", "weights = {'kind': 'pickle'}",
      _header(lambda h: h.update(weights={"kind": "pickle"})))
+_kvm("memory map edited", "memory_map is not the one model, bits, kv",
+     _header(lambda h: h["memory_map"][0].update(size=h["memory_map"][0]["size"] + 4096)))
+_kvm("a layer missing from the numerics", "numerics.layers has 1 entries; the model has 2",
+     _header(lambda h: h["numerics"].update(layers=h["numerics"]["layers"][:1])))
+_kvm("core mode beyond the target's cores", "core_mode 'global8' needs 8 cores; hw has 2",
+     _header(lambda h: h.update(core_mode="global8")))
+_kvm("shift beyond 32 bits", "numerics.layers[0].q.shift = 1099511627776 is not a 32-bit",
+     _header(lambda h: h["numerics"]["layers"][0]["q"].update(shift=2**40)))
+_kvm("norm gains of the wrong length", "numerics.0.attn_norm.gamma must be int16[64], got "
+     "int16[63]", _arrays(lambda a: a.update({"0.attn_norm.gamma": a["0.attn_norm.gamma"][:63]})))
+_kvm("requantization multipliers missing", "numerics.1.down.mult must be int32[64], got missing",
+     _arrays(lambda a: a.pop("1.down.mult")))
 
 
 # --- ISA programs ------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import zipfile
 import zlib
 from functools import cache
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
@@ -308,7 +309,17 @@ def kvm(tmp_path_factory):
     folder = tmp_path_factory.mktemp("kvm")
     cm.save(folder / "tiny.kvm")
     with zipfile.ZipFile(folder / "tiny.kvm") as z:
-        return {n: z.read(n) for n in z.namelist()}, folder
+        return _Kvm({n: z.read(n) for n in z.namelist()}, folder)
+
+
+class _Kvm(tuple):
+    """(members, folder), with a short repr for Hypothesis' failure reports."""
+
+    def __new__(cls, members, folder):
+        return super().__new__(cls, (members, folder))
+
+    def __repr__(self):
+        return f"<tiny.kvm members {sorted(self[0])}>"
 
 
 @FUZZ
@@ -328,8 +339,17 @@ def test_compiled_model_reader_header_fields(kvm, data):
     path = folder / "fuzz.kvm"
     path.write_bytes(buf.getvalue())
     try:
-        CompiledModel.load(path)
+        cm = CompiledModel.load(path)
     except CompileError:
+        return
+    # What loads must work, or refuse with a documented error, when it is used.
+    from sim.runtime import Accelerator, Model
+
+    try:
+        model = Model(cm)
+        model.launch(Accelerator(hw="tiny", functional=False))
+        model.infer(np.zeros((1, cm.model.hidden_size), np.float32), cache_size=0)
+    except KvsimError:
         pass
 
 

@@ -258,6 +258,7 @@ class CompiledModel:
             raise CompileError(f"{p}: compiled-model version {header.get('version')} is not "
                                f"supported (this kvsim reads version {FILE_VERSION})")
         cm = _from_header(header, arrays)
+        _check_consistent(cm, arrays)
         cm.programs = progs
         return cm
 
@@ -507,6 +508,91 @@ def _from_header(h: dict, arrays: dict[str, np.ndarray]) -> CompiledModel:
         )
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CompileError(f"compiled model header is incomplete or invalid: {err!r}") from None
+
+
+_I32 = (-(1 << 31), (1 << 31) - 1)
+_GEMMS = (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj"),
+          ("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj"))
+
+
+def _check_consistent(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
+    """Refuse a loaded model whose parts disagree (a hand-edited or corrupt header): the
+    hardware target, the memory map (it must be the one the compiler builds from the
+    header's model, bits, format and sizes), the integer parameters and their arrays."""
+    hw = cm.hw
+    if not isinstance(hw.name, str) or any(type(v) is not int or v <= 0 for v in (
+            hw.num_cores, hw.sram_bytes, hw.dram_bytes)):
+        raise CompileError(f"compiled model header: hw = {vars(hw)} is not a hardware target")
+    if CORE_MODES[cm.core_mode] > hw.num_cores:
+        raise CompileError(f"compiled model header: core_mode {cm.core_mode!r} needs "
+                           f"{CORE_MODES[cm.core_mode]} cores; hw has {hw.num_cores}")
+    try:
+        expect = build_memory_map(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
+                                  max_seq=cm.max_seq, m_tile=cm.m_tile)
+    except KvsimError as err:
+        raise CompileError(f"compiled model header: {err}") from None
+    if cm.mm.to_json() != expect.to_json():
+        raise CompileError("compiled model header: memory_map is not the one model, bits, kv, "
+                           "cap, slots, max_seq and m_tile give (the file was edited)")
+    if (why := cm.mm.too_big(hw.dram_bytes, hw.name)) is not None:
+        raise CompileError(f"compiled model header: the model {why}")
+    _check_numerics(cm, arrays)
+
+
+def _check_numerics(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
+    nq, cfg = cm.numerics, cm.model
+
+    def bad(where: str, why: str) -> CompileError:
+        return CompileError(f"compiled model header: numerics.{where} {why}")
+
+    def ints(where: str, obj) -> None:
+        for k, v in vars(obj).items():
+            if isinstance(v, np.ndarray) or v is None:
+                continue
+            if type(v) is not int or not _I32[0] <= v <= _I32[1]:
+                raise bad(f"{where}.{k}", f"= {v!r} is not a 32-bit integer")
+
+    if not isinstance(nq.functional, bool):
+        raise bad("functional", "is not a boolean")
+    if (not isinstance(nq.input_scale, int | float) or isinstance(nq.input_scale, bool)
+            or not np.isfinite(nq.input_scale) or nq.input_scale <= 0):
+        raise bad("input_scale", f"= {nq.input_scale!r} is not a positive number")
+    if len(nq.layers) != cfg.num_layers:
+        raise bad("layers", f"has {len(nq.layers)} entries; the model has {cfg.num_layers} "
+                            "layers")
+    if nq.functional and (cfg.is_mla or cfg.is_moe):
+        raise bad("functional", "is true for an MLA/MoE model (timing only)")
+    for i, L in enumerate(nq.layers):
+        for f in ("attn_norm", "q", "k", "v", "attn", "o", "add1", "mlp_norm", "gate", "up",
+                  "silu", "down", "add2"):
+            ints(f"layers[{i}].{f}", getattr(L, f))
+    ints("final_norm", nq.final_norm)
+    ints("head", nq.head)
+    if not nq.functional:
+        if arrays:
+            raise bad("functional", f"is false, yet the file holds arrays ({min(arrays)}, ...)")
+        return
+
+    def vector(key: str, dtype, n: int) -> None:
+        a = arrays.get(key)
+        if a is None or a.dtype != dtype or a.shape != (n,):
+            got = "missing" if a is None else f"{a.dtype}{list(a.shape)}"
+            raise bad(key, f"must be {np.dtype(dtype)}[{n}], got {got}")
+
+    h = cfg.hidden_size
+    for i in range(cfg.num_layers):
+        for f, name in _GEMMS:
+            n = cfg.tensor_spec(f"layers.{i}.{name}").shape[0]
+            vector(f"{i}.{f}.mult", np.int32, n)
+            if f"{i}.{f}.bias" in arrays:
+                vector(f"{i}.{f}.bias", np.int32, n)
+        vector(f"{i}.attn_norm.gamma", np.int16, h)
+        vector(f"{i}.mlp_norm.gamma", np.int16, h)
+    vector("final_norm.gamma", np.int16, h)
+    vector("head_row_scale", np.float32, cfg.vocab_size)
+    for key in ("head.mult", "head.bias"):
+        if key in arrays:
+            vector(key, np.int32, cfg.vocab_size)
 
 
 def _check_scalars(h: dict) -> None:
