@@ -154,7 +154,7 @@ def main() -> None:
             print(f"  RSS after setup {r['rss_after_setup_bytes'] * mib:,.0f} MiB, at the end "
                   f"{r['rss_end_bytes'] * mib:,.0f} MiB; growth "
                   f"{r['growth_bytes_per_step'] / 1024:,.2f} KiB per decode step "
-                  f"({r['call_records']:,} call records kept by the accelerator)")
+                  f"({r['calls']:,} runtime calls, {r['call_records_kept']:,} records kept)")
             print(f"  trace events kept {r['trace_events']:,}, dropped "
                   f"{r['dropped_events']:,}")
 
