@@ -72,23 +72,38 @@ layout) where every record has a fixed place:
 
 The used part of a region of a ``T``-token cache is thus ``header + bytes(T)`` bytes,
 the compact layout's records in other places. :meth:`KVFormat.region_write` appends and
-re-quantizes tokens leaving the window (from their exact full-precision values, so
-chunking does not change the result), clears slots that no longer hold a cached token
-(functional tidiness, not counted as traffic), and :meth:`KVFormat.read_bytes` /
-:meth:`KVFormat.write_bytes` give the DRAM traffic of reads and appends.
+quantizes tokens leaving the window (from their exact full-precision values, so chunking
+does not change the result), clears slots that no longer hold a cached token (functional
+tidiness, not counted as traffic; but see truncations below for the quantized slot of a
+token in the tail), and :meth:`KVFormat.read_bytes` / :meth:`KVFormat.write_bytes` give
+the DRAM traffic of reads and appends.
 
 A write at ``pos`` below the cached length truncates the cache there and goes straight from
-the old layout to the new one: the kept tokens keep their records and read back as before
-(those that come back into the tail are stored as the values they read), with one
-exception. A per-channel block that the truncation splits and the same write completes
-again shares one scale (and zero) per channel between its kept and its new tokens, so it is
-re-quantized from what its kept tokens read and the new tokens: its kept tokens read back
-re-quantized, not necessarily as before. (Keeping the old block's scales instead would
-clamp the new tokens to the old tokens' range.) A token stored
-dequantized after a truncation is re-quantized from that value when a later write pushes it
-out of the tail again; formats with integer zero points do not always reproduce their own
-dequantized values, so there, after a truncation, appending in chunks can read back
-differently from appending at once.
+the old layout to the new one: the kept tokens keep their records and read back as before,
+with one exception (below), and a kept token that was quantized keeps reading back so after
+any later appends (one still in full precision is quantized when it leaves the window, as
+in any append). Kept tokens that come back into the tail are stored in their ring slots as
+the values they read, and their quantized slots keep their records (a quantized slot has a
+fixed place, so it exists while its token is in the tail); when a later write pushes such a
+token out of the tail again, that record stays where it is, instead of being re-quantized
+from what the token reads (the write uses it only if it reads back as the ring slot holds).
+Re-quantizing would not be exact: with integer zero points (QuantMLA) a dequantized group
+spans the grid points of its extreme codes, ``(c - zp) * s`` rounded, not its original
+range ``[min(v, 0), max(v, 0)]``, so its scale, zero point and codes would be computed anew
+and can differ; the region does not rely on any format's rule reproducing its own codes. So
+appending in chunks after a truncation (as on-device eviction does, the first chunk
+truncating) reads back exactly as appending at once, and leaves the same bytes: the slots
+of dropped and overwritten tokens are cleared, so a region's bytes depend on the positions
+and values written, not on how the writes were chunked. Traffic is counted as before:
+:meth:`KVFormat.write_bytes` prices a token leaving the window as reading its
+full-precision record and writing its record.
+
+The exception: a per-channel block that the truncation splits and a write completes again
+shares one scale (and zero) per channel between its kept and its new tokens, so it is
+re-quantized from what its kept tokens read and the new tokens (whether the truncating write
+completes it or a later one does): its kept tokens read back re-quantized, not necessarily as
+before. (Keeping the old block's scales instead would clamp the new tokens to the old tokens'
+range.)
 """
 
 from __future__ import annotations
@@ -602,17 +617,67 @@ class KVFormat:
                 out[a - t0:b - t0] = self.decode(buf[off:off + nb], b - a, L.width, kind=kind)
         return out
 
-    def _put(self, buf: np.ndarray, L: RegionLayout, T: int, t0: int,
-             vals: np.ndarray) -> list[tuple[int, int]]:
+    def _put(self, buf: np.ndarray, L: RegionLayout, T: int, t0: int, vals: np.ndarray,
+             keep: tuple[int, int] = (0, 0)) -> list[tuple[int, int]]:
+        """Store ``vals`` as tokens ``t0 ..`` of a cache of ``T`` tokens. Quantized records
+        (or whole blocks) of tokens in ``keep`` (tokens that leave the tail, whose slots may
+        still hold the records they came back to the tail with) are left as they are when
+        they read back as ``vals``; every other record is quantized from ``vals``."""
         patches = []
         for kind, a, b, off in self._runs(L, T, t0, t0 + vals.shape[0]):
             if kind == "quant" and self.axis == "channel" and (
                     (a - L.sink_slots) % self.group or (b - L.sink_slots) % self.group):
                 raise FormatError(f"{self}: internal error, unaligned block write {a}..{b}")
-            data = self.encode(vals[a - t0:b - t0], kind=kind)
+            v = vals[a - t0:b - t0]
+            if kind == "quant" and max(a, keep[0]) < min(b, keep[1]):
+                patches += self._put_keeping(buf, L, a, b, off, v, keep)
+                continue
+            data = self.encode(v, kind=kind)
             buf[off:off + data.size] = data
             patches.append((off, data.size))
         return patches
+
+    def _put_keeping(self, buf: np.ndarray, L: RegionLayout, a: int, b: int, off: int,
+                     vals: np.ndarray, keep: tuple[int, int]) -> list[tuple[int, int]]:
+        """Quantized slots of tokens ``[a, b)`` (at byte ``off``; whole blocks for
+        per-channel formats): a record or block all of whose tokens lie in ``keep`` and
+        that reads back as its ``vals`` stays; the others are quantized from ``vals``."""
+        u = self.group if self.axis == "channel" else 1
+        ub = L.quant_slot_bytes
+        n = (b - a) // u
+        kept = np.zeros(n, bool)
+        i0 = max(0, -(-(keep[0] - a) // u))
+        i1 = min(n, (keep[1] - a) // u)
+        if i0 < i1:
+            old = self.decode(buf[off + i0 * ub:off + i1 * ub], (i1 - i0) * u, L.width)
+            same = old == vals[i0 * u:i1 * u]
+            kept[i0:i1] = same.reshape(i1 - i0, -1).all(axis=1)
+        patches = []
+        i = 0
+        while i < n:
+            if kept[i]:
+                i += 1
+                continue
+            j = i
+            while j < n and not kept[j]:
+                j += 1
+            data = self.encode(vals[i * u:j * u], kind="quant")
+            buf[off + i * ub:off + i * ub + data.size] = data
+            patches.append((off + i * ub, data.size))
+            i = j
+        return patches
+
+    def _slot_span(self, L: RegionLayout, t0: int, t1: int) -> tuple[int, int] | None:
+        """``(offset, nbytes)`` of the quantized slots of tokens ``[t0, t1)`` (their token
+        records, or the blocks they fall in), whatever the cache length; None if none."""
+        s, u = L.sink_slots, (self.group if self.axis == "channel" else 1)
+        a = max(t0, s)
+        if a >= t1:
+            return None
+        first, last = (a - s) // u, min(L.quant_slots, (t1 - s + u - 1) // u)
+        if first >= last:
+            return None
+        return L.quant_offset + first * L.quant_slot_bytes, (last - first) * L.quant_slot_bytes
 
     def region_length(self, buf: np.ndarray) -> int | None:
         """The token count in a region's header (None for formats without a header)."""
@@ -664,9 +729,11 @@ class KVFormat:
         so writing token by token and writing all at once give the same bytes). Formats
         with a header require ``pos <= `` the cached length; ``pos`` below it truncates the
         cache there: kept tokens read back as before (tokens that come back into the window
-        are stored dequantized), except the kept tokens of a per-channel block that the
-        truncation splits and this write completes again: that block is re-quantized from
-        its kept tokens' values and the new tokens (see the module docstring).
+        are stored dequantized and keep their quantized records, which they leave the
+        window with again, so they keep reading back as before), except the kept tokens of a
+        per-channel block that the truncation splits and a write completes again: that block
+        is re-quantized from its kept tokens' values and the new tokens (see the module
+        docstring).
         """
         x = np.asarray(x)
         if x.ndim != 2 or x.dtype != np.int8:
@@ -690,19 +757,30 @@ class KVFormat:
             new = x[max(a, pos) - pos:b - pos] if b > pos else None
             parts = [p for p in (old, new) if p is not None and p.shape[0]]
             values.append(np.concatenate(parts) if len(parts) > 1 else parts[0])
-        # Clear what no longer holds a cached token (ring slots of quantized tokens, blocks
-        # and records cut off by a truncation), so a region's bytes depend only on the
-        # cached values, not on how the writes were chunked.
+        # Clear what no longer holds a cached token (ring slots of tokens leaving the tail,
+        # records and blocks cut off by a truncation), so a region's bytes depend only on
+        # the cached tokens, not on how the writes were chunked. A kept token that comes
+        # back into the tail keeps its quantized record in its slot (the ring holds what it
+        # reads); when it leaves the tail again that record stays, so the token reads back
+        # exactly as before (re-quantizing what it reads need not give its codes back).
         patches = []
         qo, qn = self._region_q_end(T_old), self._region_q_end(T_new)
-        clear = [(min(qo, qn), min(max(qo, qn), T_old)), (T_new, T_old)]
+        clear = [(T_new, T_old)]
+        if qo < qn:
+            clear.append((qo, min(qn, T_old)))
         for a, b in clear:
             for kind, a0, b0, off in self._runs(L, T_old, a, b) if a < b else ():
                 nb = self._run_bytes(L, kind, a0, b0)
                 buf[off:off + nb] = 0
                 patches.append((off, nb))
+        span = self._slot_span(L, pos, T_old) if self.stateful else None
+        if span is not None:  # the slots of dropped and overwritten tokens
+            off, nb = span
+            buf[off:off + nb] = 0
+            patches.append(span)
+        keep = (qo, min(qn, pos))  # kept tokens that leave the tail with this write
         for (a, _), vals in zip(ranges, values, strict=True):
-            patches += self._put(buf, L, T_new, a, vals)
+            patches += self._put(buf, L, T_new, a, vals, keep)
         if self.stateful:
             buf[:4] = np.array([T_new], "<u4").view(np.uint8)
             patches.append((0, 4))

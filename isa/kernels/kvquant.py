@@ -22,6 +22,11 @@ made from int8 ranges). ``round`` is round half up, ``qmax = 2**b - 1``.
 
 Dequantization back to the int8 grid: ``out = sat8(round(v'))`` computed as
 ``sat8(round_half_up(v'Q / 2**24))``.
+
+Quantizing dequantized values need not give the codes back: with an integer zero point a
+dequantized group spans the (rounded) grid points ``(c - zp) * s`` of its extreme codes, not
+``[lo, hi]``, so ``s``, ``zp`` and the codes come out anew. :mod:`isa.kvformats` keeps a
+token's record rather than re-quantizing what it reads back (truncations).
 """
 
 from __future__ import annotations

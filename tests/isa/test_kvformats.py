@@ -3,6 +3,8 @@ reference encoder written from the layout description, and DRAM regions."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from fractions import Fraction
 
 import numpy as np
@@ -430,6 +432,116 @@ def test_region_truncation_requantizes_a_split_channel_block(spec, x, pos, new, 
         assert f.region_read(region, t, w).tolist() == reads
 
 
+def named_formats() -> list[kf.KVFormat]:
+    """Every format a registry name stands for (both of a pair with different K and V)."""
+    out: list[kf.KVFormat] = []
+    for name in kf.names():
+        for f in kf.pair(name):
+            if f not in out:
+                out.append(f)
+    return out
+
+
+def stable_prefix(f: kf.KVFormat, pos: int) -> int:
+    """Tokens below this keep reading back as before after a write at ``pos`` (and any
+    later appends): all of them but a per-channel block that ``pos`` splits."""
+    s = min(f.sink, pos)
+    if f.axis == "channel" and f.bits != 16 and pos > s:
+        return s + (pos - s) // f.group * f.group
+    return pos
+
+
+@pytest.mark.parametrize("f", named_formats(), ids=str)
+def test_truncate_then_append_in_chunks_or_at_once_is_the_same(f: kf.KVFormat) -> None:
+    """After a truncation, appending in chunks (the first one truncates; on-device
+    eviction writes this way) leaves the same region, byte for byte, as one write: tokens
+    that come back into the full-precision tail and leave it again keep their records.
+    For integer zero points (QuantMLA) re-quantizing what such a token reads would not
+    give its codes back, so the test would fail if the write re-quantized them."""
+    w = f.rope_width + 64
+    cap = 640
+    rng = np.random.default_rng(11)
+    x = rng.integers(-128, 128, (500, w), dtype=np.int8)
+    base = f.region_encode(x, cap)
+    before = f.region_read(base, cap, w, 0, 500)
+    for pos, n in ((300, 250), (300, 40), (137, 9), (500 - f.window // 2, 3)):
+        new = rng.integers(-128, 128, (n, w), dtype=np.int8)
+        once = base.copy()
+        f.region_write(once, cap, pos, new)
+        after = f.region_read(once, cap, w, 0, pos + n)
+        kept = stable_prefix(f, pos)
+        assert np.array_equal(after[:kept], before[:kept])
+        for chunk in (1, 8, 37):
+            if chunk == 1 and n > 40:
+                continue
+            parts = base.copy()
+            for a in range(0, n, chunk):
+                f.region_write(parts, cap, pos + a, new[a:a + chunk])
+            assert np.array_equal(f.region_read(parts, cap, w, 0, pos + n), after)
+            assert np.array_equal(parts, once)
+    if f.stateful and f.zero_dtype in ("uint8", "int8"):
+        # the tokens that the first chunk of 8 (pos 300) sends back into the tail: their
+        # re-quantized values differ from what they read, so keeping records matters
+        a, b = f.quant_end(308), f.quant_end(500)
+        assert a < b
+        seg = before[a:b]
+        assert not np.array_equal(f.decode(f.encode(seg), b - a, w), seg)
+
+
+@st.composite
+def write_sequences(draw):
+    """A region, then writes (at any position up to the cached length, truncating there),
+    each with a random split into chunks."""
+    f, x = draw(format_and_values())
+    if draw(st.booleans()):  # often a window and integer zero points (not idempotent)
+        f = dataclasses.replace(f, symmetric=False, page=0, window=draw(st.integers(1, 7)),
+                                zero_dtype=draw(st.sampled_from(["uint8", "int8"])))
+    t, w = x.shape
+    cap = t + draw(st.integers(1, 12))
+    ops = []
+    for _ in range(draw(st.integers(1, 4))):
+        pos = draw(st.integers(0, min(t, cap - 1)))
+        n = draw(st.integers(1, cap - pos))
+        new = draw(hnp.arrays(np.int8, (n, w), elements=st.integers(-128, 127)))
+        cuts = draw(st.sets(st.integers(1, n - 1), max_size=4)) if n > 1 else set()
+        if n > 1 and draw(st.booleans()):
+            cuts.add(1)  # a short first chunk sends kept tokens back into the tail
+        ops.append((pos, new, [0, *sorted(cuts), n]))
+        t = pos + n
+    return f, x, cap, ops
+
+
+@settings(max_examples=150, deadline=None)
+@given(write_sequences())
+def test_region_writes_after_truncations_in_any_chunks(case) -> None:
+    """Any sequence of writes, truncating or not, leaves the same region whether each write
+    is split into chunks or not; and a token reads back the same from the moment it is
+    quantized (or written, for sink tokens and 16-bit formats) until a write at or below it
+    drops it, or a write splits the per-channel block it is in."""
+    f, x, cap, ops = case
+    w = x.shape[1]
+    whole = f.region_encode(x, cap)
+    pieces = whole.copy()
+    t = x.shape[0]
+    final = np.zeros(cap, bool)  # tokens whose read values may no longer change
+    ref = np.zeros((cap, w), np.int8)
+    for pos, new, cuts in ops:
+        f.region_write(whole, cap, pos, new)
+        for a, b in itertools.pairwise(cuts):
+            f.region_write(pieces, cap, pos + a, new[a:b])
+        assert np.array_equal(pieces, whole)
+        t = pos + new.shape[0]
+        final[stable_prefix(f, pos):] = False
+        got = f.region_read(whole, cap, w, 0, t)
+        assert np.array_equal(got[final[:t]], ref[:t][final[:t]])
+        done = np.zeros(cap, bool)
+        done[:t if f.bits == 16 else f.quant_end(t)] = True
+        done[:min(f.sink, t)] = True
+        fresh = done & ~final
+        ref[fresh] = np.pad(got, ((0, cap - t), (0, 0)))[fresh]
+        final |= done
+
+
 def test_region_layout_by_hand() -> None:
     f = kf.parse("kivi-2.k")
     r = f.region(4096, 64)
@@ -566,3 +678,26 @@ def test_attn_mla_form_reads_one_latent_cache() -> None:
     back = f.decode_cache(f.encode_cache(cache), T, w)
     assert np.array_equal(got, attention_mla(q, back, v_dim=w, pos=T - 1, **kw))
     assert np.array_equal(got[..., :512], attention_mla(q, back, v_dim=512, pos=T - 1, **kw))
+
+
+@pytest.mark.parametrize("name", ["quantmla-c2r4", "kivi-4.k", "kivi-2.v"])
+def test_kv_write_instructions_after_a_truncation_match_one_write(name: str) -> None:
+    """KvWrite writes back only the byte ranges region_write reports: chunked writes after a
+    truncation (what on-device eviction runs) leave DRAM as one host-side write does."""
+    from isa import semantics
+    from isa.instructions import KvWrite, Space
+
+    f = kf.parse(name)
+    w, cap, base, pos = f.rope_width + 64, 400, 0x10000, 250
+    rng = np.random.default_rng(3)
+    region = f.region_encode(rng.integers(-128, 128, (360, w), dtype=np.int8), cap)
+    new = rng.integers(-128, 128, (100, w), dtype=np.int8)
+    mem = FlatMemory()
+    mem.write(Space.DRAM, 0, base, region)
+    for a in range(0, new.shape[0], 8):
+        n = min(8, new.shape[0] - a)
+        mem.write(Space.SRAM, 0, 0, new[a:a + n])
+        semantics.execute(KvWrite(fmt=0, tokens=n, width=w, pos=pos + a, cap=cap, src=0,
+                                  dst=base, nbytes=f.region_bytes(cap, w)), mem, (name,))
+    f.region_write(region, cap, pos, new)
+    assert np.array_equal(mem.read(Space.DRAM, 0, base, region.size), region)
