@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from isa.errors import ConfigError, KvsimError
+from sim.console import make_console
 
 EXIT_BAD_INPUT = 2
 
@@ -409,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    console = Console()
+    console = make_console()
     try:
         return args.func(args, console)
     except KvsimError as err:

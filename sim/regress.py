@@ -50,6 +50,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from isa.errors import KvsimError
+from sim.console import make_console
 
 BASELINE_VERSION = 1
 EXIT_PASS, EXIT_MOVED, EXIT_BAD_INPUT = 0, 1, 2
@@ -576,7 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = p.parse_intermixed_args(argv)
     except SystemExit as e:  # argparse: usage errors are bad input
         return EXIT_BAD_INPUT if e.code not in (0, None) else EXIT_PASS
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console = make_console()
     return cmd(args, console)
 
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from isa.errors import KvsimError
+from sim.console import make_console
 
 EXIT_BAD_INPUT = 2
 
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kvsim")
     add_serve_parser(p.add_subparsers(dest="command", required=True))
     args = p.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
-    console = Console()
+    console = make_console()
     try:
         return args.func(args, console)
     except KvsimError as err:

@@ -1,0 +1,16 @@
+"""The console kvsim's commands print their tables to."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+
+#: Table width when the output is not a terminal (a CI log, a file, a pipe): wide enough
+#: that figures are never cut to "107.…" as they would be at rich's default of 80.
+LOG_WIDTH = 160
+
+
+def make_console() -> Console:
+    """A terminal's own width; :data:`LOG_WIDTH` columns when stdout is not a terminal."""
+    return Console() if sys.stdout.isatty() else Console(width=LOG_WIDTH)
