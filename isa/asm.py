@@ -56,6 +56,8 @@ def _number(text: str) -> int:
     if not _NUMBER.match(text):
         raise _LineError(f"bad number {text!r} (expected decimal or 0x hex)")
     body = text.lstrip("+-")
+    if len(body) > 40:  # far past any field's 64 bits; int() refuses > 4300 digits anyway
+        raise _LineError(f"number too large ({len(body)} digits)")
     value = int(body, 16) if body[:2].lower() == "0x" else int(body, 10)
     return -value if text.startswith("-") else value
 
@@ -150,6 +152,8 @@ def _directive_argument(directive: str, rest: str) -> str:
 
 def assemble(text: str) -> Program:
     """Assemble ``text`` into a :class:`Program`; errors name the line (1-based)."""
+    if not isinstance(text, str):
+        raise AssembleError(f"assembly is text (str), got {type(text).__name__}")
     instructions: list[Instruction] = []
     formats: list[str] = []
     name: str | None = None

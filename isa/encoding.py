@@ -263,6 +263,8 @@ def decode_instruction(
 
 def decode_program(buf: bytes | bytearray | memoryview) -> Program:
     """Decode bytes made by :func:`encode_program`; raise DecodeError on anything else."""
+    if not isinstance(buf, bytes | bytearray | memoryview):
+        raise DecodeError(f"a program is bytes, got {type(buf).__name__}")
     data = buf if isinstance(buf, bytes) else bytes(buf)
     head = data[: len(MAGIC)]
     if head != MAGIC[: len(head)] or not head:

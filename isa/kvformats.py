@@ -972,6 +972,9 @@ def _parse_spec(text: str) -> KVFormat:
         key, m = _match_token(text, tok)
         if key in kw or (key == "rope" and "rope_width" in kw):
             raise FormatError(f"KV format spec {text!r}: {key} given twice")
+        if any(len(g) > 9 for g in m.groups() if g and g.isdigit()):
+            raise FormatError(f"KV format spec {text[:40]!r}...: number too large "
+                              f"({max(len(g) for g in m.groups() if g)} digits)")
         if key == "rope":
             kw["rope_width"] = int(m.group(1))
             kw["rope_bits"] = int(m.group(2))
@@ -996,6 +999,8 @@ def parse(text: str, role: str | None = None) -> KVFormat:
     ``"kivi-4.k"``), a pair name with ``role`` ``"k"``/``"v"`` (``parse("kivi-4", "k")``),
     or a spec string (:meth:`KVFormat.spec`). Unknown names raise :class:`FormatError`
     listing the valid ones."""
+    if not isinstance(text, str):
+        raise FormatError(f"a KV format is named by a string, got {type(text).__name__}")
     t = text.strip()
     if t in FORMATS:
         return FORMATS[t]

@@ -39,6 +39,10 @@ from .schema import validation_message
 
 PRESET_PACKAGE = "models.presets"
 
+#: Sanity bounds on a model's layer and routed-expert counts (see ModelConfig.num_layers).
+MAX_LAYERS = 1024
+MAX_EXPERTS = 4096
+
 Family = Literal["llama", "qwen2", "mistral", "deepseek_v2"]
 FAMILIES: tuple[str, ...] = ("llama", "qwen2", "mistral", "deepseek_v2")
 
@@ -156,7 +160,11 @@ class ModelConfig(_Frozen):
 
     name: str = ""
     family: Family
-    num_layers: int = Field(ge=1, description="decoder blocks (HF num_hidden_layers)")
+    # The upper bounds on layer and expert counts are sanity bounds (assumptions, not
+    # hardware facts): published models stay far below them (DeepSeek-V3: 61 layers, 256
+    # routed experts), and a corrupt count of 2**40 would otherwise build for hours.
+    num_layers: int = Field(ge=1, le=MAX_LAYERS,
+                            description="decoder blocks (HF num_hidden_layers)")
     hidden_size: int = Field(ge=1, description="residual-stream width")
     num_heads: int = Field(ge=1, description="query heads (HF num_attention_heads)")
     num_kv_heads: int = Field(ge=1, description="key/value heads (HF num_key_value_heads)")
@@ -179,7 +187,7 @@ class ModelConfig(_Frozen):
     v_head_dim: int | None = Field(default=None, ge=1, description="per-head value width")
 
     # MoE (DeepSeek-V2 routed + shared experts)
-    n_routed_experts: int | None = Field(default=None, ge=1)
+    n_routed_experts: int | None = Field(default=None, ge=1, le=MAX_EXPERTS)
     num_experts_per_tok: int | None = Field(default=None, ge=1, description="top-k routing")
     n_shared_experts: int | None = Field(default=None, ge=0)
     moe_intermediate_size: int | None = Field(default=None, ge=1, description="per expert")

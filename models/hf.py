@@ -176,7 +176,8 @@ def hf_config_to_model(
         "num_layers": data["num_hidden_layers"],
         "hidden_size": hidden,
         "num_heads": heads,
-        "num_kv_heads": data.get("num_key_value_heads") or heads,
+        "num_kv_heads": (heads if data.get("num_key_value_heads") is None
+                         else data["num_key_value_heads"]),
         "intermediate_size": data["intermediate_size"],
         "vocab_size": data["vocab_size"],
         "rope_theta": data.get("rope_theta", _ROPE_THETA_DEFAULT),
@@ -206,7 +207,10 @@ def hf_config_to_model(
     else:
         head_dim = data.get("head_dim")
         if head_dim is None:
-            if not isinstance(hidden, int) or not isinstance(heads, int) or hidden % heads:
+            if type(heads) is not int or heads < 1:
+                raise ConfigError(f"{where}: num_attention_heads must be a positive integer, "
+                                  f"got {heads!r}")
+            if type(hidden) is not int or hidden % heads:
                 raise ConfigError(
                     f"{where}: no head_dim and hidden_size {hidden!r} is not a multiple of "
                     f"num_attention_heads {heads!r}"

@@ -15,9 +15,8 @@ from pathlib import Path
 from isa import kvformats
 from isa.errors import ConfigError, KvsimError
 from models.bits import BitConfig
-from models.compiler.compiled import CORE_MODES, build_memory_map
+from models.compiler.compiled import CORE_MODES, build_memory_map, dram_problem
 from models.compiler.lower_mla import mla_kv_problem
-from models.compiler.memmap import MemoryMap, dram_shortfall
 from models.config import ModelConfig, load_model
 
 from .config import RunConfig, cache_length
@@ -94,32 +93,18 @@ def _check_generate(cfg: RunConfig) -> Checked:
                           f"'timing'")
     max_seq = min(c.max_sequence_length, cap)
 
-    def memory_map(slots: int) -> MemoryMap:
-        try:
-            return build_memory_map(model, bits, cfg.kv.format, cap=cap, slots=slots,
-                                    max_seq=max_seq, m_tile=1)
-        except KvsimError as err:
-            raise ConfigError(f"kv.format: {err}") from None
-
-    if c.cache_slots > 2:
-        # Every slot adds the same page-aligned regions: extrapolate from one and two slots
-        # before building a map of (perhaps) millions of regions only to refuse it.
-        one, two = memory_map(1), memory_map(2)
-        more = c.cache_slots - 1
-        why = dram_shortfall(
-            one.total_bytes + more * (two.total_bytes - one.total_bytes),
-            one.bytes_of_kind("weights"),
-            one.bytes_of_kind("kv_cache") + more * (two.bytes_of_kind("kv_cache")
-                                                    - one.bytes_of_kind("kv_cache")),
-            hw.dram.capacity_bytes, hw.name)
-        if why is not None:
-            raise ConfigError(f"hardware.dram.capacity_bytes: model {_name(model)!r} with a "
-                              f"cache of {cap} tokens x {c.cache_slots} slot(s) {why}")
-    mm = memory_map(c.cache_slots)
-    total = mm.total_bytes
-    if (why := mm.too_big(hw.dram.capacity_bytes, hw.name)) is not None:
+    try:
+        why = dram_problem(model, bits, cfg.kv.format, cap=cap, slots=c.cache_slots,
+                           max_seq=max_seq, dram_bytes=hw.dram.capacity_bytes, hw_name=hw.name)
+        if why is None:
+            mm = build_memory_map(model, bits, cfg.kv.format, cap=cap, slots=c.cache_slots,
+                                  max_seq=max_seq, m_tile=1)
+    except KvsimError as err:
+        raise ConfigError(f"kv.format: {err}") from None
+    if why is not None:
         raise ConfigError(f"hardware.dram.capacity_bytes: model {_name(model)!r} with a cache "
                           f"of {cap} tokens x {c.cache_slots} slot(s) {why}")
+    total = mm.total_bytes
     ops = len(w.cache_ops)
     summary = (
         f"{_name(model)} {cfg.bits.label} kv={cfg.kv.format} on {hw.name} ({c.core_mode}): "

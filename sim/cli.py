@@ -153,7 +153,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         if is_sweep_tree(load_tree(args.config)):
             raise ConfigError(f"{args.config}: a sweep file (it has [axes]); run it with "
                               f"kvsim sweep {args.config}")
+    from traces.io import check_out_folder
+
     cfg = load_run_config(args.config, args.set)
+    check_out_folder(args.out, "--out")
     result = run(cfg)  # checks cfg first: bad input is one line naming the field
     paths = write_outputs(result, args.out)
     if not args.quiet:
@@ -195,8 +198,10 @@ def _metric_column(name: str, values: list) -> tuple[str, list[str]]:
 
 def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     from sim.sweep import load_sweep, run_sweep
+    from traces.io import check_out_folder
 
     sweep = load_sweep(args.sweep, args.set, args.axis)
+    check_out_folder(args.out, "--out")
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
     if args.scheduler and args.executor != "dask":
@@ -245,7 +250,9 @@ def _model_and_bits(args: argparse.Namespace):
 def cmd_compile(args: argparse.Namespace, console: Console) -> int:
     from models.compiler import HardwareTarget, compile_model
     from sim.hw import load_hardware
+    from traces.io import check_out_file
 
+    check_out_file(args.output, "-o/--output")
     model, bits = _model_and_bits(args)
     hw = load_hardware(args.hw)
     cm = compile_model(model, bits, HardwareTarget.from_hw(hw), kv=args.kv,
@@ -322,6 +329,17 @@ def cmd_kv(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvsim",
@@ -371,9 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--kv", default="int8", help="KV format (int8, bf16, kivi-4, ...)")
     c.add_argument("--hw", default="aries", help="hardware preset")
     c.add_argument("--core-mode", default="global8", choices=["single", "global4", "global8"])
-    c.add_argument("--max-seq", type=int, default=512, help="most tokens per infer call")
-    c.add_argument("--cache-length", type=int, default=4096, help="KV capacity, tokens")
-    c.add_argument("--cache-slots", type=int, default=1)
+    c.add_argument("--max-seq", type=_positive, default=512, help="most tokens per infer call")
+    c.add_argument("--cache-length", type=_positive, default=4096, help="KV capacity, tokens")
+    c.add_argument("--cache-slots", type=_positive, default=1, help="cache slots")
     c.add_argument("--seed", type=int, default=0, help="synthetic weight seed")
     c.add_argument("--timing-only", action="store_true",
                    help="skip calibration of integer parameters (timing-only runs)")
@@ -384,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kv", help="KV-cache bytes of a model in a format")
     k.add_argument("--model", required=True)
     k.add_argument("--format", required=True)
-    k.add_argument("--context", type=int, required=True, help="tokens in the cache")
+    k.add_argument("--context", type=_positive, required=True, help="tokens in the cache")
     k.add_argument("--json", action="store_true")
     k.set_defaults(func=cmd_kv)
 

@@ -303,14 +303,18 @@ def load_tree(path: str | Path | None) -> dict[str, Any]:
     if path is None:
         return tomllib.loads(DEFAULT_CONFIG_TOML)
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a folder")
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{p}: not valid TOML: {err}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not a UTF-8 text file") from None
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot be read ({err.strerror or err})") from None
 
 
 def _cache_op_fields(op: CacheOp, where: str) -> None:

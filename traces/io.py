@@ -189,3 +189,35 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 1,
                       sort_keys: bool = False) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=sort_keys) + "\n")
+
+
+def check_out_folder(path: str | os.PathLike, flag: str) -> None:
+    """Refuse, before any work, an output folder that cannot be one: an existing file, or a
+    path under a file. :class:`isa.errors.ConfigError` naming ``flag``."""
+    from isa.errors import ConfigError
+
+    p = Path(path)
+    for q in (p, *p.parents):
+        if q.exists() and not q.is_dir():
+            raise ConfigError(f"{flag}: {str(q)!r} is a file, not a folder")
+        if q.is_dir():
+            if not os.access(q, os.W_OK | os.X_OK):
+                raise ConfigError(f"{flag}: cannot write in the folder {str(q)!r}")
+            return
+
+
+def check_out_file(path: str | os.PathLike, flag: str) -> None:
+    """Refuse, before any work, an output file path that cannot be written: empty, an
+    existing folder, or in a folder that does not exist or cannot be written."""
+    from isa.errors import ConfigError
+
+    if not str(path):
+        raise ConfigError(f"{flag}: an empty path")
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{flag}: {str(p)!r} is a folder, not a file")
+    parent = p.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag}: the folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag}: cannot write in the folder {str(parent)!r}")

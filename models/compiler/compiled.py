@@ -43,7 +43,7 @@ from .lower_mla import (
     mla_record_width,
     probe_layers,
 )
-from .memmap import MemoryMap
+from .memmap import MemoryMap, dram_shortfall
 from .numerics import AddQ, AttnQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ
 
 FILE_FORMAT = "kvsim-compiled-model"
@@ -334,6 +334,23 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
     return mm
 
 
+def dram_problem(model: ModelConfig, bits: BitConfig, kv: str, *, cap: int, slots: int,
+                 max_seq: int, dram_bytes: int, hw_name: str) -> str | None:
+    """Why the memory map of ``slots`` cache slots (one token per pass: the smallest
+    activations) does not fit ``dram_bytes``, or None. Computed from the maps of one and two
+    slots, without building the map of all of them: every slot adds the same page-aligned
+    regions (tests/sim/test_config_errors.py checks that this is exact)."""
+    one = build_memory_map(model, bits, kv, cap=cap, slots=1, max_seq=max_seq, m_tile=1)
+    if slots == 1:
+        return one.too_big(dram_bytes, hw_name)
+    two = build_memory_map(model, bits, kv, cap=cap, slots=2, max_seq=max_seq, m_tile=1)
+    more = slots - 1
+    kv1 = one.bytes_of_kind("kv_cache")
+    return dram_shortfall(one.total_bytes + more * (two.total_bytes - one.total_bytes),
+                          one.bytes_of_kind("weights"),
+                          kv1 + more * (two.bytes_of_kind("kv_cache") - kv1), dram_bytes, hw_name)
+
+
 def compile_model(
     model: ModelConfig,
     bits: BitConfig,
@@ -361,10 +378,16 @@ def compile_model(
     if max_seq < 1 or cap < max_seq:
         raise CompileError(f"max_sequence_length ({max_seq}) must be >= 1 and <= the cache "
                            f"length ({cap})")
+    if type(slots) is not int or slots < 1:
+        raise CompileError(f"cache slots: must be an integer >= 1, got {slots!r}")
     try:
         kvformats.pair(kv)
     except KvsimError as err:
         raise CompileError(f"kv.format: {err}") from None
+    # before any map of all the slots is built (a million slots would take minutes)
+    if (why := dram_problem(model, bits, kv, cap=cap, slots=slots, max_seq=max_seq,
+                            dram_bytes=hw.dram_bytes, hw_name=hw.name)) is not None:
+        raise CompileError(f"model {model.name!r} {why}")
     weights = weights or {"kind": "synthetic", "seed": 0}
     tile_fixed = tile_bytes is not None
     if tile_bytes is None:
@@ -527,6 +550,10 @@ def _check_consistent(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
         raise CompileError(f"compiled model header: core_mode {cm.core_mode!r} needs "
                            f"{CORE_MODES[cm.core_mode]} cores; hw has {hw.num_cores}")
     try:
+        if (why := dram_problem(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
+                                max_seq=cm.max_seq, dram_bytes=hw.dram_bytes,
+                                hw_name=hw.name)) is not None:
+            raise CompileError(f"compiled model header: the model {why}")
         expect = build_memory_map(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
                                   max_seq=cm.max_seq, m_tile=cm.m_tile)
     except KvsimError as err:

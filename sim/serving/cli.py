@@ -53,10 +53,13 @@ def print_serve_summary(metrics: dict, paths: dict, console: Console) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
+    from traces.io import check_out_folder
+
     from .config import load_serve_config
     from .run import run_serving, write_serving_outputs
 
     cfg = load_serve_config(args.config, args.set)
+    check_out_folder(args.out, "--out")
     progress = None if args.quiet else (lambda msg: console.print(msg, style="dim"))
     result = run_serving(cfg, progress=progress)
     paths = write_serving_outputs(result, args.out)

@@ -17,7 +17,14 @@ from pydantic import Field, ValidationError
 
 from isa.errors import ConfigError
 from models.schema import Frozen, validation_message
-from sim.config import BitsSection, KvSection, ModelSection, apply_sets, resolve_hardware
+from sim.config import (
+    BitsSection,
+    KvSection,
+    ModelSection,
+    apply_sets,
+    load_tree,
+    resolve_hardware,
+)
 from sim.hw import HardwareConfig
 
 from .workload import WorkloadSpec
@@ -102,16 +109,7 @@ output_tokens = 128
 def load_serve_config(path: str | Path | None = None,
                       sets: list[str] | None = None) -> ServeConfig:
     """A serving config from ``path`` (TOML; None: the embedded default) and overrides."""
-    if path is None:
-        tree = tomllib.loads(DEFAULT_SERVE_TOML)
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        try:
-            tree = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{p}: not valid TOML: {err}") from None
+    tree = tomllib.loads(DEFAULT_SERVE_TOML) if path is None else load_tree(path)
     apply_sets(tree, sets or [])
     return build_serve_config(tree)
 

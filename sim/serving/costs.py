@@ -153,7 +153,7 @@ class GridSpec:
         hr = sorted({1, max(1, rows // 4), max(1, rows // 2), rows})
         return cls(decode_k=tuple(ks), decode_ctx=tuple(ctx), prefill_n=tuple(ks),
                    prefill_pos=tuple(pos), io_tokens=tuple(io), head_r=tuple(hr),
-                   logits_n=(1, max_seqs))
+                   logits_n=tuple(sorted({1, max_seqs})))
 
     def to_json(self) -> dict[str, list[int]]:
         return {k: list(v) for k, v in vars(self).items()}

@@ -112,6 +112,11 @@ def read_trace(path: str | Path, limit: int | None = None) -> list[tuple[float, 
     return out
 
 
+#: Latest arrival a serving run accepts, seconds (a sanity bound, not a hardware fact:
+#: about 32 years; a rate of 1e-300 requests/s would otherwise overflow the clock).
+MAX_ARRIVAL_S = 1e9
+
+
 def make_requests(spec: WorkloadSpec) -> list[Request]:
     """The workload's requests, ids in arrival order (ties: in generation order)."""
     rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 0x5E2E]))
@@ -128,5 +133,11 @@ def make_requests(spec: WorkloadSpec) -> list[Request]:
         else:
             times = np.zeros(n)
         rows = list(zip(times.tolist(), prompts.tolist(), outputs.tolist(), strict=True))
+    last = max((r[0] for r in rows), default=0.0)
+    if not last <= MAX_ARRIVAL_S:  # also NaN/inf
+        where = ("serving.workload.trace" if spec.trace is not None
+                 else "serving.workload.rate_per_s")
+        raise ConfigError(f"{where}: the last request arrives at {last:.3g} s, past the "
+                          f"{MAX_ARRIVAL_S:.0e} s a serving run simulates")
     return [Request(rid=i, arrival_ps=s_to_ps(t), prompt_tokens=int(p), output_tokens=int(o))
             for i, (t, p, o) in enumerate(rows)]

@@ -222,3 +222,36 @@ def test_error_for_every_missing_field_names_them_all() -> None:
     for f in Attn.body_fields():
         if f.name in ("q_len", "ctx", "heads", "kv_heads", "head_dim", "q", "out"):
             assert f.name in str(info.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    (None, "assembly is text"),
+    (b"nop", "assembly is text"),
+    ("dma.load core=0 src=0 dst=0 nbytes=" + "9" * 5000, "number too large"),
+])
+def test_assembler_refuses_non_text_and_huge_numbers(text, message):
+    with pytest.raises(AssembleError, match=message):
+        assemble(text)
+
+
+@pytest.mark.parametrize("buf", ["KVSI", None, 5])
+def test_decoder_refuses_what_is_not_bytes(buf):
+    from isa.errors import DecodeError
+
+    with pytest.raises(DecodeError, match="a program is bytes"):
+        decode_program(buf)
+
+
+@pytest.mark.parametrize("spec, message", [
+    (None, "named by a string"),
+    (5, "named by a string"),
+    ("b4.token.g" + "9" * 5000, "number too large"),
+])
+def test_format_names_must_be_sane_strings(spec, message):
+    from isa import kvformats
+    from isa.errors import FormatError
+
+    with pytest.raises(FormatError, match=message):
+        kvformats.parse(spec)
+    with pytest.raises(FormatError, match=message):
+        kvformats.pair(spec)

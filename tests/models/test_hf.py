@@ -158,6 +158,16 @@ def test_bad_values_name_the_field(tmp_path: Path) -> None:
         load_hf_config(_write(tmp_path, {**LLAMA_MIN, "num_key_value_heads": 3}))
 
 
+@pytest.mark.parametrize("extra, message", [
+    ({"num_attention_heads": 0}, "num_attention_heads must be a positive integer, got 0"),
+    ({"num_key_value_heads": 0}, "model.num_kv_heads: Input should be greater than or equal to 1"),
+    ({"num_hidden_layers": 2**40}, "model.num_layers: Input should be less than or equal to 1024"),
+])
+def test_impossible_counts_are_refused(tmp_path: Path, extra: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_hf_config(_write(tmp_path, {**LLAMA_MIN, **extra}))
+
+
 def test_missing_file_and_bad_json(tmp_path: Path) -> None:
     missing = tmp_path / "nope.json"
     with pytest.raises(ConfigError, match=f"{missing}: cannot read model config"):
