@@ -288,12 +288,77 @@ class EditResult:
 EditFn = Callable[[list[CacheView]], list[np.ndarray] | None]
 
 
+def _is_int(v: Any) -> bool:
+    """An integer (numpy integers too; not bool, not a float)."""
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
+def check_positions(drop, cache_size: int | None = None, *, where: str = "evict") -> list[int]:
+    """``drop`` as sorted distinct Python ints, or :class:`CacheOpError` naming the problem.
+
+    Positions are integers (Python or numpy integers; not bools, not floats), each in
+    ``0 .. cache_size-1`` (``>= 0`` when ``cache_size`` is None), given as a sequence or a
+    1-D integer array. A boolean array is refused, not read as a mask: pass
+    ``np.flatnonzero(mask)`` to drop the positions where a mask is true."""
+    span = f"in 0..{cache_size - 1}" if cache_size is not None else ">= 0"
+    if isinstance(drop, np.ndarray):
+        if drop.dtype == bool:
+            raise CacheOpError(f"{where}: positions must be integers, got a boolean array; "
+                               "to drop where a mask is true pass np.flatnonzero(mask)")
+        if drop.ndim != 1:
+            raise CacheOpError(f"{where}: positions must be a 1-D sequence of integers "
+                               f"{span}, got an array of shape {drop.shape}")
+        items = list(drop)
+    elif isinstance(drop, list | tuple | set | frozenset | range):
+        items = list(drop)
+    else:
+        raise CacheOpError(f"{where}: positions must be a sequence of integers {span}, "
+                           f"got {type(drop).__name__}")
+    for p in items:
+        if not _is_int(p):
+            raise CacheOpError(f"{where}: positions must be integers {span}, got {p!r}")
+    out = sorted({int(p) for p in items})
+    bad = [p for p in out if p < 0 or (cache_size is not None and p >= cache_size)]
+    if bad:
+        raise CacheOpError(f"{where}: positions must lie {span}, got {bad[0]}")
+    return out
+
+
+def _check_count(name: str, v: Any, where: str) -> int:
+    if not _is_int(v) or v < 0:
+        raise CacheOpError(f"{where}: {name} must be an integer >= 0, got {v!r}")
+    return int(v)
+
+
+def as_format(fmt, where: str):
+    """A KV format given as a ``KVFormat`` or its name/spec (``isa.kvformats.parse``);
+    anything else, or an unknown name, raises :class:`CacheOpError` naming it."""
+    from isa import kvformats
+    from isa.errors import FormatError
+
+    if isinstance(fmt, kvformats.KVFormat):
+        return fmt
+    if not isinstance(fmt, str):
+        raise CacheOpError(f"{where}: expected a KV format or its name, got "
+                           f"{type(fmt).__name__} {fmt!r}")
+    try:
+        return kvformats.parse(fmt)
+    except FormatError as err:
+        raise CacheOpError(f"{where}: {err}") from None
+
+
 def evict_positions(drop: Sequence[int]) -> EditFn:
-    """A host edit that removes the tokens at positions ``drop`` from every cache."""
-    drop_set = set(int(p) for p in drop)
+    """A host edit that removes the tokens at positions ``drop`` from every cache.
+    ``drop``: integers >= 0 (see :func:`check_positions`; a boolean mask is refused), checked
+    here; a position at or past the cache's end is refused when the edit runs."""
+    drop_set = set(check_positions(drop, where="evict_positions"))
 
     def edit(views: list[CacheView]) -> list[np.ndarray]:
         out = []
+        t = views[0].values.shape[0] if views else 0
+        if drop_set and max(drop_set) >= t:
+            raise CacheOpError(f"evict_positions: positions must lie in 0..{t - 1}, got "
+                               f"{max(drop_set)}")
         for v in views:
             keep = [t for t in range(v.values.shape[0]) if t not in drop_set]
             out.append(v.values[keep])
@@ -304,7 +369,9 @@ def evict_positions(drop: Sequence[int]) -> EditFn:
 
 def requantize_through(fmt) -> EditFn:
     """A host edit that passes every value through KV format ``fmt`` and back (e.g. an
-    int8 cache requantized to 4 bits, stored again as int8)."""
+    int8 cache requantized to 4 bits, stored again as int8). ``fmt``: a ``KVFormat`` or a
+    name/spec ``isa.kvformats.parse`` accepts (checked here)."""
+    fmt = as_format(fmt, "requantize_through")
 
     def edit(views: list[CacheView]) -> list[np.ndarray]:
         out = []
@@ -343,7 +410,10 @@ def score_eviction(keep_sinks: int, keep_recent: int, budget: int) -> EditFn:
     keep the first ``keep_sinks`` and last ``keep_recent`` tokens, and from the rest the
     ``budget`` tokens whose keys have the largest L2 norm summed over layers and heads
     (large keys draw large attention scores). The same positions are evicted from every
-    cache, so the model stays consistent."""
+    cache, so the model stays consistent. Each argument: an integer >= 0 (checked here)."""
+    keep_sinks = _check_count("keep_sinks", keep_sinks, "score_eviction")
+    keep_recent = _check_count("keep_recent", keep_recent, "score_eviction")
+    budget = _check_count("budget", budget, "score_eviction")
 
     def edit(views: list[CacheView]) -> list[np.ndarray]:
         t = views[0].values.shape[0]
@@ -366,6 +436,7 @@ def measure(fn: EditFn, views: list[CacheView]) -> tuple[list[np.ndarray] | None
     return out, time.perf_counter() - t0
 
 
-__all__ = ["CacheOpError", "CacheView", "EditResult", "evict_positions", "requantize_through",
+__all__ = ["CacheOpError", "CacheView", "EditResult", "as_format", "check_positions",
+           "evict_positions", "requantize_through",
            "round_trip", "score_eviction", "rearrange_program", "requantize_program",
            "sub_caches", "runs_of", "HostRead", "HostWrite"]

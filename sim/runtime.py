@@ -19,6 +19,8 @@ Typical use (see ``examples`` in the README)::
 
 from __future__ import annotations
 
+import operator
+import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,8 @@ from .cacheops import (
     CacheView,
     EditFn,
     EditResult,
+    as_format,
+    check_positions,
     measure,
     model_identity,
     pack_file,
@@ -61,6 +65,21 @@ def _is_index(v: Any) -> bool:
 
 class RuntimeApiError(KvsimError, RuntimeError):
     """Misuse of the runtime API (wrong shapes, calls after dispose, bad cache sizes)."""
+
+
+def _index(v: Any, what: str, exc: type[KvsimError] = RuntimeApiError) -> int:
+    """``v`` as a Python int (numpy integers converted, so range checks cannot wrap), or
+    ``exc("<what> must be an integer, got ...")``."""
+    if not _is_index(v):
+        raise exc(f"{what} must be an integer, got {v!r}")
+    return int(operator.index(v))
+
+
+def _folder(directory: Any, where: str) -> Path:
+    if not isinstance(directory, str | os.PathLike):
+        raise CacheOpError(f"{where}: directory must be a path (str or os.PathLike), got "
+                           f"{type(directory).__name__} {directory!r}")
+    return Path(directory)
 
 
 @dataclass(frozen=True)
@@ -115,6 +134,14 @@ class Accelerator:
     def __init__(self, dev_no: int = 0, *, hw: str | HardwareConfig = "aries",
                  functional: bool = True, recorder: Recorder | None = None,
                  keep_calls: int | None = KEEP_CALLS):
+        if not isinstance(hw, str | HardwareConfig):
+            raise RuntimeApiError(f"Accelerator: hw must be a hardware preset name (str) or a "
+                                  f"HardwareConfig, got {type(hw).__name__} {hw!r}")
+        if keep_calls is not None:
+            if not _is_index(keep_calls) or keep_calls < 0:
+                raise RuntimeApiError(f"Accelerator: keep_calls must be an integer >= 0 or "
+                                      f"None, got {keep_calls!r}")
+            keep_calls = int(keep_calls)
         self.dev_no = dev_no
         self.hw = load_hardware(hw) if isinstance(hw, str) else hw
         self.functional = functional
@@ -139,6 +166,7 @@ class Accelerator:
 
     def calls_since(self, count: int) -> list[CallRecord]:
         """The records of the calls made since ``num_calls`` was ``count``."""
+        count = _index(count, "calls_since: count")
         n = self.num_calls - count
         if not 0 <= n <= len(self.calls):
             raise RuntimeApiError(f"calls_since({count}): {n} calls were made since, "
@@ -172,6 +200,12 @@ class Model:
     """A compiled model on an accelerator (the vendor's ``Model(path, model_config)``)."""
 
     def __init__(self, path: str | Path | CompiledModel, model_config: ModelConfig | None = None):
+        if not isinstance(path, str | os.PathLike | CompiledModel):
+            raise RuntimeApiError(f"Model: path must be a compiled-model file (str or "
+                                  f"os.PathLike) or a CompiledModel, got {type(path).__name__}")
+        if model_config is not None and not isinstance(model_config, ModelConfig):
+            raise RuntimeApiError(f"Model: model_config must be a ModelConfig or None, got "
+                                  f"{type(model_config).__name__} {model_config!r}")
         self.compiled = path if isinstance(path, CompiledModel) else CompiledModel.load(path)
         cfg = model_config or ModelConfig()
         if cfg.core_mode not in (None, self.compiled.core_mode):
@@ -247,13 +281,25 @@ class Model:
         self._check_alive()
         acc = self.acc
         cm = self.compiled
+        if outputs is not None and not isinstance(outputs, list):
+            raise RuntimeApiError(f"outputs must be a list (the logits are put in it) or None, "
+                                  f"got {type(outputs).__name__}")
         if batch_param is not None:
+            if not isinstance(batch_param, BatchParam):
+                raise RuntimeApiError(f"batch_param must be a BatchParam(sequence_length, "
+                                      f"cache_size, cache_id) or None, got "
+                                      f"{type(batch_param).__name__} {batch_param!r}")
             cache_size, cache_id = batch_param.cache_size, batch_param.cache_id
-        for name, v in (("cache_size", cache_size), ("cache_id", cache_id)):
-            if not _is_index(v):
-                raise RuntimeApiError(f"{name} must be an integer, got {v!r}")
+            seq_len = _index(batch_param.sequence_length, "batch_param.sequence_length")
+        cache_size = _index(cache_size, "cache_size")
+        cache_id = _index(cache_id, "cache_id")
         try:
-            x = np.asarray(inputs, dtype=np.float32)
+            raw = np.asarray(inputs)
+            if raw.dtype.kind == "c":
+                raise RuntimeApiError("inputs: complex values; expected real float32 "
+                                      "embeddings")
+            with np.errstate(over="ignore", invalid="ignore"):
+                x = np.asarray(raw, dtype=np.float32)
         except (TypeError, ValueError) as err:
             raise RuntimeApiError(f"inputs: not float32 embeddings ({err})") from None
         if x.ndim == 4:
@@ -264,9 +310,12 @@ class Model:
             raise RuntimeApiError(f"inputs: shape {np.shape(inputs)}, expected (seq, "
                                   f"{cm.model.hidden_size}) float32 embeddings")
         seq = x.shape[0]
-        if batch_param is not None and batch_param.sequence_length != seq:
-            raise RuntimeApiError(f"batch_param.sequence_length {batch_param.sequence_length} "
+        if batch_param is not None and seq_len != seq:
+            raise RuntimeApiError(f"batch_param.sequence_length {seq_len} "
                                   f"does not match the {seq} input tokens")
+        if not np.isfinite(x).all():
+            raise RuntimeApiError("inputs: contain NaN or inf (as float32: finite float64 "
+                                  "values beyond about 3.4e38 overflow to inf)")
         if seq > cm.max_seq:
             raise RuntimeApiError(f"inputs: {seq} tokens exceed max_sequence_length "
                                   f"{cm.max_seq}; prefill in chunks with growing cache_size")
@@ -394,12 +443,15 @@ class Model:
         from traces.io import atomic_write_bytes
 
         self._check_alive()
-        d = Path(directory)
+        d = _folder(directory, "dump_cache_memory_to")
         try:  # before the dump: a path that cannot be a folder costs no device time
             d.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise CacheOpError(f"dump_cache_memory_to: cannot make the folder {str(d)!r} "
                                f"({err.strerror or err})") from None
+        if not os.access(d, os.W_OK | os.X_OK):  # nor does a folder it cannot write
+            raise CacheOpError(f"dump_cache_memory_to: cannot write into the folder "
+                               f"{str(d)!r} (permission denied)")
         bufs = self.dump_cache_memory()
         ident = model_identity(self.compiled)
         paths = []
@@ -421,7 +473,7 @@ class Model:
         (present, header, model and format identity, name, size, checksum); any problem
         refuses the whole load and leaves the device cache as it was."""
         self._check_alive()
-        d = Path(directory)
+        d = _folder(directory, "load_cache_memory_from")
         if not d.is_dir():
             raise CacheOpError(f"load_cache_memory_from: {str(d)!r} is not a directory")
         ident = model_identity(self.compiled)
@@ -469,11 +521,15 @@ class Model:
         runtime call and an on-device DRAM-to-DRAM program over every cache (KvRead of the
         kept tokens, KvWrite at their new positions)."""
         self._check_alive()
-        m = self._check_mask(mask, tail_size)
+        if not _is_index(tail_size):
+            raise CacheOpError(f"filter_cache_tail: tail_size must be an integer 1.."
+                               f"{FILTER_TAIL_MAX}, got {tail_size!r}")
+        tail_size = int(tail_size)
         if not 1 <= tail_size <= FILTER_TAIL_MAX:
             raise CacheOpError(f"filter_cache_tail: tail_size {tail_size} must be 1.."
                                f"{FILTER_TAIL_MAX}")
-        self._check_size(cache_size, cache_id)
+        m = self._check_mask(mask, tail_size)
+        cache_size, cache_id = self._check_size(cache_size, cache_id)
         if tail_size > cache_size:
             raise CacheOpError(f"filter_cache_tail: tail_size {tail_size} exceeds cache_size "
                                f"{cache_size}")
@@ -488,10 +544,11 @@ class Model:
         between); returns the new cache size ``num_head + num_tail``. Cost: as
         ``filter_cache_tail``."""
         self._check_alive()
-        self._check_size(cache_size, cache_id)
+        cache_size, cache_id = self._check_size(cache_size, cache_id)
         for name, v in (("num_head", num_head), ("num_tail", num_tail)):
             if not _is_index(v) or v < 0:
                 raise CacheOpError(f"move_cache_tail: {name} must be an integer >= 0, got {v!r}")
+        num_head, num_tail = int(num_head), int(num_tail)
         if num_head + num_tail > cache_size:
             raise CacheOpError(f"move_cache_tail: num_head {num_head} + num_tail {num_tail} "
                                f"exceed cache_size {cache_size}")
@@ -499,17 +556,23 @@ class Model:
         self._rearrange("move_cache_tail", keep, num_head, cache_id)
         return num_head + num_tail
 
-    def _check_size(self, cache_size: int, cache_id: int) -> None:
+    def _check_size(self, cache_size: int, cache_id: int) -> tuple[int, int]:
+        """``(cache_size, cache_id)`` as Python ints, checked against the compiled model."""
         cap = self.compiled.cap
         if not _is_index(cache_size) or not 0 <= cache_size <= cap:
             raise CacheOpError(f"cache_size {cache_size!r} must be an integer in 0.."
                                f"{self.compiled.cap}")
         if not _is_index(cache_id) or not 0 <= cache_id < self.compiled.slots:
             raise CacheOpError(f"cache_id {cache_id} out of range 0..{self.compiled.slots - 1}")
+        return int(cache_size), int(cache_id)
 
     @staticmethod
     def _check_mask(mask, tail_size: int) -> list[bool]:
-        arr = np.asarray(mask)
+        try:
+            arr = np.asarray(mask)
+        except (TypeError, ValueError):
+            raise CacheOpError(f"filter_cache_tail: mask must be a 1-D sequence of "
+                               f"{tail_size} booleans (or 0/1), got {mask!r}") from None
         if arr.ndim != 1 or arr.shape[0] != tail_size:
             raise CacheOpError(f"filter_cache_tail: mask has shape {arr.shape}, expected "
                                f"({tail_size},)")
@@ -537,12 +600,19 @@ class Model:
                            mode: str = "model", op: str = "host_edit") -> EditResult:
         """Dump every cache over PCIe, decode cache ``cache_id`` into views (tokens x heads
         x width int8, plus the raw bytes), run ``fn(views)`` (it returns new values per
-        view, or None to keep them), encode the changes, and load everything back over
-        PCIe. Host time: the hardware's host cost model (``mode="model"``, the default,
-        deterministic) or the measured wall time of ``fn`` (``mode="in_the_loop"``); both
-        are reported. Returns the cost and the new cache size."""
+        view, or None to keep them; edits made in place to ``view.values`` are applied
+        either way), encode the changes, and load everything back over PCIe. Host time: the
+        hardware's host cost model (``mode="model"``, the default, deterministic) or the
+        measured wall time of ``fn`` (``mode="in_the_loop"``); both are reported. Returns
+        the cost and the new cache size. ``fn`` must be callable (checked before the dump);
+        what it returns must be None or a list of one int8 array (tokens, heads, width) per
+        view, else :class:`CacheOpError` (after the dump: the time is spent, the cache is
+        left as it was)."""
         self._check_alive()
-        self._check_size(cache_size, cache_id)
+        cache_size, cache_id = self._check_size(cache_size, cache_id)
+        if not callable(fn):
+            raise CacheOpError(f"edit_cache_on_host: fn must be callable (views -> list of "
+                               f"arrays or None), got {type(fn).__name__} {fn!r}")
         if mode not in ("model", "in_the_loop"):
             raise CacheOpError(f"mode must be 'model' or 'in_the_loop', got {mode!r}")
         acc, cm = self.acc, self.compiled
@@ -566,24 +636,24 @@ class Model:
                               t.get("dram_read", 0) + t.get("dram_write", 0),
                               host_model_s=modelled, new_cache_size=cache_size)
         views = self._views(bufs, cache_size, cache_id)
+        # the decoded values as they were: the edit may change view.values in place
+        olds = [v.values.copy() for v in views]
         new, measured = measure(fn, views)
-        new_size = cache_size
         out = []
         if new is None:
             new = [v.values for v in views]
-        if len(new) != len(views):
-            raise CacheOpError(f"the edit returned {len(new)} caches, expected {len(views)}")
-        sizes = {np.asarray(x).shape[0] for x in new}
+        new = _check_edit(new, views)
+        sizes = {x.shape[0] for x in new}
         if len(sizes) != 1:
             raise CacheOpError(f"the edit left caches of different lengths {sorted(sizes)}")
         new_size = sizes.pop()
-        for group, blob, view, vals in zip(self._cache_groups(), bufs, views, new, strict=True):
+        for group, blob, view, old_vals, vals in zip(self._cache_groups(), bufs, views, olds,
+                                                     new, strict=True):
             c = group[cache_id]
-            vals = np.asarray(vals)
-            if vals.dtype != np.int8 or vals.shape[1:] != view.values.shape[1:]:
+            if vals.dtype != np.int8 or vals.shape[1:] != old_vals.shape[1:]:
                 raise CacheOpError(f"{view.name}: the edit returned {vals.dtype} "
                                    f"{vals.shape}, expected int8 (tokens,"
-                                   f" {view.values.shape[1]}, {view.values.shape[2]})")
+                                   f" {old_vals.shape[1]}, {old_vals.shape[2]})")
             if new_size > cm.cap:
                 raise CacheOpError(f"{view.name}: {new_size} tokens exceed the capacity "
                                    f"{cm.cap}")
@@ -591,7 +661,7 @@ class Model:
             base = cache_id * c["region"].size
             fmt, hb = c["format"], c["head_bytes"]
             for h in range(c["heads"]):
-                old, nv = view.values[:, h], vals[:, h]
+                old, nv = old_vals[:, h], vals[:, h]
                 same = min(len(old), len(nv))
                 diff = np.nonzero((old[:same] != nv[:same]).any(axis=1))[0]
                 dst = int(diff[0]) if diff.size else same
@@ -614,12 +684,13 @@ class Model:
     def evict_on_device(self, drop, *, cache_size: int, cache_id: int = 0,
                         op: str = "device_evict") -> EditResult:
         """Remove the tokens at positions ``drop`` from every cache with an on-device
-        program (compaction by KvRead/KvWrite through DRAM scratch): no PCIe traffic."""
+        program (compaction by KvRead/KvWrite through DRAM scratch): no PCIe traffic.
+        ``drop``: a sequence (or 1-D integer array) of integer positions in
+        ``0 .. cache_size-1``; bools and floats are refused, and so is a boolean mask (pass
+        ``np.flatnonzero(mask)``)."""
         self._check_alive()
-        self._check_size(cache_size, cache_id)
-        drop_set = {int(p) for p in drop}
-        if any(not 0 <= p < cache_size for p in drop_set):
-            raise CacheOpError(f"evict: positions must lie in 0..{cache_size - 1}")
+        cache_size, cache_id = self._check_size(cache_size, cache_id)
+        drop_set = set(check_positions(drop, cache_size, where="evict"))
         if not drop_set:
             raise CacheOpError("evict: no positions to drop")
         first = min(drop_set)
@@ -635,14 +706,20 @@ class Model:
 
     def requantize_on_device(self, via, *, cache_size: int, cache_id: int = 0,
                              op: str = "device_requantize") -> EditResult:
-        """Pass every cached value through KV format ``via`` and back, on the device."""
+        """Pass every cached value through KV format ``via`` (a ``KVFormat``, or a name or
+        spec ``isa.kvformats.parse`` accepts) and back, on the device. With
+        ``cache_size=0`` there is nothing to requantize: only the call is paid."""
         self._check_alive()
-        self._check_size(cache_size, cache_id)
+        cache_size, cache_id = self._check_size(cache_size, cache_id)
+        via = as_format(via, "requantize_on_device: via")
         acc = self.acc
+        # built before any work: a format the scratch area or SRAM cannot hold is refused
+        prog = requantize_program(self.compiled, slot=cache_id, tokens=cache_size, via=via,
+                                  name=op)
         start, before = self._begin()
         acc.host_work(acc.hw.host.call_overhead_ns, op)
-        acc.run(requantize_program(self.compiled, slot=cache_id, tokens=cache_size, via=via,
-                                   name=op), op)
+        if cache_size:  # an empty cache: only the call
+            acc.run(prog, op)
         rec = self._end(op, start, before)
         t = rec.stats.get("traffic", {})
         return EditResult(op, "device", rec.time_s, t.get("pcie_h2d", 0) + t.get("pcie_d2h", 0),
@@ -662,6 +739,30 @@ class Model:
                                  layer_hash=f"{c['layer']:04d}{c['component']}",
                                  size=c["region"].size, num_batches=self.compiled.slots))
         return out
+
+
+def _check_edit(new: Any, views: list[CacheView]) -> list[np.ndarray]:
+    """What a host edit returned, as one 3-D array per view, or :class:`CacheOpError`."""
+    want = (f"expected a list of {len(views)} int8 arrays (tokens, heads, width) or None")
+    if not isinstance(new, list | tuple):
+        raise CacheOpError(f"edit_cache_on_host: the edit returned {type(new).__name__}; "
+                           f"{want}")
+    if len(new) != len(views):
+        raise CacheOpError(f"edit_cache_on_host: the edit returned {len(new)} caches, "
+                           f"expected {len(views)}")
+    out = []
+    for view, x in zip(views, new, strict=True):
+        what = type(x).__name__
+        try:
+            a = np.asarray(x) if isinstance(x, np.ndarray | list | tuple) else None
+        except (TypeError, ValueError):
+            a, what = None, f"ragged {what}"
+        if a is None or a.ndim != 3 or a.dtype == object:
+            if a is not None:
+                what = f"{what} {a.dtype} {a.shape}"
+            raise CacheOpError(f"{view.name}: the edit returned {what}; {want}")
+        out.append(a)
+    return out
 
 
 __all__ = ["Accelerator", "BatchParam", "CacheInfo", "CallRecord", "Model", "ModelConfig",

@@ -61,6 +61,9 @@ from models.bits import build_bit_config
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.config import load_preset
 from sim.cacheops import CacheOpError
+from sim.cacheops import evict_positions as _evict_positions
+from sim.cacheops import requantize_through as _requantize_through
+from sim.cacheops import score_eviction as _score_eviction
 from sim.cli import main as cli_main
 from sim.config import load_run_config
 from sim.hw import load_hardware
@@ -634,6 +637,77 @@ _rt("launch a launched model on a second card", "already launched",
     lambda ctx: ctx.model.launch(Accelerator(hw=TINY_HW)))
 _rt("launch on something else", "expected an Accelerator, got str",
     lambda ctx: Model(ctx.cm).launch("aries"))
+
+# item-by-item fixes of crashes a review found (each refused before any work)
+_rt("host edit is not callable", "fn must be callable",
+    lambda ctx: ctx.model.edit_cache_on_host(None, cache_size=FILLED), exc=CacheOpError)
+_rt("host edit returns a list of ints", "the edit returned int; expected a list of 4 int8 "
+    "arrays (tokens, heads, width) or None",
+    lambda ctx: ctx.model.edit_cache_on_host(lambda views: [0, 0, 0, 0], cache_size=FILLED),
+    exc=CacheOpError, costs_time=True)
+_rt("host edit returns a generator", "the edit returned generator; expected a list of 4",
+    lambda ctx: ctx.model.edit_cache_on_host(lambda views: (v.values for v in views),
+                                             cache_size=FILLED),
+    exc=CacheOpError, costs_time=True)
+_rt("host edit returns ragged lists", "the edit returned ragged list",
+    lambda ctx: ctx.model.edit_cache_on_host(lambda views: [[[1, 2], [3]]] * 4,
+                                             cache_size=FILLED),
+    exc=CacheOpError, costs_time=True)
+_rt("requantize through an unknown format", "via: unknown KV format 'int7'; valid names",
+    lambda ctx: ctx.model.requantize_on_device("int7", cache_size=FILLED), exc=CacheOpError)
+_rt("requantize through None", "via: expected a KV format or its name, got NoneType",
+    lambda ctx: ctx.model.requantize_on_device(None, cache_size=FILLED), exc=CacheOpError)
+_rt("requantize_through a K/V pair name", "requantize_through: KV layout 'kivi-4' has "
+    "different K and V formats", lambda ctx: _requantize_through("kivi-4"), exc=CacheOpError)
+_rt("outputs a tuple", "outputs must be a list (the logits are put in it) or None, got tuple",
+    _infer(_one, outputs=(), cache_size=FILLED))
+_rt("evict a fractional position", "evict: positions must be integers in 0..31, got 1.7",
+    lambda ctx: ctx.model.evict_on_device([1.7], cache_size=FILLED), exc=CacheOpError)
+_rt("evict a bare int", "positions must be a sequence of integers in 0..31, got int",
+    lambda ctx: ctx.model.evict_on_device(3, cache_size=FILLED), exc=CacheOpError)
+_rt("evict with a boolean mask", "pass np.flatnonzero(mask)",
+    lambda ctx: ctx.model.evict_on_device(np.ones(FILLED, bool), cache_size=FILLED),
+    exc=CacheOpError)
+_rt("evict_positions of NaN", "evict_positions: positions must be integers >= 0, got nan",
+    lambda ctx: _evict_positions([float("nan")]), exc=CacheOpError)
+_rt("uint8 cache_size past the capacity", "cache_size 255 + 1 tokens exceed",
+    _infer(_one, cache_size=np.uint8(255)))
+_rt("uint64 cache_size does not wrap", "cache_size 18446744073709551615 + 1 tokens exceed",
+    _infer(_one, cache_size=np.uint64(2**64 - 1)))
+_rt("uint64 move does not wrap", "num_head 18446744073709551615 + num_tail 2 exceed",
+    lambda ctx: ctx.model.move_cache_tail(np.uint64(2**64 - 1), np.uint64(2), FILLED),
+    exc=CacheOpError)
+_rt("fractional tail_size", "filter_cache_tail: tail_size must be an integer 1..32, got 2.0",
+    lambda ctx: ctx.model.filter_cache_tail(FILLED, 2.0, [True, False]), exc=CacheOpError)
+_rt("boolean tail_size", "tail_size must be an integer 1..32, got True",
+    lambda ctx: ctx.model.filter_cache_tail(FILLED, True, [True]), exc=CacheOpError)
+_rt("ragged mask", "mask must be a 1-D sequence of 2 booleans",
+    lambda ctx: ctx.model.filter_cache_tail(FILLED, 2, [[1], 2]), exc=CacheOpError)
+_rt("hardware of the wrong type", "hw must be a hardware preset name (str) or a "
+    "HardwareConfig, got dict", lambda ctx: Accelerator(hw={"preset": "tiny"}))
+_rt("negative keep_calls", "keep_calls must be an integer >= 0 or None, got -1",
+    lambda ctx: Accelerator(hw=TINY_HW, keep_calls=-1))
+_rt("model path None", "Model: path must be a compiled-model file", lambda ctx: Model(None))
+_rt("model config a string", "model_config must be a ModelConfig or None, got str",
+    lambda ctx: Model(ctx.cm, "single"))
+_rt("batch_param a tuple", "batch_param must be a BatchParam",
+    _infer(_one, batch_param=(1, FILLED, 0)))
+_rt("calls_since a string", "calls_since: count must be an integer, got 'x'",
+    lambda ctx: ctx.acc.calls_since("x"))
+_rt("load from None", "load_cache_memory_from: directory must be a path",
+    lambda ctx: ctx.model.load_cache_memory_from(None), exc=CacheOpError)
+_rt("dump to None", "dump_cache_memory_to: directory must be a path",
+    lambda ctx: ctx.model.dump_cache_memory_to(None), exc=CacheOpError)
+_rt("NaN embeddings", "inputs: contain NaN or inf",
+    _infer(lambda ctx: np.full((1, 64), np.nan), cache_size=FILLED))
+_rt("embeddings beyond float32", "inputs: contain NaN or inf",
+    _infer(lambda ctx: np.full((1, 64), 1e300), cache_size=FILLED))
+_rt("complex embeddings", "inputs: complex values",
+    _infer(lambda ctx: np.full((1, 64), 1 + 1j), cache_size=FILLED))
+_rt("score_eviction negative", "score_eviction: keep_sinks must be an integer >= 0, got -1",
+    lambda ctx: _score_eviction(-1, -1, -1), exc=CacheOpError)
+_rt("score_eviction None budget", "score_eviction: budget must be an integer >= 0, got None",
+    lambda ctx: _score_eviction(2, 4, None), exc=CacheOpError)
 
 
 # --- fixtures: one compiled tiny model and an earlier run's outputs ------------------------------
