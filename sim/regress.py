@@ -521,12 +521,13 @@ def _parse_tolerances(items: Sequence[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in items:
         key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise RegressError(f"--tolerance {item!r}: expected FIGURE=REL")
         try:
             value = float(text)
         except ValueError:
-            value = math.nan
-        if not eq or not key.strip():
-            raise RegressError(f"--tolerance {item!r}: expected FIGURE=REL")
+            raise RegressError(f"--tolerance {item!r}: {text!r} is not a number (a relative "
+                               "tolerance, 0.01 = 1 %)") from None
         out[key.strip()] = value
     return check_tolerances(out, "--tolerance")
 
