@@ -186,18 +186,23 @@ class OutputsConfig(_Section):
     counter_bins: int = Field(200, ge=1)
 
 
-class RunConfig(_Section):
+class ModelOnHardware(_Section):
+    """The sections every kvsim config starts with (runs and serving)."""
+
     hardware: HardwareConfig
     model: ModelSection = ModelSection(preset="qwen2.5-0.5b")
     bits: BitsSection = BitsSection()
     kv: KvSection = KvSection()
+
+    def resolved(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class RunConfig(ModelOnHardware):
     compile: CompileSection = CompileSection()
     workload: WorkloadConfig = WorkloadConfig()
     sim: SimConfig = SimConfig()
     outputs: OutputsConfig = OutputsConfig()
-
-    def resolved(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
 
 
 def parse_value(text: str) -> Any:
@@ -263,15 +268,20 @@ def set_field(tree: dict[str, Any], key: str, value: Any) -> None:
         tree["model"].pop(other, None)
 
 
+def split_assignment(item: str, flag: str, expected: str = "key=value") -> tuple[str, Any]:
+    """``a.b=value`` (of ``--set`` / ``--axis``) -> ``("a.b", parsed value)``."""
+    if "=" not in item:
+        raise ConfigError(f"{flag} {item!r}: expected {expected}")
+    key, _, value = item.partition("=")
+    key = key.strip()
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"{flag} {item!r}: bad key {key!r}")
+    return key, parse_value(value.strip())
+
+
 def apply_sets(tree: dict[str, Any], sets: list[str]) -> None:
     for item in sets:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected key=value")
-        key, _, value = item.partition("=")
-        key = key.strip()
-        if not key or any(not p for p in key.split(".")):
-            raise ConfigError(f"--set {item!r}: bad key {key!r}")
-        set_field(tree, key, parse_value(value.strip()))
+        set_field(tree, *split_assignment(item, "--set"))
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -53,7 +53,14 @@ from pydantic import Field, ValidationError
 from isa.errors import ConfigError, KvsimError
 from models.schema import Frozen, validation_message
 
-from .config import apply_sets, build_run_config, load_tree, parse_value, set_field
+from .config import (
+    apply_sets,
+    build_run_config,
+    load_tree,
+    parse_value,
+    set_field,
+    split_assignment,
+)
 
 SWEEP_KEYS = ("base", "set", "axes", "outputs")
 #: Metrics plotted when the sweep file names none (those the points have).
@@ -176,13 +183,7 @@ def _flatten_axes(table: Any, prefix: str = "") -> dict[str, list[Any]]:
 
 def parse_axis(text: str) -> tuple[str, list[Any]]:
     """``--axis key=[v1, v2]`` -> ``(key, [v1, v2])`` (a single value is a one-point axis)."""
-    if "=" not in text:
-        raise ConfigError(f"--axis {text!r}: expected key=[value, ...]")
-    key, _, value = text.partition("=")
-    key = key.strip()
-    if not key or any(not p for p in key.split(".")):
-        raise ConfigError(f"--axis {text!r}: bad key {key!r}")
-    parsed = parse_value(value.strip())
+    key, parsed = split_assignment(text, "--axis", "key=[value, ...]")
     return key, _axis_values(f"--axis {key}", parsed if isinstance(parsed, list) else [parsed])
 
 

@@ -14,13 +14,13 @@ Step records are duck-typed (``chip``, ``start_ps``, ``end_ps``, ``swap_ps``, ``
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
-import plotly.io as pio
+
+from .report import _layout, render_page
 
 PS_PER_US = 1e6
 PS_PER_S = 1e12
@@ -69,12 +69,6 @@ def _thin(x: list[float], y: list[float]) -> tuple[list[float], list[float]]:
             [max(y[i:i + k]) for i in range(0, len(y), k)])
 
 
-def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
-    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, height=420,
-                      template="plotly_white", margin={"l": 80, "r": 20, "t": 50, "b": 50})
-    return fig
-
-
 def occupancy_figure(steps: Sequence[Sequence[Any]], geometry: Any) -> go.Figure:
     """KV blocks in use (% of the pool) over time, one line per chip; preemptions marked."""
     fig = go.Figure()
@@ -121,16 +115,6 @@ def batch_figure(steps: Sequence[Sequence[Any]]) -> go.Figure:
     return _layout(fig, "Batch composition per step", "time (s)", "tokens in the step")
 
 
-_PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}}
-h1{{font-size:1.4em}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:2px 8px;text-align:left}}
-.fig{{margin:1em 0}}</style></head>
-<body><h1>{title}</h1>{summary}{figures}</body></html>
-"""
-
-
 def serving_report_html(metrics: dict[str, Any], rows: Sequence[dict[str, Any]],
                         steps: Sequence[Sequence[Any]], geometry: Any) -> str:
     """The report page of a serving run."""
@@ -153,12 +137,4 @@ def serving_report_html(metrics: dict[str, Any], rows: Sequence[dict[str, Any]],
                                      f"{100 * s.get('kv_mean_occupancy', 0):.1f} %"),
     ]
     figs = [occupancy_figure(steps, geometry), batch_figure(steps), latency_figure(rows)]
-    parts = []
-    for i, fig in enumerate(figs):
-        parts.append('<div class="fig">' + pio.to_html(
-            fig, full_html=False, include_plotlyjs=(i == 0), div_id=f"fig{i}",
-            config={"displaylogo": False}) + "</div>")
-    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
-                    for k, v in summary)
-    return _PAGE.format(title=html.escape("kvsim serve"), summary=f"<table>{cells}</table>",
-                        figures="".join(parts))
+    return render_page("kvsim serve", summary, figs)

@@ -13,11 +13,6 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from isa.errors import KvsimError
-from sim.console import make_console
-
-EXIT_BAD_INPUT = 2
-
 
 def print_serve_summary(metrics: dict, paths: dict, console: Console) -> None:
     s = metrics["serving"]
@@ -82,15 +77,10 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="kvsim")
-    add_serve_parser(p.add_subparsers(dest="command", required=True))
-    args = p.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
-    console = make_console()
-    try:
-        return args.func(args, console)
-    except KvsimError as err:
-        print(f"kvsim: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    """``kvsim serve ARGV`` (``python -m sim.serving.cli``)."""
+    from sim.cli import main as kvsim_main
+
+    return kvsim_main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

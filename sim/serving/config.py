@@ -18,14 +18,11 @@ from pydantic import Field, ValidationError
 from isa.errors import ConfigError
 from models.schema import Frozen, validation_message
 from sim.config import (
-    BitsSection,
-    KvSection,
-    ModelSection,
+    ModelOnHardware,
     apply_sets,
     load_tree,
     resolve_hardware,
 )
-from sim.hw import HardwareConfig
 
 from .workload import WorkloadSpec
 
@@ -77,17 +74,10 @@ class ServeOutputs(_Section):
     requests_csv: bool = True
 
 
-class ServeConfig(_Section):
-    hardware: HardwareConfig
-    model: ModelSection = ModelSection(preset="qwen2.5-0.5b")
-    bits: BitsSection = BitsSection()
-    kv: KvSection = KvSection()
+class ServeConfig(ModelOnHardware):
     compile: ServeCompileSection = ServeCompileSection()
     serving: ServingSection = ServingSection()
     outputs: ServeOutputs = ServeOutputs()
-
-    def resolved(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
 
 
 DEFAULT_SERVE_TOML = """
