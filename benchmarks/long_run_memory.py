@@ -82,7 +82,7 @@ def decode_run(steps: int, trace: str, max_events: int) -> dict:
         "rss_after_setup_bytes": start_rss, "rss_end_bytes": cur, "peak_rss_bytes": peak,
         "growth_bytes_per_step": growth, "calls": acc.num_calls,
         "call_records_kept": len(acc.calls),
-        "trace_events": len(recorder.spans) + len(recorder.bytes),
+        "trace_events": len(recorder.spans) + recorder.byte_records,
         "dropped_events": recorder.dropped,
         "checkpoints": checkpoints,
     }
