@@ -52,8 +52,16 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
     tree: dict = {"preset": args.name}
     apply_sets(tree, args.set or [])
     hw = build_hardware(resolve_hardware(tree))
+    protocol = None
+    if hw.dram.timing is not None:
+        from sim.dram_timing import protocol_summary
+
+        protocol = protocol_summary(hw.dram)
     if args.json:
-        print(json.dumps({"config": hw.model_dump(mode="json"), "derived": hw.derived}, indent=1))
+        out = {"config": hw.model_dump(mode="json"), "derived": hw.derived}
+        if protocol is not None:
+            out["dram_protocol"] = protocol.to_json()
+        print(json.dumps(out, indent=1))
         return 0
     console.print(f"[bold]{hw.name}[/bold]: {hw.description}")
     table = Table(title="parameters")
@@ -93,7 +101,35 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
         else:
             d.add_row(k, _fmt_bytes_per_s(v))
     console.print(d)
+    if protocol is not None:
+        _print_dram_protocol(protocol, hw.dram.efficiency, console)
     return 0
+
+
+def _print_dram_protocol(protocol, efficiency: float, console: Console) -> None:
+    """The LPDDR4X protocol model's timing in cycles and its efficiency per access pattern."""
+    from rich.markup import escape
+
+    from sim.dram_timing import ENGINE_NOTE
+
+    c = Table(title=f"DRAM protocol timing, rounded to tCK = {protocol.tck_ps / 1000:.3f} ns")
+    c.add_column("parameter")
+    c.add_column("cycles", justify="right")
+    c.add_column("ns", justify="right")
+    for k, v in protocol.cycles.items():
+        c.add_row(k, str(v), f"{v * protocol.tck_ps / 1000:.2f}")
+    console.print(c)
+    p = Table(title="DRAM sustained efficiency per access pattern (LPDDR4X protocol model)")
+    for col in ("pattern", "efficiency", "closed form", "sustained, all channels", "what"):
+        p.add_column(col, justify="left" if col in ("pattern", "what") else "right",
+                     overflow="fold")
+    for f in protocol.patterns:
+        closed = "-" if f.closed_form is None else f"{f.closed_form:.4f}"
+        p.add_row(f.name, f"{f.efficiency:.4f}", closed,
+                  _fmt_bytes_per_s(f.sustained_bytes_per_s), escape(f.description))
+    console.print(p)
+    console.print(f"refresh alone: tRFCab / tREFI = {protocol.refresh_loss:.4f} of the time")
+    console.print(f"[yellow]note[/yellow]: {ENGINE_NOTE} (dram.efficiency = {efficiency})")
 
 
 def print_run_summary(metrics: dict, paths: dict, console: Console) -> None:
