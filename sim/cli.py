@@ -132,6 +132,49 @@ def _print_dram_protocol(protocol, efficiency: float, console: Console) -> None:
     console.print(f"[yellow]note[/yellow]: {ENGINE_NOTE} (dram.efficiency = {efficiency})")
 
 
+#: Short column names of the sensitivity table.
+FIGURE_LABELS = {"prefill.ttft_s": "TTFT", "decode.time_per_token_s": "decode/token",
+                 "sim_time_s": "time"}
+
+
+def cmd_hw_sensitivity(args: argparse.Namespace, console: Console) -> int:
+    from sim.config import apply_sets, load_tree
+    from sim.sensitivity import run_sensitivity
+
+    tree = load_tree(args.config)
+    if args.model is not None:
+        key = "hf_config" if args.model.endswith(".json") or "/" in args.model else "preset"
+        tree["model"] = {key: args.model}
+    apply_sets(tree, args.set or [])
+    res = run_sensitivity(tree, fraction=args.fraction, only=args.param, workers=args.workers,
+                          executor=args.executor, scheduler=args.scheduler,
+                          progress=not (args.quiet or args.json))
+    if args.json:
+        print(json.dumps(res.to_json(), indent=1))
+        return 0
+    pct = f"{res.fraction:.0%}"
+    t = Table(title=f"change of each figure at -{pct} / +{pct} of one hardware field")
+    t.add_column("field", overflow="fold")
+    t.add_column("value", justify="right")
+    for f in res.figures:
+        label = FIGURE_LABELS.get(f, f)
+        t.add_column(f"{label} -{pct}", justify="right")
+        t.add_column(f"{label} +{pct}", justify="right")
+    t.add_column("note", overflow="fold")
+
+    def cell(v: float | None) -> str:
+        return "-" if v is None else f"{v:+.2f} %"
+
+    for r in res.rows:
+        cells = [cell(v) for f in res.figures for v in r.change_pct[f]]
+        t.add_row(r.field, f"{r.base:g}", *cells, r.note)
+    console.print(t)
+    console.print("base: " + ", ".join(f"{k} = {_fmt_s(v)}" for k, v in res.base.items()))
+    console.print("\\[dram.timing] is not perturbed: the engine does not use it yet (its effect "
+                  "is on the protocol model, kvsim hw show)")
+    return 0
+
+
 def print_run_summary(metrics: dict, paths: dict, console: Console) -> None:
     console.print(f"[bold]kvsim run[/bold]: {metrics['scenario']}")
     t = Table(show_header=False)
@@ -452,6 +495,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a field, e.g. --set dram.efficiency=0.7")
     hs.add_argument("--json", action="store_true", help="print JSON")
     hs.set_defaults(func=cmd_hw_show)
+    he = hsub.add_parser("sensitivity", help="TTFT and decode change per +-10 %% of each "
+                         "numeric hardware field")
+    he.add_argument("--model", help="model preset or config.json path (default: the config's)")
+    he.add_argument("--config", help="run config (TOML; default: the embedded default run)")
+    he.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a run-config field, e.g. --set hardware.preset=tiny")
+    he.add_argument("--param", action="append", metavar="FIELD",
+                    help="only this hardware field or table (repeatable), e.g. dram")
+    he.add_argument("--fraction", type=float, default=0.1, help="relative step (default 0.1)")
+    he.add_argument("--workers", type=_positive, default=1, help="processes (default 1)")
+    he.add_argument("--executor", choices=["local", "dask"], default="local")
+    he.add_argument("--scheduler", help="dask: scheduler address")
+    he.add_argument("--json", action="store_true", help="print JSON")
+    he.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    he.set_defaults(func=cmd_hw_sensitivity)
 
     from sim.regress import add_parser as add_regress_parser
     from sim.serving.cli import add_serve_parser
