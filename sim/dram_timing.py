@@ -29,7 +29,8 @@ Closed forms (``closed_form_efficiency``), in cycles, B = BL/2:
   tRCD) / (tREFI - tRFCab))``;
 - records each in its own row, b bursts each, on ``k`` banks in turn: one record per
   ``max(b B, tRRD, tFAW / 4, row cycle / k)`` with row cycle ``max(tRAS, tRCD + (b-1) B +
-  to-precharge) + tRPpb``;
+  to-precharge) + tRPpb``; a refresh adds ACTIVATE-to-PRECHARGE + tRPab + tRFCab minus one
+  record cycle;
 - reads and writes alternating every ``n`` bursts: ``2 n B / (2 n B + (tRTW - B) + (tWTR,gap
   - B))`` with tRTW = RL + tDQSCK(max) + B - WL + tWPRE and tWTR,gap = WL + 1 + B + tWTR.
 """
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -125,14 +127,18 @@ class LpddrTiming:
                 "READ-to-PRECHARGE": self.read_to_precharge_ck,
                 "WRITE-to-PRECHARGE": self.write_to_precharge_ck}
 
+    @cached_property
     def vector(self) -> np.ndarray:
-        """The parameters as the int64 vector the jitted loop reads (``_P_*`` order)."""
-        return np.array([self.channels, self.granule_bytes, self.banks, self.page_bytes,
+        """The parameters as the int64 vector the jitted loop reads (``_P_*`` order); built
+        once per timing, so a call per chunk allocates nothing."""
+        v = np.array([self.channels, self.granule_bytes, self.banks, self.page_bytes,
                          self.burst_bytes, self.ccd_ck, self.rcd_ck, self.rp_pb_ck,
                          self.rp_ab_ck, self.ras_ck, self.rrd_ck, self.faw_ck, self.rfc_ab_ck,
                          self.refi_ck, self.rl_ck, self.wl_ck, self.read_to_write_ck,
                          self.write_to_read_ck, self.read_to_precharge_ck,
                          self.write_to_precharge_ck], dtype=np.int64)
+        v.setflags(write=False)
+        return v
 
 
 (_P_CH, _P_GRAN, _P_BANKS, _P_PAGE, _P_BURST, _P_CCD, _P_RCD, _P_RPPB, _P_RPAB, _P_RAS,
@@ -287,7 +293,7 @@ def chunk_time_ps(state: ChannelState, addr: int, nbytes: int, is_write: bool, n
         return now_ps
     # cycle edges become ps rounded up, so a time under 1 ps past an edge is that edge
     t0 = math.ceil((now_ps - 1) / timing.tck_ps)
-    end_ck = _chunk_end_ck(timing.vector(), state.open_row, state.act_ok, state.pre_ok,
+    end_ck = _chunk_end_ck(timing.vector, state.open_row, state.act_ok, state.pre_ok,
                            state.cas_ok, state.faw, state.scalars, state.next_ref, addr,
                            nbytes, is_write, t0)
     return max(now_ps, math.ceil(end_ck * timing.tck_ps - 1e-6))
@@ -354,7 +360,7 @@ def stream_efficiency(pattern: AccessPattern, timing: LpddrTiming,
     the whole stream issued at once on idle channels (first refresh due at tREFI)."""
     addrs, sizes, writes = pattern.accesses(chunk_bytes)
     state = ChannelState.fresh(timing)
-    end_ck = _stream_end_ck(timing.vector(), state.open_row, state.act_ok, state.pre_ok,
+    end_ck = _stream_end_ck(timing.vector, state.open_row, state.act_ok, state.pre_ok,
                             state.cas_ok, state.faw, state.scalars, state.next_ref, addrs,
                             sizes, writes)
     touched = int(np.count_nonzero(state.scalars[:, 4] >= 0))

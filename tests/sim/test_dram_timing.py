@@ -61,6 +61,16 @@ def test_unloaded_read_latency_is_trcd_plus_rl_plus_one_burst():
     assert chunk_time_ps(s, 32, 32, False, t0, t) == _ps(82 + 36 + 8)
 
 
+def test_a_dma_chunk_streams_its_rows_back_to_back():
+    t = _timing()
+    s = ChannelState.fresh(t)
+    # 64 KiB = 8 KiB per channel = 4 rows (banks 0..3) of 64 bursts; ACTs at 0, 21, 42, 63
+    # hide behind the data: first READ at tRCD, 256 READs tCCD apart, data RL + BL/2 after
+    assert chunk_time_ps(s, 0, 64 * KiB, False, 0, t) == _ps(38 + 255 * 8 + 36 + 8)
+    # the next chunk continues on the bus (rows of banks 4..7 long open)
+    assert chunk_time_ps(s, 64 * KiB, 64 * KiB, False, 0, t) == _ps(38 + 511 * 8 + 36 + 8)
+
+
 def test_row_miss_in_the_same_bank_waits_tras_then_trp():
     t = _timing()
     s = ChannelState.fresh(t)
