@@ -52,8 +52,16 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
     tree: dict = {"preset": args.name}
     apply_sets(tree, args.set or [])
     hw = build_hardware(resolve_hardware(tree))
+    protocol = None
+    if hw.dram.timing is not None:
+        from sim.dram_timing import protocol_summary
+
+        protocol = protocol_summary(hw.dram)
     if args.json:
-        print(json.dumps({"config": hw.model_dump(mode="json"), "derived": hw.derived}, indent=1))
+        out = {"config": hw.model_dump(mode="json"), "derived": hw.derived}
+        if protocol is not None:
+            out["dram_protocol"] = protocol.to_json()
+        print(json.dumps(out, indent=1))
         return 0
     console.print(f"[bold]{hw.name}[/bold]: {hw.description}")
     table = Table(title="parameters")
@@ -93,6 +101,77 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
         else:
             d.add_row(k, _fmt_bytes_per_s(v))
     console.print(d)
+    if protocol is not None:
+        _print_dram_protocol(protocol, hw.dram.efficiency, console)
+    return 0
+
+
+def _print_dram_protocol(protocol, efficiency: float, console: Console) -> None:
+    """The LPDDR4X protocol model's timing in cycles and its efficiency per access pattern."""
+    from rich.markup import escape
+
+    from sim.dram_timing import ENGINE_NOTE
+
+    c = Table(title=f"DRAM protocol timing, rounded to tCK = {protocol.tck_ps / 1000:.3f} ns")
+    c.add_column("parameter")
+    c.add_column("cycles", justify="right")
+    c.add_column("ns", justify="right")
+    for k, v in protocol.cycles.items():
+        c.add_row(k, str(v), f"{v * protocol.tck_ps / 1000:.2f}")
+    console.print(c)
+    p = Table(title="DRAM sustained efficiency per access pattern (LPDDR4X protocol model)")
+    for col in ("pattern", "efficiency", "closed form", "sustained, all channels", "what"):
+        p.add_column(col, justify="left" if col in ("pattern", "what") else "right",
+                     overflow="fold")
+    for f in protocol.patterns:
+        closed = "-" if f.closed_form is None else f"{f.closed_form:.4f}"
+        p.add_row(f.name, f"{f.efficiency:.4f}", closed,
+                  _fmt_bytes_per_s(f.sustained_bytes_per_s), escape(f.description))
+    console.print(p)
+    console.print(f"refresh alone: tRFCab / tREFI = {protocol.refresh_loss:.4f} of the time")
+    console.print(f"[yellow]note[/yellow]: {ENGINE_NOTE} (dram.efficiency = {efficiency})")
+
+
+#: Short column names of the sensitivity table.
+FIGURE_LABELS = {"prefill.ttft_s": "TTFT", "decode.time_per_token_s": "decode/token",
+                 "sim_time_s": "time"}
+
+
+def cmd_hw_sensitivity(args: argparse.Namespace, console: Console) -> int:
+    from sim.config import apply_sets, load_tree
+    from sim.sensitivity import run_sensitivity
+
+    tree = load_tree(args.config)
+    if args.model is not None:
+        key = "hf_config" if args.model.endswith(".json") or "/" in args.model else "preset"
+        tree["model"] = {key: args.model}
+    apply_sets(tree, args.set or [])
+    res = run_sensitivity(tree, fraction=args.fraction, only=args.param, workers=args.workers,
+                          executor=args.executor, scheduler=args.scheduler,
+                          progress=not (args.quiet or args.json))
+    if args.json:
+        print(json.dumps(res.to_json(), indent=1))
+        return 0
+    pct = f"{res.fraction:.0%}"
+    t = Table(title=f"change of each figure at -{pct} / +{pct} of one hardware field")
+    t.add_column("field", overflow="fold")
+    t.add_column("value", justify="right")
+    for f in res.figures:
+        label = FIGURE_LABELS.get(f, f)
+        t.add_column(f"{label} -{pct}", justify="right")
+        t.add_column(f"{label} +{pct}", justify="right")
+    t.add_column("note", overflow="fold")
+
+    def cell(v: float | None) -> str:
+        return "-" if v is None else f"{v:+.2f} %"
+
+    for r in res.rows:
+        cells = [cell(v) for f in res.figures for v in r.change_pct[f]]
+        t.add_row(r.field, f"{r.base:g}", *cells, r.note)
+    console.print(t)
+    console.print("base: " + ", ".join(f"{k} = {_fmt_s(v)}" for k, v in res.base.items()))
+    console.print("\\[dram.timing] is not perturbed: the engine does not use it yet (its effect "
+                  "is on the protocol model, kvsim hw show)")
     return 0
 
 
@@ -416,6 +495,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a field, e.g. --set dram.efficiency=0.7")
     hs.add_argument("--json", action="store_true", help="print JSON")
     hs.set_defaults(func=cmd_hw_show)
+    he = hsub.add_parser("sensitivity", help="TTFT and decode change per +-10 %% of each "
+                         "numeric hardware field")
+    he.add_argument("--model", help="model preset or config.json path (default: the config's)")
+    he.add_argument("--config", help="run config (TOML; default: the embedded default run)")
+    he.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a run-config field, e.g. --set hardware.preset=tiny")
+    he.add_argument("--param", action="append", metavar="FIELD",
+                    help="only this hardware field or table (repeatable), e.g. dram")
+    he.add_argument("--fraction", type=float, default=0.1, help="relative step (default 0.1)")
+    he.add_argument("--workers", type=_positive, default=1, help="processes (default 1)")
+    he.add_argument("--executor", choices=["local", "dask"], default="local")
+    he.add_argument("--scheduler", help="dask: scheduler address")
+    he.add_argument("--json", action="store_true", help="print JSON")
+    he.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    he.set_defaults(func=cmd_hw_sensitivity)
 
     from sim.regress import add_parser as add_regress_parser
     from sim.serving.cli import add_serve_parser

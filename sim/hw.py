@@ -26,6 +26,46 @@ PCIE_GT_PER_S = {3: 8.0e9, 4: 16.0e9, 5: 32.0e9}
 PCIE_ENCODING_EFFICIENCY = 128 / 130  # 128b/130b line code (Gen3 and later)
 
 
+class DramTimingConfig(Frozen):
+    """LPDDR4/LPDDR4X organisation and timing of one x16 channel (JEDEC JESD209-4).
+
+    Times are the datasheet minimums in ns (``trefi_ns`` is the maximum average refresh
+    interval); the protocol model (``sim/dram_timing.py``) rounds each to whole clock cycles of
+    the channel clock (``data_rate_mtps / 2``). Latencies set in mode registers (RL, WL,
+    write preamble) are already in cycles. Not yet used by the engine: it still moves bytes at
+    ``dram.efficiency`` of peak.
+    """
+
+    address_mapping: Literal["row:bank:column"] = Field(
+        description="how a channel-local address splits into row, bank and column (high to "
+        "low bits); the channel bits sit at the interleave granule")
+    banks_per_channel: int = Field(ge=1)
+    page_bytes: int = Field(ge=32, description="row (page) size of one channel in bytes")
+    burst_length: Literal[16, 32] = Field(description="beats per READ/WRITE command (BL)")
+    trcd_ns: float = Field(ge=0, description="ACTIVATE to READ/WRITE")
+    trp_pb_ns: float = Field(ge=0, description="per-bank PRECHARGE period")
+    trp_ab_ns: float = Field(ge=0, description="all-bank PRECHARGE period")
+    tras_ns: float = Field(ge=0, description="ACTIVATE to PRECHARGE, same bank")
+    trrd_ns: float = Field(ge=0, description="ACTIVATE to ACTIVATE, different banks")
+    tfaw_ns: float = Field(ge=0, description="window holding at most four ACTIVATEs")
+    twr_ns: float = Field(ge=0, description="write recovery: end of write data to PRECHARGE")
+    twtr_ns: float = Field(ge=0, description="end of write data to READ (turnaround)")
+    trtp_ns: float = Field(ge=0, description="READ to PRECHARGE")
+    trfc_ab_ns: float = Field(ge=0, description="all-bank REFRESH cycle time")
+    trefi_ns: float = Field(gt=0, description="average interval between all-bank REFRESHes")
+    tdqsck_max_ns: float = Field(ge=0, description="read data strobe delay from clock, max")
+    read_latency_ck: int = Field(ge=1, description="RL: READ command to first data, cycles")
+    write_latency_ck: int = Field(ge=1, description="WL: WRITE command to first data, cycles")
+    write_preamble_ck: int = Field(ge=0, description="tWPRE: write DQS preamble, cycles")
+
+    @model_validator(mode="after")
+    def _refresh_fits(self) -> DramTimingConfig:
+        if self.trfc_ab_ns + self.trp_ab_ns >= self.trefi_ns:
+            raise ValueError("trfc_ab_ns + trp_ab_ns must be shorter than trefi_ns (the "
+                             "channel would do nothing but refresh)")
+        return self
+
+
 class DramConfig(Frozen):
     """Device DRAM (LPDDR4X on ARIES)."""
 
@@ -36,6 +76,22 @@ class DramConfig(Frozen):
     access_latency_ns: float = Field(ge=0)
     capacity_bytes: int = Field(ge=1)
     interleave_bytes: int = Field(ge=64, description="address interleave granule across channels")
+    timing: DramTimingConfig | None = Field(
+        None, description="protocol timing for the LPDDR4X model (not yet used by the engine)")
+
+    @model_validator(mode="after")
+    def _page_holds_granule(self) -> DramConfig:
+        t = self.timing
+        if t is None:
+            return self
+        burst = t.burst_length * self.bus_width_bits_per_channel // 8
+        if t.page_bytes % burst:
+            raise ValueError(f"timing.page_bytes ({t.page_bytes}) must be a multiple of one "
+                             f"burst ({burst} bytes = burst_length x bus width)")
+        if self.interleave_bytes % burst:
+            raise ValueError(f"interleave_bytes ({self.interleave_bytes}) must be a multiple "
+                             f"of one burst ({burst} bytes)")
+        return self
 
     @property
     def peak_bytes_per_s(self) -> float:

@@ -74,3 +74,37 @@ def test_unknown_preset_lists_valid_names():
         load_hardware("mla100")
     assert preset_names() == ["aries", "regulus", "tiny"]
     assert isinstance(load_hardware("tiny"), HardwareConfig)
+
+
+def test_hw_show_prints_the_protocol_efficiency_per_pattern_and_that_it_is_not_used(capsys):
+    import json
+
+    from sim.cli import main
+
+    assert main(["hw", "show", "aries"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for name in ("weight_stream", "kv_token_read", "kv_token_append", "activation_store",
+                 "mixed_rw", "tRFCab", "[head][token][dim]"):
+        assert name in out
+    assert "the engine still moves bytes at dram.efficiency" in out
+    assert main(["hw", "show", "aries", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    eff = data["dram_protocol"]["sustained_efficiency"]
+    assert sorted(eff) == sorted(["weight_stream", "kv_token_read", "kv_token_append",
+                                  "activation_store", "mixed_rw"])
+    assert 0.885 < eff["weight_stream"] < 0.895  # 1 - 882 / 8133 = 0.8916
+    assert data["dram_protocol"]["timing_cycles"]["tRFCab"] == 792
+    assert "dram.efficiency" in data["dram_protocol"]["note"]
+    assert main(["hw", "show", "tiny", "--json"]) == 0
+    assert "dram_protocol" not in json.loads(capsys.readouterr().out)
+
+
+def test_hw_show_protocol_follows_a_set_timing_field(capsys):
+    import json
+
+    from sim.cli import main
+
+    assert main(["hw", "show", "aries", "--json", "--set", "dram.timing.trfc_ab_ns=280"]) == 0
+    data = json.loads(capsys.readouterr().out)["dram_protocol"]
+    assert data["timing_cycles"]["tRFCab"] == 584  # ceil(280 / 0.47996)
+    assert data["refresh_loss"] == 584 / 8133

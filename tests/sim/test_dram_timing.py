@@ -1,0 +1,205 @@
+"""Formula tests of the LPDDR4X protocol model (sim/dram_timing.py): each figure against a
+hand calculation from the timing parameters, as Ramulator's tests check unloaded latency and
+peak throughput against theory. aries: 4167 MT/s, tCK = 2 / 4167e6 s = 0.47996 ns."""
+
+import math
+
+import pytest
+
+from isa.errors import ConfigError
+from sim.dram_timing import (
+    AccessPattern,
+    ChannelState,
+    chunk_time_ps,
+    closed_form_efficiency,
+    protocol_summary,
+    refresh_loss,
+    refresh_stall_ck,
+    stream_efficiency,
+    timing_from_config,
+)
+from sim.hw import load_hardware
+from sim.units import KiB, MiB
+
+TCK_PS = 2e6 / 4167.0
+
+
+def _timing(**overrides):
+    return timing_from_config(load_hardware("aries", {f"dram.timing.{k}": v
+                                                      for k, v in overrides.items()}).dram)
+
+
+def _ps(cycles: int) -> int:
+    return math.ceil(cycles * TCK_PS - 1e-6)
+
+
+def test_timing_rounds_up_to_whole_cycles_and_trefi_down():
+    t = _timing()
+    assert t.tck_ps == pytest.approx(479.9616, abs=1e-4)
+    # ceil(ns / 0.47996): 18 -> 37.5 -> 38, 21 -> 43.75 -> 44, 42 -> 87.5 -> 88, 10 -> 20.8
+    # -> 21, 40 -> 83.3 -> 84, 7.5 -> 15.6 -> 16, 380 -> 791.7 -> 792; tREFI floor(8133.9)
+    assert (t.rcd_ck, t.rp_pb_ck, t.rp_ab_ck, t.ras_ck, t.rrd_ck, t.faw_ck) == (
+        38, 38, 44, 88, 21, 84)
+    assert (t.wr_ck, t.wtr_ck, t.rtp_ck, t.rfc_ab_ck, t.refi_ck, t.dqsck_ck) == (
+        38, 21, 16, 792, 8133, 8)
+    assert (t.ccd_ck, t.burst_bytes, t.bytes_per_ck) == (8, 32, 4.0)
+    # peak of one x16 channel: 2 B x 4167 MT/s
+    assert t.channel_peak_bytes_per_s == pytest.approx(2 * 4167e6)
+    # turnarounds (JESD209-4): RD->WR = RL + tDQSCK + BL/2 - WL + tWPRE = 36 + 8 + 8 - 18 + 2;
+    # WR->RD = WL + 1 + BL/2 + tWTR = 18 + 1 + 8 + 21; RD->PRE = tRTP; WR->PRE = WL+BL/2+1+tWR
+    assert (t.read_to_write_ck, t.write_to_read_ck) == (36, 48)
+    assert (t.read_to_precharge_ck, t.write_to_precharge_ck) == (16, 18 + 8 + 1 + 38)
+
+
+def test_unloaded_read_latency_is_trcd_plus_rl_plus_one_burst():
+    t = _timing()
+    s = ChannelState.fresh(t)
+    # ACT at 0, READ at tRCD, data done RL + BL/2 later
+    assert chunk_time_ps(s, 0, 32, False, 0, t) == _ps(38 + 36 + 8)
+    # a row hit arriving then: READ at once (bus and tRCD long free)
+    t0 = _ps(82)
+    assert chunk_time_ps(s, 32, 32, False, t0, t) == _ps(82 + 36 + 8)
+
+
+def test_a_dma_chunk_streams_its_rows_back_to_back():
+    t = _timing()
+    s = ChannelState.fresh(t)
+    # 64 KiB = 8 KiB per channel = 4 rows (banks 0..3) of 64 bursts; ACTs at 0, 21, 42, 63
+    # hide behind the data: first READ at tRCD, 256 READs tCCD apart, data RL + BL/2 after
+    assert chunk_time_ps(s, 0, 64 * KiB, False, 0, t) == _ps(38 + 255 * 8 + 36 + 8)
+    # the next chunk continues on the bus (rows of banks 4..7 long open)
+    assert chunk_time_ps(s, 64 * KiB, 64 * KiB, False, 0, t) == _ps(38 + 511 * 8 + 36 + 8)
+
+
+def test_row_miss_in_the_same_bank_waits_tras_then_trp():
+    t = _timing()
+    s = ChannelState.fresh(t)
+    chunk_time_ps(s, 0, 32, False, 0, t)
+    # 16 KiB per channel further (one page x 8 banks) x 8 channels: channel 0, bank 0, row 1
+    # PRE at max(tRAS, tRCD + tRTP) = 88, ACT at 88 + tRPpb = 126 (= tRC), READ at 164
+    assert chunk_time_ps(s, 128 * KiB, 32, False, 0, t) == _ps(126 + 38 + 36 + 8)
+
+
+def test_activations_to_other_banks_are_spaced_by_trrd_and_tfaw():
+    t = _timing(tfaw_ns=60.0)  # 125.01 -> 126 cycles: tFAW binds beyond 4 x tRRD = 84
+    assert t.faw_ck == 126
+    s = ChannelState.fresh(t)
+    ends = [chunk_time_ps(s, k * 16 * KiB, 32, False, 0, t) for k in range(5)]
+    # banks 0..4 of channel 0: ACT at 0, 21, 42, 63, then max(84, 0 + tFAW) = 126
+    assert ends == [_ps(a + 38 + 36 + 8) for a in (0, 21, 42, 63, 126)]
+
+
+def test_read_write_turnaround():
+    t = _timing()
+    s = ChannelState.fresh(t)
+    assert chunk_time_ps(s, 0, 32, False, 0, t) == _ps(38 + 44)
+    # WRITE in the open row: at READ + RD->WR = 38 + 36, done WL + 1 + BL/2 later
+    assert chunk_time_ps(s, 32, 32, True, 0, t) == _ps(74 + 18 + 1 + 8)
+    # READ again: at WRITE + WR->RD = 74 + 48
+    assert chunk_time_ps(s, 64, 32, False, 0, t) == _ps(122 + 44)
+
+
+def test_refresh_blocks_the_channel_and_idle_refreshes_cost_nothing():
+    t = _timing()
+    s = ChannelState.fresh(t)
+    # arriving when the first refresh is due: PREA at tREFI, REF at +tRPab, ACT at +tRFCab
+    assert chunk_time_ps(s, 0, 32, False, _ps(8133), t) == _ps(8133 + 44 + 792 + 82)
+    s = ChannelState.fresh(t)
+    # three refreshes done while idle: no wait, only the rows are closed
+    t0 = 3 * 8133 + 5000
+    assert chunk_time_ps(s, 0, 32, False, _ps(t0), t) == _ps(t0 + 82)
+
+
+def test_refresh_only_loss_is_trfcab_over_trefi():
+    t = _timing()
+    assert refresh_loss(t) == 792 / 8133
+    # with closing and reopening free (tRTP within the burst, tRPab = tRCD = 0), a long
+    # sequential stream loses exactly the refresh
+    free = _timing(trtp_ns=0.0, trp_ab_ns=0.0, trcd_ns=0.0)
+    seq = AccessPattern("s", "", "sequential")
+    assert refresh_stall_ck(free) == 792
+    assert closed_form_efficiency(seq, free) == pytest.approx(1 - 792 / 8133, abs=1e-15)
+    # the per-chunk model over 8 MiB (1 MiB = 262,144 cycles of data per channel) is off by
+    # at most one refresh stall over the stream's length
+    assert stream_efficiency(seq, free) == pytest.approx(1 - 792 / 8133, abs=792 / 262144)
+
+
+def test_lone_sequential_stream_is_peak_times_refresh_times_page_open_overhead():
+    t = _timing()
+    seq = AccessPattern("s", "", "sequential")
+    # per tREFI: refresh (tRFCab), and around it: close (tRTP - BL/2 after the last data),
+    # precharge-all (tRPab), reopen (tRCD); activations of the next rows hide behind the
+    # 512 cycles of data of each 2 KiB row
+    page_open = 1 - (16 - 8 + 44 + 38) / (8133 - 792)
+    hand = (1 - 792 / 8133) * page_open
+    assert hand == pytest.approx(1 - 882 / 8133, abs=1e-15)
+    assert closed_form_efficiency(seq, t) == pytest.approx(hand, abs=1e-15)
+    assert stream_efficiency(seq, t) == pytest.approx(hand, abs=882 / 262144)
+
+
+def test_page_miss_bound_records_in_one_bank_are_trc_bound():
+    t = _timing()
+    # 64 B (2 bursts) every 256 KiB: same channel, same bank, a new row each time
+    kv = AccessPattern("kv", "", "records", record_bytes=64, stride_bytes=256 * KiB,
+                       total_bytes=128 * KiB)
+    cycle = max(88, 38 + 8 + 16) + 38  # ACT -> PRE (tRAS), + tRPpb: 126 = tRC
+    stall = 88 + 44 + 792 - cycle  # the precharge-all replaces one tRPpb
+    hand = (1 - stall / 8133) * 64 / (4 * cycle)
+    assert closed_form_efficiency(kv, t) == pytest.approx(hand, abs=1e-15)
+    # 2,048 records = 258,048 cycles: off by at most one stall over that
+    assert stream_efficiency(kv, t) == pytest.approx(hand, abs=stall / 258048)
+    # written: the row stays open to WL + BL/2 + 1 + tWR after the last WRITE
+    kvw = AccessPattern("kvw", "", "records", write=True, record_bytes=64,
+                        stride_bytes=256 * KiB, total_bytes=128 * KiB)
+    act_pre = 38 + 8 + 18 + 8 + 1 + 38  # 111 > tRAS
+    hand_w = (1 - (act_pre + 44 + 792 - (act_pre + 38)) / 8133) * 64 / (4 * (act_pre + 38))
+    assert closed_form_efficiency(kvw, t) == pytest.approx(hand_w, abs=1e-15)
+
+
+def test_page_miss_bound_records_over_all_banks_are_trrd_tfaw_bound():
+    t = _timing()
+    # 64 B every 16 KiB: channel 0, one page further each time, so banks 0..7 in turn;
+    # an ACT every max(tRRD, tFAW / 4, tRC / 8) = max(21, 21, 15.75) cycles, 16 of data
+    rec = AccessPattern("r", "", "records", record_bytes=64, stride_bytes=16 * KiB,
+                        total_bytes=1 * MiB)
+    cycle = max(2 * 8, 21, 84 / 4, 126 / 8)
+    stall = 88 + 44 + 792 - cycle
+    hand = (1 - stall / 8133) * 64 / (4 * cycle)
+    assert closed_form_efficiency(rec, t) == pytest.approx(hand, abs=1e-15)
+    assert stream_efficiency(rec, t) == pytest.approx(hand, abs=stall / (16384 * 21))
+
+
+def test_read_write_alternation_costs_both_turnarounds_per_pair():
+    t = _timing()
+    # 16 KiB per direction: 2 KiB = 64 bursts = 512 cycles per channel each way
+    mixed = AccessPattern("m", "", "mixed", switch_bytes=16 * KiB)
+    data = 2 * 512
+    turn = (36 - 8) + (48 - 8)
+    hand = (1 - 882 / 8133) * data / (data + turn)
+    assert closed_form_efficiency(mixed, t) == pytest.approx(hand, abs=1e-15)
+    assert stream_efficiency(mixed, t) == pytest.approx(hand, abs=882 / 262144 + 1e-3)
+
+
+def test_summary_lists_every_pattern_and_says_the_engine_does_not_use_it():
+    s = protocol_summary(load_hardware("aries").dram)
+    names = [p.name for p in s.patterns]
+    assert names == ["weight_stream", "kv_token_read", "kv_token_append", "activation_store",
+                     "mixed_rw"]
+    js = s.to_json()
+    assert "dram.efficiency" in js["note"]
+    assert js["sustained_efficiency"]["weight_stream"] == pytest.approx(1 - 882 / 8133,
+                                                                        abs=882 / 262144)
+
+
+def test_a_preset_without_timing_is_named_and_bad_timing_is_rejected():
+    with pytest.raises(ValueError, match=r"dram\.timing"):
+        timing_from_config(load_hardware("tiny").dram)
+    with pytest.raises(ConfigError, match="trefi_ns"):
+        load_hardware("aries", {"dram.timing.trefi_ns": 300.0})
+    with pytest.raises(ConfigError, match="page_bytes"):
+        load_hardware("aries", {"dram.timing.page_bytes": 1000})
+    with pytest.raises(ConfigError, match="burst_length"):
+        load_hardware("aries", {"dram.timing.burst_length": 8})
+    with pytest.raises(ValueError, match="nbytes"):
+        t = _timing()
+        chunk_time_ps(ChannelState.fresh(t), 0, -1, False, 0, t)
