@@ -23,7 +23,7 @@ from isa.encoding import encode_program
 from isa.instructions import Program
 from models.bits import BitConfig
 from models.compiler import CompiledModel, HardwareTarget, compile_model
-from models.compiler.lower_batch import StepSeq, lower_step
+from models.compiler.driver import StepSeq, lower_step
 from models.config import load_model
 from sim.cacheops import rearrange_program, requantize_program
 from sim.hw import load_hardware
