@@ -116,7 +116,7 @@ def expert_tokens(cfg: ModelConfig, layer: int, pos0: int, m: int, *,
 def tile_keys(segs: Sequence[TileSeq]) -> tuple[int, ...]:
     """Routing keys of a batched tile's tokens: each piece's own (:attr:`TileSeq.route`,
     counting up over its tokens), so that sequences at the same position route apart; a
-    piece without one routes by position, as :func:`lower_forward_mla` routes a call."""
+    piece without one routes by position, as :func:`..driver.lower_call` routes a call."""
     return tuple((sq.pos0 if sq.route is None else sq.route) + t
                  for sq in segs for t in range(sq.n))
 
