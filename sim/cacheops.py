@@ -29,9 +29,8 @@ import numpy as np
 from isa.errors import KvsimError
 from isa.instructions import DmaLoad, DmaStore, HostRead, HostWrite, KvRead, KvWrite, Program
 from models.compiler import CompiledModel
-
-#: Flags of the rearrangement programs, per core (producer engine -> consumer engine).
-_FLAGS = ("vpu_out", "out_vpu", "out_in", "in_vpu", "vpu_in")
+from models.compiler.flags import CACHE_OPS, Flags
+from models.compiler.kvspec import KvCacheSpec
 
 
 class CacheOpError(KvsimError, ValueError):
@@ -39,31 +38,10 @@ class CacheOpError(KvsimError, ValueError):
     is left exactly as it was."""
 
 
-@dataclass(frozen=True)
-class SubCache:
-    """One KV head's cache region of one (slot, layer, component)."""
-
-    name: str
-    slot: int
-    layer: int
-    component: str
-    head: int
-    base: int
-    nbytes: int
-    fmt: Any
-    width: int
-
-
-def sub_caches(cm: CompiledModel, slot: int | None = None) -> list[SubCache]:
-    out = []
-    for c in cm.kv_caches():
-        if slot is not None and c["slot"] != slot:
-            continue
-        for h in range(c["heads"]):
-            out.append(SubCache(c["name"], c["slot"], c["layer"], c["component"], h,
-                                c["region"].base + h * c["head_bytes"], c["head_bytes"],
-                                c["format"], c["width"]))
-    return out
+def head_caches(cm: CompiledModel, slot: int | None = None) -> list[tuple[KvCacheSpec, int]]:
+    """Every KV head's sub-cache of the caches of ``slot`` (or of every slot): its cache's
+    spec and its DRAM address."""
+    return [(c, c.head_base(h)) for c in cm.kv_caches(slot) for h in range(c.heads)]
 
 
 def runs_of(positions: Sequence[int]) -> list[tuple[int, int]]:
@@ -93,7 +71,8 @@ def rearrange_program(cm: CompiledModel, *, slot: int, keep: Sequence[int], dst:
         raise CacheOpError("kept positions must be sorted, distinct and >= the first "
                            "rewritten position")
     cores = cm.cores
-    flag = {(c, f): 16 + 8 * i + j for i, c in enumerate(cores) for j, f in enumerate(_FLAGS)}
+    flags = Flags(CACHE_OPS, cores)
+    flag = {(c, f): flags.sem(c, f) for c in cores for f in CACHE_OPS.per_core}
     scratch = cm.mm["act.kvtmp"]
     ins = []
     formats: list[str] = []
@@ -105,9 +84,9 @@ def rearrange_program(cm: CompiledModel, *, slot: int, keep: Sequence[int], dst:
             formats.append(text)
         return formats.index(text)
 
-    subs = sub_caches(cm, slot)
+    subs = head_caches(cm, slot)
     state = {c: {"stored": 0, "written": 0} for c in cores}
-    for i, sc in enumerate(subs):
+    for i, (sc, base) in enumerate(subs):
         c = cores[i % len(cores)]
         st = state[c]
         per_core = scratch.size // len(cores)
@@ -115,14 +94,14 @@ def rearrange_program(cm: CompiledModel, *, slot: int, keep: Sequence[int], dst:
         # SRAM budget: a quarter of the core's SRAM for the staging buffer
         chunk = max(1, (cm.hw.sram_bytes // 4) // sc.width)
         buf = 0
-        f = fmt_index(sc.fmt)
+        f = fmt_index(sc.format)
         # phase 1: kept runs -> SRAM -> scratch (in order)
         off = 0
         for start, n in runs_of(keep):
             for a in range(start, start + n, chunk):
                 k = min(chunk, start + n - a)
                 ins.append(KvRead(core=c, fmt=f, tokens=k, width=sc.width, pos=a, cap=cm.cap,
-                                  src=sc.base, dst=buf, nbytes=sc.nbytes,
+                                  src=base, dst=buf, nbytes=sc.head_bytes,
                                   wait=(flag[(c, "out_vpu")],) if st["stored"] else (),
                                   signal=(flag[(c, "vpu_out")],)))
                 ins.append(DmaStore(core=c, src=buf, dst=tmp + off * sc.width,
@@ -144,7 +123,7 @@ def rearrange_program(cm: CompiledModel, *, slot: int, keep: Sequence[int], dst:
                                + ((flag[(c, "vpu_in")],) if st["written"] else ()),
                                signal=(flag[(c, "in_vpu")],)))
             ins.append(KvWrite(core=c, fmt=f, tokens=k, width=sc.width, pos=dst + a,
-                               cap=cm.cap, src=buf, dst=sc.base, nbytes=sc.nbytes,
+                               cap=cm.cap, src=buf, dst=base, nbytes=sc.head_bytes,
                                wait=(flag[(c, "in_vpu")],), signal=(flag[(c, "vpu_in")],)))
             st["written"] += 1
     return Program(tuple(ins), formats=tuple(formats), name=name)
@@ -159,14 +138,15 @@ def requantize_program(cm: CompiledModel, *, slot: int, tokens: int, via,
     from isa import kvformats
 
     cores = cm.cores
-    flag = {(c, f): 16 + 8 * i + j for i, c in enumerate(cores) for j, f in enumerate(_FLAGS)}
+    flags = Flags(CACHE_OPS, cores)
+    flag = {(c, f): flags.sem(c, f) for c in cores for f in CACHE_OPS.per_core}
     scratch = cm.mm["act.kvtmp"]
     via_text = kvformats.to_text(via)
     ins = []
     formats: list[str] = [via_text]
-    for i, sc in enumerate(sub_caches(cm, slot)):
+    for i, (sc, base) in enumerate(head_caches(cm, slot)):
         c = cores[i % len(cores)]
-        text = kvformats.to_text(sc.fmt)
+        text = kvformats.to_text(sc.format)
         if text not in formats:
             formats.append(text)
         f = formats.index(text)
@@ -182,13 +162,13 @@ def requantize_program(cm: CompiledModel, *, slot: int, tokens: int, via,
                                f"{cm.hw.sram_bytes}")
         ins += [
             KvRead(core=c, fmt=f, tokens=tokens, width=sc.width, pos=0, cap=cm.cap,
-                   src=sc.base, dst=0, nbytes=sc.nbytes),
+                   src=base, dst=0, nbytes=sc.head_bytes),
             KvWrite(core=c, fmt=0, tokens=tokens, width=sc.width, pos=0, cap=cm.cap, src=0,
                     dst=tmp, nbytes=need),
             KvRead(core=c, fmt=0, tokens=tokens, width=sc.width, pos=0, cap=cm.cap,
                    src=tmp, dst=0, nbytes=need),
             KvWrite(core=c, fmt=f, tokens=tokens, width=sc.width, pos=0, cap=cm.cap, src=0,
-                    dst=sc.base, nbytes=sc.nbytes),
+                    dst=base, nbytes=sc.head_bytes),
         ]
     del flag
     return Program(tuple(ins), formats=tuple(formats), name=name)
@@ -439,4 +419,4 @@ def measure(fn: EditFn, views: list[CacheView]) -> tuple[list[np.ndarray] | None
 __all__ = ["CacheOpError", "CacheView", "EditResult", "as_format", "check_positions",
            "evict_positions", "requantize_through",
            "round_trip", "score_eviction", "rearrange_program", "requantize_program",
-           "sub_caches", "runs_of", "HostRead", "HostWrite"]
+           "head_caches", "runs_of", "HostRead", "HostWrite"]

@@ -15,8 +15,8 @@ from pathlib import Path
 from isa import kvformats
 from isa.errors import ConfigError, KvsimError
 from models.bits import BitConfig
+from models.compiler.blocks.mla import mla_kv_problem
 from models.compiler.compiled import CORE_MODES, build_memory_map, dram_problem
-from models.compiler.lower_mla import mla_kv_problem
 from models.config import ModelConfig, load_model
 
 from .config import RunConfig, cache_length

@@ -90,13 +90,13 @@ def kv_metrics(cm: CompiledModel, tokens: int, hw) -> dict[str, Any]:
     bf16 = kvformats.parse("bf16")
     per, ref = 0, 0
     for c in cm.kv_caches():
-        if c["slot"]:
+        if c.slot:
             continue
-        per += c["heads"] * c["format"].bytes(tokens, c["width"])
-        ref += c["heads"] * bf16.bytes(tokens, c["width"])
+        per += c.heads * c.format.bytes(tokens, c.width)
+        ref += c.heads * bf16.bytes(tokens, c.width)
     fixed = sum(r.size for r in cm.mm.regions if r.kind != "kv_cache")
-    per_cap = sum(c["heads"] * c["format"].max_bytes(cm.cap, c["width"])
-                  for c in cm.kv_caches() if not c["slot"]) / cm.cap
+    per_cap = sum(c.heads * c.format.max_bytes(cm.cap, c.width)
+                  for c in cm.kv_caches() if not c.slot) / cm.cap
     return {
         "format": cm.kv,
         "context_tokens": tokens,

@@ -359,8 +359,8 @@ class Model:
         """Per cache (get_cache_infos order): its regions, one per slot."""
         groups: dict[tuple[int, str], list[dict]] = {}
         for c in self.compiled.kv_caches():
-            groups.setdefault((c["layer"], c["component"]), []).append(c)
-        return [sorted(v, key=lambda c: c["slot"]) for _, v in sorted(groups.items())]
+            groups.setdefault((c.layer, c.component), []).append(c)
+        return [sorted(v, key=lambda c: c.slot) for _, v in sorted(groups.items())]
 
     def dump_cache_memory(self) -> list[bytes]:
         """The bytes of every cache (``get_cache_infos`` order; all slots of a cache
@@ -375,7 +375,7 @@ class Model:
         reads, spans = [], []
         for group in self._cache_groups():
             for c in group:
-                r = c["region"]
+                r = c.region
                 reads.append(HostRead(src=r.base, dst=addr, nbytes=r.size))
                 spans.append((addr, r.size))
                 addr += r.size
@@ -427,7 +427,7 @@ class Model:
         for group, blob in zip(self._cache_groups(), data, strict=True):
             off = 0
             for c in group:
-                r = c["region"]
+                r = c.region
                 if acc.functional:
                     dev.host_write(addr, np.frombuffer(blob, np.uint8, r.size, off))
                 writes.append(HostWrite(src=addr, dst=r.base, nbytes=r.size))
@@ -501,7 +501,7 @@ class Model:
         acc.host_work(acc.hw.host.call_overhead_ns, "reset_cache_memory")
         if acc.functional:
             for c in self.compiled.kv_caches():
-                r = c["region"]
+                r = c.region
                 dev.mem.dram.write(r.base, np.zeros(r.size, np.uint8))
         self._end("reset_cache_memory", start, before)
 
@@ -587,12 +587,12 @@ class Model:
         views = []
         for group, blob in zip(self._cache_groups(), bufs, strict=True):
             c = group[cache_id]
-            region = np.frombuffer(blob, np.uint8, c["region"].size,
-                                   cache_id * c["region"].size)
-            fmt, w, hb = c["format"], c["width"], c["head_bytes"]
+            region = np.frombuffer(blob, np.uint8, c.region.size,
+                                   cache_id * c.region.size)
+            fmt, w, hb = c.format, c.width, c.head_bytes
             heads = [fmt.region_read(region[h * hb:(h + 1) * hb], cm.cap, w, 0, cache_size)
-                     for h in range(c["heads"])]
-            views.append(CacheView(c["name"], c["layer"], c["component"],
+                     for h in range(c.heads)]
+            views.append(CacheView(c.name, c.layer, c.component,
                                    np.stack(heads, axis=1), blob, fmt))
         return views
 
@@ -658,9 +658,9 @@ class Model:
                 raise CacheOpError(f"{view.name}: {new_size} tokens exceed the capacity "
                                    f"{cm.cap}")
             region = bytearray(blob)
-            base = cache_id * c["region"].size
-            fmt, hb = c["format"], c["head_bytes"]
-            for h in range(c["heads"]):
+            base = cache_id * c.region.size
+            fmt, hb = c.format, c.head_bytes
+            for h in range(c.heads):
                 old, nv = old_vals[:, h], vals[:, h]
                 same = min(len(old), len(nv))
                 diff = np.nonzero((old[:same] != nv[:same]).any(axis=1))[0]
@@ -732,12 +732,12 @@ class Model:
         self._check_alive()
         out = []
         for c in self.compiled.kv_caches():
-            if c["slot"] != 0:
+            if c.slot != 0:
                 continue
-            kind = {"k": "key", "v": "value"}.get(c["component"], "latent")
-            out.append(CacheInfo(cache_type=kind, name=c["name"].split(".", 2)[2],
-                                 layer_hash=f"{c['layer']:04d}{c['component']}",
-                                 size=c["region"].size, num_batches=self.compiled.slots))
+            kind = {"k": "key", "v": "value"}.get(c.component, "latent")
+            out.append(CacheInfo(cache_type=kind, name=c.name.split(".", 2)[2],
+                                 layer_hash=f"{c.layer:04d}{c.component}",
+                                 size=c.region.size, num_batches=self.compiled.slots))
         return out
 
 

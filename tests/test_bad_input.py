@@ -306,8 +306,12 @@ _kvm("program corrupt", "not a kvsim compiled model",
      _member("programs/decode.bin", b"KVSI\x01\x00\x05\x00\x00\x00"))
 _kvm("wrong format name", "not a kvsim compiled model",
      _header(lambda h: h.update(format="something-else")))
-_kvm("wrong version", "compiled-model version 2 is not supported",
-     _header(lambda h: h.update(version=2)))
+_kvm("wrong version", "compiled-model version 3 is not supported",
+     _header(lambda h: h.update(version=3)))
+_kvm("older version", "compiled with an older kvsim (compiled-model version 1; this kvsim "
+     "reads version 2); recompile it", _header(lambda h: h.update(version=1)))
+_kvm("big-tile bound beyond the token tile", "big_tile_tokens = 100000 is not an integer in "
+     "0..m_tile", _header(lambda h: h.update(big_tile_tokens=100000)))
 _kvm("missing numerics", "header is incomplete or invalid",
      _header(lambda h: h.pop("numerics") and None))
 _kvm("missing model", "header is incomplete or invalid", _header(lambda h: h.pop("model") and None))
@@ -762,7 +766,7 @@ def _device_cache(acc, cm) -> list[bytes]:
     """The KV cache regions as the device DRAM holds them (read directly: no simulated
     cost, works after dispose)."""
     dram = acc.device.mem.dram
-    return [dram.read(c["region"].base, c["region"].size).tobytes() for c in cm.kv_caches()]
+    return [dram.read(c.region.base, c.region.size).tobytes() for c in cm.kv_caches()]
 
 
 # --- the harnesses: build the context, snapshot, call, compare -----------------------------------

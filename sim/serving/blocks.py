@@ -20,7 +20,7 @@ import numpy as np
 
 from isa import kvformats
 from models.compiler import CompiledModel
-from models.compiler.lower_mla import mla_record_width
+from models.compiler.blocks.mla import mla_record_width
 
 
 def _caches(cm: CompiledModel) -> list[tuple[kvformats.KVFormat, int, int]]:

@@ -2,7 +2,7 @@
 interpolated.
 
 A serving run takes thousands of steps; simulating each one's program (tens of thousands
-of instructions) would take hours. The step's program (:func:`models.compiler.lower_batch.
+of instructions) would take hours. The step's program (:func:`models.compiler.driver.
 lower_step`) is a sequence of parts that run one after the other, each ending at a barrier:
 the host input and the input stage, then the token tiles (each through every layer), then
 the LM head passes and the logits' return over the host link. So its time is close to the
@@ -41,7 +41,7 @@ from typing import Any
 
 from isa.instructions import HostRead, Program
 from models.compiler import CompiledModel
-from models.compiler.lower_batch import (
+from models.compiler.driver import (
     LOGITS_REGION,
     StepSeq,
     head_rows,
@@ -226,7 +226,7 @@ def _run_tasks(cm: CompiledModel, hw: HardwareConfig, tasks: list[tuple], jobs: 
 class StepCostModel:
     """Step latency of a compiled model on one chip (see the module docstring).
 
-    ``cm`` must have the batch regions (:func:`models.compiler.lower_batch.
+    ``cm`` must have the batch regions (:func:`models.compiler.driver.
     batch_memory_map`) and ``max_seq`` = the most tokens of a step. ``mode="direct"``
     simulates every step's program instead (exact; for small runs and validation).
     """

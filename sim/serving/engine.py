@@ -17,7 +17,7 @@ from typing import Literal
 
 import simpy
 
-from models.compiler.lower_batch import StepSeq
+from models.compiler.driver import StepSeq
 
 from .blocks import KvGeometry
 from .scheduler import Request, Scheduler, SchedulerConfig, StepPlan

@@ -12,7 +12,7 @@ import io
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ from isa.instructions import HostRead, HostWrite, Program
 from models.bits import BitConfig
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.compiler.compiled import build_memory_map
-from models.compiler.lower_batch import StepSeq, batch_memory_map
+from models.compiler.dram import batch_memory_map
+from models.compiler.driver import StepSeq
 from models.config import load_model
 from sim.device import Device
 from sim.hw import HardwareConfig
@@ -59,7 +60,7 @@ def compile_for_serving(model, bits, hw: HardwareConfig, *, kv: str, core_mode: 
                         tile_bytes: int | None = None) -> CompiledModel:
     """Compile (timing-only, one cache slot of ``cap`` tokens) and give the model the
     buffers of a batched step of up to ``max_tokens`` tokens and ``max_seqs`` sampling
-    sequences (:func:`models.compiler.lower_batch.batch_memory_map`)."""
+    sequences (:func:`models.compiler.dram.batch_memory_map`)."""
     probe = FIRST_TILE_PROBE
     while True:
         ms = min(probe, cap, max_tokens)
@@ -69,17 +70,17 @@ def compile_for_serving(model, bits, hw: HardwareConfig, *, kv: str, core_mode: 
         if cm.m_tile < ms or ms == min(cap, max_tokens):
             break
         probe *= 4  # the tile filled the probe: it may hold more tokens
-    cm.max_seq = max(max_tokens, cm.m_tile)
-    cm.mm = batch_memory_map(
+    max_seq = max(max_tokens, cm.m_tile)
+    mm = batch_memory_map(
         lambda n: build_memory_map(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
                                    max_seq=n, m_tile=cm.m_tile),
-        max_tokens=cm.max_seq, max_seqs=max_seqs, hidden=model.hidden_size,
+        max_tokens=max_seq, max_seqs=max_seqs, hidden=model.hidden_size,
         vocab=model.vocab_size)
+    cm = replace(cm, max_seq=max_seq, mm=mm, programs={})
     if cm.mm.total_bytes > hw.dram.capacity_bytes:
         raise CompileError(f"the model with its serving buffers needs "
                            f"{cm.mm.total_bytes / 2**30:.2f} GiB of DRAM; {hw.name} has "
                            f"{hw.dram.capacity_bytes / 2**30:.2f} GiB")
-    cm.programs = {}
     return cm
 
 

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from models.compiler.lower_batch import StepSeq
+from models.compiler.driver import StepSeq
 
 from .blocks import KvGeometry
 

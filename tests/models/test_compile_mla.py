@@ -14,7 +14,7 @@ from isa import kvformats
 from isa.instructions import Attn, DmaLoad, KvWrite
 from models.bits import BitConfig
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
-from models.compiler.lower_mla import expert_tokens, routed_experts
+from models.compiler.blocks.moe import expert_tokens, routed_experts
 from models.config import load_model, load_preset
 from sim.device import Device
 from sim.hw import load_hardware
@@ -103,8 +103,8 @@ def test_tiny_mla_prefill_and_decode_run(hw_name, core_mode, overrides) -> None:
     assert all(i.width == w and i.tokens == 1 and i.pos == 48 for i in writes)
     assert all(i.kv_heads == 1 and i.head_dim == w and i.heads == model.num_heads
                and i.ctx == 49 for i in attns)
-    caches = {c["name"]: c for c in cm.kv_caches()}
-    assert {i.dst for i in writes} == {caches[f"kv.s1.l{la}.c"]["region"].base
+    caches = {c.name: c for c in cm.kv_caches()}
+    assert {i.dst for i in writes} == {caches[f"kv.s1.l{la}.c"].region.base
                                        for la in range(model.num_layers)}
 
 
@@ -127,9 +127,9 @@ def test_mla_kv_caches_one_latent_record_per_layer() -> None:
     assert len(caches) == cm.model.num_layers
     fmt = kvformats.parse("bf16")
     for c in caches:
-        assert c["component"] == "c" and c["heads"] == 1 and c["width"] == RECORD
-        assert c["region"].size == fmt.max_bytes(DSV2_CAP, RECORD) == c["head_bytes"]
-        assert c["region"].kind == "kv_cache"
+        assert c.component == "c" and c.heads == 1 and c.width == RECORD
+        assert c.region.size == fmt.max_bytes(DSV2_CAP, RECORD) == c.head_bytes
+        assert c.region.kind == "kv_cache"
     assert cm.mm.bytes_of_kind("kv_cache") == len(caches) * fmt.max_bytes(DSV2_CAP, RECORD)
 
 

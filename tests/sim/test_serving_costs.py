@@ -12,9 +12,7 @@ from isa import kvformats
 from isa.instructions import Attn, HostRead
 from models.bits import BitConfig
 from models.compiler import HardwareTarget, compile_model
-from models.compiler.lower import lower_forward
-from models.compiler.lower_batch import StepSeq, lower_step, tiles_of
-from models.compiler.lower_mla import lower_forward_mla
+from models.compiler.driver import StepSeq, lower_call, lower_step, tiles_of
 from models.config import load_model
 from sim.device import Device
 from sim.hw import load_hardware
@@ -39,7 +37,7 @@ def _tiny(name: str, kv: str = "int8"):
 def test_one_sequence_step_is_the_forward_program(name):
     cm, _ = _tiny(name)
     lw = cm.lowering()
-    lower = lower_forward_mla if cm.model.is_mla else lower_forward
+    lower = lower_call
     for n, pos in ((1, 40), (7, 0), (40, 3)):
         step = lower_step(lw, [StepSeq(0, n, pos, False)])
         fwd = lower(lw, n=n, cache_size=pos)

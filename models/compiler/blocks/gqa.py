@@ -1,0 +1,215 @@
+"""Grouped-query attention (GQA; MHA and MQA are its special cases), one block per model.
+
+Work is split over the cores of the core mode by KV head (a KV head and its query heads on
+one core, the core that also projects and appends that KV head). Per layer:
+
+- A: RMSNorm, Q/K/V projections, RoPE, KV-cache append (by the core owning the KV head)
+- B: attention of each core's query heads over the cache (the attention unit streams K/V
+  from DRAM in their stored format); outputs to ``act.ao``
+- C: O projection slice and residual add -> ``act.xm``
+
+Each KV head's cache is ``num_kv_heads`` sub-caches of ``max_bytes(cap, head_dim)`` in
+the regions ``kv.s<slot>.l<layer>.k`` and ``.v``.
+"""
+
+from __future__ import annotations
+
+from isa.instructions import Attn, DmaStore, Engine, KvWrite, Nop, Vec, VecFunc
+from isa.kvformats import KVPair
+
+from ...config import ModelConfig
+from ..builder import Builder
+from ..kvspec import KvCacheSpec
+from ..lowering import Lowering, TileSeq, kv_region
+from ..memmap import MemoryMap
+from ..ops import norm, proj_residual
+from ..sram import SramPlan
+
+
+class GqaAttention:
+    """:class:`~.base.AttentionBlock` of a GQA model."""
+
+    kind = "gqa"
+    components = ("k", "v")
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+
+    def kv_problem(self, kv: str) -> str | None:
+        return None  # any K and V formats
+
+    @property
+    def cache_width(self) -> int:
+        return self.cfg.head_dim
+
+    def add_regions(self, mm: MemoryMap, *, pair: KVPair, cap: int, slots: int,
+                    m_tile: int) -> None:
+        cfg, hd = self.cfg, self.cfg.head_dim
+        for s in range(slots):
+            for layer in range(cfg.num_layers):
+                mm.add(kv_region(s, layer, "k"), cfg.num_kv_heads * pair.k.max_bytes(cap, hd),
+                       "kv_cache")
+                mm.add(kv_region(s, layer, "v"), cfg.num_kv_heads * pair.v.max_bytes(cap, hd),
+                       "kv_cache")
+
+    def kv_specs(self, mm: MemoryMap, *, pair: KVPair, cap: int,
+                 slots: int) -> list[KvCacheSpec]:
+        cfg, hd = self.cfg, self.cfg.head_dim
+        return [KvCacheSpec(name, s, layer, comp, mm[name], fmt, hd, cfg.num_kv_heads,
+                            fmt.max_bytes(cap, hd))
+                for s in range(slots) for layer in range(cfg.num_layers)
+                for comp, fmt in (("k", pair.k), ("v", pair.v))
+                for name in (kv_region(s, layer, comp),)]
+
+    def lower(self, b: Builder, lw: Lowering, layer: int, x: int, m: int,
+              segs: tuple[TileSeq, ...]) -> None:
+        q = lw.numerics.layers[layer]
+        _stage_attention(b, lw, layer, q, x, m, segs)
+        _stage_o(b, lw, layer, q, x, m)
+
+
+
+def head_units(lw: Lowering) -> dict[int, list[tuple[int, int, int]]]:
+    """core -> [(kv_head, first q head, end q head)].
+
+    Whole KV-head groups go to one core (the core that also projects and appends that
+    KV head), so each KV head's cache is streamed from DRAM once per layer. With fewer
+    KV heads than cores, some cores have no attention work; one core's DMA can still
+    saturate DRAM, so decode attention stays bandwidth-bound rather than idle-bound.
+    """
+    cfg = lw.model
+    group = cfg.num_heads // cfg.num_kv_heads
+    out: dict[int, list[tuple[int, int, int]]] = {c: [] for c in lw.target.cores}
+    for j in range(cfg.num_kv_heads):
+        out[kv_owner(lw, j)].append((j, j * group, (j + 1) * group))
+    return out
+
+
+def kv_owner(lw: Lowering, j: int) -> int:
+    """The core that projects, appends and attends over KV head ``j``."""
+    return lw.target.cores[j % len(lw.target.cores)]
+
+
+def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
+                     segs: tuple[TileSeq, ...]) -> None:
+    """Stages A and B of a token tile; ``segs``: its pieces of sequences, each with its
+    own cache slot and positions."""
+    cfg = lw.model
+    h, hd = cfg.hidden_size, cfg.head_dim
+    p = f"layers.{layer}."
+    units = head_units(lw)
+    rot = hd
+    cos = lw.mm["rope.cos"].base
+    sin = lw.mm["rope.sin"].base
+    k_sub = lw.k_fmt.max_bytes(lw.cap, hd)
+    v_sub = lw.v_fmt.max_bytes(lw.cap, hd)
+    kregs = [lw.mm[lw.kv_region(sq.slot, layer, "k")] for sq in segs]
+    vregs = [lw.mm[lw.kv_region(sq.slot, layer, "v")] for sq in segs]
+    mq = lw.matrix(p + "q_proj", q.q)
+    mk = lw.matrix(p + "k_proj", q.k)
+    mv = lw.matrix(p + "v_proj", q.v)
+    held: dict[int, list[tuple[int, int, int, int, SramPlan]]] = {}
+    # --- stage A: norm, projections, RoPE, cache append --------------------------------
+    for c in lw.target.cores:
+        owned = [j for j in range(cfg.num_kv_heads) if kv_owner(lw, j) == c]
+        if not units[c] and not owned:
+            continue
+        plan = SramPlan(lw.target, c)
+        if units[c]:
+            j0, ha0, hb0 = units[c][0]
+            b.prefetch(c, mq, (ha0 * hd, hb0 * hd))
+        else:
+            b.prefetch(c, mk, (owned[0] * hd, (owned[0] + 1) * hd))
+        xs = plan.take(m * h, "layer input")
+        b.load(c, x, xs, m * h, to="in_vpu")
+        xn = norm(b, lw, c, plan, p + "attn_norm", q.attn_norm, xs, m, h, to="vpu_mxu")
+        tab = plan.take(2 * m * rot, "RoPE tables")
+        for sq in segs:  # per sequence: [cos | sin] of its positions
+            t = tab + 2 * sq.off * rot
+            b.load(c, cos + sq.pos0 * rot, t, sq.n * rot, to="in_vpu")
+            b.load(c, sin + sq.pos0 * rot, t + sq.n * rot, sq.n * rot, to="in_vpu")
+        first = (b.sem(c, "vpu_mxu"),)
+        vpu_ops: list[tuple[str, int, int, int]] = []  # (kind, buf, width, kv head)
+        held[c] = []
+        for j, ha, hb in units[c]:
+            qb = plan.take(m * (hb - ha) * hd, f"q heads {ha}..{hb - 1}")
+            b.gemm(c, mq, (ha * hd, hb * hd), a=xn, m=m, out=qb, plan=plan, first_wait=first,
+                   last_signal=(b.sem(c, "mxu_vpu"),))
+            first = ()
+            vpu_ops.append(("rope", qb, (hb - ha) * hd, j))
+            held[c].append((j, ha, hb, qb, plan))
+        for j in owned:
+            kb = plan.take(m * hd, f"k head {j}")
+            b.gemm(c, mk, (j * hd, (j + 1) * hd), a=xn, m=m, out=kb, plan=plan,
+                   first_wait=first, last_signal=(b.sem(c, "mxu_vpu"),))
+            first = ()
+            vpu_ops.append(("k", kb, hd, j))
+            vb = plan.take(m * hd, f"v head {j}")
+            b.gemm(c, mv, (j * hd, (j + 1) * hd), a=xn, m=m, out=vb, plan=plan,
+                   last_signal=(b.sem(c, "mxu_vpu"),))
+            vpu_ops.append(("v", vb, hd, j))
+        tables_taken = False
+        for kind, buf, width, j in vpu_ops:
+            wait = (b.sem(c, "mxu_vpu"),)
+            if kind in ("rope", "k"):
+                if not tables_taken:
+                    wait += (b.sem(c, "in_vpu"),) * (2 * len(segs))
+                    tables_taken = True
+                for sq in segs:
+                    row = buf + sq.off * width
+                    b.emit(Vec(core=c, func=VecFunc.ROPE, rows=sq.n, cols=width, src0=row,
+                               src1=tab + 2 * sq.off * rot, dst=row, p0=hd, p1=rot,
+                               wait=wait))
+                    wait = ()
+            if kind in ("k", "v"):
+                fmt, regs, sub = (0, kregs, k_sub) if kind == "k" else (1, vregs, v_sub)
+                for sq, reg in zip(segs, regs, strict=True):
+                    b.emit(KvWrite(core=c, fmt=fmt, tokens=sq.n, width=hd, pos=sq.pos0,
+                                   cap=lw.cap, src=buf + sq.off * hd, dst=reg.base + j * sub,
+                                   nbytes=sub, wait=wait))
+                    wait = ()
+        if not tables_taken:  # the tables were loaded for nothing: consume their credits
+            b.emit(Nop(core=c, on=Engine.VPU, wait=(b.sem(c, "in_vpu"),) * (2 * len(segs))))
+        b.emit(Nop(core=c, on=Engine.VPU, signal=(b.sem(c, "vpu_out"),)))
+        b.emit(Nop(core=c, on=Engine.DMA_OUT, wait=(b.sem(c, "vpu_out"),),
+                   signal=b.barrier()))
+    # --- stage B: attention over the cache ---------------------------------------------
+    ao = lw.mm["act.ao"].base
+    qh = cfg.num_heads * hd
+    for c in lw.target.cores:
+        if not held.get(c):
+            continue
+        b.emit(Nop(core=c, on=Engine.DMA_IN, wait=b.take_bar(c),
+                   signal=(b.sem(c, "in_mxu"),)))
+        wait = (b.sem(c, "in_mxu"),)
+        outs = []
+        for j, ha, hb, qb, plan in held[c]:
+            ob = plan.take(m * (hb - ha) * hd, f"attention output heads {ha}..{hb - 1}")
+            outs.append((ob, ha, hb))
+            w = (hb - ha) * hd
+            for i, (sq, kreg, vreg) in enumerate(zip(segs, kregs, vregs, strict=True)):
+                ctx = sq.pos0 + sq.n
+                b.emit(Attn(core=c, q_len=sq.n, ctx=ctx, heads=hb - ha, kv_heads=1,
+                            head_dim=hd, pos=sq.pos0, cap=lw.cap, k_fmt=0, v_fmt=1,
+                            q=qb + sq.off * w, k=kreg.base + j * k_sub,
+                            v=vreg.base + j * v_sub, out=ob + sq.off * w,
+                            k_nbytes=lw.k_fmt.read_bytes(0, ctx, hd),
+                            v_nbytes=lw.v_fmt.read_bytes(0, ctx, hd),
+                            score_mult=q.attn.score_mult, score_shift=q.attn.score_shift,
+                            out_mult=q.attn.out_mult, out_shift=q.attn.out_shift,
+                            wait=wait,
+                            signal=(b.sem(c, "mxu_out"),) if i == len(segs) - 1 else ()))
+                wait = ()
+        for idx, (ob, ha, hb) in enumerate(outs):
+            last = idx == len(outs) - 1
+            b.emit(DmaStore(core=c, src=ob, dst=ao + ha * hd, nbytes=(hb - ha) * hd,
+                            rows=m, dst_stride=qh, wait=(b.sem(c, "mxu_out"),),
+                            signal=b.barrier() if last else ()))
+
+
+def _stage_o(b: Builder, lw: Lowering, layer: int, q, x: int, m: int) -> None:
+    """O projection slice + residual add -> act.xm."""
+    cfg = lw.model
+    proj_residual(b, lw, lw.matrix(f"layers.{layer}.o_proj", q.o), q.add1, m=m,
+                   src=lw.mm["act.ao"].base, k=cfg.num_heads * cfg.head_dim,
+                   resid=x, dst=lw.mm["act.xm"].base, what=("attention output", "o_proj"))

@@ -1,0 +1,217 @@
+"""The program builder: instructions in order, named flags, weight-tile streaming
+through two SRAM buffers per core (double buffering: tile ``t+1`` loads while tile ``t``
+multiplies), GEMMs, prefetches and stage barriers.
+
+Flags are per-core counting semaphores (:mod:`.flags`), each between one producer engine
+and one consumer engine with every signal matched by one wait in order, so a handful of
+flags serve the whole program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from isa.instructions import NO_ADDR, DmaLoad, Gemm, Instruction
+
+from .flags import FORWARD, Flags
+from .sram import SramOverflow, SramPlan
+
+#: Cores each core mode runs one inference on (qb runtime ModelConfig; FACTS.md).
+CORE_MODES = {"single": 1, "global4": 4, "global8": 8}
+
+@dataclass(frozen=True)
+class Target:
+    """What the lowering needs to know of the hardware and the core mode."""
+
+    cores: tuple[int, ...]
+    sram_bytes: int
+    tile_bytes: int
+
+
+def split(n: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:
+    """``[0, n)`` in ``parts`` contiguous ranges of whole ``unit``s, as even as possible."""
+    units = -(-n // unit)
+    out = []
+    start = 0
+    for p in range(parts):
+        k = units // parts + (1 if p < units % parts else 0)
+        end = min(n, start + k * unit)
+        out.append((start, end))
+        start = end
+    return out
+
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A weight matrix in DRAM: ``n`` rows of ``k`` values at ``bits``; its params region
+    holds ``bias`` (int32[n]) then ``mult`` (int32[n])."""
+
+    name: str
+    n: int
+    k: int
+    bits: int
+    w_addr: int
+    p_addr: int
+    has_bias: bool
+    requant: bool  # int8 output; else int32 (the LM head)
+    shift: int
+
+    @property
+    def row_bytes(self) -> int:
+        return (self.k * self.bits + 7) // 8
+
+
+
+@dataclass
+class Builder:
+    """Accumulates instructions and the per-core flag state."""
+
+    target: Target
+    ins: list[Instruction] = field(default_factory=list)
+    tiles: dict[int, int] = field(default_factory=dict)  # core -> weight tiles issued
+    bar_due: dict[int, int] = field(default_factory=dict)  # core -> bar credits to take
+    prefetched: dict[tuple, int] = field(default_factory=dict)  # (core, matrix, rows) -> tiles
+
+    def __post_init__(self) -> None:
+        self.flags = Flags(FORWARD, self.target.cores)
+        for c in self.target.cores:
+            self.tiles[c] = 0
+            self.bar_due[c] = 0
+
+    def sem(self, core: int, name: str) -> int:
+        return self.flags.sem(core, name)
+
+    def shared(self, name: str) -> int:
+        return self.flags.shared(name)
+
+    def emit(self, instr: Instruction) -> None:
+        self.ins.append(instr)
+
+    def take_bar(self, core: int) -> tuple[int, ...]:
+        n = self.bar_due[core]
+        self.bar_due[core] = 0
+        return (self.sem(core, "bar"),) * n
+
+    def barrier(self) -> tuple[int, ...]:
+        """Signals a producer gives so that every core's next load waits for it."""
+        for c in self.target.cores:
+            self.bar_due[c] += 1
+        return tuple(self.sem(c, "bar") for c in self.target.cores)
+
+    def load(self, c: int, src: int, dst: int, nbytes: int, *, to: str, rows: int = 1,
+             src_stride: int = 0, wait: tuple[int, ...] = ()) -> None:
+        """DMA load that signals ``to`` (``"in_vpu"`` or ``"in_mxu"``); it also takes the
+        barrier credits due."""
+        self.emit(DmaLoad(core=c, src=src, dst=dst, nbytes=nbytes, rows=rows,
+                          src_stride=src_stride, wait=self.take_bar(c) + wait,
+                          signal=(self.sem(c, to),)))
+
+    def tile_load(self, c: int, mat: Matrix, lo: int, hi: int) -> int:
+        """Load weight rows ``[lo, hi)`` into the next tile buffer; returns the buffer."""
+        t = self.target
+        k = self.tiles[c]
+        self.tiles[c] += 1
+        buf = k % 2
+        self.emit(DmaLoad(core=c, src=mat.w_addr + lo * mat.row_bytes,
+                          dst=buf * t.tile_bytes, nbytes=(hi - lo) * mat.row_bytes,
+                          wait=(self.sem(c, f"free{buf}"),) if k >= 2 else (),
+                          signal=(self.sem(c, f"ld{buf}"),)))
+        return buf
+
+    def weight_tiles(self, mat: Matrix, rows: tuple[int, int]) -> list[tuple[int, int]]:
+        if mat.row_bytes > self.target.tile_bytes:
+            raise SramOverflow(f"{mat.name}: one row of {mat.row_bytes} bytes exceeds the "
+                               f"{self.target.tile_bytes}-byte weight tile buffer")
+        step = self.target.tile_bytes // mat.row_bytes
+        return [(lo, min(rows[1], lo + step)) for lo in range(rows[0], rows[1], step)]
+
+    def prefetch(self, c: int, mat: Matrix, rows: tuple[int, int]) -> None:
+        """Start loading the first weight tiles of a stage's first GEMM before the stage's
+        activations: they need only free tile buffers, not the previous stage's results,
+        so they stream while the other cores finish the previous stage."""
+        tiles = self.weight_tiles(mat, rows)[:2]
+        for lo, hi in tiles:
+            self.tile_load(c, mat, lo, hi)
+        self.prefetched[(c, mat.name, rows)] = len(tiles)
+
+    def gemm(self, c: int, mat: Matrix, rows: tuple[int, int], *, a: int, m: int, out: int,
+             plan: SramPlan, first_wait: tuple[int, ...] = (),
+             last_signal: tuple[int, ...] = ()) -> None:
+        """``out[m, :] = a[m, k] @ W[r0:r1].T`` (row-major, ``r1 - r0`` columns) on core
+        ``c``, tile by tile through the two weight buffers."""
+        r0, r1 = rows
+        nrows = r1 - r0
+        t = self.target
+        bias = scale = NO_ADDR
+        wait0 = first_wait
+        if mat.has_bias:
+            bias = plan.take(4 * nrows, f"{mat.name} bias")
+            self.load(c, mat.p_addr + 4 * r0, bias, 4 * nrows, to="in_mxu")
+            wait0 += (self.sem(c, "in_mxu"),)
+        if mat.requant:
+            scale = plan.take(4 * nrows, f"{mat.name} multipliers")
+            self.load(c, mat.p_addr + 4 * mat.n + 4 * r0, scale, 4 * nrows, to="in_mxu")
+            wait0 += (self.sem(c, "in_mxu"),)
+        elt = 1 if mat.requant else 4
+        tiles = self.weight_tiles(mat, rows)
+        done = self.prefetched.pop((c, mat.name, rows), 0)
+        first_buf = (self.tiles[c] - done) % 2
+        for i, (lo, hi) in enumerate(tiles):
+            buf = (first_buf + i) % 2 if i < done else self.tile_load(c, mat, lo, hi)
+            off = lo - r0
+            self.emit(Gemm(
+                core=c, m=m, k=mat.k, n=hi - lo, w_bits=mat.bits, a=a,
+                w=buf * t.tile_bytes, out=out + off * elt,
+                bias=NO_ADDR if bias == NO_ADDR else bias + 4 * off,
+                scale=NO_ADDR if scale == NO_ADDR else scale + 4 * off,
+                shift=mat.shift, out_stride=nrows * elt if m > 1 else 0,
+                wait=(self.sem(c, f"ld{buf}"),) + (wait0 if i == 0 else ()),
+                signal=(self.sem(c, f"free{buf}"),) + (last_signal if i == len(tiles) - 1
+                                                       else ()),
+            ))
+
+    def gemm_into(self, c: int, mat: Matrix, rows: tuple[int, int], *, a: int, m: int,
+                  out: int, row_stride: int, plan: SramPlan,
+                  first_wait: tuple[int, ...] = (), last_signal: tuple[int, ...] = ()) -> None:
+        """:meth:`Builder.gemm` writing output row ``i`` at ``out + i * row_stride`` (its
+        tiles pack rows of the GEMM's own width)."""
+        start = len(self.ins)
+        self.gemm(c, mat, rows, a=a, m=m, out=out, plan=plan, first_wait=first_wait,
+                  last_signal=last_signal)
+        if m > 1:
+            for i in range(start, len(self.ins)):
+                ins = self.ins[i]
+                if isinstance(ins, Gemm):
+                    self.ins[i] = ins.replace(out_stride=row_stride)
+
+
+
+class Credits:
+    """Loads that signal one semaphore, in their DMA order. Counting semaphores cannot tell
+    loads apart, so a consumer waits for every credit up to the last load it needs."""
+
+    def __init__(self, sem: int):
+        self.sem = sem
+        self.issued = 0
+        self.taken = 0
+
+    def issue(self) -> int:
+        self.issued += 1
+        return self.issued
+
+    def skip(self, n: int) -> None:
+        """``n`` credits taken by code that waits for them itself (``ops.norm``)."""
+        self.issued += n
+        self.taken += n
+
+    def upto(self, ticket: int) -> tuple[int, ...]:
+        n = max(0, ticket - self.taken)
+        self.taken = max(self.taken, ticket)
+        return (self.sem,) * n
+
+    def rest(self) -> tuple[int, ...]:
+        return self.upto(self.issued)
+
+
+# --- shapes and work assignment ---------------------------------------------------------

@@ -1,0 +1,83 @@
+"""The DRAM memory map of a compiled model: every tensor's weight codes and parameters, the
+RoPE tables, the regions of its blocks (KV caches per slot and layer, activations), the
+shared activation buffers and host I/O buffers, in that order."""
+
+from __future__ import annotations
+
+from isa import kvformats
+
+from ..bits import BitConfig
+from ..config import ModelConfig
+from ..reference import rope_dim
+from .blocks.io import LAST_REGION, LOGITS_REGION
+from .blocks.registry import blocks_for
+from .builder import CORE_MODES
+from .memmap import MemoryMap, dram_shortfall
+
+
+def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, slots: int,
+                     max_seq: int, m_tile: int) -> MemoryMap:
+    """The memory map of ``slots`` caches of ``cap`` tokens, calls of up to ``max_seq``
+    tokens and token tiles of ``m_tile``."""
+    mm = MemoryMap()
+    pair = kvformats.pair(kv)
+    blocks = blocks_for(cfg)
+    for spec in cfg.tensors():
+        if spec.kind == "matrix":
+            if spec.name == "embed" and not cfg.tie_word_embeddings:
+                continue  # the embedding runs on the host
+            n, k = spec.shape
+            wbits = bits.weights.bits_for(spec.role)
+            mm.add(f"w.{spec.name}", n * ((k * wbits + 7) // 8), "weights")
+            mm.add(f"p.{spec.name}", 8 * n, "weights")
+        elif spec.role == "norm":
+            mm.add(f"p.{spec.name}", 2 * spec.shape[0], "weights")
+    rot = rope_dim(cfg)
+    mm.add("rope.cos", cap * rot, "weights")
+    mm.add("rope.sin", cap * rot, "weights")
+    h = cfg.hidden_size
+    blocks.attention.add_regions(mm, pair=pair, cap=cap, slots=slots, m_tile=m_tile)
+    for mlp in blocks.mlps.values():
+        mlp.add_regions(mm, m_tile=m_tile)
+    mm.add("act.x0", m_tile * h, "activations")
+    mm.add("act.x1", m_tile * h, "activations")
+    mm.add("act.xm", m_tile * h, "activations")
+    mm.add("act.ao", m_tile * cfg.num_heads * cfg.head_dim, "activations")
+    shared = (cfg.n_shared_experts or 0) * (cfg.moe_intermediate_size or 0)
+    mm.add("act.hb", m_tile * max(cfg.intermediate_size, shared), "activations")
+    mm.add("io.emb", 4 * max_seq * h, "host_io")
+    mm.add("io.logits", 4 * cfg.vocab_size, "host_io")
+    # scratch for on-device cache rearrangement (sim.cacheops): one cache's worth of int8
+    # values per core, so compaction never reads a token it has already overwritten
+    mm.add("act.kvtmp", max(CORE_MODES.values()) * cap * blocks.attention.cache_width,
+           "activations")
+    return mm
+
+
+def batch_memory_map(build, *, max_tokens: int, max_seqs: int, hidden: int,
+                     vocab: int) -> MemoryMap:
+    """``build(max_seq)`` (the compiler's memory map for calls of up to ``max_seq``
+    tokens) with ``max_tokens`` tokens of input, plus the gathered hidden states and the
+    logits of ``max_seqs`` sequences (a batched step: :func:`.driver.lower_step`)."""
+    mm = build(max_tokens)
+    mm.add(LAST_REGION, max_seqs * hidden, "activations")
+    mm.add(LOGITS_REGION, 4 * max_seqs * vocab, "host_io")
+    return mm
+
+
+def dram_problem(model: ModelConfig, bits: BitConfig, kv: str, *, cap: int, slots: int,
+                 max_seq: int, dram_bytes: int, hw_name: str) -> str | None:
+    """Why the memory map of ``slots`` cache slots (one token per pass: the smallest
+    activations) does not fit ``dram_bytes``, or None. Computed from the maps of one and two
+    slots, without building the map of all of them: every slot adds the same page-aligned
+    regions (tests/sim/test_config_errors.py checks that this is exact)."""
+    one = build_memory_map(model, bits, kv, cap=cap, slots=1, max_seq=max_seq, m_tile=1)
+    if slots == 1:
+        return one.too_big(dram_bytes, hw_name)
+    two = build_memory_map(model, bits, kv, cap=cap, slots=2, max_seq=max_seq, m_tile=1)
+    more = slots - 1
+    kv1 = one.bytes_of_kind("kv_cache")
+    return dram_shortfall(one.total_bytes + more * (two.total_bytes - one.total_bytes),
+                          one.bytes_of_kind("weights"),
+                          kv1 + more * (two.bytes_of_kind("kv_cache") - kv1), dram_bytes, hw_name)
+

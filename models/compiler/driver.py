@@ -1,0 +1,193 @@
+"""The driver: token tiles x layers, for one call and for a batched serving step alike.
+
+A program runs a batch of sequences (``seqs``: :class:`StepSeq`, in batch order), each
+``tokens`` tokens of one cache slot from cache position ``cache_size`` on. The host writes
+the input embeddings (float32) of all of them first; the tokens are concatenated and go
+through the layers in *token tiles* of at most ``m_tile`` tokens whose activations fit in
+SRAM, so the GEMM, norm and MLP stages process every sequence of a tile at once and the
+weights stream once per tile for the whole batch, while attention works per piece of a
+sequence in the tile (a :class:`~.lowering.TileSeq`: its own cache slot, positions and
+context). Each layer is its attention block, then its MLP block (:mod:`.blocks`); each
+block is a sequence of *stages* whose outputs go to DRAM, the next stage's loads waiting
+until every core's outputs are there (a barrier through flags).
+
+- **One call** (:func:`lower_call`) is a batch of one sequence whose head reads its last
+  token's hidden state directly; the host reads that token's logits.
+- **A serving step** (:func:`lower_step`; continuous batching: some sequences decode one
+  token each, some prefill a chunk of their prompt): after each tile the device's copy
+  engine gathers the sampling sequences' (``logits``, default true) last hidden states
+  into ``act.last`` (the next tile reuses the activation buffers); after the last tile the
+  LM head runs over the gathered rows in head tiles of up to :func:`.blocks.io.head_rows`
+  rows, and the host reads ``n_out x vocab`` int32 logits back. A step needs bigger host-I/O
+  buffers than one call (:func:`.dram.batch_memory_map`).
+
+``layers`` lowers only those layers (an SRAM probe, or a cost probe: the serving cost model
+extrapolates the time of a full step from a few layers; not a forward pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from isa.errors import ConfigError
+from isa.instructions import HostRead, HostWrite, Program
+
+from .blocks.io import (
+    LAST_REGION,
+    LOGITS_REGION,
+    gather_rows,
+    head_rows,
+    head_rows_of,
+    stage_head,
+    stage_head_rows,
+    stage_input,
+)
+from .builder import Builder
+from .lowering import Lowering, TileSeq
+
+
+class StepSeq(NamedTuple):
+    """One sequence of a batched step: ``tokens`` tokens at cache positions ``cache_size
+    ..`` of cache ``slot``; ``logits``: whether it samples (its last token's logits go to
+    the host); ``key``: the sequence's identity for MoE routing (timing only): its token at
+    position ``p`` routes by the key ``(key << 32) + p``, so that sequences at the same
+    position route apart (0: by position alone, as a single-sequence call does);
+    ``route``: the routing key of its first token instead (its tokens count up from it)."""
+
+    slot: int
+    tokens: int
+    cache_size: int
+    logits: bool = True
+    key: int = 0
+    route: int | None = None
+
+    @property
+    def first_route(self) -> int | None:
+        if self.route is not None:
+            return self.route
+        return (self.key << 32) + self.cache_size if self.key else None
+
+
+
+def tiles_of(seqs: Sequence[StepSeq], m_tile: int) -> list[tuple[TileSeq, ...]]:
+    """The token tiles of a step: its sequences' tokens concatenated in batch order, cut
+    every ``m_tile`` tokens; each tile lists the pieces of sequences it holds."""
+    tiles: list[tuple[TileSeq, ...]] = []
+    cur: list[TileSeq] = []
+    fill = 0
+    for s in seqs:
+        done = 0
+        route = s.first_route
+        while done < s.tokens:
+            n = min(s.tokens - done, m_tile - fill)
+            cur.append(TileSeq(s.slot, s.cache_size + done, n, fill,
+                               None if route is None else route + done))
+            done += n
+            fill += n
+            if fill == m_tile:
+                tiles.append(tuple(cur))
+                cur, fill = [], 0
+    if cur:
+        tiles.append(tuple(cur))
+    return tiles
+
+
+
+def lower_call(lw: Lowering, *, n: int, cache_size: int, slot: int = 0, host_in: int = 0,
+               host_out: int = 0, name: str = "",
+               layers: Sequence[int] | None = None) -> Program:
+    """The program of one call with ``n`` tokens at cache position ``cache_size``."""
+    lw.check_call(n, cache_size)
+    return _lower(lw, [StepSeq(slot, n, cache_size)], layers=layers, host_in=host_in,
+                  host_out=host_out, one_call=True,
+                  name=name or f"forward n={n} cache_size={cache_size} slot={slot}")
+
+
+def lower_step(lw: Lowering, seqs: Sequence[StepSeq | tuple], *,
+               layers: Sequence[int] | None = None, host_in: int = 0, host_out: int = 0,
+               name: str = "") -> Program:
+    """The program of one batched step of ``seqs`` (see the module docstring)."""
+    cfg = lw.model
+    seqs = [StepSeq(*s) for s in seqs]
+    if not seqs:
+        raise ConfigError("a step needs at least one sequence")
+    comp = lw.blocks.attention.components[0]
+    for s in seqs:
+        if s.tokens < 1:
+            raise ConfigError(f"a sequence of a step needs at least one token, got {s.tokens}")
+        if s.cache_size < 0 or s.cache_size + s.tokens > lw.cap:
+            raise ConfigError(f"cache_size {s.cache_size} + {s.tokens} tokens exceed the "
+                              f"cache capacity {lw.cap}")
+        if lw.kv_region(s.slot, 0, comp) not in lw.mm:
+            raise ConfigError(f"cache slot {s.slot} is not in the memory map")
+    m_all = sum(s.tokens for s in seqs)
+    if m_all > lw.max_seq:
+        raise ConfigError(f"a step of {m_all} tokens exceeds the {lw.max_seq} tokens the "
+                          f"input buffer holds")
+    outs = [i for i, s in enumerate(seqs) if s.logits]
+    if outs and (LAST_REGION not in lw.mm or LOGITS_REGION not in lw.mm):
+        raise ConfigError(f"a step with logits needs the regions {LAST_REGION!r} and "
+                          f"{LOGITS_REGION!r} (batch_memory_map)")
+    if outs and len(outs) * cfg.hidden_size > lw.mm[LAST_REGION].size:
+        raise ConfigError(f"{len(outs)} sequences sample in this step; the memory map has "
+                          f"room for {lw.mm[LAST_REGION].size // cfg.hidden_size}")
+    return _lower(lw, seqs, layers=layers, host_in=host_in, host_out=host_out,
+                  one_call=False, name=name or _name(seqs))
+
+
+def _name(seqs: list[StepSeq]) -> str:
+    dec = sum(1 for s in seqs if s.tokens == 1)
+    return (f"step of {len(seqs)} sequences ({dec} decoding, "
+            f"{sum(s.tokens for s in seqs)} tokens)")
+
+
+def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, host_in: int,
+           host_out: int, one_call: bool, name: str) -> Program:
+    cfg = lw.model
+    blocks = lw.blocks
+    b = Builder(lw.target)
+    h = cfg.hidden_size
+    emb = lw.mm["io.emb"].base
+    m_all = sum(s.tokens for s in seqs)
+    b.emit(HostWrite(src=host_in, dst=emb, nbytes=4 * m_all * h, signal=b.barrier()))
+    # the token (global index) whose final hidden state each sampling sequence needs
+    ends, t = [], 0
+    for s in seqs:
+        t += s.tokens
+        if s.logits:
+            ends.append(t - 1)
+    xbuf = [lw.mm["act.x0"].base, lw.mm["act.x1"].base]
+    cur = 0
+    t0 = m = 0
+    layer_ids = range(cfg.num_layers) if layers is None else layers
+    for segs in tiles_of(seqs, lw.m_tile):
+        m = sum(sq.n for sq in segs)
+        stage_input(b, lw, emb + 4 * t0 * h, xbuf[cur], m)
+        for layer in layer_ids:
+            blocks.attention.lower(b, lw, layer, xbuf[cur], m, segs)
+            blocks.mlp(layer).lower(b, lw, layer, xbuf[1 - cur], m, segs)
+            cur = 1 - cur
+        rows = [(j, e - t0) for j, e in enumerate(ends) if t0 <= e < t0 + m]
+        if rows and not one_call:
+            gather_rows(b, lw, xbuf[cur], rows)
+        t0 += m
+    done = b.shared("logits")
+    if one_call:  # the head reads the last token's hidden state where it is
+        stage_head(b, lw, xbuf[cur] + (m - 1) * h)
+        b.emit(HostRead(src=lw.mm["io.logits"].base, dst=host_out, nbytes=4 * cfg.vocab_size,
+                        wait=(done,) * sum(1 for c in lw.target.cores if head_rows_of(lw, c))))
+        return Program(tuple(b.ins), formats=lw.formats, name=name)
+    n_out = len(ends)
+    if not n_out:
+        return Program(tuple(b.ins), formats=lw.formats, name=name)
+    per = head_rows(lw)
+    logits = lw.mm[LOGITS_REGION].base
+    stores = 0
+    for r0 in range(0, n_out, per):
+        r = min(per, n_out - r0)
+        stores += stage_head_rows(b, lw, lw.mm[LAST_REGION].base + r0 * h, r,
+                                  logits + 4 * r0 * cfg.vocab_size)
+    b.emit(HostRead(src=logits, dst=host_out, nbytes=4 * n_out * cfg.vocab_size,
+                    wait=(done,) * stores))
+    return Program(tuple(b.ins), formats=lw.formats, name=name)

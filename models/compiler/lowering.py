@@ -1,0 +1,94 @@
+"""The lowering context of one compiled model: its config, weight bits, KV formats,
+sizes, memory map, integer parameters, hardware target and blocks, with the names and
+work splits every block uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from isa import kvformats
+from isa.errors import ConfigError
+
+from ..config import ModelConfig
+from .builder import Matrix, Target, split
+from .memmap import MemoryMap
+from .numerics import GemmQ, Numerics
+
+if TYPE_CHECKING:
+    from .blocks.registry import ModelBlocks
+
+
+@dataclass(frozen=True)
+class TileSeq:
+    """The tokens of one sequence inside a token tile (batched lowering): ``n`` tokens at
+    rows ``off .. off+n-1`` of the tile, at cache positions ``pos0 .. pos0+n-1`` of cache
+    slot ``slot``; ``route``: the MoE routing key of its first token (the next tokens
+    count up from it; None: the tokens' positions, as one sequence's call routes them)."""
+
+    slot: int
+    pos0: int
+    n: int
+    off: int = 0
+    route: int | None = None
+
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """Everything needed to lower forward passes of one compiled model."""
+
+    model: ModelConfig
+    weight_bits: dict[str, int]  # tensor name -> bits
+    k_fmt: kvformats.KVFormat
+    v_fmt: kvformats.KVFormat
+    cap: int  # cache capacity per slot, tokens
+    max_seq: int  # most tokens per call
+    m_tile: int  # most tokens per pass through the layers
+    mm: MemoryMap
+    numerics: Numerics
+    target: Target
+    blocks: ModelBlocks
+
+    # --- names ------------------------------------------------------------------------
+    def check_call(self, n: int, cache_size: int) -> None:
+        """Refuse a call of ``n`` tokens at cache position ``cache_size`` that this
+        lowering cannot hold."""
+        if n < 1:
+            raise ConfigError(f"a call needs at least one token, got {n}")
+        if n > self.max_seq:
+            raise ConfigError(f"{n} tokens exceed the compiled max_sequence_length "
+                              f"{self.max_seq}")
+        if cache_size < 0 or cache_size + n > self.cap:
+            raise ConfigError(f"cache_size {cache_size} + {n} tokens exceed the cache "
+                              f"capacity {self.cap}")
+
+    @staticmethod
+    def kv_region(slot: int, layer: int, comp: str) -> str:
+        return kv_region(slot, layer, comp)
+
+    def matrix(self, name: str, gq: GemmQ, *, requant: bool = True) -> Matrix:
+        spec = self.model.tensor_spec(name)
+        n, k = spec.shape
+        bias_name = name.replace("_proj", "_bias")
+        try:
+            has_bias = bias_name != name and bool(self.model.tensor_spec(bias_name))
+        except ConfigError:
+            has_bias = False
+        return Matrix(name, n, k, self.weight_bits[name], self.mm[f"w.{name}"].base,
+                      self.mm[f"p.{name}"].base, has_bias, requant, gq.shift)
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        return (kvformats.to_text(self.k_fmt), kvformats.to_text(self.v_fmt))
+
+    def rows(self, n: int, c: int, unit: int = 16) -> tuple[int, int]:
+        """Core ``c``'s contiguous share of ``n`` rows (whole ``unit``s)."""
+        i = self.target.cores.index(c)
+        return split(n, len(self.target.cores), unit)[i]
+
+
+def kv_region(slot: int, layer: int, comp: str) -> str:
+    """The memory-map name of component ``comp`` of layer ``layer``'s cache in ``slot``."""
+    return f"kv.s{slot}.l{layer}.{comp}"
+

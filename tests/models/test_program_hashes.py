@@ -1,0 +1,27 @@
+"""The compiler's programs are byte-identical to the committed golden hashes
+(``program_hashes.json``; see :mod:`tests.models.program_hashes` to regenerate)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.models.program_hashes import GOLDEN, compute
+
+
+def _check(which: str) -> None:
+    want = json.loads(GOLDEN.read_text())[which]
+    got = compute(slow=which == "slow")
+    assert sorted(got) == sorted(want)
+    differ = sorted(k for k in want if got[k] != want[k])
+    assert not differ, f"{len(differ)} of {len(want)} programs changed: {differ[:10]}"
+
+
+def test_programs_of_the_tiny_models_are_unchanged() -> None:
+    _check("fast")
+
+
+@pytest.mark.slow
+def test_programs_of_the_real_size_models_are_unchanged() -> None:
+    _check("slow")
