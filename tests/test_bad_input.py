@@ -251,7 +251,9 @@ def _member_data_offset(data: bytes, name: str) -> int:
 
 
 def _flip_in_member(name: str, *, at: float = 0.5) -> Callable[[bytes], bytes]:
-    """Flip one bit in a member's compressed bytes (the zip's CRC-32 catches it)."""
+    """Flip one bit in a member's compressed bytes: zlib refuses the stream or the zip's
+    CRC-32 catches it (which of the two depends on where the bit lands in the deflate data,
+    so the case checks the refusal, not zlib's wording)."""
     def mutate(data: bytes) -> bytes:
         with zipfile.ZipFile(io.BytesIO(data)) as z:
             size = z.getinfo(name).compress_size
@@ -322,7 +324,8 @@ _kvm("memory map not a list", "header is incomplete or invalid",
 _kvm("missing file", "does not exist", None, path="nope.kvm")
 _kvm("a directory", "does not exist", None, path=".")
 _kvm("header is a list", "not a kvsim compiled model", _header(lambda h: [h]))
-_kvm("flipped bit in a compressed member", "Bad CRC-32", _flip_in_member("arrays.npz"))
+_kvm("flipped bit in a compressed member", "not a kvsim compiled model",
+     _flip_in_member("arrays.npz"))
 _kvm("invalid deflate block", "not a kvsim compiled model", _bad_deflate_block("header.json"))
 _kvm("unknown compression method", "not a kvsim compiled model", _compression_method(99))
 _kvm("unknown KV format in header", "kv = 'int7' is not a KV format",
