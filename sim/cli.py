@@ -142,26 +142,84 @@ def print_run_summary(metrics: dict, paths: dict, console: Console) -> None:
         console.print(f"{name}: {p}")
 
 
-def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from sim.config import load_run_config
-    from sim.run import run, write_outputs
+def config_kind(tree: dict) -> str:
+    """What a config file is: ``"sweep"`` (it has ``[axes]``), ``"serve"`` (it has
+    ``[serving]``) or ``"run"``."""
+    from sim.sweep import is_sweep_tree
 
+    if is_sweep_tree(tree):
+        return "sweep"
+    return "serve" if "serving" in tree else "run"
+
+
+#: The output folder of each kind of config when ``--out`` is not given (each command's).
+DEFAULT_OUT = {"run": "kvsim-out", "sweep": "kvsim-sweep", "serve": "kvsim-serve"}
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    """``kvsim run [FILE]``: a run config runs here; a sweep or serving file runs as
+    ``kvsim sweep FILE`` / ``kvsim serve FILE`` would (with their default options)."""
+    from sim.config import load_run_config
+
+    kind = "run"
     if args.config is not None:
         from sim.config import load_tree
-        from sim.sweep import is_sweep_tree
 
-        if is_sweep_tree(load_tree(args.config)):
-            raise ConfigError(f"{args.config}: a sweep file (it has [axes]); run it with "
-                              f"kvsim sweep {args.config}")
+        kind = config_kind(load_tree(args.config))
+    out = args.out or DEFAULT_OUT[kind]
+    if kind == "sweep":
+        if not args.quiet:
+            console.print(f"{args.config} is a sweep file: running it as kvsim sweep "
+                          f"{args.config}", style="dim")
+        return cmd_sweep(argparse.Namespace(sweep=args.config, set=args.set, axis=None,
+                                            out=out, executor="local", workers=None,
+                                            scheduler=None, quiet=args.quiet), console)
+    if kind == "serve":
+        from sim.serving.cli import cmd_serve
+
+        if not args.quiet:
+            console.print(f"{args.config} is a serving file: running it as kvsim serve "
+                          f"{args.config}", style="dim")
+        return cmd_serve(argparse.Namespace(config=args.config, set=args.set, out=out,
+                                            quiet=args.quiet), console)
+    from sim.run import run, write_outputs
     from traces.io import check_out_folder
 
     cfg = load_run_config(args.config, args.set)
-    check_out_folder(args.out, "--out")
+    check_out_folder(out, "--out")
     result = run(cfg)  # checks cfg first: bad input is one line naming the field
-    paths = write_outputs(result, args.out)
+    paths = write_outputs(result, out)
     if not args.quiet:
         print_run_summary(result.metrics, paths, console)
     return 0
+
+
+def run_help_epilog() -> str:
+    """``kvsim run --help``'s list of config sections (from the config types) and an
+    example."""
+    from sim.config import RunConfig
+    from sim.sweep import SWEEP_KEYS
+
+    lines = ["config sections of a run file (every key optional; unknown keys are errors):"]
+    for name, f in RunConfig.model_fields.items():
+        if name == "hardware":
+            keys = "preset, then any hardware field to override (kvsim hw show PRESET)"
+        else:
+            sub = f.annotation
+            keys = ", ".join(getattr(sub, "model_fields", {})) or str(sub)
+        lines.append(f"  [{name}]".ljust(14) + keys)
+    lines += [
+        "a sweep file: [" + "], [".join(SWEEP_KEYS) + "]: a base run config and axes",
+        "  (dotted keys to lists); runs as kvsim sweep FILE",
+        "a serving file: the run sections and [serving]; runs as kvsim serve FILE",
+        "",
+        "example (more in configs/; any key also works as --set section.key=value):",
+        '  [hardware]\n  preset = "aries"\n  dram.efficiency = 0.7',
+        '  [model]\n  preset = "qwen2.5-0.5b"',
+        '  [kv]\n  format = "kivi-4"',
+        "  [workload]\n  prompt_tokens = 240\n  output_tokens = 8",
+    ]
+    return "\n".join(lines)
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
@@ -340,18 +398,37 @@ def _positive(text: str) -> int:
     return v
 
 
+def version_text() -> str:
+    """``kvsim X.Y.Z`` (the installed package's version)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"kvsim {version('kvsim')}"
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "kvsim (not installed: version unknown)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvsim",
         description="Cycle simulator of an LLM inference NPU with a focus on the KV cache.",
     )
+    p.add_argument("--version", action="version", version=version_text())
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="run a scenario (the embedded default without CONFIG)")
-    r.add_argument("config", nargs="?", help="run config (TOML); omit for the embedded default")
+    r = sub.add_parser("run", help="run any kvsim config: a run, a sweep or a serving file "
+                       "(the embedded default run without CONFIG)",
+                       description="Run a kvsim config file: a run config here, a sweep file "
+                       "as kvsim sweep would, a serving file as kvsim serve would.",
+                       epilog=run_help_epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("config", nargs="?", help="config file (TOML); omit for the embedded "
+                   "default run")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override any config field, e.g. --set hardware.dram.efficiency=0.7")
-    r.add_argument("--out", default="kvsim-out", help="output folder (default: kvsim-out)")
+                   help="override any config field, e.g. --set hardware.dram.efficiency=0.7 "
+                   "(of a sweep: of its base config)")
+    r.add_argument("--out", help="output folder (default: kvsim-out; kvsim-sweep for a sweep, "
+                   "kvsim-serve for a serving file)")
     r.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     r.set_defaults(func=cmd_run)
 
