@@ -157,6 +157,10 @@ def _batch(cm: Any, x: np.ndarray, cache_size: Any, batch_params: Any) -> list[R
         if start <= x.shape[0]:
             _check_request(cm, req, f"{where}.")
         out.append(req)
+    if start > cm.max_seq:
+        raise RuntimeApiError(f"batch_params: a batch of {start} tokens exceeds "
+                              f"max_sequence_length {cm.max_seq} (the input buffer of one "
+                              f"call)")
     if start != x.shape[0]:
         raise RuntimeApiError(f"batch_params: sequence lengths add up to {start} tokens, the "
                               f"inputs hold {x.shape[0]} (requests go one after another on "

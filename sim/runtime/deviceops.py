@@ -4,11 +4,13 @@ records one call on the accelerator and returns what the call returns."""
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from isa.instructions import HostRead, HostWrite, Nop, Program
+from models.compiler import CompiledModel
 
 from ..cacheops import rearrange_program
 from .checks import Request
@@ -48,6 +50,52 @@ def forward(model: Model, req: Request) -> np.ndarray | None:
         return None
     acc_i32 = dev.host_read(host_out, 4 * cm.model.vocab_size).view(np.int32)
     return (acc_i32 * cm.numerics.head_row_scale).astype(np.float32)
+
+
+def batch_compiled(cm: CompiledModel, dram_bytes: int) -> CompiledModel | None:
+    """The compiled model with the two regions a batched step program needs (the gathered
+    last hidden states and the logits of ``slots`` requests, after every other region:
+    no other region moves), or None where batching runs request by request: a model of
+    one cache slot, an MLA or MoE model (the batched MLA/MoE stages are timing-only), or
+    one whose extra regions do not fit the card's DRAM."""
+    from models.compiler.lower_batch import batch_memory_map
+
+    if cm.slots < 2 or cm.model.is_mla or cm.model.is_moe:
+        return None
+    out = copy.copy(cm)
+    out.mm = batch_memory_map(lambda _: copy.deepcopy(cm.mm), max_tokens=cm.max_seq,
+                              max_seqs=cm.slots, hidden=cm.model.hidden_size,
+                              vocab=cm.model.vocab_size)
+    return out if out.mm.total_bytes <= dram_bytes else None
+
+
+def forward_batch(model: Model, reqs: list[Request]) -> list[np.ndarray | None]:
+    """A batch of requests as one device program (``models.compiler.lower_batch``): the
+    runtime overhead once, every request's embeddings in one upload, the weights streamed
+    once per token tile of the whole batch, every request's logits in one download."""
+    from models.compiler.lower_batch import StepSeq, lower_step
+
+    acc, bcm = model.acc, model.batched
+    dev = acc.device
+    x = np.concatenate([r.x for r in reqs])
+    tokens = x.shape[0]
+    host_out = _host_out(model, tokens)
+    if acc.functional:
+        dev.host_write(HOST_IN, np.ascontiguousarray(x).view(np.uint8))
+    lw = bcm.lowering(bcm.tile_for(min(tokens, bcm.m_tile)))
+    seqs = [StepSeq(r.cache_id, r.x.shape[0], r.cache_size) for r in reqs]
+    prog = lower_step(lw, seqs, host_in=HOST_IN, host_out=host_out)
+    start, before = acc.begin()
+    acc.host_work(acc.hw.host.call_overhead_ns, "infer")
+    acc.run(prog, "infer", shape=("batch", *((s.tokens, s.slot) for s in seqs)))
+    acc.end("infer", start, before)
+    model.last_call = (reqs[-1].x.shape[0], reqs[-1].cache_size, reqs[-1].cache_id)
+    vocab = bcm.model.vocab_size
+    if not acc.functional:
+        return [None] * len(reqs)
+    acc_i32 = dev.host_read(host_out, 4 * len(reqs) * vocab).view(np.int32)
+    rows = (acc_i32.reshape(len(reqs), vocab) * bcm.numerics.head_row_scale)
+    return list(rows.astype(np.float32))
 
 
 def speedrun(model: Model, tokens: int, cache_size: int, cache_id: int) -> float:
@@ -166,5 +214,5 @@ def rearrange(model: Model, op: str, keep: list[int], dst: int, cache_id: int) -
     acc.end(op, start, before)
 
 
-__all__ = ["HOST_IN", "cache_groups", "dump", "forward", "load", "rearrange", "reset",
-           "speedrun"]
+__all__ = ["HOST_IN", "batch_compiled", "cache_groups", "dump", "forward", "forward_batch",
+           "load", "rearrange", "reset", "speedrun"]

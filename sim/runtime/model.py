@@ -52,6 +52,9 @@ class Model:
         self.acc: Accelerator | None = None
         #: The shape of the latest forward call: (tokens, cache size, slot).
         self.last_call: tuple[int, int, int] | None = None
+        #: The compiled model with a batched step's regions (:func:`.deviceops.
+        #: batch_compiled`; set at launch), or None: batches run request by request.
+        self.batched: CompiledModel | None = None
         self._disposed = False
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -71,7 +74,8 @@ class Model:
                                   f"accelerator ({hw.name!r}) cannot run")
         if acc.model is not None:
             raise RuntimeApiError("this accelerator already runs a model; dispose it first")
-        acc.device.set_layout(cm.layout(host_bytes=hw.host.memory_bytes))
+        self.batched = deviceops.batch_compiled(cm, hw.dram.capacity_bytes)
+        acc.device.set_layout((self.batched or cm).layout(host_bytes=hw.host.memory_bytes))
         start, before = acc.begin()
         acc.host_work(hw.host.call_overhead_ns, "launch")
         if acc.functional:
@@ -121,18 +125,23 @@ class Model:
         ``batch_param`` (one ``BatchParam``) selects the slot. In timing-only mode the
         logits are None.
 
-        Cost per request: runtime overhead + embeddings over the host link + the forward
-        program (weights and the cache streamed from DRAM) + logits back over the host
-        link. **The requests of a batch run as consecutive programs**, one per request
-        (results exact; the time has no batching benefit: the weights stream once per
-        request, not once per batch).
+        Cost: runtime overhead + embeddings over the host link + the forward program
+        (weights and the cache streamed from DRAM) + logits back over the host link. A
+        batch of a GQA model compiled with several cache slots is **one batched device
+        program** (``models.compiler.lower_batch``: the weights stream once per token
+        tile of the whole batch; its logits equal per-request calls bit for bit). MLA and
+        MoE models (their batched stages are timing-only) run a batch **as consecutive
+        per-request programs**: results exact, but no batching benefit in the time.
         """
         self._check_alive()
         cm = self.compiled
         call = check_infer(cm, inputs, cache_size, cache_id, batch_params, batch_param)
         n, vocab = len(call.requests), cm.model.vocab_size
         check_outputs(outputs, (1, 1, n, vocab) if call.vendor else None)
-        logits = [deviceops.forward(self, r) for r in call.requests]
+        if len(call.requests) > 1 and self.batched is not None:
+            logits = deviceops.forward_batch(self, call.requests)
+        else:
+            logits = [deviceops.forward(self, r) for r in call.requests]
         if not call.vendor:
             if outputs is not None:
                 outputs.clear()

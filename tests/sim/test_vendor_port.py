@@ -193,3 +193,40 @@ def test_tracing_refuses_misuse(tmp_path):
     finally:
         qbruntime.stop_tracing_events()
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"] == []
+
+
+@pytest.mark.parametrize("kv", ["int8", "kivi-4"])
+def test_a_batch_is_one_program_exact_per_request_and_streams_the_weights_once(kv, table):
+    from sim.hw import load_hardware
+
+    cm = compile_model(TINY, build_bit_config({}), HardwareTarget.from_hw(load_hardware(ARIES)),
+                       kv=kv, core_mode="single", max_seq=16, cap=96, slots=SLOTS)
+    prompts = [PROMPT[:9], PROMPT[9:12], PROMPT[3:15]]
+
+    def filled():
+        acc = Accelerator(hw=ARIES)
+        model = Model(cm)
+        model.launch(acc)
+        for i, p in enumerate(prompts):
+            model.infer(table[p], cache_size=0, cache_id=i)
+        return acc, model
+
+    acc, model = filled()
+    assert model.batched is not None
+    # a decode step for two requests and a prefill chunk for the third, in one call
+    x = table[[40, 41] + [50, 51, 52]][None, None].astype(np.float32)
+    params = [BatchParam(1, 9, 0), BatchParam(1, 3, 1), BatchParam(3, 12, 2)]
+    out = model.infer([x], None, 0, params)[0]
+    batch = acc.calls[-1]
+    assert acc.num_calls == 1 + 3 + 1 and out.shape == (1, 1, 3, TINY.vocab_size)
+    acc1, one = filled()
+    singles = []
+    for (a, b), bp in zip([(0, 1), (1, 2), (2, 5)], params, strict=True):
+        want = one.infer(x[0, 0, a:b], cache_size=bp.cache_size, cache_id=bp.cache_id)[0]
+        assert np.array_equal(out[0, 0, bp.cache_id], want)
+        singles.append(acc1.calls[-1])
+    assert model.dump_cache_memory() == one.dump_cache_memory()
+    weights = [c.stats["by_kind"].get("weights", 0) for c in (batch, *singles)]
+    # a request alone streams every weight once; the batch about once, not three times
+    assert 0 < max(weights[1:]) <= weights[0] < 2 * min(weights[1:])
+    assert batch.time_s < sum(c.time_s for c in singles)
