@@ -1,7 +1,8 @@
 """``kvsim`` command line.
 
 Exit codes: 0 success, 2 bad input (config, file, arguments: one line naming the field),
-1 anything unexpected.
+130 interrupted (Ctrl-C), 1 anything unexpected. Long commands show their progress on a
+terminal (``sim.progress``), and nothing when output goes to a file or ``CI`` is set.
 """
 
 from __future__ import annotations
@@ -16,9 +17,15 @@ from rich.console import Console
 from rich.table import Table
 
 from isa.errors import ConfigError, KvsimError
+from sim.cli_run import DEFAULT_OUT, cmd_run, config_kind, run_help_epilog, run_phases
 from sim.console import make_console
+from sim.progress import Phases, progress_enabled
 
 EXIT_BAD_INPUT = 2
+__all__ = ["DEFAULT_OUT", "build_parser", "cmd_run", "config_kind", "main", "run_help_epilog",
+           "run_phases"]
+#: The shell's code for a command stopped by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 def _fmt_bytes_per_s(v: float) -> str:
@@ -142,86 +149,6 @@ def print_run_summary(metrics: dict, paths: dict, console: Console) -> None:
         console.print(f"{name}: {p}")
 
 
-def config_kind(tree: dict) -> str:
-    """What a config file is: ``"sweep"`` (it has ``[axes]``), ``"serve"`` (it has
-    ``[serving]``) or ``"run"``."""
-    from sim.sweep import is_sweep_tree
-
-    if is_sweep_tree(tree):
-        return "sweep"
-    return "serve" if "serving" in tree else "run"
-
-
-#: The output folder of each kind of config when ``--out`` is not given (each command's).
-DEFAULT_OUT = {"run": "kvsim-out", "sweep": "kvsim-sweep", "serve": "kvsim-serve"}
-
-
-def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    """``kvsim run [FILE]``: a run config runs here; a sweep or serving file runs as
-    ``kvsim sweep FILE`` / ``kvsim serve FILE`` would (with their default options)."""
-    from sim.config import load_run_config
-
-    kind = "run"
-    if args.config is not None:
-        from sim.config import load_tree
-
-        kind = config_kind(load_tree(args.config))
-    out = args.out or DEFAULT_OUT[kind]
-    if kind == "sweep":
-        if not args.quiet:
-            console.print(f"{args.config} is a sweep file: running it as kvsim sweep "
-                          f"{args.config}", style="dim")
-        return cmd_sweep(argparse.Namespace(sweep=args.config, set=args.set, axis=None,
-                                            out=out, executor="local", workers=None,
-                                            scheduler=None, quiet=args.quiet), console)
-    if kind == "serve":
-        from sim.serving.cli import cmd_serve
-
-        if not args.quiet:
-            console.print(f"{args.config} is a serving file: running it as kvsim serve "
-                          f"{args.config}", style="dim")
-        return cmd_serve(argparse.Namespace(config=args.config, set=args.set, out=out,
-                                            quiet=args.quiet), console)
-    from sim.run import run, write_outputs
-    from traces.io import check_out_folder
-
-    cfg = load_run_config(args.config, args.set)
-    check_out_folder(out, "--out")
-    result = run(cfg)  # checks cfg first: bad input is one line naming the field
-    paths = write_outputs(result, out)
-    if not args.quiet:
-        print_run_summary(result.metrics, paths, console)
-    return 0
-
-
-def run_help_epilog() -> str:
-    """``kvsim run --help``'s list of config sections (from the config types) and an
-    example."""
-    from sim.config import RunConfig
-    from sim.sweep import SWEEP_KEYS
-
-    lines = ["config sections of a run file (every key optional; unknown keys are errors):"]
-    for name, f in RunConfig.model_fields.items():
-        if name == "hardware":
-            keys = "preset, then any hardware field to override (kvsim hw show PRESET)"
-        else:
-            sub = f.annotation
-            keys = ", ".join(getattr(sub, "model_fields", {})) or str(sub)
-        lines.append(f"  [{name}]".ljust(14) + keys)
-    lines += [
-        "a sweep file: [" + "], [".join(SWEEP_KEYS) + "]: a base run config and axes",
-        "  (dotted keys to lists); runs as kvsim sweep FILE",
-        "a serving file: the run sections and [serving]; runs as kvsim serve FILE",
-        "",
-        "example (more in configs/; any key also works as --set section.key=value):",
-        '  [hardware]\n  preset = "aries"\n  dram.efficiency = 0.7',
-        '  [model]\n  preset = "qwen2.5-0.5b"',
-        '  [kv]\n  format = "kivi-4"',
-        "  [workload]\n  prompt_tokens = 240\n  output_tokens = 8",
-    ]
-    return "\n".join(lines)
-
-
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
     from sim.check import check_run
     from sim.config import apply_sets, build_run_config, load_tree
@@ -270,7 +197,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[bold]kvsim sweep[/bold] {args.sweep}: {len(sweep.points)} points "
                       f"on {where}")
     result = run_sweep(sweep, args.out, executor=args.executor, workers=args.workers,
-                       scheduler=args.scheduler, progress=not args.quiet)
+                       scheduler=args.scheduler,
+                       progress=not args.quiet and progress_enabled())
     failed = result.failed
     if not args.quiet:
         t = Table(title=f"{len(result.rows)} points in {result.wall_s:,.1f} s "
@@ -313,11 +241,16 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
     check_out_file(args.output, "-o/--output")
     model, bits = _model_and_bits(args)
     hw = load_hardware(args.hw)
-    cm = compile_model(model, bits, HardwareTarget.from_hw(hw), kv=args.kv,
-                       core_mode=args.core_mode, max_seq=args.max_seq, cap=args.cache_length,
-                       slots=args.cache_slots, functional=not args.timing_only,
-                       weights={"kind": "synthetic", "seed": args.seed})
-    cm.save(args.output)
+    with Phases(enabled=progress_enabled()) as ph:
+        ph.start(f"compile {model.name}"
+                 + ("" if args.timing_only else " (calibrating integer parameters)"))
+        cm = compile_model(model, bits, HardwareTarget.from_hw(hw), kv=args.kv,
+                           core_mode=args.core_mode, max_seq=args.max_seq,
+                           cap=args.cache_length, slots=args.cache_slots,
+                           functional=not args.timing_only,
+                           weights={"kind": "synthetic", "seed": args.seed})
+        ph.start(f"write {args.output}")
+        cm.save(args.output)
     t = Table(title=f"compiled {model.name} -> {args.output}")
     t.add_column("item")
     t.add_column("value", justify="right")
@@ -511,6 +444,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvsimError as err:
         print(f"kvsim: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        # output files are written atomically: each is its old or its new self, whole
+        print("kvsim: interrupted; no output file was left half-written", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

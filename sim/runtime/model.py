@@ -17,7 +17,7 @@ from isa.instructions import HostWrite, Program
 from models.compiler import CompiledModel
 
 from ..cacheops import CacheOpError, CacheView, EditFn, EditResult
-from . import cachefiles, deviceops, edits
+from . import cachefiles, deviceops, edits, tracing
 from .accelerator import Accelerator
 from .checks import (
     RuntimeApiError,
@@ -74,6 +74,7 @@ class Model:
                                   f"accelerator ({hw.name!r}) cannot run")
         if acc.model is not None:
             raise RuntimeApiError("this accelerator already runs a model; dispose it first")
+        tracing.notify("launching", acc, self)
         self.batched = deviceops.batch_compiled(cm, hw.dram.capacity_bytes)
         acc.device.set_layout((self.batched or cm).layout(host_bytes=hw.host.memory_bytes))
         start, before = acc.begin()

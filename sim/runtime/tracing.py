@@ -11,6 +11,7 @@ is written atomically when tracing stops.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,24 @@ class _Session:
 
 
 _session: _Session | None = None
+#: Functions told of runtime events: ``fn(kind, acc, obj)`` with kind ``"launching"``
+#: (obj: the Model, before its weights load) or ``"call"`` (obj: the CallRecord of a call
+#: just made). Progress displays use them; they must not call the runtime.
+_listeners: list[Callable[[str, Any, Any], None]] = []
+
+
+def add_listener(fn: Callable[[str, Any, Any], None]) -> None:
+    _listeners.append(fn)
+
+
+def remove_listener(fn: Callable[[str, Any, Any], None]) -> None:
+    if fn in _listeners:
+        _listeners.remove(fn)
+
+
+def notify(kind: str, acc: Any, obj: Any) -> None:
+    for fn in list(_listeners):
+        fn(kind, acc, obj)
 
 
 def start_tracing_events(path: str | os.PathLike) -> bool:
@@ -80,7 +99,9 @@ def tracing_active() -> bool:
 
 
 def note_call(acc: Accelerator, rec: CallRecord) -> None:
-    """Record ``rec``, a call on ``acc``, while tracing is on."""
+    """Record ``rec``, a call on ``acc``, while tracing is on; tell the listeners."""
+    if _listeners:
+        notify("call", acc, rec)
     if _session is None:
         return
     traffic = rec.stats.get("traffic", {}) if isinstance(rec.stats, dict) else {}
@@ -89,5 +110,5 @@ def note_call(acc: Accelerator, rec: CallRecord) -> None:
                            args=args or None)
 
 
-__all__ = ["MAX_TRACED_CALLS", "start_tracing_events", "stop_tracing_events",
-           "tracing_active"]
+__all__ = ["MAX_TRACED_CALLS", "add_listener", "notify", "remove_listener",
+           "start_tracing_events", "stop_tracing_events", "tracing_active"]
