@@ -164,6 +164,14 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     if args.axis:
         raise ConfigError("--axis: only a sweep file (with [axes]) takes axes")
     apply_sets(tree, args.set or [])
+    if config_kind(tree) == "serve":
+        from sim.serving.config import build_serve_config
+
+        cfg = build_serve_config(tree)
+        w = cfg.serving.workload
+        print(f"ok: serving {w.requests} requests of {cfg.model.preset or cfg.model.hf_config}"
+              f" on {cfg.serving.chips} x {cfg.hardware.name}")
+        return 0
     print(f"ok: {check_run(build_run_config(tree)).summary}")
     return 0
 

@@ -106,3 +106,12 @@ def test_an_unknown_key_names_the_valid_keys_and_the_nearest(tmp_path, capsys, t
     assert main(["run", str(f), "-q", "--out", str(tmp_path / "o")]) == 2
     assert needle in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_check_knows_a_serving_file(tmp_path, capsys):
+    f = tmp_path / "serve.toml"
+    f.write_text(TINY_SERVE)
+    assert main(["check", str(f)]) == 0
+    assert capsys.readouterr().out.strip() == "ok: serving 2 requests of tiny on 1 x tiny"
+    assert main(["check", str(f), "--set", "serving.chip=2"]) == 2
+    assert "serving.chip: unknown key (did you mean 'chips'?)" in capsys.readouterr().err
