@@ -9,12 +9,13 @@ is due (pydantic's lax mode would read ``true`` as 1).
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-_LEADING_FIELD = re.compile(r"^([a-z_]+): (.*)$", re.DOTALL)
+_LEADING_FIELD = re.compile(r"^([a-z_][a-z0-9_]*): (.*)$", re.DOTALL)
 
 
 def _admits_bool(annotation: Any) -> bool:
@@ -41,6 +42,52 @@ class Frozen(BaseModel):
                     raise ValueError(f"{name}: expected a number, got the boolean "
                                      f"{str(v).lower()}")
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown_keys_named(cls, data: Any) -> Any:
+        # Refused here rather than by ``extra="forbid"`` so that the message can list the
+        # section's valid keys and the nearest one (pydantic's says only "extra inputs").
+        if isinstance(data, dict):
+            unknown = [k for k in data if isinstance(k, str) and k not in cls.model_fields]
+            if unknown:
+                raise ValueError(unknown_key_message(cls, unknown[0]))
+        return data
+
+
+def _sections(annotation: Any) -> list[type[Frozen]]:
+    """The config sections an annotation can hold (``X``, ``X | None``, ``list[X]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, Frozen):
+        return [annotation]
+    return [s for a in get_args(annotation) for s in _sections(a)]
+
+
+def nearest_key(section: type[Frozen], key: str) -> str | None:
+    """The valid key nearest to ``key``: a close spelling of one of the section's keys, or
+    ``sub.key`` when ``key`` is a key of one of its sub-sections (``hardware.pcie`` ->
+    ``host_link.pcie``); None when nothing is near."""
+    close = difflib.get_close_matches(key, list(section.model_fields), n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    for name, f in section.model_fields.items():
+        for sub in _sections(f.annotation):
+            if key in sub.model_fields:
+                return f"{name}.{key}"
+    for name, f in section.model_fields.items():
+        for sub in _sections(f.annotation):
+            close = difflib.get_close_matches(key, list(sub.model_fields), n=1, cutoff=0.8)
+            if close:
+                return f"{name}.{close[0]}"
+    return None
+
+
+def unknown_key_message(section: type[Frozen], key: str) -> str:
+    """``<key>: unknown key (did you mean 'x'?); valid keys here: a, b, c``. The parts
+    are joined by commas and parentheses, never by ``;`` (which separates problems)."""
+    near = nearest_key(section, key)
+    hint = f" (did you mean {near!r}?)" if near else ""
+    valid = ", ".join(section.model_fields)
+    return f"{key}: unknown key{hint}, valid keys here: {valid}"
 
 
 def _admits_number(annotation: Any) -> bool:
@@ -74,4 +121,4 @@ def validation_message(err: ValidationError, prefix: str = "") -> str:
     return "; ".join(lines)
 
 
-__all__ = ["Frozen", "validation_message"]
+__all__ = ["Frozen", "nearest_key", "unknown_key_message", "validation_message"]

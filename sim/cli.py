@@ -1,7 +1,8 @@
 """``kvsim`` command line.
 
 Exit codes: 0 success, 2 bad input (config, file, arguments: one line naming the field),
-1 anything unexpected.
+130 interrupted (Ctrl-C), 1 anything unexpected. Long commands show their progress on a
+terminal (``sim.progress``), and nothing when output goes to a file or ``CI`` is set.
 """
 
 from __future__ import annotations
@@ -16,9 +17,15 @@ from rich.console import Console
 from rich.table import Table
 
 from isa.errors import ConfigError, KvsimError
+from sim.cli_run import DEFAULT_OUT, cmd_run, config_kind, run_help_epilog, run_phases
 from sim.console import make_console
+from sim.progress import Phases, progress_enabled
 
 EXIT_BAD_INPUT = 2
+__all__ = ["DEFAULT_OUT", "build_parser", "cmd_run", "config_kind", "main", "run_help_epilog",
+           "run_phases"]
+#: The shell's code for a command stopped by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 def _fmt_bytes_per_s(v: float) -> str:
@@ -221,28 +228,6 @@ def print_run_summary(metrics: dict, paths: dict, console: Console) -> None:
         console.print(f"{name}: {p}")
 
 
-def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from sim.config import load_run_config
-    from sim.run import run, write_outputs
-
-    if args.config is not None:
-        from sim.config import load_tree
-        from sim.sweep import is_sweep_tree
-
-        if is_sweep_tree(load_tree(args.config)):
-            raise ConfigError(f"{args.config}: a sweep file (it has [axes]); run it with "
-                              f"kvsim sweep {args.config}")
-    from traces.io import check_out_folder
-
-    cfg = load_run_config(args.config, args.set)
-    check_out_folder(args.out, "--out")
-    result = run(cfg)  # checks cfg first: bad input is one line naming the field
-    paths = write_outputs(result, args.out)
-    if not args.quiet:
-        print_run_summary(result.metrics, paths, console)
-    return 0
-
-
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
     from sim.check import check_run
     from sim.config import apply_sets, build_run_config, load_tree
@@ -258,6 +243,14 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     if args.axis:
         raise ConfigError("--axis: only a sweep file (with [axes]) takes axes")
     apply_sets(tree, args.set or [])
+    if config_kind(tree) == "serve":
+        from sim.serving.config import build_serve_config
+
+        cfg = build_serve_config(tree)
+        w = cfg.serving.workload
+        print(f"ok: serving {w.requests} requests of {cfg.model.preset or cfg.model.hf_config}"
+              f" on {cfg.serving.chips} x {cfg.hardware.name}")
+        return 0
     print(f"ok: {check_run(build_run_config(tree)).summary}")
     return 0
 
@@ -291,7 +284,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[bold]kvsim sweep[/bold] {args.sweep}: {len(sweep.points)} points "
                       f"on {where}")
     result = run_sweep(sweep, args.out, executor=args.executor, workers=args.workers,
-                       scheduler=args.scheduler, progress=not args.quiet)
+                       scheduler=args.scheduler,
+                       progress=not args.quiet and progress_enabled())
     failed = result.failed
     if not args.quiet:
         t = Table(title=f"{len(result.rows)} points in {result.wall_s:,.1f} s "
@@ -334,11 +328,16 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
     check_out_file(args.output, "-o/--output")
     model, bits = _model_and_bits(args)
     hw = load_hardware(args.hw)
-    cm = compile_model(model, bits, HardwareTarget.from_hw(hw), kv=args.kv,
-                       core_mode=args.core_mode, max_seq=args.max_seq, cap=args.cache_length,
-                       slots=args.cache_slots, functional=not args.timing_only,
-                       weights={"kind": "synthetic", "seed": args.seed})
-    cm.save(args.output)
+    with Phases(enabled=progress_enabled()) as ph:
+        ph.start(f"compile {model.name}"
+                 + ("" if args.timing_only else " (calibrating integer parameters)"))
+        cm = compile_model(model, bits, HardwareTarget.from_hw(hw), kv=args.kv,
+                           core_mode=args.core_mode, max_seq=args.max_seq,
+                           cap=args.cache_length, slots=args.cache_slots,
+                           functional=not args.timing_only,
+                           weights={"kind": "synthetic", "seed": args.seed})
+        ph.start(f"write {args.output}")
+        cm.save(args.output)
     t = Table(title=f"compiled {model.name} -> {args.output}")
     t.add_column("item")
     t.add_column("value", justify="right")
@@ -419,18 +418,37 @@ def _positive(text: str) -> int:
     return v
 
 
+def version_text() -> str:
+    """``kvsim X.Y.Z`` (the installed package's version)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"kvsim {version('kvsim')}"
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "kvsim (not installed: version unknown)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvsim",
         description="Cycle simulator of an LLM inference NPU with a focus on the KV cache.",
     )
+    p.add_argument("--version", action="version", version=version_text())
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="run a scenario (the embedded default without CONFIG)")
-    r.add_argument("config", nargs="?", help="run config (TOML); omit for the embedded default")
+    r = sub.add_parser("run", help="run any kvsim config: a run, a sweep or a serving file "
+                       "(the embedded default run without CONFIG)",
+                       description="Run a kvsim config file: a run config here, a sweep file "
+                       "as kvsim sweep would, a serving file as kvsim serve would.",
+                       epilog=run_help_epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("config", nargs="?", help="config file (TOML); omit for the embedded "
+                   "default run")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override any config field, e.g. --set hardware.dram.efficiency=0.7")
-    r.add_argument("--out", default="kvsim-out", help="output folder (default: kvsim-out)")
+                   help="override any config field, e.g. --set hardware.dram.efficiency=0.7 "
+                   "(of a sweep: of its base config)")
+    r.add_argument("--out", help="output folder (default: kvsim-out; kvsim-sweep for a sweep, "
+                   "kvsim-serve for a serving file)")
     r.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     r.set_defaults(func=cmd_run)
 
@@ -528,6 +546,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KvsimError as err:
         print(f"kvsim: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        # output files are written atomically: each is its old or its new self, whole
+        print("kvsim: interrupted; no output file was left half-written", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -263,9 +264,13 @@ def test_a_vendor_style_host_program_runs_unchanged(compiled, tmp_path):
                                                   ROOT / "examples" / "vendor_pattern.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    tokens = mod.generate(str(path), hw="tiny", prompt_tokens=24, new_tokens=4, chunk=8)
-    again = mod.generate(str(path), hw="tiny", prompt_tokens=24, new_tokens=4, chunk=8)
+    trace = tmp_path / "host.json"
+    tokens = mod.generate(str(path), prompt_tokens=24, new_tokens=4, npu_prefill_chunk_size=8,
+                          trace=str(trace))
+    again = mod.generate(str(path), prompt_tokens=24, new_tokens=4, npu_prefill_chunk_size=8)
     assert len(tokens) == 4 and tokens == again
+    names = [e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert names.count("infer") == 3 + 4 and names.count("dump_cache_memory") == 1
 
 
 @pytest.mark.parametrize("op", [

@@ -1,0 +1,218 @@
+"""The device side of the runtime calls: the programs a call runs on the simulated card
+and the bytes it moves. Arguments arrive checked (:mod:`.checks`); each function here
+records one call on the accelerator and returns what the call returns."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from isa.instructions import HostRead, HostWrite, Nop, Program
+from models.compiler import CompiledModel
+
+from ..cacheops import rearrange_program
+from .checks import Request
+
+if TYPE_CHECKING:
+    from .model import Model
+
+#: Host-memory layout the runtime uses for its staging buffers.
+HOST_IN = 0
+HOST_OUT_ALIGN = 1 << 20
+
+
+def _host_out(model: Model, tokens: int) -> int:
+    """Where a call's logits land in host memory: past its input, on a 1 MiB boundary."""
+    h = model.compiled.model.hidden_size
+    return -(-4 * tokens * h // HOST_OUT_ALIGN + 1) * HOST_OUT_ALIGN
+
+
+def forward(model: Model, req: Request) -> np.ndarray | None:
+    """One forward call: the runtime overhead, the embeddings over the host link, the
+    forward program, the logits back. Returns the last token's float32 logits
+    ``(vocab,)`` (None in timing-only mode)."""
+    acc, cm = model.acc, model.compiled
+    dev = acc.device
+    seq = req.x.shape[0]
+    host_out = _host_out(model, seq)
+    if acc.functional:
+        dev.host_write(HOST_IN, np.ascontiguousarray(req.x).view(np.uint8))
+    prog = cm.program(tokens=seq, cache_size=req.cache_size, slot=req.cache_id,
+                      host_in=HOST_IN, host_out=host_out)
+    start, before = acc.begin()
+    acc.host_work(acc.hw.host.call_overhead_ns, "infer")
+    acc.run(prog, "infer", shape=(seq, req.cache_id))
+    acc.end("infer", start, before)
+    model.last_call = (seq, req.cache_size, req.cache_id)  # for infer_speedrun
+    if not acc.functional:
+        return None
+    acc_i32 = dev.host_read(host_out, 4 * cm.model.vocab_size).view(np.int32)
+    return (acc_i32 * cm.numerics.head_row_scale).astype(np.float32)
+
+
+def batch_compiled(cm: CompiledModel, dram_bytes: int) -> CompiledModel | None:
+    """The compiled model with the two regions a batched step program needs (the gathered
+    last hidden states and the logits of ``slots`` requests, after every other region:
+    no other region moves), or None where batching runs request by request: a model of
+    one cache slot, an MLA or MoE model (the batched MLA/MoE stages are timing-only), or
+    one whose extra regions do not fit the card's DRAM."""
+    from models.compiler.dram import batch_memory_map
+
+    if cm.slots < 2 or cm.model.is_mla or cm.model.is_moe:
+        return None
+    mm = batch_memory_map(lambda _: copy.deepcopy(cm.mm), max_tokens=cm.max_seq,
+                          max_seqs=cm.slots, hidden=cm.model.hidden_size,
+                          vocab=cm.model.vocab_size)
+    return dataclasses.replace(cm, mm=mm) if mm.total_bytes <= dram_bytes else None
+
+
+def forward_batch(model: Model, reqs: list[Request]) -> list[np.ndarray | None]:
+    """A batch of requests as one device program (``models.compiler.driver.lower_step``): the
+    runtime overhead once, every request's embeddings in one upload, the weights streamed
+    once per token tile of the whole batch, every request's logits in one download."""
+    from models.compiler.driver import StepSeq, lower_step
+
+    acc, bcm = model.acc, model.batched
+    dev = acc.device
+    x = np.concatenate([r.x for r in reqs])
+    tokens = x.shape[0]
+    host_out = _host_out(model, tokens)
+    if acc.functional:
+        dev.host_write(HOST_IN, np.ascontiguousarray(x).view(np.uint8))
+    lw = bcm.lowering(bcm.tile_for(min(tokens, bcm.m_tile)))
+    seqs = [StepSeq(r.cache_id, r.x.shape[0], r.cache_size) for r in reqs]
+    prog = lower_step(lw, seqs, host_in=HOST_IN, host_out=host_out)
+    start, before = acc.begin()
+    acc.host_work(acc.hw.host.call_overhead_ns, "infer")
+    acc.run(prog, "infer", shape=("batch", *((s.tokens, s.slot) for s in seqs)))
+    acc.end("infer", start, before)
+    model.last_call = (reqs[-1].x.shape[0], reqs[-1].cache_size, reqs[-1].cache_id)
+    vocab = bcm.model.vocab_size
+    if not acc.functional:
+        return [None] * len(reqs)
+    acc_i32 = dev.host_read(host_out, 4 * len(reqs) * vocab).view(np.int32)
+    rows = (acc_i32.reshape(len(reqs), vocab) * bcm.numerics.head_row_scale)
+    return list(rows.astype(np.float32))
+
+
+def speedrun(model: Model, tokens: int, cache_size: int, cache_id: int) -> float:
+    """The forward program of ``tokens`` tokens at ``cache_size`` with its host-link
+    transfers replaced by no-ops (same flags, no time): NPU time without upload or
+    download. The cache is left as it was (its bytes are restored after the run).
+    Returns the simulated seconds."""
+    acc, cm = model.acc, model.compiled
+    prog = cm.program(tokens=tokens, cache_size=cache_size, slot=cache_id, host_in=HOST_IN,
+                      host_out=_host_out(model, tokens))
+    ins = tuple(Nop(on=type(i).engine_kind, core=i.core, wait=i.wait, signal=i.signal)
+                if isinstance(i, HostWrite | HostRead) else i for i in prog.instructions)
+    bare = Program(ins, formats=prog.formats, name=f"{prog.name} (speedrun)")
+    saved = _cache_bytes(model) if acc.functional else None
+    start, before = acc.begin()
+    acc.run(bare, "infer_speedrun", shape=(tokens, cache_id))
+    rec = acc.end("infer_speedrun", start, before)
+    if saved is not None:
+        for c, data in zip(cm.kv_caches(), saved, strict=True):
+            acc.device.mem.dram.write(c.region.base, data)
+    return rec.time_s
+
+
+def _cache_bytes(model: Model) -> list[np.ndarray]:
+    dram = model.acc.device.mem.dram
+    return [dram.read(c.region.base, c.region.size).copy()
+            for c in model.compiled.kv_caches()]
+
+
+def cache_groups(model: Model) -> list[list[dict]]:
+    """Per cache (get_cache_infos order): its regions, one per slot."""
+    groups: dict[tuple[int, str], list[dict]] = {}
+    for c in model.compiled.kv_caches():
+        groups.setdefault((c.layer, c.component), []).append(c)
+    return [sorted(v, key=lambda c: c.slot) for _, v in sorted(groups.items())]
+
+
+def _regions(model: Model, slot: int | None) -> list[list[dict]]:
+    """Per cache, the regions a dump or load of ``slot`` (None: every slot) covers."""
+    return [[c for c in g if slot is None or c.slot == slot] for g in cache_groups(model)]
+
+
+def dump(model: Model, slot: int | None) -> list[bytes]:
+    """Every cache's bytes of ``slot`` (None: all slots, concatenated) over the host link,
+    device to host. In timing-only mode the bytes are zeros (the transfer is simulated)."""
+    acc = model.acc
+    dev = acc.device
+    start, before = acc.begin()
+    acc.host_work(acc.hw.host.call_overhead_ns, "dump_cache_memory")
+    addr = HOST_IN
+    reads, spans = [], []
+    groups = _regions(model, slot)
+    for group in groups:
+        for c in group:
+            r = c.region
+            reads.append(HostRead(src=r.base, dst=addr, nbytes=r.size))
+            spans.append((addr, r.size))
+            addr += r.size
+    acc.run(Program(tuple(reads), name="dump caches"), "dump_cache_memory")
+    acc.end("dump_cache_memory", start, before)
+    out, i = [], 0
+    for group in groups:
+        parts = []
+        for _ in group:
+            a, n = spans[i]
+            i += 1
+            parts.append(dev.host_read(a, n).tobytes() if acc.functional else bytes(n))
+        out.append(b"".join(parts))
+    return out
+
+
+def load(model: Model, data: list[bytes], slot: int | None) -> None:
+    """Write ``data`` (checked buffers, one per cache) into the caches of ``slot`` (None:
+    every slot) over the host link, host to device."""
+    acc = model.acc
+    dev = acc.device
+    start, before = acc.begin()
+    acc.host_work(acc.hw.host.call_overhead_ns, "load_cache_memory")
+    writes = []
+    addr = HOST_IN
+    for group, blob in zip(_regions(model, slot), data, strict=True):
+        off = 0
+        for c in group:
+            r = c.region
+            if acc.functional:
+                dev.host_write(addr, np.frombuffer(blob, np.uint8, r.size, off))
+            writes.append(HostWrite(src=addr, dst=r.base, nbytes=r.size))
+            addr += r.size
+            off += r.size
+    acc.run(Program(tuple(writes), name="load caches"), "load_cache_memory")
+    acc.end("load_cache_memory", start, before)
+
+
+def reset(model: Model) -> None:
+    """Clear every cache. Cost: the runtime call; the driver clears the caches' length
+    headers, which is not timed further."""
+    acc = model.acc
+    start, before = acc.begin()
+    acc.host_work(acc.hw.host.call_overhead_ns, "reset_cache_memory")
+    if acc.functional:
+        for c in model.compiled.kv_caches():
+            r = c.region
+            acc.device.mem.dram.write(r.base, np.zeros(r.size, np.uint8))
+    acc.end("reset_cache_memory", start, before)
+
+
+def rearrange(model: Model, op: str, keep: list[int], dst: int, cache_id: int) -> None:
+    """Move the tokens at positions ``keep`` of slot ``cache_id`` to ``dst..`` with an
+    on-device program (KvRead / DRAM scratch / KvWrite): no host-link traffic."""
+    acc = model.acc
+    start, before = acc.begin()
+    acc.host_work(acc.hw.host.call_overhead_ns, op)
+    prog = rearrange_program(model.compiled, slot=cache_id, keep=keep, dst=dst, name=op)
+    if prog.instructions:
+        acc.run(prog, op)
+    acc.end(op, start, before)
+
+
+__all__ = ["HOST_IN", "batch_compiled", "cache_groups", "dump", "forward", "forward_batch",
+           "load", "rearrange", "reset", "speedrun"]
