@@ -2,8 +2,8 @@
 
 The integer path is the device's: float Q/K/V are quantized to int8 with a static
 symmetric per-tensor scale (``absmax / 127``, as a calibrated compiler would), K and V are
-written to caches in their formats (:meth:`KVFormat.encode_cache`) and read back
-(:meth:`KVFormat.decode_cache`), the integer attention kernel runs
+written to caches in their formats and read back (:meth:`KVFormat.round_trip`: a DRAM
+region written at once and read, as the device does), the integer attention kernel runs
 (:func:`isa.kernels.attention.attend`) with multipliers from the float scales, and its int8
 output is scaled back to float (output scale calibrated on the float reference, again as a
 compiler would). The float reference is plain float64 softmax attention on the unquantized
@@ -21,7 +21,7 @@ import numpy as np
 from .kernels.attention import attend
 from .kernels.fixed import quantize_multiplier
 from .kernels.softmax import F, P
-from .kvformats import KVFormat, parse
+from .kv import KVFormat, parse
 
 
 def rel_l2(x: np.ndarray, ref: np.ndarray) -> float:
@@ -80,10 +80,8 @@ def _fmt(f: KVFormat | str, role: str) -> KVFormat:
 
 def through_cache(fmt: KVFormat, x8: np.ndarray) -> np.ndarray:
     """int8 ``[T, ...]`` written to a cache of ``fmt`` and read back (same shape)."""
-    t = x8.shape[0]
-    flat = np.ascontiguousarray(x8.reshape(t, -1))
-    w = flat.shape[1]
-    return fmt.decode_cache(fmt.encode_cache(flat), t, w).reshape(x8.shape)
+    flat = np.ascontiguousarray(x8.reshape(x8.shape[0], -1))
+    return fmt.round_trip(flat).reshape(x8.shape)
 
 
 def _multipliers(s_q: float, s_k: float, s_v: float, s_out: float, dk: int) -> dict:

@@ -2,7 +2,7 @@
 
 ``execute(instr, mem, formats)`` reads its operands from ``mem`` (any object with the
 :class:`Memory` interface: byte reads and writes per address space), computes with the
-integer kernels of :mod:`isa.kernels` and the KV formats of :mod:`isa.kvformats`, and
+integer kernels of :mod:`isa.kernels` and the KV formats of :mod:`isa.kv`, and
 writes its results back. The device calls it when the instruction completes.
 
 Vector functions (``Vec``, ``rows x cols`` int8 unless noted; ``rs`` = round half up of a
@@ -22,7 +22,7 @@ FROM_F32   float32 src0 -> int8, ``x * p0 / 2**p1``    mult, shift
 ========== =========================================== ==================================
 
 KV caches (``KvWrite``, ``KvRead``, ``Attn``): each cache is a DRAM region of
-``fmt.region_bytes(cap, width)`` bytes laid out as :mod:`isa.kvformats` describes (header
+``fmt.region_bytes(cap, width)`` bytes laid out as :mod:`isa.kv.region` describes (header
 with the token count for formats with a window or per-channel groups, sink slots,
 quantized slots, full-precision ring). ``KvWrite`` (``nbytes`` = the region's bytes)
 appends ``tokens`` int8 rows at ``pos`` (``pos`` below the cached length truncates first)
@@ -42,7 +42,7 @@ from typing import Protocol
 
 import numpy as np
 
-from . import kvformats
+from . import kv
 from .errors import IsaError
 from .instructions import (
     NO_ADDR,
@@ -161,7 +161,7 @@ def _vec(v: Vec, mem: Memory) -> None:
     mem.write(Space.SRAM, c, v.dst, out.reshape(-1).view(np.uint8))
 
 
-def _region(mem: Memory, fmt: kvformats.KVFormat, base: int, cap: int, width: int,
+def _region(mem: Memory, fmt: kv.KVFormat, base: int, cap: int, width: int,
             what: str) -> np.ndarray:
     """The bytes of the cache region of ``cap`` tokens at DRAM ``base`` (a copy)."""
     if cap <= 0:
@@ -169,7 +169,7 @@ def _region(mem: Memory, fmt: kvformats.KVFormat, base: int, cap: int, width: in
     return mem.read(Space.DRAM, 0, base, fmt.region_bytes(cap, width))
 
 
-def _check_nbytes(what: str, fmt: kvformats.KVFormat, cap: int, width: int,
+def _check_nbytes(what: str, fmt: kv.KVFormat, cap: int, width: int,
                   nbytes: int) -> None:
     need = fmt.region_bytes(cap, width)
     if nbytes != need:
@@ -177,7 +177,7 @@ def _check_nbytes(what: str, fmt: kvformats.KVFormat, cap: int, width: int,
                        f"bytes (KVFormat.region_bytes), the instruction says {nbytes}")
 
 
-def _kv_write(ins: KvWrite, mem: Memory, fmt: kvformats.KVFormat) -> None:
+def _kv_write(ins: KvWrite, mem: Memory, fmt: kv.KVFormat) -> None:
     _check_nbytes("kv.write", fmt, ins.cap, ins.width, ins.nbytes)
     new = _sram(mem, ins.core, ins.src, ins.tokens * ins.width).reshape(ins.tokens, ins.width)
     region = _region(mem, fmt, ins.dst, ins.cap, ins.width, "kv.write")
@@ -192,14 +192,14 @@ def _kv_write(ins: KvWrite, mem: Memory, fmt: kvformats.KVFormat) -> None:
         mem.write(Space.DRAM, 0, ins.dst + a, region[a:b])
 
 
-def _kv_read(ins: KvRead, mem: Memory, fmt: kvformats.KVFormat) -> None:
+def _kv_read(ins: KvRead, mem: Memory, fmt: kv.KVFormat) -> None:
     _check_nbytes("kv.read", fmt, ins.cap, ins.width, ins.nbytes)
     region = _region(mem, fmt, ins.src, ins.cap, ins.width, "kv.read")
     vals = fmt.region_read(region, ins.cap, ins.width, ins.pos, ins.tokens)
     mem.write(Space.SRAM, ins.core, ins.dst, vals.reshape(-1).view(np.uint8))
 
 
-def _attn(a: Attn, mem: Memory, kf: kvformats.KVFormat, vf: kvformats.KVFormat) -> None:
+def _attn(a: Attn, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
     dk = a.head_dim
     q = _sram(mem, a.core, a.q, a.q_len * a.heads * dk).reshape(a.q_len, a.heads, dk)
     width = a.kv_heads * dk
@@ -215,17 +215,17 @@ def _attn(a: Attn, mem: Memory, kf: kvformats.KVFormat, vf: kvformats.KVFormat) 
     mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
 
 
-_FORMATS: dict[str, kvformats.KVFormat] = {}
+_FORMATS: dict[str, kv.KVFormat] = {}
 
 
-def _format(formats: tuple[str, ...], index: int) -> kvformats.KVFormat:
+def _format(formats: tuple[str, ...], index: int) -> kv.KVFormat:
     if index >= len(formats):
         raise IsaError(f"format index {index} is not in the program's table of "
                        f"{len(formats)} formats")
     text = formats[index]
     fmt = _FORMATS.get(text)
     if fmt is None:
-        fmt = _FORMATS[text] = kvformats.parse(text)
+        fmt = _FORMATS[text] = kv.parse(text)
     return fmt
 
 

@@ -7,7 +7,11 @@ instruction at fault and why; it returns None when the program is well-formed:
 - enum fields hold members of their enum (Vec ``func``, Nop ``on``);
 - operand shapes make sense: Gemm ``w_bits`` is 2, 4 or 8 and ``k`` fills whole bytes,
   Attn ``heads`` is a multiple of ``kv_heads`` and ``ctx >= 1``;
-- KV-format fields (``fmt`` and ``*_fmt``) index into ``program.formats``;
+- KV-format fields (``fmt`` and ``*_fmt``) index into ``program.formats``, and the entries
+  they index name KV formats (:func:`isa.kv.parse`);
+- KV instructions address whole cache regions: ``cap >= 1`` (KvWrite, KvRead, Attn), and a
+  KvWrite's or KvRead's ``nbytes`` is its format's ``region_bytes(cap, width)`` (what
+  functional runs require; a timing-only run would otherwise price a wrong-sized region);
 - every byte extent (``instr.accesses()``) is non-empty, inside its address space and,
   where the layout has regions for that space, inside one region;
 - no flag is waited on more times than it is signalled (that would deadlock).
@@ -16,15 +20,19 @@ instruction at fault and why; it returns None when the program is well-formed:
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 
+from isa import kv
 from isa.encoding import enum_choices, enum_values, field_enum
-from isa.errors import ProgramError
+from isa.errors import FormatError, ProgramError
 from isa.instructions import (
     PER_CORE_ENGINES,
     Access,
     Attn,
     Gemm,
     Instruction,
+    KvRead,
+    KvWrite,
     MemoryLayout,
     Program,
     Space,
@@ -73,6 +81,48 @@ def _access_problem(a: Access, layout: MemoryLayout) -> str | None:
     return None
 
 
+@lru_cache(maxsize=256)
+def _format_of(text: str) -> kv.KVFormat | str:
+    """The KV format ``text`` names, or why it names none (programs repeat a few texts)."""
+    try:
+        return kv.parse(text)
+    except FormatError as e:
+        return str(e)
+
+
+@lru_cache(maxsize=1024)
+def _region_bytes(fmt: kv.KVFormat, cap: int, width: int) -> int | str:
+    try:
+        return fmt.region_bytes(cap, width)
+    except FormatError as e:
+        return str(e)
+
+
+def _kv_problem(instr: Instruction, program: Program) -> str | None:
+    """The first problem of a KV instruction's format entries, capacity and region size."""
+    fmts = {}
+    for f in instr.body_fields():
+        if _is_format_index(f.name):
+            index = getattr(instr, f.name)
+            fmt = _format_of(program.formats[index])
+            if isinstance(fmt, str):
+                return f"{f.name} {index} names no KV format: {fmt}"
+            fmts[f.name] = fmt
+    if not isinstance(instr, (KvWrite, KvRead, Attn)):
+        return None
+    if instr.cap < 1:
+        return f"cap (the cache's capacity in tokens) must be >= 1, got {instr.cap}"
+    if isinstance(instr, (KvWrite, KvRead)):
+        fmt = fmts["fmt"]
+        need = _region_bytes(fmt, instr.cap, instr.width)
+        if isinstance(need, str):
+            return f"width {instr.width}: {need}"
+        if instr.nbytes != need:
+            return (f"nbytes {instr.nbytes} is not the size of a {instr.cap}-token {fmt} region "
+                    f"of width {instr.width}: {need} bytes (KVFormat.region_bytes)")
+    return None
+
+
 def _instruction_problem(instr: Instruction, program: Program, layout: MemoryLayout) -> str | None:
     if not 0 <= instr.core < layout.num_cores:
         return f"core {instr.core} out of range (the layout has {layout.num_cores} cores)"
@@ -113,6 +163,9 @@ def _instruction_problem(instr: Instruction, program: Program, layout: MemoryLay
                     f"{f.name} {index} is not an index into the program's "
                     f"{len(program.formats)} formats"
                 )
+    problem = _kv_problem(instr, program)
+    if problem is not None:
+        return problem
 
     for access in instr.accesses():
         problem = _access_problem(access, layout)

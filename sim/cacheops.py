@@ -358,8 +358,7 @@ def requantize_through(fmt) -> EditFn:
         for v in views:
             t, h, w = v.values.shape
             flat = v.values.transpose(1, 0, 2).reshape(h, t, w)
-            back = np.stack([fmt.decode_cache(fmt.encode_cache(flat[i]), t, w)
-                             for i in range(h)])
+            back = np.stack([fmt.round_trip(flat[i]) for i in range(h)])
             out.append(back.reshape(h, t, w).transpose(1, 0, 2).copy())
         return out
 

@@ -14,7 +14,7 @@ Q20); ``out_mult / 2**out_shift`` is ``s_v / s_out / 2**24``. ``|s_t - max| * sc
 2**25 * 2**31`` and ``|o_d| * out_mult < 2**31 * 2**31`` fit int64.
 
 K and V arrive here as int8: a cache in a low-bit format is first read through its format
-(:meth:`isa.kvformats.KVFormat.region_read` or ``decode_cache``: integer dequantization to
+(:meth:`isa.kv.format.KVFormat.region_read`: integer dequantization to
 the int8 grid of the values that were written), which is what "K read from the cache in its
 stored format" means in kvsim.
 

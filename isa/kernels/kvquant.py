@@ -25,7 +25,7 @@ Dequantization back to the int8 grid: ``out = sat8(round(v'))`` computed as
 
 Quantizing dequantized values need not give the codes back: with an integer zero point a
 dequantized group spans the (rounded) grid points ``(c - zp) * s`` of its extreme codes, not
-``[lo, hi]``, so ``s``, ``zp`` and the codes come out anew. :mod:`isa.kvformats` keeps a
+``[lo, hi]``, so ``s``, ``zp`` and the codes come out anew. :mod:`isa.kv.region` keeps a
 token's record rather than re-quantizing what it reads back (truncations).
 """
 

@@ -43,11 +43,13 @@ REGIONS = (
 WITH_REGIONS = MemoryLayout(
     dram_bytes=4 * MiB, sram_bytes=64 * KiB, host_bytes=1 * MiB, num_cores=2, regions=REGIONS
 )
-FORMATS = ("kv8", "kv4-g32")
+FORMATS = ("int8", "kivi-4.v")
 
 TILE = 8 * KiB  # bytes of weights per tile: k=64 x n=128 int8
 GEMM = Gemm(m=1, k=64, n=128, w_bits=8, a=0, w=TILE, out=4 * TILE)
-KV_WRITE = KvWrite(fmt=1, tokens=1, width=64, src=0, dst=0x100, nbytes=40)
+# kivi-4.v region of 16 tokens of 64 values: a 4-byte header and a ring of 16 fp16 records
+# (the 128-token window is wider than the cache)
+KV_WRITE = KvWrite(fmt=1, tokens=1, width=64, cap=16, src=0, dst=0x100, nbytes=4 + 16 * 128)
 ATTN = Attn(
     q_len=1,
     ctx=16,
@@ -60,6 +62,7 @@ ATTN = Attn(
     k=0x1000,
     v=0x2000,
     out=0x3000,
+    cap=16,
     k_nbytes=2048,
     v_nbytes=1024,
 )
@@ -132,7 +135,7 @@ def test_every_instruction_type_validates() -> None:
             Vec(func=VecFunc.REQUANT, rows=2, cols=8, src0=0, dst=0x100),
             Vec(func=VecFunc.ADD, rows=2, cols=8, src0=0, src1=0x40, dst=0x100),
             KV_WRITE,
-            KvRead(fmt=0, tokens=4, width=64, src=0x100, dst=0x200, nbytes=256),
+            KvRead(fmt=0, tokens=4, width=64, cap=4, src=0x100, dst=0x200, nbytes=256),
             ATTN,
         ]
     )
@@ -292,7 +295,7 @@ def test_nop_engine_must_be_an_engine() -> None:
     [
         (KV_WRITE.replace(fmt=2), "fmt 2 is not an index into the program's 2 formats"),
         (
-            KvRead(fmt=5, tokens=1, width=8, src=0, dst=0x40, nbytes=8),
+            KvRead(fmt=5, tokens=1, width=8, cap=1, src=0, dst=0x40, nbytes=8),
             "fmt 5 is not an index into the program's 2 formats",
         ),
         (ATTN.replace(k_fmt=2), "k_fmt 2 is not an index"),
@@ -316,6 +319,29 @@ def test_format_indices(instr, reason) -> None:
 def test_attention_shape(changes, reason) -> None:
     err = fails([ATTN.replace(**changes)])
     assert (err.index, err.reason) == (0, reason)
+
+
+@pytest.mark.parametrize(
+    ("instr", "formats", "reason"),
+    [
+        (KV_WRITE.replace(nbytes=40), FORMATS,
+         "nbytes 40 is not the size of a 16-token kivi-4.v region of width 64: 2052 bytes"),
+        (KvRead(fmt=0, tokens=4, width=64, cap=8, src=0x100, dst=0x200, nbytes=256), FORMATS,
+         "nbytes 256 is not the size of a 8-token int8 region of width 64: 512 bytes"),
+        (KV_WRITE.replace(cap=0), FORMATS, "cap (the cache's capacity in tokens) must be >= 1"),
+        (ATTN.replace(cap=0), FORMATS, "cap (the cache's capacity in tokens) must be >= 1"),
+        (KV_WRITE, ("int8", "kv4-g32"), "fmt 1 names no KV format: unknown KV format 'kv4-g32'"),
+        (ATTN, ("kivi-4", "int8"), "k_fmt 0 names no KV format: KV layout 'kivi-4' has"),
+        (KvRead(fmt=0, tokens=1, width=8, cap=1, src=0, dst=0x40, nbytes=8),
+         ("quantmla-c4r4",), "width 8: quantmla-c4r4: width 8 leaves no content values"),
+    ],
+)
+def test_kv_formats_and_region_sizes(instr, formats, reason) -> None:
+    """A KV instruction names a real format and addresses a whole region of it: a wrong
+    ``nbytes`` would be priced in a timing-only run and refused only in a functional one."""
+    with pytest.raises(ProgramError) as info:
+        validate_program(Program(instructions=(instr,), formats=formats), LAYOUT)
+    assert (info.value.index, reason in info.value.reason) == (0, True), info.value.reason
 
 
 # -------------------------------------------------------------------------- flags

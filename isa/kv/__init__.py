@@ -1,0 +1,35 @@
+"""KV-cache formats, split by concern:
+
+- :mod:`isa.kv.format`: :class:`KVFormat`, its fields and their validation, record sizes;
+- :mod:`isa.kv.codec`: int8 values to records and back (quantize, pack, unpack);
+- :mod:`isa.kv.region`: a cache's DRAM region (sink slots, quantized slots, the ring of
+  full-precision tail slots, truncation), its reads and writes and their byte traffic;
+- :mod:`isa.kv.grammar`: the registry of named formats and the spec-string grammar.
+
+Inputs are int8 values: on the device the K/V projections requantize to int8 (with the
+static per-tensor or per-channel scale the compiler chose) before :class:`~isa.KvWrite`, so
+every format quantizes int8 values, and every read gives int8 values back (the integer
+dequantization of :mod:`isa.kernels.kvquant`). Consequently the 16-bit formats (``bf16``,
+``fp16``) and full-precision tokens hold those int8 values exactly: they cost 2 bytes per
+value and lose nothing. (Attention over a bf16 cache thus reads the exact int8 grid back; a
+host edit that wrote a non-integer bf16 value reads back rounded half up and saturated.)
+"""
+
+from .codec import KINDS, QuantizedKV
+from .format import (
+    AXES,
+    BITS,
+    DTYPE_BYTES,
+    FP_DTYPES,
+    SCALE_DTYPES,
+    ZERO_DTYPES,
+    KVFormat,
+)
+from .grammar import FORMATS, PAIRS, SPEC_HELP, KVPair, names, pair, parse, to_text
+from .region import RegionLayout
+
+__all__ = [
+    "AXES", "BITS", "DTYPE_BYTES", "FORMATS", "FP_DTYPES", "KINDS", "PAIRS", "SCALE_DTYPES",
+    "SPEC_HELP", "ZERO_DTYPES", "KVFormat", "KVPair", "QuantizedKV", "RegionLayout", "names",
+    "pair", "parse", "to_text",
+]
