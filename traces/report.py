@@ -62,11 +62,38 @@ def _calls_lane(calls: list[dict[str, Any]]) -> list[go.Bar]:
             marker={"color": PHASE_COLORS.get(phase, "#9467bd"),
                     "line": {"color": "white", "width": 1}},
             text=names if labelled else None, textposition="inside",
-            insidetextanchor="middle", customdata=names, legendgroup="calls",
+            insidetextanchor="middle", textfont={"size": 11}, width=0.9, customdata=names,
+            legendgroup="calls",
             legendgrouptitle_text="runtime calls",
             hovertemplate="%{customdata}<br>start %{base:,.3f} ms<br>%{x:,.3f} ms"
                           "<extra></extra>"))
     return bars
+
+
+def _binned_lanes(spans: list, per_lane: int) -> dict[str, list[tuple]]:
+    """A long run's lanes cut into ``per_lane`` equal bins: per bin, how busy the lane
+    was (fraction), how many instructions started in it, and the instruction that took
+    most of its time. Returns ``{instruction: [(lane, start ms, width ms, busy, count)]}``
+    (empty bins left out)."""
+    t0 = min(sp.start_ps for sp in spans)
+    width = max(1, -(-(max(sp.end_ps for sp in spans) - t0) // per_lane))
+    cells: dict[tuple, dict] = {}
+    for sp in spans:
+        k0, k1 = (sp.start_ps - t0) // width, (max(sp.end_ps - 1, sp.start_ps) - t0) // width
+        name = sp.name.split()[0]
+        for k in range(k0, k1 + 1):
+            lo, hi = t0 + k * width, t0 + (k + 1) * width
+            busy = min(sp.end_ps, hi) - max(sp.start_ps, lo)
+            cell = cells.setdefault(((sp.block, sp.lane), k), {"n": 0, "by": defaultdict(int)})
+            cell["by"][name] += max(0, busy)
+            cell["n"] += k == k0
+    out: dict[str, list[tuple]] = defaultdict(list)
+    for (lane, k), cell in cells.items():
+        name = max(cell["by"], key=cell["by"].get)
+        busy = min(1.0, sum(cell["by"].values()) / width)
+        out[name].append((lane, (t0 + k * width) / PS_PER_MS, width / PS_PER_MS, busy,
+                          cell["n"]))
+    return out
 
 
 def _timeline(recorder: Recorder, calls: list[dict[str, Any]]) -> go.Figure | None:
@@ -76,42 +103,39 @@ def _timeline(recorder: Recorder, calls: list[dict[str, Any]]) -> go.Figure | No
         return None
     lanes = sorted({(s.block, s.lane) for s in spans}, key=lambda bl: (_block_key(bl[0]), bl[1]))
     label = {bl: f"{bl[0]} {bl[1]}" for bl in lanes}
-    if len(spans) > MAX_TIMELINE_BARS:
-        # merge consecutive spans of a lane whose gap is below the bin width
-        width = (max(s.end_ps for s in spans) - min(s.start_ps for s in spans)) / (
-            MAX_TIMELINE_BARS / max(1, len(lanes))
-        )
-        merged: dict[tuple[str, str], list[list]] = defaultdict(list)
-        for s in sorted(spans, key=lambda s: (s.block, s.lane, s.start_ps)):
-            rows = merged[(s.block, s.lane)]
-            if rows and s.start_ps - rows[-1][1] <= width:
-                rows[-1][1] = max(rows[-1][1], s.end_ps)
-                rows[-1][3] += 1
-            else:
-                rows.append([s.start_ps, s.end_ps, s.name, 1])
-        items = [(bl, a, b, n, k) for bl, rows in merged.items() for a, b, n, k in rows]
-    else:
-        items = [((s.block, s.lane), s.start_ps, s.end_ps, s.name, 1) for s in spans]
-    by_name: dict[str, list] = defaultdict(list)
-    for bl, a, b, name, k in items:
-        key = name.split()[0] if k == 1 else "several instructions (merged)"
-        text = name if k == 1 else f"{k:,} instructions, first {name}"
-        by_name[key].append((label[bl], a / PS_PER_MS, (b - a) / PS_PER_MS, text))
     fig = go.Figure(_calls_lane(calls))
-    for name in sorted(by_name):
-        rows = by_name[name]
-        fig.add_trace(go.Bar(
-            name=name, orientation="h", y=[r[0] for r in rows],
-            x=[max(r[2], 1e-9) for r in rows], base=[r[1] for r in rows],
-            customdata=[r[3] for r in rows], legendgroup="engines",
-            legendgrouptitle_text="engine work",
-            hovertemplate="%{y}<br>%{customdata}<br>start %{base:,.4f} ms<br>%{x:,.4f} ms"
-                          "<extra></extra>"))
+    if len(spans) > MAX_TIMELINE_BARS:
+        bins = _binned_lanes(spans, max(1, MAX_TIMELINE_BARS // max(1, len(lanes))))
+        for name in sorted(bins):
+            rows = bins[name]
+            fig.add_trace(go.Bar(
+                name=name, orientation="h", y=[label[r[0]] for r in rows],
+                x=[r[2] for r in rows], base=[r[1] for r in rows],
+                marker={"opacity": [max(0.15, r[3]) for r in rows], "line": {"width": 0}},
+                customdata=[[100 * r[3], r[4]] for r in rows], legendgroup="engines",
+                legendgrouptitle_text="engine work (mostly)",
+                hovertemplate="%{y}<br>from %{base:,.3f} ms for %{x:,.3f} ms<br>busy "
+                              "%{customdata[0]:.0f} %, %{customdata[1]:,} instructions, "
+                              f"mostly {name}<extra></extra>"))
+    else:
+        by_name: dict[str, list] = defaultdict(list)
+        for sp in spans:
+            by_name[sp.name.split()[0]].append(sp)
+        for name in sorted(by_name):
+            rows = by_name[name]
+            fig.add_trace(go.Bar(
+                name=name, orientation="h", y=[label[(r.block, r.lane)] for r in rows],
+                x=[max((r.end_ps - r.start_ps) / PS_PER_MS, 1e-9) for r in rows],
+                base=[r.start_ps / PS_PER_MS for r in rows],
+                customdata=[r.name for r in rows], legendgroup="engines",
+                legendgrouptitle_text="engine work",
+                hovertemplate="%{y}<br>%{customdata}<br>start %{base:,.4f} ms<br>"
+                              "%{x:,.4f} ms<extra></extra>"))
     order = [label[bl] for bl in reversed(lanes)] + (["runtime calls"] if calls else [])
     fig.update_yaxes(categoryorder="array", categoryarray=order)
-    fig.update_layout(barmode="overlay", uniformtext={"minsize": 9, "mode": "hide"})
+    fig.update_layout(barmode="overlay", uniformtext={"minsize": 8, "mode": "hide"})
     fig = layout(fig, "Timeline: runtime calls (phase, step) and the work of every engine",
-                 "simulated time (ms)", "", height=max(320, 18 * len(order) + 170))
+                 "simulated time (ms)", "", height=max(320, 20 * len(order) + 170))
     fig.update_layout(legend={"orientation": "v", "y": 1, "yanchor": "top", "x": 1.01,
                               "xanchor": "left"}, margin={"r": 220, "t": 50})
     return fig
@@ -165,7 +189,8 @@ def _breakdown(metrics: dict[str, Any]) -> go.Figure | None:
                       "(the largest bounds the phase; resources overlap)",
                  "time (ms)", "", height=120 + 26 * len(rows) * len(phases))
     fig.update_layout(legend={"orientation": "v", "y": 1, "yanchor": "top", "x": 1.01,
-                              "xanchor": "left"}, margin={"l": 190, "r": 260, "t": 50})
+                              "xanchor": "left", "traceorder": "normal"},
+                      margin={"l": 190, "r": 260, "t": 50})
     return fig
 
 
@@ -265,13 +290,30 @@ def _bars(values: dict[str, float], title: str, x: str) -> go.Figure | None:
 
 
 def _utilization(metrics: dict[str, Any]) -> go.Figure | None:
+    """Busy % per engine kind: one bar per kind with the cores' mean, and the busiest and
+    least busy core in the hover (8 cores x 4 engines would be 32 unreadable bars)."""
     util = metrics.get("engine_utilization") or {}
     if not util:
         return None
-    fig = go.Figure(go.Bar(x=list(util), y=[100 * v for v in util.values()],
-                           hovertemplate="%{x}: %{y:,.1f} %<extra></extra>"))
+    groups: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for key, v in util.items():
+        block, _, lane = key.partition(".")
+        core = block.startswith("core") and block[4:].isdigit()
+        groups[f"cores' {lane}" if core else key].append((block, 100 * v))
+    names = list(groups)
+    means = [sum(v for _, v in groups[n]) / len(groups[n]) for n in names]
+    hover = []
+    for n in names:
+        vals = sorted(groups[n], key=lambda bv: bv[1])
+        hover.append(f"{len(vals)} engines: {vals[0][0]} {vals[0][1]:.1f} % to "
+                     f"{vals[-1][0]} {vals[-1][1]:.1f} %" if len(vals) > 1 else "")
+    fig = go.Figure(go.Bar(x=names, y=means, customdata=hover,
+                           text=[f"{m:.1f} %" for m in means], textposition="outside",
+                           cliponaxis=False,
+                           hovertemplate="%{x}: mean %{y:,.1f} %<br>%{customdata}"
+                                         "<extra></extra>"))
     fig.update_yaxes(range=[0, 100])
-    return layout(fig, "Engine utilization over the run", "engine",
+    return layout(fig, "Engine utilization over the run (mean over cores)", "engine",
                   "busy (% of simulated time)", height=340)
 
 

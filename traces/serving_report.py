@@ -170,6 +170,6 @@ def serving_report_html(metrics: dict[str, Any], rows: Sequence[dict[str, Any]],
     figs = [Figure(occupancy_figure(steps, geometry), wide=True),
             Figure(batch_figure(steps), wide=True),
             *(Figure(f) for f in latency_figures(rows))]
-    return render_page(f"kvsim serve: {metrics.get('scenario', 'serving run')}",
+    return render_page(f"kvsim serving report: {metrics.get('scenario', 'serving run')}",
                        subtitle="simulated times; hover any chart for its values",
                        cards=cards, details=details, figures=figs)

@@ -35,6 +35,8 @@ NAMES = {
     "model.preset": "model",
 }
 
+_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "x", "star")
+_DASHES = ("solid", "dash", "dot", "dashdot")
 _TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
 _BYTE_UNITS = ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "bytes"))
 
@@ -107,11 +109,14 @@ def _sweep_figure(metric: str, axis: str, axes: dict[str, list[Any]],
         ys[values.index(r[axis])] = y / scale if r["status"] == "ok" and is_number(y) else None
     fig = go.Figure()
     xs = values if numeric else [_fmt(v) for v in values]
-    for key, ys in lines.items():
+    for n, (key, ys) in enumerate(lines.items()):
         name = ", ".join(f"{NAMES.get(a, a)} {_fmt(axes[a][i])}"
                          for a, i in zip(others, key, strict=True))
+        # a marker shape and dash per series: series that coincide stay visible
         fig.add_trace(go.Scatter(
             x=xs, y=ys, mode="lines+markers", name=name or NAMES.get(metric, metric),
+            marker={"symbol": _SYMBOLS[n % len(_SYMBOLS)], "size": 9},
+            line={"dash": _DASHES[n % len(_DASHES)]},
             hovertemplate=f"{html.escape(name)}<br>%{{x}}: %{{y:,.4~r}}<extra></extra>"))
     xlabel, _ = quantity(axis, [v for v in values if is_number(v)])
     if not numeric:
@@ -149,15 +154,19 @@ def _results_table(axes: dict[str, list[Any]], rows: list[dict[str, Any]],
     return f"<h2>Results</h2><table><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def _range_card(metric: str, rows: list[dict[str, Any]]) -> Card:
-    vals = [r[metric] for r in rows if r["status"] == "ok" and is_number(r.get(metric))]
+def _range_card(metric: str, axes: dict[str, list[Any]], rows: list[dict[str, Any]]) -> Card:
+    ok = [r for r in rows if r["status"] == "ok" and is_number(r.get(metric))]
+    vals = [r[metric] for r in ok]
+    low = min(ok, key=lambda r: r[metric])
+    where = ", ".join(f"{NAMES.get(a, a)} {_fmt(low[a])}" for a in axes)
     label, scale = quantity(metric, vals)
     name, _, unit = label.partition(" (")
     unit = unit.rstrip(")")
     lo, hi = min(vals) / scale, max(vals) / scale
     text = (f"{fmt_number(lo)} {unit}" if lo == hi
             else f"{fmt_number(lo)} – {fmt_number(hi)} {unit}").strip()
-    return Card(name, text, note=f"over {len(vals)} points", metric=metric)
+    note = f"lowest at {where}" if lo != hi and where else f"over {len(vals)} points"
+    return Card(name, text, note=note, metric=metric)
 
 
 def sweep_report(title: str, axes: dict[str, list[Any]], rows: list[dict[str, Any]],
@@ -170,7 +179,7 @@ def sweep_report(title: str, axes: dict[str, list[Any]], rows: list[dict[str, An
     failed = sum(r["status"] != "ok" for r in rows)
     cards = [Card("points", f"{len(rows) - failed} of {len(rows)}",
                   note=f"{failed} failed" if failed else "all ran")]
-    cards += [_range_card(m, rows) for m in shown
+    cards += [_range_card(m, axes, rows) for m in shown
               if any(r["status"] == "ok" and is_number(r.get(m)) for r in rows)]
     details = [("axes", "; ".join(f"{NAMES.get(a, a)} = {', '.join(map(_fmt, v))}"
                                   for a, v in axes.items()))]
