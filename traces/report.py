@@ -177,11 +177,14 @@ def _breakdown(metrics: dict[str, Any]) -> go.Figure | None:
             name=name, orientation="h", y=ys, x=[tb[p][key] * 1e3 for p in phases],
             marker={"color": "#b0b0b0"} if key == "elapsed_s" else None,
             hovertemplate=f"{name}<br>%{{x:,.3f}} ms<extra></extra>"))
-    for p in phases:
+    for p in phases:  # each row's total at its end; the critical one marked
         crit = _CRITICAL_ROW[tb[p]["critical"]]
-        total = sum(tb[p][k] for k, r, _ in _DEMANDS if r == crit) * 1e3
-        fig.add_annotation(x=total, y=[_phase_name(p, tb[p]), crit], text=" ◀ critical",
-                           showarrow=False, xanchor="left", font={"size": 11})
+        for row in rows:
+            total = sum(tb[p][k] for k, r, _ in _DEMANDS if r == row) * 1e3
+            mark = " ◀ critical" if row == crit else ""
+            fig.add_annotation(x=total, y=[_phase_name(p, tb[p]), row],
+                               text=f" {total:,.2f} ms{mark}", showarrow=False,
+                               xanchor="left", font={"size": 10, "color": "#333"})
     fig.update_layout(barmode="stack")
     fig.update_yaxes(autorange="reversed", categoryorder="array",
                      categoryarray=rows)
