@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 
 from .chrome import _block_key, bandwidth_series
@@ -75,24 +76,35 @@ def _binned_lanes(spans: list, per_lane: int) -> dict[str, list[tuple]]:
     was (fraction), how many instructions started in it, and the instruction that took
     most of its time. Returns ``{instruction: [(lane, start ms, width ms, busy, count)]}``
     (empty bins left out)."""
-    t0 = min(sp.start_ps for sp in spans)
-    width = max(1, -(-(max(sp.end_ps for sp in spans) - t0) // per_lane))
-    cells: dict[tuple, dict] = {}
-    for sp in spans:
-        k0, k1 = (sp.start_ps - t0) // width, (max(sp.end_ps - 1, sp.start_ps) - t0) // width
-        name = sp.name.split()[0]
-        for k in range(k0, k1 + 1):
+    lanes = sorted({(sp.block, sp.lane) for sp in spans})
+    names = sorted({sp.name.split()[0] for sp in spans})
+    lane_id = {bl: i for i, bl in enumerate(lanes)}
+    name_id = {n: i for i, n in enumerate(names)}
+    start = np.fromiter((sp.start_ps for sp in spans), np.int64, len(spans))
+    end = np.fromiter((sp.end_ps for sp in spans), np.int64, len(spans))
+    lane = np.fromiter((lane_id[(sp.block, sp.lane)] for sp in spans), np.int64, len(spans))
+    name = np.fromiter((name_id[sp.name.split()[0]] for sp in spans), np.int64, len(spans))
+    t0 = int(start.min())
+    width = max(1, -(-(int(end.max()) - t0) // per_lane))
+    k0 = (start - t0) // width
+    k1 = (np.maximum(end - 1, start) - t0) // width
+    nbins = int(k1.max()) + 1
+    busy = np.zeros((len(lanes), nbins, len(names)), np.int64)
+    count = np.zeros((len(lanes), nbins), np.int64)
+    np.add.at(count, (lane, k0), 1)
+    one = k0 == k1  # nearly every span: its whole time in one bin
+    np.add.at(busy, (lane[one], k0[one], name[one]), end[one] - start[one])
+    for i in np.flatnonzero(~one):  # the few spans across bins, split at the edges
+        for k in range(int(k0[i]), int(k1[i]) + 1):
             lo, hi = t0 + k * width, t0 + (k + 1) * width
-            busy = min(sp.end_ps, hi) - max(sp.start_ps, lo)
-            cell = cells.setdefault(((sp.block, sp.lane), k), {"n": 0, "by": defaultdict(int)})
-            cell["by"][name] += max(0, busy)
-            cell["n"] += k == k0
+            busy[lane[i], k, name[i]] += min(int(end[i]), hi) - max(int(start[i]), lo)
+    total = busy.sum(axis=2)
+    top = busy.argmax(axis=2)
     out: dict[str, list[tuple]] = defaultdict(list)
-    for (lane, k), cell in cells.items():
-        name = max(cell["by"], key=cell["by"].get)
-        busy = min(1.0, sum(cell["by"].values()) / width)
-        out[name].append((lane, (t0 + k * width) / PS_PER_MS, width / PS_PER_MS, busy,
-                          cell["n"]))
+    for li, k in zip(*np.nonzero((total > 0) | (count > 0)), strict=True):
+        out[names[top[li, k]]].append((lanes[li], (t0 + int(k) * width) / PS_PER_MS,
+                                       width / PS_PER_MS, min(1.0, total[li, k] / width),
+                                       int(count[li, k])))
     return out
 
 
