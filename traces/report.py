@@ -146,7 +146,9 @@ def _timeline(recorder: Recorder, calls: list[dict[str, Any]]) -> go.Figure | No
     order = [label[bl] for bl in reversed(lanes)] + (["runtime calls"] if calls else [])
     fig.update_yaxes(categoryorder="array", categoryarray=order)
     fig.update_layout(barmode="overlay", uniformtext={"minsize": 8, "mode": "hide"})
-    fig = layout(fig, "Timeline: runtime calls (phase, step) and the work of every engine",
+    title = ("Timeline: runtime calls (phase, step) and the work of every engine" if calls
+             else "Timeline: the work of every engine")
+    fig = layout(fig, title,
                  "simulated time (ms)", "", height=max(320, 20 * len(order) + 170))
     fig.update_layout(legend={"orientation": "v", "y": 1, "yanchor": "top", "x": 1.01,
                               "xanchor": "left"}, margin={"r": 220, "t": 50})
