@@ -27,6 +27,7 @@ from traces.io import atomic_write_text
 from traces.recorder import Recorder
 from traces.report import run_report
 
+from .breakdown import Labelled, call_rows, time_breakdown
 from .config import RunConfig, cache_length
 from .device import Device
 from .runtime import Accelerator, CallRecord, Model
@@ -118,6 +119,7 @@ def run_generate(cfg: RunConfig) -> RunResult:
     model = Model(cm)
     model.launch(acc)
     launch = acc.calls[-1]
+    labelled = [Labelled(launch, "launch", 0, 0, 0)]
     cfgm = cm.model
     rng = np.random.default_rng(np.random.SeedSequence([w.seed, 0x70C5]))
     prompt = rng.integers(0, cfgm.vocab_size, size=w.prompt_tokens)
@@ -139,8 +141,11 @@ def run_generate(cfg: RunConfig) -> RunResult:
         nonlocal cache
         while pending and pending[0].at_token == seq:
             op = pending.pop(0)
+            before = acc.num_calls
             res = run_cache_op(model, op, cache, functional)
             cache = res.new_cache_size
+            labelled.extend(Labelled(c, "cache_op", len(op_results), 0, cache)
+                            for c in acc.calls_since(before))
             op_results.append({"at_token": op.at_token, **res.as_metrics()})
 
     for t0 in range(0, w.prompt_tokens, cm.max_seq):
@@ -148,6 +153,8 @@ def run_generate(cfg: RunConfig) -> RunResult:
         logits = model.infer(embeddings(chunk), cache_size=cache)[0]
         prefill_calls.append(acc.calls[-1])
         cache += len(chunk)
+        labelled.append(Labelled(acc.calls[-1], "prefill", len(prefill_calls) - 1,
+                                 len(chunk), cache))
         seq += len(chunk)
         run_ops()
     generated: list[int] = []
@@ -162,6 +169,7 @@ def run_generate(cfg: RunConfig) -> RunResult:
         cache += 1
         seq += 1
         decode_calls.append(acc.calls[-1])
+        labelled.append(Labelled(acc.calls[-1], "decode", len(decode_calls), 1, cache))
         run_ops()
     work = prefill_calls + decode_calls
     start_ps, end_ps = work[0].start_ps, work[-1].end_ps
@@ -198,7 +206,11 @@ def run_generate(cfg: RunConfig) -> RunResult:
             "decode_per_token": {k: v / max(1, len(decode_calls)) for k, v in
                                  roof_decode.items()},
             "bound_s": roof_prefill["bound_s"] + roof_decode["bound_s"],
+            "dram_bytes_per_s": hw.dram.effective_bytes_per_s,
+            "peak_ops_per_s": hw.cores.peak_ops_per_s(precision),
         },
+        "calls": call_rows(labelled, lambda n: kv_metrics(cm, n, hw)["bytes"]),
+        "time_breakdown": time_breakdown(labelled, hw),
         "engine_busy_s": busy,
         "engine_utilization": util,
         "instructions": sum(c.stats.get("instructions", 0) for c in work),

@@ -72,8 +72,9 @@ DEFAULT_METRICS = (
     "traffic_by_kind.kv_cache",
     "sim_time_s",
 )
-#: Metrics left out of the results: bulky or not a figure of the point.
-SKIPPED_METRICS = ("config",)
+#: Metrics left out of the results: bulky or not a figure of the point (the resolved
+#: config; the per-call rows, one table per runtime call: thousands of columns).
+SKIPPED_METRICS = ("config", "calls")
 
 
 class SweepOutputs(Frozen):

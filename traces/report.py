@@ -1,120 +1,337 @@
-"""The HTML reports of a run and of a sweep: self-contained (plotly.js embedded, works
-offline).
+"""The HTML report of a run, built around the questions a run answers, and (re-exported
+from :mod:`traces.sweep_report`) the report of a sweep. Self-contained: plotly.js is
+embedded, so the page works offline.
 
-Run: a timeline of every engine (Gantt), bandwidth over time per DRAM channel and per
-host-link direction, traffic by kind and by link, engine utilization, and, when the run
-has them, the cost of each cache operation. Sweep: each chosen metric against each axis,
-and the table of results.
+Run report, top to bottom: the headline figures (TTFT, time per output token, tokens/s,
+each beside its roofline bound; KV bytes per token and capacity); where the time went per
+phase; a timeline with one lane of runtime calls (phase and step labels) above the
+engines; a roofline chart of every program; total DRAM bandwidth with the channels
+stacked; the host link per direction; KV-cache occupancy; traffic by kind and by link;
+engine utilization; the cost of each cache operation. Every chart has one unit; every
+time axis is in ms.
 """
 
 from __future__ import annotations
 
-import html
-import json
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from .chrome import _block_key, bandwidth_series
+from .page import Card, Figure, byte_unit, fmt_bytes, fmt_time, layout, render_page, time_unit
 from .recorder import Recorder
+from .sweep_report import NAMES, fmt_number, quantity, sweep_report
 
-PS_PER_US = 1e6
+__all__ = ["NAMES", "fmt_number", "quantity", "run_report", "sweep_report"]
+
+PS_PER_MS = 1e9
 #: Most bars drawn in the timeline; longer runs are merged per lane (see ``_timeline``).
 MAX_TIMELINE_BARS = 20_000
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}}
-h1{{font-size:1.4em}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:2px 8px;text-align:left}}
-.fig{{margin:1em 0}}</style></head>
-<body><h1>{title}</h1>{summary}{figures}{after}</body></html>
-"""
+#: Most runtime calls labelled one by one in the timeline (more: phases only).
+MAX_CALL_LABELS = 60
+PHASE_COLORS = {"launch": "#7f7f7f", "prefill": "#1f77b4", "decode": "#2ca02c",
+                "cache_op": "#d62728"}
 
 
-def _layout(fig: go.Figure, title: str, x: str, y: str, height: int = 420) -> go.Figure:
-    fig.update_layout(
-        title=title, xaxis_title=x, yaxis_title=y, height=height, template="plotly_white",
-        margin={"l": 90, "r": 20, "t": 50, "b": 50},
-    )
+def _call_label(c: dict[str, Any], phase_calls: int) -> str:
+    if c["phase"] == "launch":
+        return "launch"
+    if c["phase"] == "prefill":
+        chunk = f" chunk {c['step'] + 1}/{phase_calls}" if phase_calls > 1 else ""
+        return f"prefill{chunk} ({c['tokens']} tokens)"
+    if c["phase"] == "decode":
+        return f"decode step {c['step']}"
+    return f"cache op {c['step']}: {c['op']}"
+
+
+def _calls_lane(calls: list[dict[str, Any]]) -> list[go.Bar]:
+    counts: dict[str, int] = defaultdict(int)
+    for c in calls:
+        counts[c["phase"]] += 1
+    by_phase: dict[str, list[dict]] = defaultdict(list)
+    for c in calls:
+        by_phase[c["phase"]].append(c)
+    labelled = len(calls) <= MAX_CALL_LABELS
+    bars = []
+    for phase, cs in by_phase.items():
+        names = [_call_label(c, counts[phase]) for c in cs]
+        bars.append(go.Bar(
+            name=phase, orientation="h", y=["runtime calls"] * len(cs),
+            x=[c["time_s"] * 1e3 for c in cs], base=[c["start_s"] * 1e3 for c in cs],
+            marker={"color": PHASE_COLORS.get(phase, "#9467bd"),
+                    "line": {"color": "white", "width": 1}},
+            text=names if labelled else None, textposition="inside",
+            insidetextanchor="middle", textfont={"size": 11}, width=0.9, customdata=names,
+            legendgroup="calls",
+            legendgrouptitle_text="runtime calls",
+            hovertemplate="%{customdata}<br>start %{base:,.3f} ms<br>%{x:,.3f} ms"
+                          "<extra></extra>"))
+    return bars
+
+
+def _binned_lanes(spans: list, per_lane: int) -> dict[str, list[tuple]]:
+    """A long run's lanes cut into ``per_lane`` equal bins: per bin, how busy the lane
+    was (fraction), how many instructions started in it, and the instruction that took
+    most of its time. Returns ``{instruction: [(lane, start ms, width ms, busy, count)]}``
+    (empty bins left out)."""
+    lanes = sorted({(sp.block, sp.lane) for sp in spans})
+    names = sorted({sp.name.split()[0] for sp in spans})
+    lane_id = {bl: i for i, bl in enumerate(lanes)}
+    name_id = {n: i for i, n in enumerate(names)}
+    start = np.fromiter((sp.start_ps for sp in spans), np.int64, len(spans))
+    end = np.fromiter((sp.end_ps for sp in spans), np.int64, len(spans))
+    lane = np.fromiter((lane_id[(sp.block, sp.lane)] for sp in spans), np.int64, len(spans))
+    name = np.fromiter((name_id[sp.name.split()[0]] for sp in spans), np.int64, len(spans))
+    t0 = int(start.min())
+    width = max(1, -(-(int(end.max()) - t0) // per_lane))
+    k0 = (start - t0) // width
+    k1 = (np.maximum(end - 1, start) - t0) // width
+    nbins = int(k1.max()) + 1
+    busy = np.zeros((len(lanes), nbins, len(names)), np.int64)
+    count = np.zeros((len(lanes), nbins), np.int64)
+    np.add.at(count, (lane, k0), 1)
+    one = k0 == k1  # nearly every span: its whole time in one bin
+    np.add.at(busy, (lane[one], k0[one], name[one]), end[one] - start[one])
+    for i in np.flatnonzero(~one):  # the few spans across bins, split at the edges
+        for k in range(int(k0[i]), int(k1[i]) + 1):
+            lo, hi = t0 + k * width, t0 + (k + 1) * width
+            busy[lane[i], k, name[i]] += min(int(end[i]), hi) - max(int(start[i]), lo)
+    total = busy.sum(axis=2)
+    top = busy.argmax(axis=2)
+    out: dict[str, list[tuple]] = defaultdict(list)
+    for li, k in zip(*np.nonzero((total > 0) | (count > 0)), strict=True):
+        out[names[top[li, k]]].append((lanes[li], (t0 + int(k) * width) / PS_PER_MS,
+                                       width / PS_PER_MS, min(1.0, total[li, k] / width),
+                                       int(count[li, k])))
+    return out
+
+
+def _timeline(recorder: Recorder, calls: list[dict[str, Any]]) -> go.Figure | None:
+    spans = [s for s in recorder.spans if not s.name.endswith("chunk")
+             and s.block not in ("dram", "runtime")]
+    if not spans and not calls:
+        return None
+    lanes = sorted({(s.block, s.lane) for s in spans}, key=lambda bl: (_block_key(bl[0]), bl[1]))
+    label = {bl: f"{bl[0]} {bl[1]}" for bl in lanes}
+    fig = go.Figure(_calls_lane(calls))
+    if len(spans) > MAX_TIMELINE_BARS:
+        bins = _binned_lanes(spans, max(1, MAX_TIMELINE_BARS // max(1, len(lanes))))
+        for name in sorted(bins):
+            rows = bins[name]
+            fig.add_trace(go.Bar(
+                name=name, orientation="h", y=[label[r[0]] for r in rows],
+                x=[r[2] for r in rows], base=[r[1] for r in rows],
+                marker={"opacity": [max(0.15, r[3]) for r in rows], "line": {"width": 0}},
+                customdata=[[100 * r[3], r[4]] for r in rows], legendgroup="engines",
+                legendgrouptitle_text="engine work (mostly)",
+                hovertemplate="%{y}<br>from %{base:,.3f} ms for %{x:,.3f} ms<br>busy "
+                              "%{customdata[0]:.0f} %, %{customdata[1]:,} instructions, "
+                              f"mostly {name}<extra></extra>"))
+    else:
+        by_name: dict[str, list] = defaultdict(list)
+        for sp in spans:
+            by_name[sp.name.split()[0]].append(sp)
+        for name in sorted(by_name):
+            rows = by_name[name]
+            fig.add_trace(go.Bar(
+                name=name, orientation="h", y=[label[(r.block, r.lane)] for r in rows],
+                x=[max((r.end_ps - r.start_ps) / PS_PER_MS, 1e-9) for r in rows],
+                base=[r.start_ps / PS_PER_MS for r in rows],
+                customdata=[r.name for r in rows], legendgroup="engines",
+                legendgrouptitle_text="engine work",
+                hovertemplate="%{y}<br>%{customdata}<br>start %{base:,.4f} ms<br>"
+                              "%{x:,.4f} ms<extra></extra>"))
+    order = [label[bl] for bl in reversed(lanes)] + (["runtime calls"] if calls else [])
+    fig.update_yaxes(categoryorder="array", categoryarray=order)
+    fig.update_layout(barmode="overlay", uniformtext={"minsize": 8, "mode": "hide"})
+    title = ("Timeline: runtime calls (phase, step) and the work of every engine" if calls
+             else "Timeline: the work of every engine")
+    fig = layout(fig, title,
+                 "simulated time (ms)", "", height=max(320, 20 * len(order) + 170))
+    fig.update_layout(legend={"orientation": "v", "y": 1, "yanchor": "top", "x": 1.01,
+                              "xanchor": "left"}, margin={"r": 220, "t": 50})
     return fig
 
 
-def _timeline(recorder: Recorder) -> go.Figure | None:
-    spans = [s for s in recorder.spans if not s.name.endswith("chunk")
-             and s.block != "dram"]
-    if not spans:
+#: (key in time_breakdown, row, legend name) of the breakdown chart, in drawing order.
+_DEMANDS = (
+    ("elapsed_s", "elapsed", "elapsed (wall of the phase)"),
+    ("dram_weights_s", "DRAM", "weight streaming"),
+    ("dram_kv_cache_s", "DRAM", "KV-cache reads + writes"),
+    ("dram_activations_s", "DRAM", "activations"),
+    ("dram_host_io_s", "DRAM", "host I/O buffers"),
+    ("compute_s", "compute", "compute (busiest core, MXU + VPU)"),
+    ("host_link_s", "host link", "host link (both directions)"),
+    ("runtime_overhead_s", "runtime", "runtime overhead (per call)"),
+)
+_CRITICAL_ROW = {"dram": "DRAM", "compute": "compute", "host_link": "host link",
+                 "runtime_overhead": "runtime"}
+
+
+def _phase_name(phase: str, row: dict[str, Any]) -> str:
+    if phase == "decode_per_token":
+        return "decode, per token"
+    if phase == "decode":
+        return f"decode, all {row['calls']} steps"
+    return phase.replace("_", " ") + (f" ({row['calls']} calls)" if row["calls"] > 1 else "")
+
+
+def _breakdown(metrics: dict[str, Any]) -> go.Figure | None:
+    tb = metrics.get("time_breakdown") or {}
+    phases = [p for p in tb if p != "decode"]  # per token reads better than the sum
+    if not phases:
         return None
-    lanes = sorted({(s.block, s.lane) for s in spans}, key=lambda bl: (_block_key(bl[0]), bl[1]))
-    label = {bl: f"{bl[0]}.{bl[1]}" for bl in lanes}
-    if len(spans) > MAX_TIMELINE_BARS:
-        # merge consecutive spans of a lane whose gap is below the bin width
-        width = (max(s.end_ps for s in spans) - min(s.start_ps for s in spans)) / (
-            MAX_TIMELINE_BARS / max(1, len(lanes))
-        )
-        merged: dict[tuple[str, str], list[list]] = defaultdict(list)
-        for s in sorted(spans, key=lambda s: (s.block, s.lane, s.start_ps)):
-            rows = merged[(s.block, s.lane)]
-            if rows and s.start_ps - rows[-1][1] <= width:
-                rows[-1][1] = max(rows[-1][1], s.end_ps)
-                rows[-1][3] += 1
-            else:
-                rows.append([s.start_ps, s.end_ps, s.name, 1])
-        items = [(bl, a, b, f"{n} ops" if k > 1 else n) for bl, rows in merged.items()
-                 for a, b, n, k in rows]
-    else:
-        items = [((s.block, s.lane), s.start_ps, s.end_ps, s.name) for s in spans]
-    by_name: dict[str, list] = defaultdict(list)
-    for bl, a, b, name in items:
-        by_name[name.split()[0] if " ops" not in str(name) else "merged"].append(
-            (label[bl], a / PS_PER_US, (b - a) / PS_PER_US, name)
-        )
+    rows = ["elapsed", "DRAM", "compute", "host link", "runtime"]
     fig = go.Figure()
-    for name in sorted(by_name):
-        rows = by_name[name]
+    for key, row, name in _DEMANDS:
+        ys = [[_phase_name(p, tb[p]) for p in phases], [row] * len(phases)]
         fig.add_trace(go.Bar(
-            name=name, orientation="h", y=[r[0] for r in rows], x=[max(r[2], 1e-6) for r in rows],
-            base=[r[1] for r in rows], text=[r[3] for r in rows],
-            hovertemplate="%{y}<br>%{text}<br>start %{base:.3f} µs<br>%{x:.3f} µs<extra></extra>",
-        ))
-    fig.update_yaxes(categoryorder="array", categoryarray=[label[bl] for bl in reversed(lanes)])
-    fig.update_layout(barmode="overlay")
-    return _layout(fig, "Timeline of every engine", "simulated time (µs)", "engine",
-                   height=max(300, 22 * len(lanes) + 120))
+            name=name, orientation="h", y=ys, x=[tb[p][key] * 1e3 for p in phases],
+            marker={"color": "#b0b0b0"} if key == "elapsed_s" else None,
+            hovertemplate=f"{name}<br>%{{x:,.3f}} ms<extra></extra>"))
+    for p in phases:  # each row's total at its end; the critical one marked
+        crit = _CRITICAL_ROW[tb[p]["critical"]]
+        for row in rows:
+            total = sum(tb[p][k] for k, r, _ in _DEMANDS if r == row) * 1e3
+            mark = " ◀ critical" if row == crit else ""
+            fig.add_annotation(x=total, y=[_phase_name(p, tb[p]), row],
+                               text=f" {total:,.2f} ms{mark}", showarrow=False,
+                               xanchor="left", font={"size": 10, "color": "#333"})
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(autorange="reversed", categoryorder="array",
+                     categoryarray=rows)
+    fig = layout(fig, "Where the time went: what each resource needed, per phase "
+                      "(the largest bounds the phase; resources overlap)",
+                 "time (ms)", "", height=120 + 26 * len(rows) * len(phases))
+    fig.update_layout(legend={"orientation": "v", "y": 1, "yanchor": "top", "x": 1.01,
+                              "xanchor": "left", "traceorder": "normal"},
+                      margin={"l": 190, "r": 260, "t": 50})
+    return fig
 
 
-def _bandwidth(recorder: Recorder, bins: int) -> go.Figure | None:
+def _roofline(metrics: dict[str, Any]) -> go.Figure | None:
+    roof = metrics.get("roofline") or {}
+    calls = [c for c in metrics.get("calls") or [] if c["ops"] > 0 and c["dram_bytes"] > 0]
+    peak, bw = roof.get("peak_ops_per_s"), roof.get("dram_bytes_per_s")
+    if not calls or not peak or not bw:
+        return None
+    intensity = [c["ops"] / c["dram_bytes"] for c in calls]
+    lo, hi = min(intensity) / 4, max(max(intensity) * 4, 4 * peak / bw)
+    ridge = peak / bw
+    xs = [lo, ridge, hi]
+    fig = go.Figure(go.Scatter(x=xs, y=[min(peak, bw * x) / 1e12 for x in xs], mode="lines",
+                               name="roofline (DRAM bandwidth, peak compute)",
+                               line={"color": "#444", "dash": "dash"}, hoverinfo="skip"))
+    counts: dict[str, int] = defaultdict(int)
+    for c in calls:
+        counts[c["phase"]] += 1
+    for phase in dict.fromkeys(c["phase"] for c in calls):
+        cs = [c for c in calls if c["phase"] == phase]
+        fig.add_trace(go.Scatter(
+            x=[c["ops"] / c["dram_bytes"] for c in cs],
+            y=[c["ops"] / c["time_s"] / 1e12 for c in cs], mode="markers", name=phase,
+            marker={"size": 9, "color": PHASE_COLORS.get(phase)},
+            customdata=[_call_label(c, counts[phase]) for c in cs],
+            hovertemplate="%{customdata}<br>%{x:,.2f} ops/byte<br>%{y:,.3f} TOPS"
+                          "<extra></extra>"))
+    fig.update_xaxes(type="log", dtick=1)
+    fig.update_yaxes(type="log", dtick=1)
+    return layout(fig, "Roofline of every program (one point per runtime call)",
+                  "arithmetic intensity (integer ops per DRAM byte)",
+                  "achieved throughput (TOPS)")
+
+
+def _bandwidth(recorder: Recorder, bins: int, metrics: dict[str, Any]
+               ) -> tuple[go.Figure | None, go.Figure | None]:
     series = bandwidth_series(recorder, bins=bins)
     if not series:
-        return None
-    fig = go.Figure()
+        return None, None
+    dram = go.Figure()
+    link = go.Figure()
     for (block, lane), (t, bps) in sorted(series.items(), key=lambda kv: (_block_key(kv[0][0]),
                                                                           kv[0][1])):
-        fig.add_trace(go.Scatter(x=t / PS_PER_US, y=bps / 1e9, name=f"{block} {lane}",
-                                 mode="lines", line={"shape": "hv"}))
-    return _layout(fig, "Bandwidth over time per DRAM channel and host-link direction",
-                   "simulated time (µs)", "bandwidth (GB/s)")
+        x = t / PS_PER_MS
+        if block == "dram":
+            dram.add_trace(go.Scatter(x=x, y=bps / 1e9, name=lane, mode="lines",
+                                      stackgroup="dram", line={"shape": "hv", "width": 0.5},
+                                      hovertemplate=f"{lane}: %{{y:,.2f}} GB/s<extra></extra>"))
+        else:
+            link.add_trace(go.Scatter(x=x, y=bps / 1e9, name=f"{block} {lane}", mode="lines",
+                                      line={"shape": "hv"},
+                                      hovertemplate=f"{block} {lane}: %{{y:,.3f}} GB/s"
+                                                    "<extra></extra>"))
+    bw = (metrics.get("roofline") or {}).get("dram_bytes_per_s")
+    if bw:
+        dram.add_hline(y=bw / 1e9, line={"dash": "dash", "color": "#444", "width": 1},
+                       annotation_text=f"effective DRAM bandwidth {bw / 1e9:,.1f} GB/s",
+                       annotation_position="top left")
+    dram.update_layout(hovermode="x unified")
+    out_dram = layout(dram, "DRAM bandwidth over time (channels stacked: the top is the total)",
+                      "simulated time (ms)", "bandwidth (GB/s)") if dram.data else None
+    out_link = layout(link, "Host link bandwidth over time, per direction",
+                      "simulated time (ms)", "bandwidth (GB/s)") if link.data else None
+    return out_dram, out_link
 
 
-def _traffic(metrics: dict[str, Any]) -> go.Figure | None:
-    by_kind = metrics.get("traffic_by_kind") or {}
-    by_link = metrics.get("traffic_bytes") or {}
-    if not by_kind and not by_link:
+def _occupancy(metrics: dict[str, Any]) -> go.Figure | None:
+    calls = metrics.get("calls") or []
+    if not calls:
         return None
-    fig = go.Figure()
-    fig.add_trace(go.Bar(name="by kind", x=list(by_kind), y=[v / 1e6 for v in by_kind.values()]))
-    fig.add_trace(go.Bar(name="by link", x=list(by_link), y=[v / 1e6 for v in by_link.values()]))
-    return _layout(fig, "Traffic by kind and by link", "kind / link", "bytes moved (MB)")
+    x = [0.0] + [c["end_s"] * 1e3 for c in calls]
+    unit, scale = byte_unit(max(c["kv_cache_bytes"] for c in calls))
+    y = [0.0] + [c["kv_cache_bytes"] / scale for c in calls]
+    tokens = [0] + [c["cache_tokens"] for c in calls]
+    fig = go.Figure(go.Scatter(x=x, y=y, mode="lines+markers", line={"shape": "hv"},
+                               customdata=tokens, name="KV cache",
+                               hovertemplate=f"%{{y:,.3f}} {unit}<br>%{{customdata:,}} tokens "
+                                             "in the "
+                                             "cache<br>at %{x:,.3f} ms<extra></extra>"))
+    fig.update_yaxes(rangemode="tozero")
+    kv = metrics.get("kv_cache") or {}
+    title = "KV cache in DRAM over the run"
+    if kv.get("format"):
+        title += f" ({kv['format']})"
+    return layout(fig, title, "simulated time (ms)", f"KV cache ({unit})", height=340)
+
+
+def _bars(values: dict[str, float], title: str, x: str) -> go.Figure | None:
+    if not values:
+        return None
+    fig = go.Figure(go.Bar(x=list(values), y=[v / 1e6 for v in values.values()],
+                           text=[fmt_bytes(v) for v in values.values()],
+                           textposition="outside", cliponaxis=False,
+                           hovertemplate="%{x}: %{y:,.3f} MB<extra></extra>"))
+    return layout(fig, title, x, "bytes moved (MB)", height=340)
 
 
 def _utilization(metrics: dict[str, Any]) -> go.Figure | None:
+    """Busy % per engine kind: one bar per kind with the cores' mean, and the busiest and
+    least busy core in the hover (8 cores x 4 engines would be 32 unreadable bars)."""
     util = metrics.get("engine_utilization") or {}
     if not util:
         return None
-    fig = go.Figure(go.Bar(x=list(util), y=[100 * v for v in util.values()]))
-    return _layout(fig, "Engine utilization", "engine", "busy (% of simulated time)")
+    groups: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for key, v in util.items():
+        block, _, lane = key.partition(".")
+        core = block.startswith("core") and block[4:].isdigit()
+        groups[f"cores' {lane}" if core else key].append((block, 100 * v))
+    names = list(groups)
+    means = [sum(v for _, v in groups[n]) / len(groups[n]) for n in names]
+    hover = []
+    for n in names:
+        vals = sorted(groups[n], key=lambda bv: bv[1])
+        hover.append(f"{len(vals)} engines: {vals[0][0]} {vals[0][1]:.1f} % to "
+                     f"{vals[-1][0]} {vals[-1][1]:.1f} %" if len(vals) > 1 else "")
+    fig = go.Figure(go.Bar(x=names, y=means, customdata=hover,
+                           text=[f"{m:.1f} %" for m in means], textposition="outside",
+                           cliponaxis=False,
+                           hovertemplate="%{x}: mean %{y:,.1f} %<br>%{customdata}"
+                                         "<extra></extra>"))
+    fig.update_yaxes(range=[0, 100])
+    return layout(fig, "Engine utilization over the run (mean over cores)", "engine",
+                  "busy (% of simulated time)", height=340)
 
 
 def _cache_ops(metrics: dict[str, Any]) -> go.Figure | None:
@@ -126,204 +343,96 @@ def _cache_ops(metrics: dict[str, Any]) -> go.Figure | None:
     fig = go.Figure(go.Bar(x=labels, y=[o["time_s"] * 1e3 for o in ops],
                            customdata=[[o.get("pcie_bytes", 0), o.get("dram_bytes", 0)]
                                        for o in ops],
-                           hovertemplate="%{x}<br>%{y:.3f} ms<br>PCIe %{customdata[0]} B"
-                                         "<br>DRAM %{customdata[1]} B<extra></extra>"))
-    return _layout(fig, "Cost of each cache operation", "operation", "time (ms)")
+                           hovertemplate="%{x}<br>%{y:,.3f} ms<br>PCIe %{customdata[0]:,} B"
+                                         "<br>DRAM %{customdata[1]:,} B<extra></extra>"))
+    return layout(fig, "Cost of each cache operation", "operation", "time (ms)", height=340)
 
 
-def _summary_table(rows: list[tuple[str, str]]) -> str:
-    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
-                    for k, v in rows)
-    return f"<table>{cells}</table>"
+def _cards(m: dict[str, Any]) -> list[Card]:
+    roof = m.get("roofline") or {}
+    cards = []
+    if "prefill" in m:
+        ttft, bound = m["prefill"]["ttft_s"], roof.get("prefill", {}).get("bound_s")
+        cards.append(Card("time to first token (TTFT)", fmt_time(ttft),
+                          note=_vs_bound(ttft, bound), metric="prefill.ttft_s",
+                          value=ttft))
+    if m.get("decode", {}).get("tokens"):
+        tpot = m["decode"]["time_per_token_s"]
+        bound = roof.get("decode_per_token", {}).get("bound_s")
+        cards.append(Card("time per output token", fmt_time(tpot),
+                          note=_vs_bound(tpot, bound), metric="decode.time_per_token_s",
+                          value=tpot))
+        tps = m["decode"]["tokens_per_s"]
+        note = f"bound {1 / bound:,.1f} tokens/s" if bound else ""
+        cards.append(Card("decode throughput", f"{tps:,.1f} tokens/s", note=note,
+                          metric="decode.tokens_per_s", value=tps))
+    kv = m.get("kv_cache")
+    if kv:
+        cards.append(Card(f"KV cache per token ({kv['format']})",
+                          f"{kv['bytes_per_token']:,.0f} bytes",
+                          note=f"{kv['compression_vs_bf16']:.2f}× smaller than bf16",
+                          metric="kv_cache.bytes_per_token", value=kv["bytes_per_token"]))
+        cards.append(Card("KV capacity", f"{kv['capacity_tokens']:,} tokens",
+                          note="fit in the DRAM the model leaves free",
+                          metric="kv_cache.capacity_tokens", value=kv["capacity_tokens"]))
+    if "launch" in m:
+        cards.append(Card("launch (weights over the host link)",
+                          fmt_time(m["launch"]["time_s"]),
+                          note=fmt_bytes(m["launch"]["pcie_h2d_bytes"]),
+                          metric="launch.time_s", value=m["launch"]["time_s"]))
+    if not cards:  # a workload without prefill or decode (the GEMV demo)
+        t, bound = m.get("sim_time_s", 0.0), roof.get("bound_s")
+        cards.append(Card("simulated time", fmt_time(t), note=_vs_bound(t, bound),
+                          metric="sim_time_s", value=t))
+    return cards
 
 
-def render_page(title: str, summary: list[tuple[str, str]], figures: list[go.Figure], *,
-                after: str = "") -> str:
-    """A self-contained page: plotly.js is embedded once, with the first figure; ``after``
-    is HTML placed after the figures."""
-    parts = []
-    for i, fig in enumerate(figures):
-        parts.append('<div class="fig">' + pio.to_html(
-            fig, full_html=False, include_plotlyjs=(i == 0), div_id=f"fig{i}",
-            config={"displaylogo": False},
-        ) + "</div>")
-    return _PAGE.format(title=html.escape(title), summary=_summary_table(summary),
-                        figures="".join(parts), after=after)
+def _vs_bound(t: float, bound: float | None) -> str:
+    """The roofline bound in the unit ``t`` is shown in."""
+    if not bound:
+        return ""
+    return f"roofline bound {fmt_time(bound, time_unit(t)[0])} ({t / bound:.2f}× the bound)"
+
+
+def _details(m: dict[str, Any], recorder: Recorder) -> list[tuple[str, str]]:
+    rows = [("scenario", str(m.get("scenario", ""))),
+            ("simulated time (prefill + decode)", fmt_time(m.get("sim_time_s", 0.0)))]
+    if "prefill" in m:
+        rows.append(("prefill throughput", f"{m['prefill']['tokens_per_s']:,.1f} tokens/s"))
+    if "instructions" in m:
+        rows.append(("instructions executed", f"{m['instructions']:,}"))
+    weights = (m.get("config") or {}).get("model", {}).get("safetensors")
+    rows.append(("weights", "real (safetensors)" if weights else "synthetic"))
+    for k, v in (m.get("traffic_bytes") or {}).items():
+        rows.append((f"traffic {k}", fmt_bytes(v)))
+    if recorder.dropped:
+        rows.append(("trace events dropped", f"{recorder.dropped:,} (event limit reached)"))
+    return rows
 
 
 def run_report(metrics: dict[str, Any], recorder: Recorder, *, bins: int = 200) -> str:
-    """The report of one run as an HTML string."""
-    figs = [f for f in (
-        _timeline(recorder),
-        _bandwidth(recorder, bins),
-        _traffic(metrics),
-        _utilization(metrics),
-        _cache_ops(metrics),
-    ) if f is not None]
-    summary = [
-        ("scenario", str(metrics.get("scenario", ""))),
-        ("simulated time", f"{metrics.get('sim_time_s', 0) * 1e6:,.3f} µs"),
+    """The report of one run as an HTML string (figures in the order of the module
+    docstring; those without data are left out)."""
+    calls = metrics.get("calls") or []
+    dram, link = _bandwidth(recorder, bins, metrics)
+    figs = [
+        Figure(f, wide=w) for f, w in (
+            (_breakdown(metrics), True),
+            (_timeline(recorder, calls), True),
+            (_roofline(metrics), False),
+            (_occupancy(metrics), False),
+            (dram, True),
+            (link, False),
+            (_bars(metrics.get("traffic_by_kind") or {}, "Traffic by kind (all links)",
+                   "kind"), False),
+            (_bars(metrics.get("traffic_bytes") or {}, "Traffic by link", "link"), False),
+            (_utilization(metrics), False),
+            (_cache_ops(metrics), False),
+        ) if f is not None
     ]
-    if "roofline" in metrics:
-        summary.append(("roofline bound", f"{metrics['roofline']['bound_s'] * 1e6:,.3f} µs"))
-    if recorder.dropped:
-        summary.append(("trace events dropped", f"{recorder.dropped:,} (event limit reached)"))
-    return render_page(f"kvsim report: {metrics.get('scenario', 'run')}", summary, figs)
-
-
-# --- sweeps -----------------------------------------------------------------------------------
-
-#: Readable names of common metrics and config fields (others: the path, spelled out).
-NAMES = {
-    "prefill.ttft_s": "time to first token",
-    "decode.time_per_token_s": "decode time per token",
-    "decode.tokens_per_s": "decode throughput",
-    "kv_cache.bytes_per_token": "KV cache per token",
-    "kv_cache.capacity_tokens": "KV capacity",
-    "kv_cache.compression_vs_bf16": "KV compression vs bf16",
-    "traffic_by_kind.kv_cache": "KV-cache traffic",
-    "traffic_by_kind.weights": "weight traffic",
-    "launch.time_s": "launch time",
-    "compiled.dram_bytes": "DRAM footprint",
-    "compiled.weight_bytes": "weights in DRAM",
-    "sim_time_s": "simulated time",
-    "kv.format": "KV format",
-    "bits.preset": "weight bits",
-    "workload.prompt_tokens": "prompt tokens",
-    "workload.output_tokens": "output tokens",
-    "hardware.preset": "hardware",
-    "model.preset": "model",
-}
-
-_TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
-_BYTE_UNITS = ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1.0, "bytes"))
-
-
-def _spelled(path: str) -> str:
-    return path.replace(".", " ").replace("_", " ")
-
-
-def quantity(name: str, values: list[float]) -> tuple[str, float]:
-    """``(label with unit, scale)`` of a metric or config field: values are divided by
-    ``scale``; the unit is chosen from the name's suffix and the values' magnitude."""
-    top = max((abs(v) for v in values), default=0.0)
-    leaf = name.rsplit(".", 1)[-1]
-    base = NAMES.get(name)
-    if leaf.endswith("bytes_per_s"):
-        return f"{base or _spelled(name.removesuffix('_bytes_per_s'))} (GB/s)", 1e9
-    if leaf.endswith("tokens_per_s"):
-        return f"{base or _spelled(name.removesuffix('_tokens_per_s'))} (tokens/s)", 1.0
-    if leaf.endswith("_s") or leaf == "s":
-        scale, unit = next(((s, u) for s, u in _TIME_UNITS if top >= s), _TIME_UNITS[-1])
-        return f"{base or _spelled(name.removesuffix('_s'))} ({unit})", scale
-    if leaf.endswith("bytes_per_token"):
-        return f"{base or _spelled(name)} (bytes/token)", 1.0
-    if "bytes" in leaf or name.startswith(("traffic_bytes.", "traffic_by_kind.")):
-        scale, unit = next(((s, u) for s, u in _BYTE_UNITS if top >= s), _BYTE_UNITS[-1])
-        return f"{base or _spelled(name.removesuffix('_bytes'))} ({unit})", scale
-    if leaf.endswith("tokens"):
-        label = base or _spelled(name.removesuffix("_tokens"))
-        return (label if label.endswith("tokens") else f"{label} (tokens)"), 1.0
-    if leaf.startswith("compression"):
-        return f"{base or _spelled(name)} (×)", 1.0
-    if name.startswith("engine_utilization."):
-        return f"{_spelled(name)} (%)", 0.01
-    return base or _spelled(name), 1.0
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _sweep_figure(metric: str, axis: str, axes: dict[str, list[Any]],
-                  rows: list[dict[str, Any]]) -> go.Figure | None:
-    ok = [r for r in rows if r["status"] == "ok" and _number(r.get(metric))]
-    if not ok:
-        return None
-    ylabel, scale = quantity(metric, [r[metric] for r in ok])
-    values = axes[axis]
-    numeric = all(_number(v) for v in values)
-    others = [a for a in axes if a != axis]
-    # lines keyed by the other axes' value indices (values may be unhashable tables)
-    lines: dict[tuple[int, ...], list[float | None]] = {}
-    for r in rows:
-        key = tuple(axes[a].index(r[a]) for a in others)
-        y = r.get(metric)
-        ys = lines.setdefault(key, [None] * len(values))
-        ys[values.index(r[axis])] = y / scale if r["status"] == "ok" and _number(y) else None
-    fig = go.Figure()
-    xs = values if numeric else [_fmt(v) for v in values]
-    for key, ys in lines.items():
-        name = ", ".join(f"{NAMES.get(a, a)}={_fmt(axes[a][i])}"
-                         for a, i in zip(others, key, strict=True))
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers",
-                                 name=name or NAMES.get(metric, metric)))
-    xlabel, _ = quantity(axis, [v for v in values if _number(v)])
-    if not numeric:
-        xlabel = NAMES.get(axis, axis)
-    fig.update_layout(showlegend=bool(others))
-    if numeric:
-        # ticks at the swept values; a log axis where they span a factor of 8 or more
-        log = min(values) > 0 and max(values) / min(values) >= 8
-        fig.update_xaxes(type="log" if log else "linear", tickvals=values,
-                         ticktext=[f"{v:,}" for v in values])
-    else:
-        fig.update_xaxes(type="category")
-    return _layout(fig, f"{ylabel.rsplit(' (', 1)[0]} vs {xlabel.rsplit(' (', 1)[0]}", xlabel,
-                   ylabel)
-
-
-def fmt_number(v: float) -> str:
-    """A figure for a table: 4 significant digits, thousands separated, no exponent above
-    1,000."""
-    if isinstance(v, int) or abs(v) >= 1000:
-        return f"{v:,.0f}"
-    return f"{v:.4g}"
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return ""
-    if _number(v):
-        return fmt_number(v)
-    if isinstance(v, dict | list):
-        return json.dumps(v, sort_keys=True)
-    return str(v)
-
-
-def _scaled(v: Any, unit: tuple[str, float] | None) -> Any:
-    return v / unit[1] if unit is not None and _number(v) else v
-
-
-def _results_table(axes: dict[str, list[Any]], rows: list[dict[str, Any]],
-                   metrics: list[str]) -> str:
-    cols = ["index", *axes, "status", *metrics]
-    units = {m: quantity(m, [r[m] for r in rows if _number(r.get(m))]) for m in metrics}
-    head = "".join(f"<th>{html.escape(units[c][0] if c in units else NAMES.get(c, c))}</th>"
-                   for c in cols)
-    body = []
-    for r in rows:
-        cells = "".join(f"<td>{html.escape(_fmt(_scaled(r.get(c), units.get(c))))}</td>"
-                        for c in cols)
-        body.append(f"<tr>{cells}</tr>")
-        if r["status"] != "ok":
-            body.append(f'<tr><td></td><td colspan="{len(cols) - 1}">error: '
-                        f"{html.escape(r['error'])}</td></tr>")
-    return f"<h2>Results</h2><table><tr>{head}</tr>{''.join(body)}</table>"
-
-
-def sweep_report(title: str, axes: dict[str, list[Any]], rows: list[dict[str, Any]],
-                 metrics: list[str]) -> str:
-    """The report of a sweep as an HTML string: each metric against each axis (the other
-    axes' combinations as separate lines), then the table of results."""
-    shown = [m for m in metrics if any(_number(r.get(m)) for r in rows)]
-    figs = [f for m in shown for a in axes if (f := _sweep_figure(m, a, axes, rows))]
-    failed = sum(r["status"] != "ok" for r in rows)
-    summary = [
-        ("points", f"{len(rows)} ({failed} failed)" if failed else str(len(rows))),
-        ("axes", "; ".join(f"{a} = {', '.join(map(str, v))}" for a, v in axes.items())),
-    ]
-    missing = [m for m in metrics if m not in shown]
-    if missing:
-        summary.append(("metrics without values", ", ".join(missing)))
-    return render_page(title, summary, figs, after=_results_table(axes, rows, shown))
+    subtitle = str(metrics.get("scenario", ""))
+    return render_page(f"kvsim run report: {metrics.get('scenario', 'run')}",
+                       subtitle="" if not subtitle else
+                       "simulated times; hover any chart for its values",
+                       cards=_cards(metrics), details=_details(metrics, recorder),
+                       figures=figs)

@@ -3,7 +3,7 @@
 - :func:`serving_trace`: Chrome Trace Event JSON (Perfetto): one process per chip, a track
   of steps (``X`` events: tokens, decoding sequences, prompt tokens, preemptions) and of
   swaps, and counters: KV blocks in use, running/waiting/swapped requests.
-- :func:`occupancy_figure`, :func:`latency_figure`, :func:`batch_figure`: plotly figures.
+- :func:`occupancy_figure`, :func:`latency_figures`, :func:`batch_figure`: plotly figures.
 - :func:`serving_report_html`: a self-contained page (plotly.js embedded once).
 
 Step records are duck-typed (``chip``, ``start_ps``, ``end_ps``, ``swap_ps``, ``tokens``,
@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from .report import _layout, render_page
+from .page import Card, Figure, fmt_time, render_page
+from .page import layout as _layout
 
 PS_PER_US = 1e6
 PS_PER_S = 1e12
@@ -88,53 +89,87 @@ def occupancy_figure(steps: Sequence[Sequence[Any]], geometry: Any) -> go.Figure
                 text=[f"preempted {list(s.preempted)}" for s in pre]))
     title = (f"KV cache occupancy ({geometry.num_blocks:,} blocks of "
              f"{geometry.block_tokens} tokens, {geometry.block_bytes:,} B each)")
-    return _layout(fig, title, "time (s)", "blocks in use (%)")
+    fig.update_yaxes(rangemode="tozero")
+    return _layout(fig, title, "simulated time (s)", "blocks in use (%)")
 
 
-def latency_figure(rows: Sequence[dict[str, Any]]) -> go.Figure:
-    """Cumulative distributions of TTFT and time per output token."""
-    fig = go.Figure()
-    for key, name in (("ttft_s", "TTFT"), ("tpot_s", "time per output token")):
-        v = np.sort([r[key] for r in rows if r.get(key) is not None])
+def latency_figures(rows: Sequence[dict[str, Any]]) -> list[go.Figure]:
+    """Cumulative distributions of TTFT and of time per output token: one chart each
+    (their scales differ by orders of magnitude), in ms."""
+    figs = []
+    for key, name in (("ttft_s", "time to first token"), ("tpot_s", "time per output token")):
+        v = np.sort([r[key] * 1e3 for r in rows if r.get(key) is not None])
+        fig = go.Figure()
         if len(v):
             fig.add_trace(go.Scatter(x=v, y=np.arange(1, len(v) + 1) / len(v) * 100,
-                                     mode="lines", name=name))
-    fig.update_xaxes(type="log")
-    return _layout(fig, "Latency distributions", "seconds (log)", "requests (%)")
+                                     mode="lines", line_shape="hv", name=name,
+                                     hovertemplate="%{y:.1f} % of requests within "
+                                                   "%{x:,.3f} ms<extra></extra>"))
+        fig.update_yaxes(range=[0, 100])
+        figs.append(_layout(fig, f"Distribution of {name} over requests", f"{name} (ms)",
+                            "requests (%)", height=340))
+    return figs
 
 
 def batch_figure(steps: Sequence[Sequence[Any]]) -> go.Figure:
-    """Tokens per step over time: decoding sequences and prompt (incl. recomputed)
-    tokens."""
+    """Tokens per step over time, stacked: one per decoding sequence, and prompt tokens
+    (including recomputed ones)."""
     fig = go.Figure()
     for chip, recs in enumerate(steps):
         t = [s.end_ps / PS_PER_S for s in recs]
-        for attr, name in (("decode_seqs", "decoding"), ("prefill_tokens", "prompt tokens")):
+        for attr, name in (("decode_seqs", "decode tokens"),
+                           ("prefill_tokens", "prompt tokens")):
             x, y = _thin(t, [float(getattr(s, attr)) for s in recs])
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"chip{chip} {name}"))
-    return _layout(fig, "Batch composition per step", "time (s)", "tokens in the step")
+            prefix = f"chip{chip} " if len(steps) > 1 else ""
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=prefix + name,
+                                     line_shape="hv", stackgroup=f"chip{chip}",
+                                     hovertemplate=f"{prefix}{name}: %{{y:,.0f}}"
+                                                   "<extra></extra>"))
+    fig.update_layout(hovermode="x unified")
+    return _layout(fig, "Tokens computed per step (stacked)", "simulated time (s)",
+                   "tokens in the step")
 
 
 def serving_report_html(metrics: dict[str, Any], rows: Sequence[dict[str, Any]],
                         steps: Sequence[Sequence[Any]], geometry: Any) -> str:
-    """The report page of a serving run."""
+    """The report page of a serving run: headline cards (throughput, latency percentiles,
+    preemptions, KV occupancy), then KV occupancy over time, batch composition, and the
+    latency distributions."""
     s = metrics.get("serving", {})
-    summary = [
+
+    def pct(key: str) -> str:
+        return " / ".join(f"{s.get(f'{key}_p{q}', 0) * 1e3:,.2f}" for q in (50, 90, 99))
+
+    cards = [
+        Card("output throughput", f"{s.get('output_tokens_per_s', 0):,.1f} tokens/s",
+             note=f"{s.get('requests_per_s', 0):,.2f} requests/s",
+             metric="serving.output_tokens_per_s", value=s.get("output_tokens_per_s")),
+        Card("time to first token, median", fmt_time(s.get("ttft_s_p50", 0), "ms"),
+             note=f"p50 / p90 / p99: {pct('ttft_s')} ms", metric="serving.ttft_s_p50",
+             value=s.get("ttft_s_p50")),
+        Card("time per output token, median", fmt_time(s.get("tpot_s_p50", 0), "ms"),
+             note=f"p50 / p90 / p99: {pct('tpot_s')} ms", metric="serving.tpot_s_p50",
+             value=s.get("tpot_s_p50")),
+        Card("preemptions", f"{s.get('num_preemptions', 0):,}",
+             note=f"{s.get('recomputed_tokens', 0):,} tokens recomputed, "
+                  f"{s.get('swapped_bytes', 0):,} bytes swapped",
+             metric="serving.num_preemptions", value=s.get("num_preemptions")),
+        Card("KV cache peak occupancy", f"{100 * s.get('kv_peak_occupancy', 0):.2f} %",
+             note=f"mean {100 * s.get('kv_mean_occupancy', 0):.2f} % of "
+                  f"{geometry.num_blocks:,} blocks",
+             metric="serving.kv_peak_occupancy", value=s.get("kv_peak_occupancy")),
+    ]
+    details = [
         ("scenario", str(metrics.get("scenario", ""))),
-        ("output tokens/s", f"{s.get('output_tokens_per_s', 0):,.2f}"),
-        ("requests/s", f"{s.get('requests_per_s', 0):,.4f}"),
-        ("TTFT p50 / p90 / p99", " / ".join(f"{s.get(f'ttft_s_p{q}', 0):.3f} s"
-                                            for q in (50, 90, 99))),
-        ("time per output token p50 / p90 / p99",
-         " / ".join(f"{s.get(f'tpot_s_p{q}', 0) * 1e3:.2f} ms" for q in (50, 90, 99))),
-        ("preemptions", f"{s.get('num_preemptions', 0):,}"),
-        ("recomputed tokens", f"{s.get('recomputed_tokens', 0):,}"),
-        ("swapped bytes", f"{s.get('swapped_bytes', 0):,}"),
+        ("requests finished", f"{s.get('finished_requests', 0):,} of {s.get('requests', 0):,}"),
+        ("simulated duration", fmt_time(s.get("duration_s", 0))),
         ("tokens computed (prompt + decode + recomputed)",
          f"{s.get('computed_tokens', 0):,} = {s.get('prompt_tokens_computed', 0):,} + "
          f"{s.get('decode_tokens_computed', 0):,} + {s.get('recomputed_tokens', 0):,}"),
-        ("KV peak / mean occupancy", f"{100 * s.get('kv_peak_occupancy', 0):.1f} % / "
-                                     f"{100 * s.get('kv_mean_occupancy', 0):.1f} %"),
     ]
-    figs = [occupancy_figure(steps, geometry), batch_figure(steps), latency_figure(rows)]
-    return render_page("kvsim serve", summary, figs)
+    figs = [Figure(occupancy_figure(steps, geometry), wide=True),
+            Figure(batch_figure(steps), wide=True),
+            *(Figure(f) for f in latency_figures(rows))]
+    return render_page(f"kvsim serving report: {metrics.get('scenario', 'serving run')}",
+                       subtitle="simulated times; hover any chart for its values",
+                       cards=cards, details=details, figures=figs)

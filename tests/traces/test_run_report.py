@@ -1,0 +1,120 @@
+"""The data behind the run report (per-call rows, the time breakdown, long-timeline bins)
+and the layout of the sweep report, checked without a browser."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+
+from sim.config import load_run_config
+from sim.run import run
+from traces.recorder import Span
+from traces.report import _binned_lanes, run_report
+from traces.sweep_report import sweep_report, x_axis
+
+TINY = ["hardware.preset=tiny", "model.preset=tiny", "compile.core_mode=single",
+        "workload.prompt_tokens=8", "workload.output_tokens=4"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return run(load_run_config(None, TINY))
+
+
+def test_one_row_per_call_with_phase_step_tokens_and_cache(tiny):
+    m = tiny.metrics
+    calls = m["calls"]
+    assert [(c["phase"], c["step"], c["tokens"], c["cache_tokens"]) for c in calls] == [
+        ("launch", 0, 0, 0), ("prefill", 0, 8, 8), ("decode", 1, 1, 9), ("decode", 2, 1, 10),
+        ("decode", 3, 1, 11)]
+    # calls follow each other; the last one ends the run
+    for a, b in zip(calls, calls[1:], strict=False):
+        assert a["end_s"] == b["start_s"]
+    assert calls[-1]["kv_cache_bytes"] == m["kv_cache"]["bytes"]
+    assert calls[1]["time_s"] == m["prefill"]["ttft_s"]
+    assert [c["time_s"] for c in calls[2:]] == m["decode"]["time_per_call_s"]
+    # DRAM bytes of every kind add up to the run's DRAM traffic
+    t = m["traffic_bytes"]
+    assert sum(sum(c["dram_bytes_by_kind"].values()) for c in calls[1:]) == (
+        t["dram_read"] + t["dram_write"])
+    assert sum(c["dram_bytes"] for c in calls[1:]) == t["dram_read"] + t["dram_write"]
+
+
+def test_time_breakdown_is_each_resources_demand(tiny):
+    m = tiny.metrics
+    hw = tiny.config.hardware
+    tb = m["time_breakdown"]
+    assert list(tb) == ["launch", "prefill", "decode", "decode_per_token"]
+    pre = tb["prefill"]
+    assert pre["elapsed_s"] == m["prefill"]["ttft_s"]
+    row = m["calls"][1]["dram_bytes_by_kind"]
+    bw = hw.dram.effective_bytes_per_s
+    assert pre["dram_weights_s"] == row["weights"] / bw
+    assert pre["dram_kv_cache_s"] == row["kv_cache"] / bw
+    assert pre["runtime_overhead_s"] == hw.host.call_overhead_ns * 1e-9
+    demands = {"dram": sum(v for k, v in pre.items() if k.startswith("dram_")),
+               "compute": pre["compute_s"], "host_link": pre["host_link_s"],
+               "runtime_overhead": pre["runtime_overhead_s"]}
+    assert pre["critical"] == max(demands, key=demands.get)
+    # no resource needs more than the phase took (host link: its two directions summed)
+    for key in ("compute_s", "runtime_overhead_s"):
+        assert pre[key] <= pre["elapsed_s"]
+    assert demands["dram"] <= pre["elapsed_s"]
+    assert tb["launch"]["critical"] == "host_link"
+    per = tb["decode_per_token"]
+    assert per["elapsed_s"] == pytest.approx(m["decode"]["time_per_token_s"], rel=1e-12)
+    assert per["calls"] == 1 and tb["decode"]["calls"] == 3
+
+
+def test_compute_demand_is_the_busiest_cores_mxu_and_vpu(tiny):
+    busy = tiny.metrics["engine_busy_s"]
+    tb = tiny.metrics["time_breakdown"]
+    total = sum(tb[p]["compute_s"] for p in ("launch", "prefill", "decode"))
+    assert total == pytest.approx(busy["core0.mxu"] + busy["core0.vpu"], rel=1e-12)
+
+
+def test_headline_cards_carry_the_metrics_they_show(tiny):
+    page = run_report(tiny.metrics, tiny.recorder)
+    cards = re.findall(r'<div class="card" data-metric="([^"]+)" data-value="([^"]+)">'
+                       r'<div class="label">([^<]*)</div><div class="value">([^<]*)</div>',
+                       page)
+    got = {metric: (float(value), html.unescape(text)) for metric, value, _, text in cards}
+    m = tiny.metrics
+    assert got["prefill.ttft_s"] == (m["prefill"]["ttft_s"],
+                                     f"{m['prefill']['ttft_s'] * 1e6:,.2f} µs")
+    assert got["decode.tokens_per_s"] == (m["decode"]["tokens_per_s"],
+                                          f"{m['decode']['tokens_per_s']:,.1f} tokens/s")
+    assert got["kv_cache.capacity_tokens"][1] == f"{m['kv_cache']['capacity_tokens']:,} tokens"
+    # the headline comes before the first chart
+    assert page.index('class="cards"') < page.index('id="fig0"')
+
+
+def test_long_timelines_are_binned_with_exact_busy_fractions():
+    # one lane, 0..100 ps, bins of 25 ps: gemm 0-30, vec 30-40, gemm 60-100
+    spans = [Span("core0", "mxu", "gemm", 0, 30), Span("core0", "vpu", "vec", 30, 40),
+             Span("core0", "mxu", "gemm", 60, 100)]
+    bins = _binned_lanes(spans, 4)
+    lane = ("core0", "mxu")
+    gemm = sorted((r[1] * 1e9, r[3], r[4]) for r in bins["gemm"] if r[0] == lane)
+    # bin starts (ps), busy fraction, instructions that started in the bin
+    assert gemm == [(0.0, 1.0, 1), (25.0, 0.2, 0), (50.0, 0.6, 1), (75.0, 1.0, 0)]
+    assert [(r[0], r[1] * 1e9, r[3]) for r in bins["vec"]] == [(("core0", "vpu"), 25.0, 0.4)]
+
+
+def test_sweep_puts_the_numeric_axis_along_x_and_formats_as_series():
+    axes = {"kv.format": ["bf16", "int8"], "workload.prompt_tokens": [8, 64, 512]}
+    assert x_axis(axes) == "workload.prompt_tokens"
+    assert x_axis({"kv.format": ["bf16", "int8"], "bits.preset": ["W8"]}) == "kv.format"
+    rows = [{"index": i, "status": "ok", "kv.format": f, "workload.prompt_tokens": n,
+             "decode.time_per_token_s": 1e-3 * (i + 1), "kv_cache.bytes_per_token": 64.0}
+            for i, (f, n) in enumerate((f, n) for f in axes["kv.format"]
+                                       for n in axes["workload.prompt_tokens"])]
+    page = sweep_report("s", axes, rows, ["decode.time_per_token_s",
+                                          "kv_cache.bytes_per_token"])
+    assert page.count('class="plotly-graph-div"') == 2  # one chart per metric
+    assert "decode time per token vs prompt tokens" in page
+    assert '"name":"KV format bf16"' in page and '"name":"KV format int8"' in page
+    assert "1 – 6 ms" in page  # the range card of decode time
+    assert "lowest at KV format bf16, prompt tokens 8" in page
