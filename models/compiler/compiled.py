@@ -33,7 +33,8 @@ from isa.instructions import MemoryLayout, Program
 from ..bits import BitConfig, build_bit_config
 from ..config import ModelConfig, build_model
 from ..reference import rope_cos_sin, rope_dim
-from ..weights import SafetensorsWeights, SyntheticWeights, WeightSource, quantize_weight
+from ..source import open_weights
+from ..weights import WeightSource, quantize_weight
 from .calibrate import calibrate
 from .lower import Lowering, SramOverflow, Target, lower_forward
 from .lower_mla import (
@@ -155,10 +156,7 @@ class CompiledModel:
         return self.tile_bytes
 
     def weight_source(self) -> WeightSource:
-        w = self.weights
-        if w["kind"] == "synthetic":
-            return SyntheticWeights(self.model, seed=int(w["seed"]))
-        return SafetensorsWeights(self.model, w["paths"])
+        return open_weights(self.model, self.weights)
 
     def kv_caches(self) -> list[dict[str, Any]]:
         """One entry per (slot, layer, component): name, region, format, width, heads.
@@ -644,14 +642,16 @@ def _check_scalars(h: dict) -> None:
     w = h["weights"]
     ok = isinstance(w, dict) and (
         (w.get("kind") == "synthetic" and type(w.get("seed")) is int)
+        or (w.get("kind") == "gguf" and isinstance(w.get("path"), str))
         or (w.get("kind") == "safetensors" and (
             isinstance(w.get("paths"), str) or (
                 isinstance(w.get("paths"), list)
                 and all(isinstance(x, str) for x in w["paths"])))))
     if not ok:
-        raise CompileError(f"compiled model header: weights = {w!r} is neither "
-                           "{'kind': 'synthetic', 'seed': int} nor "
-                           "{'kind': 'safetensors', 'paths': str | [str, ...]}")
+        raise CompileError(f"compiled model header: weights = {w!r} is none of "
+                           "{'kind': 'synthetic', 'seed': int}, "
+                           "{'kind': 'safetensors', 'paths': str | [str, ...]}, "
+                           "{'kind': 'gguf', 'path': str}")
 
 
 __all__ = ["CompiledModel", "CompileError", "HardwareTarget", "compile_model", "CORE_MODES",
