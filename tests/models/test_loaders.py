@@ -150,3 +150,27 @@ def test_a_run_on_a_gguf_model(tmp_path: Path) -> None:
     other = run(load_run_config(cfg, [f"model.preset='{q}'", "sim.fidelity='functional'"]))
     assert other.metrics["prefill"] != m["prefill"] or (
         other.metrics["generated_tokens"] != m["generated_tokens"])
+
+
+@pytest.mark.parametrize("form", ["gguf", "folder", "config.json"])
+def test_kvsim_compile_takes_every_form(tmp_path: Path, form: str) -> None:
+    from models.compiler import CompiledModel
+    from sim.cli import main
+
+    synth = SyntheticWeights(TINY_LLAMA, seed=6)
+    name = {"gguf": write_gguf(tmp_path / "m.gguf", TINY_LLAMA, synth),
+            "folder": write_hf_folder(tmp_path / "hf", TINY_LLAMA, synth),
+            "config.json": write_hf_folder(tmp_path / "hf", TINY_LLAMA, synth) / "config.json",
+            }[form]
+    out = tmp_path / "m.kvm"
+    assert main(["compile", "--model", str(name), "--hw", "tiny", "--core-mode", "single",
+                 "--max-seq", "8", "--cache-length", "32", "--timing-only", "--seed", "3",
+                 "-o", str(out)]) == 0
+    cm = CompiledModel.load(out)
+    assert _same_arch(cm.model, TINY_LLAMA)
+    assert cm.weights == {
+        "gguf": {"kind": "gguf", "path": str(name)},
+        "folder": {"kind": "safetensors", "paths": [str(tmp_path / "hf/model.safetensors")]},
+        "config.json": {"kind": "synthetic", "seed": 3}}[form]
+    assert np.array_equal(cm.weight_source().tensor("layers.1.up_proj"),
+                          synth.tensor("layers.1.up_proj")) == (form == "folder")
