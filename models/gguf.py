@@ -167,6 +167,16 @@ def _config(reader: Any, path: Path, tensors: dict[str, Any], name: str) -> Mode
     missing = [f"{arch}.{keys[k]}" for k, v in vals.items() if v is None]
     if missing:
         raise ConfigError(f"{path}: metadata lacks {', '.join(missing)}")
+    try:
+        return _build_config(reader, path, tensors, name, arch, vals)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, OverflowError) as err:  # a string where a number belongs
+        raise ConfigError(f"{path}: bad {arch}.* metadata value: {err}") from None
+
+
+def _build_config(reader: Any, path: Path, tensors: dict[str, Any], name: str, arch: str,
+                  vals: dict[str, Any]) -> ModelConfig:
     heads = int(vals["num_heads"])
     kv_heads = _field(reader, f"{arch}.attention.head_count_kv")
     head_dim = _field(reader, f"{arch}.attention.key_length")

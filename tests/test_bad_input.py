@@ -229,6 +229,8 @@ def _model_files() -> dict[str, dict[str, bytes]]:
         out["vocab"] = {"m.gguf": gg("vocab", tokens=[chr(0x41 + i % 26) * (1 + i // 26)
                                                       for i in range(200)])}
         out["metadata"] = {"m.gguf": gg("metadata", meta={"llama.block_count": None})}
+        out["meta type"] = {"m.gguf": gg("meta type", meta={"llama.block_count": None},
+                                         edit=lambda g: g.add_string("llama.block_count", "two"))}
         two = folder("two", shards=2)
         out["shard"] = {k: v for k, v in two.items() if not k.startswith("hf/model-00002")}
         out["not json"] = {**folder("nj"), "hf/config.json": b"{not json"}
@@ -262,6 +264,8 @@ _model("GGUF wrong shape", "m.gguf: tensor 'blk.0.ffn_up.weight' has shape (64, 
 _model("GGUF vocabulary disagrees", "m.gguf: vocabulary disagrees with the weights: "
        "tokenizer.ggml.tokens gives 200 tokens, token_embd.weight has 256 rows", "vocab")
 _model("GGUF metadata incomplete", "m.gguf: metadata lacks llama.block_count", "metadata")
+_model("GGUF metadata of the wrong type", "m.gguf: bad llama.* metadata value: invalid "
+       "literal for int()", "meta type")
 _model("HF index names a missing shard", "model.safetensors.index.json: names shard "
        "'model-00002-of-00002.safetensors', which is missing", "shard", "hf")
 _model("HF config.json not JSON", "hf/config.json: not valid JSON", "not json", "hf")
