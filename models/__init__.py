@@ -7,6 +7,7 @@ from .bits import W4V8, W8, BitConfig, WeightBits, build_bit_config, weight_bits
 from .config import ModelConfig, TensorSpec, build_model, load_model, load_preset, preset_names
 from .hf import load_hf_config
 from .reference import ReferenceModel
+from .source import ModelSource, open_weights, resolve_model
 from .weights import (
     QuantizedWeight,
     SafetensorsWeights,
@@ -22,6 +23,7 @@ __all__ = [
     "BitConfig",
     "ModelConfig",
     "QuantizedWeight",
+    "ModelSource",
     "ReferenceModel",
     "SafetensorsWeights",
     "SyntheticWeights",
@@ -33,8 +35,10 @@ __all__ = [
     "load_hf_config",
     "load_model",
     "load_preset",
+    "open_weights",
     "preset_names",
     "quantize_tensor",
     "quantize_weight",
+    "resolve_model",
     "weight_bits_preset",
 ]

@@ -548,13 +548,20 @@ def load_preset(name: str, *, where: str = "model") -> ModelConfig:
 def load_model(
     name_or_path: str | Path, overrides: dict[str, Any] | None = None, *, where: str = "model"
 ) -> ModelConfig:
-    """A model by preset name, or from a HF ``config.json`` path, with field overrides.
+    """A model's architecture by any name :func:`models.source.resolve_model` accepts: a
+    preset, the embedded real model, a GGUF file, a HF folder or a ``config.json``.
 
+    Only the architecture is read here (a folder's ``config.json``, a GGUF file's metadata
+    and tensor table); :func:`models.source.resolve_model` also checks the weights.
     ``overrides`` replaces top-level fields, e.g. ``{"num_layers": 2}``; the result is
     validated again, so an override that breaks a constraint raises :class:`ConfigError`.
     """
+    from .source import EMBEDDED_MODEL, looks_like_path, resolve_model
+
     text = str(name_or_path)
-    if isinstance(name_or_path, Path) or text.endswith(".json") or "/" in text:
+    if text == EMBEDDED_MODEL or text.endswith(".gguf"):
+        cfg = resolve_model(name_or_path, where=where).config
+    elif looks_like_path(name_or_path):
         from .hf import load_hf_config
 
         cfg = load_hf_config(name_or_path)

@@ -31,14 +31,12 @@ byte ``i``, each row padded to whole bytes (the ``Gemm`` ``w`` operand, isa/inst
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -246,99 +244,37 @@ def quantize_tensor(source: WeightSource, name: str, weight_bits: WeightBits) ->
 
 # --- safetensors ----------------------------------------------------------------------------
 
-#: Bytes per element of every safetensors dtype (for checking offsets); only the float
-#: types of :data:`SAFETENSORS_FLOAT_DTYPES` can be read as weights.
-SAFETENSORS_ITEMSIZE = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
-    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-    "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8,
-}  # fmt: skip
+#: safetensors dtypes read as weights (widened to float32; BF16 through ``ml_dtypes``).
 SAFETENSORS_FLOAT_DTYPES = ("F32", "F16", "BF16")
 
 
-@dataclass(frozen=True)
-class SafetensorsEntry:
-    """One tensor of a safetensors file: dtype, shape and absolute byte range in the file."""
+def _safe_open(path: Path):
+    """A ``safetensors`` handle (memory-mapped, header checked by the library: offsets,
+    sizes, a truncated file); :class:`ConfigError` naming the file."""
+    import ml_dtypes  # noqa: F401  (registers numpy's 'bfloat16' for BF16 tensors)
+    from safetensors import SafetensorError, safe_open
 
-    path: Path
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    start: int
-    end: int
-
-
-def read_safetensors_header(path: str | Path) -> dict[str, SafetensorsEntry]:
-    """Parse a safetensors file's header: u64 little-endian header length, JSON header
-    ``{name: {dtype, shape, data_offsets: [begin, end]}}`` (offsets relative to the end of
-    the header), then the raw little-endian tensor bytes. Checks every offset."""
-    p = Path(path)
     try:
-        size = p.stat().st_size
-        with p.open("rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ConfigError(f"{p}: not a safetensors file (shorter than 8 bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > size - 8:
-                raise ConfigError(f"{p}: header length {n} exceeds the file ({size} bytes)")
-            raw = f.read(n)
-    except OSError as err:
-        raise ConfigError(f"{p}: cannot read safetensors file: {err.strerror or err}") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{p}: safetensors header is not valid JSON: {err}") from None
-    if not isinstance(header, dict):
-        raise ConfigError(f"{p}: safetensors header must be a JSON object")
-    base = 8 + n
-    out: dict[str, SafetensorsEntry] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype = info["dtype"]
-            shape = tuple(int(s) for s in info["shape"])
-            begin, end = (int(o) for o in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError(
-                f"{p}: tensor {name!r}: header entry needs dtype, shape, data_offsets"
-            ) from None
-        if dtype not in SAFETENSORS_ITEMSIZE:
-            raise ConfigError(f"{p}: tensor {name!r}: unknown dtype {dtype!r}")
-        nbytes = math.prod(shape) * SAFETENSORS_ITEMSIZE[dtype]
-        if end - begin != nbytes or begin < 0 or base + end > size:
-            raise ConfigError(
-                f"{p}: tensor {name!r}: data_offsets [{begin}, {end}] do not hold {nbytes} "
-                f"bytes of {dtype}{list(shape)} inside the file"
-            )
-        out[name] = SafetensorsEntry(p, name, dtype, shape, base + begin, base + end)
-    return out
+        return safe_open(str(path), framework="numpy")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: cannot read safetensors file: no such file") from None
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ConfigError(f"{path}: not a valid safetensors file: {err}") from None
 
 
-def read_safetensors_tensor(entry: SafetensorsEntry) -> np.ndarray:
-    """One tensor as float32 (F32, F16 and BF16; BF16 widened exactly by a 16-bit shift)."""
-    if entry.dtype not in SAFETENSORS_FLOAT_DTYPES:
-        raise ConfigError(
-            f"{entry.path}: tensor {entry.name!r} has dtype {entry.dtype}; weights must be "
-            f"one of {', '.join(SAFETENSORS_FLOAT_DTYPES)}"
-        )
-    with entry.path.open("rb") as f:
-        f.seek(entry.start)
-        buf = f.read(entry.end - entry.start)
-    if entry.dtype == "F32":
-        arr = np.frombuffer(buf, dtype="<f4").astype(np.float32)
-    elif entry.dtype == "F16":
-        arr = np.frombuffer(buf, dtype="<f2").astype(np.float32)
-    else:
-        arr = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-    return arr.reshape(entry.shape)
+def _read_float(handle, path: Path, name: str) -> np.ndarray:
+    dtype = handle.get_slice(name).get_dtype()
+    if dtype not in SAFETENSORS_FLOAT_DTYPES:
+        raise ConfigError(f"{path}: tensor {name!r} has dtype {dtype}; weights must be one of "
+                          f"{', '.join(SAFETENSORS_FLOAT_DTYPES)}")
+    return np.asarray(handle.get_tensor(name), dtype=np.float32)
 
 
 def load_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     """Every tensor of one safetensors file, by its name in the file, as float32."""
-    return {name: read_safetensors_tensor(e) for name, e in read_safetensors_header(path).items()}
+    p = Path(path)
+    h = _safe_open(p)
+    return {name: _read_float(h, p, name) for name in h.keys()}
 
 
 _ATTN_HF = {
@@ -388,8 +324,9 @@ class SafetensorsWeights:
     """Real weights from one or more safetensors files (HF names), served by kvsim name.
 
     ``paths`` is a file, a directory (all its ``*.safetensors`` files, as sharded
-    checkpoints are), or a list of files. Tensors are read on request and widened to
-    float32; shapes are checked against ``config``.
+    checkpoints are), or a list of files. Files are opened with the ``safetensors`` library
+    (memory-mapped); every tensor ``config`` needs is checked up front (present, a float
+    dtype, the right shape), then read on request and widened to float32.
     """
 
     def __init__(self, config: ModelConfig, paths: str | Path | Iterable[str | Path]):
@@ -401,38 +338,54 @@ class SafetensorsWeights:
                 raise ConfigError(f"{p}: no *.safetensors files in this directory")
         else:
             files = [Path(x) for x in paths]
-        self.entries: dict[str, SafetensorsEntry] = {}
+        self._where: dict[str, tuple[Path, Any]] = {}
         for f in files:
-            self.entries.update(read_safetensors_header(f))
+            h = _safe_open(f)
+            for name in h.keys():
+                self._where[name] = (f, h)
+        for spec in config.tensors():
+            self._check(spec)
+
+    def _check(self, spec: TensorSpec) -> None:
+        hf = hf_tensor_name(spec.name)
+        if hf not in self._where:
+            raise ConfigError(f"weights: no tensor {hf!r} (for {spec.name!r}) in the "
+                              f"safetensors files")
+        path, h = self._where[hf]
+        sl = h.get_slice(hf)
+        if sl.get_dtype() not in SAFETENSORS_FLOAT_DTYPES:
+            raise ConfigError(f"{path}: tensor {hf!r} has dtype {sl.get_dtype()}; weights must "
+                              f"be one of {', '.join(SAFETENSORS_FLOAT_DTYPES)}")
+        shape = tuple(sl.get_shape())
+        want = self._file_shape(spec)
+        if shape != want:
+            raise ConfigError(f"{path}: tensor {hf!r} has shape {shape}; model expects {want} "
+                              f"for {spec.name!r}")
+
+    def _file_shape(self, spec: TensorSpec) -> tuple[int, ...]:
+        leaf = spec.name.rsplit(".", 1)[-1]
+        if leaf in ("k_b_proj", "v_b_proj"):
+            c = self.config
+            assert c.qk_nope_head_dim is not None and c.v_head_dim is not None
+            assert c.kv_lora_rank is not None
+            return (c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank)
+        return spec.shape
 
     def tensor(self, name: str) -> np.ndarray:
         """Tensor ``name`` as float32 of its spec's shape."""
         spec = self.config.tensor_spec(name)
         hf = hf_tensor_name(name)
-        entry = self.entries.get(hf)
-        if entry is None:
-            raise ConfigError(f"weights: no tensor {hf!r} (for {name!r}) in the safetensors files")
-        arr = read_safetensors_tensor(entry)
+        path, h = self._where[hf]
+        arr = _read_float(h, path, hf)
         leaf = name.rsplit(".", 1)[-1]
         if leaf in ("k_b_proj", "v_b_proj"):
             c = self.config
             assert c.qk_nope_head_dim is not None and c.v_head_dim is not None
-            per_head = c.qk_nope_head_dim + c.v_head_dim
-            if arr.ndim != 2 or arr.shape[0] != c.num_heads * per_head:
-                raise ConfigError(
-                    f"{entry.path}: tensor {hf!r} has shape {arr.shape}; expected "
-                    f"({c.num_heads * per_head}, {c.kv_lora_rank})"
-                )
-            heads = arr.reshape(c.num_heads, per_head, arr.shape[1])
+            heads = arr.reshape(c.num_heads, c.qk_nope_head_dim + c.v_head_dim, arr.shape[1])
             part = (
                 heads[:, : c.qk_nope_head_dim]
                 if leaf == "k_b_proj"
                 else heads[:, c.qk_nope_head_dim :]
             )
             arr = np.ascontiguousarray(part.reshape(-1, arr.shape[1]))
-        if arr.shape != spec.shape:
-            raise ConfigError(
-                f"{entry.path}: tensor {hf!r} has shape {arr.shape}; model expects "
-                f"{spec.shape} for {name!r}"
-            )
-        return arr
+        return arr.reshape(spec.shape)

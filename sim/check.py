@@ -18,6 +18,7 @@ from models.bits import BitConfig
 from models.compiler.blocks.mla import mla_kv_problem
 from models.compiler.compiled import CORE_MODES, build_memory_map, dram_problem
 from models.config import ModelConfig, load_model
+from models.source import resolve_model
 
 from .config import RunConfig, cache_length
 
@@ -48,7 +49,7 @@ def _model(cfg: RunConfig) -> ModelConfig:
         except ConfigError as err:
             raise ConfigError(f"model.hf_config: {err}") from None
     assert m.preset is not None  # the schema asks for exactly one of them
-    return load_model(m.preset, where="model")
+    return resolve_model(m.preset, where="model").config  # checks a real model's files
 
 
 def _bits(cfg: RunConfig) -> BitConfig:

@@ -322,6 +322,7 @@ def _model_and_bits(args: argparse.Namespace):
 
 def cmd_compile(args: argparse.Namespace, console: Console) -> int:
     from models.compiler import HardwareTarget, compile_model
+    from models.source import resolve_model
     from sim.hw import load_hardware
     from traces.io import check_out_file
 
@@ -335,7 +336,8 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
                            core_mode=args.core_mode, max_seq=args.max_seq,
                            cap=args.cache_length, slots=args.cache_slots,
                            functional=not args.timing_only,
-                           weights={"kind": "synthetic", "seed": args.seed})
+                           weights=resolve_model(args.model, where="--model")
+                           .weight_spec(args.seed))
         ph.start(f"write {args.output}")
         cm.save(args.output)
     t = Table(title=f"compiled {model.name} -> {args.output}")
@@ -481,7 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.set_defaults(func=cmd_sweep)
 
     c = sub.add_parser("compile", help="compile a model to a .kvm file (memory map, programs)")
-    c.add_argument("--model", required=True, help="model preset or config.json path")
+    c.add_argument("--model", required=True, help="model preset, smollm2-135m, a GGUF file, "
+                   "a Hugging Face folder or a config.json")
     c.add_argument("--bits", default="W8", help="weight-bit preset (W8, W4V8)")
     c.add_argument("--kv", default="int8", help="KV format (int8, bf16, kivi-4, ...)")
     c.add_argument("--hw", default="aries", help="hardware preset")

@@ -22,6 +22,7 @@ from models.bits import BitConfig
 from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.config import load_model
 from models.demo import demo_data, gemv_layer
+from models.source import resolve_model
 from traces.chrome import chrome_trace
 from traces.io import atomic_write_text
 from traces.recorder import Recorder
@@ -70,11 +71,17 @@ def roofline_s(stats: dict, hw, precision: str) -> dict[str, float]:
 def compile_for_run(cfg: RunConfig) -> CompiledModel:
     """The compiled model a run config describes."""
     m = cfg.model
-    model = load_model(m.hf_config or m.preset, where="model")
+    if m.hf_config is not None:  # an architecture only: synthetic or model.safetensors weights
+        model = load_model(m.hf_config, where="model")
+        weights = {"kind": "synthetic", "seed": m.weights_seed}
+    else:  # a preset, the embedded model, a GGUF file, a HF folder or a config.json
+        assert m.preset is not None
+        src = resolve_model(m.preset, where="model")
+        model, weights = src.config, src.weight_spec(seed=m.weights_seed)
+    if m.safetensors:
+        weights = {"kind": "safetensors", "paths": m.safetensors}
     bits = BitConfig(weights=cfg.bits.weight_bits())
     cap = cache_length(cfg)
-    weights = ({"kind": "safetensors", "paths": m.safetensors} if m.safetensors
-               else {"kind": "synthetic", "seed": m.weights_seed})
     return compile_model(
         model, bits, HardwareTarget.from_hw(cfg.hardware), kv=cfg.kv.format,
         core_mode=cfg.compile.core_mode,

@@ -193,6 +193,94 @@ _cfg("boolean prompt length", "workload.prompt_tokens: expected a number, got th
      "workload.prompt_tokens=true")
 
 
+# --- model files (GGUF files, Hugging Face folders) named by model.preset ---------------------
+
+
+def _model_files() -> dict[str, dict[str, bytes]]:
+    """Small bad model files, by case: {relative path: bytes} (built once, at import)."""
+    import tempfile
+
+    import gguf
+
+    from models.weights import SyntheticWeights
+    from tests.models.model_files import TINY_LLAMA, hf_config_json, write_gguf, write_hf_folder
+
+    w = SyntheticWeights(TINY_LLAMA, seed=0)
+    q = gguf.GGMLQuantizationType
+    out: dict[str, dict[str, bytes]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+
+        def gg(key: str, **kw) -> bytes:
+            return write_gguf(root / f"{key}.gguf", TINY_LLAMA, w, **kw).read_bytes()
+
+        def folder(key: str, **kw) -> dict[str, bytes]:
+            d = write_hf_folder(root / key, TINY_LLAMA, w, **kw)
+            return {f"hf/{f.name}": f.read_bytes() for f in sorted(d.iterdir())}
+
+        good = gg("good")
+        out["truncated"] = {"m.gguf": good[: len(good) // 2]}
+        out["magic"] = {"m.gguf": b"GGML" + good[4:]}
+        out["arch"] = {"m.gguf": gg("arch", arch="falcon")}
+        out["type"] = {"m.gguf": gg("type", types={"blk.0.attn_v.weight": q.I32})}
+        out["missing"] = {"m.gguf": gg("missing", skip=["blk.1.ffn_down.weight"])}
+        out["shape"] = {"m.gguf": gg("shape", replace={
+            "blk.0.ffn_up.weight": np.ones((64, 128), np.float32)})}
+        out["vocab"] = {"m.gguf": gg("vocab", tokens=[chr(0x41 + i % 26) * (1 + i // 26)
+                                                      for i in range(200)])}
+        out["metadata"] = {"m.gguf": gg("metadata", meta={"llama.block_count": None})}
+        out["meta type"] = {"m.gguf": gg("meta type", meta={"llama.block_count": None},
+                                         edit=lambda g: g.add_string("llama.block_count", "two"))}
+        two = folder("two", shards=2)
+        out["shard"] = {k: v for k, v in two.items() if not k.startswith("hf/model-00002")}
+        out["not json"] = {**folder("nj"), "hf/config.json": b"{not json"}
+        out["no weights"] = {"hf/config.json": json.dumps(hf_config_json(TINY_LLAMA)).encode()}
+        one = folder("one")
+        out["st truncated"] = {**one, "hf/model.safetensors":
+                               one["hf/model.safetensors"][:-100]}
+        out["st missing"] = folder("stm", skip=["model.layers.1.mlp.up_proj.weight"])
+        out["st vocab"] = {**one, "hf/config.json": json.dumps(
+            {**hf_config_json(TINY_LLAMA), "vocab_size": 300}).encode()}
+        out["tokenizer"] = {**one, "hf/tokenizer.json": b'{"version": "1.0"}'}
+        out["not a model"] = {"model.bin": good}
+    return out
+
+
+_MODEL_FILES = _model_files()
+
+
+def _model(id: str, needle: str, key: str, name: str = "m.gguf") -> None:
+    _cfg(id, needle, f"model.preset='{{dir}}/{name}'", files=_MODEL_FILES[key])
+
+
+_model("GGUF truncated", "m.gguf: unreadable GGUF file (truncated or corrupt)", "truncated")
+_model("GGUF wrong magic", "m.gguf: not a GGUF file (magic b'GGML'", "magic")
+_model("GGUF unsupported architecture", "m.gguf: unsupported architecture 'falcon'", "arch")
+_model("GGUF unsupported tensor type", "m.gguf: tensor 'blk.0.attn_v.weight' has unsupported "
+       "type I32", "type")
+_model("GGUF missing tensor", "m.gguf: missing tensor 'blk.1.ffn_down.weight'", "missing")
+_model("GGUF wrong shape", "m.gguf: tensor 'blk.0.ffn_up.weight' has shape (64, 128); the "
+       "model expects (128, 64)", "shape")
+_model("GGUF vocabulary disagrees", "m.gguf: vocabulary disagrees with the weights: "
+       "tokenizer.ggml.tokens gives 200 tokens, token_embd.weight has 256 rows", "vocab")
+_model("GGUF metadata incomplete", "m.gguf: metadata lacks llama.block_count", "metadata")
+_model("GGUF metadata of the wrong type", "m.gguf: bad llama.* metadata value: invalid "
+       "literal for int()", "meta type")
+_model("HF index names a missing shard", "model.safetensors.index.json: names shard "
+       "'model-00002-of-00002.safetensors', which is missing", "shard", "hf")
+_model("HF config.json not JSON", "hf/config.json: not valid JSON", "not json", "hf")
+_model("HF folder without weights", "hf: no weights in this model folder", "no weights", "hf")
+_model("HF safetensors truncated", "model.safetensors: not a valid safetensors file",
+       "st truncated", "hf")
+_model("HF missing tensor", "no tensor 'model.layers.1.mlp.up_proj.weight'", "st missing", "hf")
+_model("HF vocab_size disagrees with the weights", "tensor 'model.embed_tokens.weight' has "
+       "shape (256, 64); model expects (300, 64)", "st vocab", "hf")
+_model("HF tokenizer.json invalid", "tokenizer.json: not a valid tokenizer.json", "tokenizer",
+       "hf")
+_model("not a model file", "model.bin: not a model (expected a .gguf file", "not a model",
+       "model.bin")
+
+
 # --- compiled-model files ----------------------------------------------------------------------
 
 
@@ -790,6 +878,7 @@ def _run_config(c: Case, world, tmp_path, capsys) -> None:
     config = tmp_path / "config.toml"
     config.write_bytes(toml if isinstance(toml, bytes) else toml.encode())
     for name, data in c.extra["files"].items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(data)
     out = tmp_path / "out"
     shutil.copytree(world.prior, out)

@@ -26,7 +26,8 @@ from isa.instructions import MemoryLayout, Program
 from ..bits import BitConfig
 from ..config import ModelConfig
 from ..reference import rope_cos_sin
-from ..weights import SafetensorsWeights, SyntheticWeights, WeightSource, quantize_weight
+from ..source import open_weights
+from ..weights import WeightSource, quantize_weight
 from . import kvm
 from .blocks.registry import ModelBlocks, blocks_for, probe_layers
 from .builder import CORE_MODES, Target
@@ -131,10 +132,7 @@ class CompiledModel:
         return self.big_tile_bytes if m <= self.big_tile_tokens else self.tile_bytes
 
     def weight_source(self) -> WeightSource:
-        w = self.weights
-        if w["kind"] == "synthetic":
-            return SyntheticWeights(self.model, seed=int(w["seed"]))
-        return SafetensorsWeights(self.model, w["paths"])
+        return open_weights(self.model, self.weights)
 
     def kv_caches(self, slot: int | None = None) -> list[KvCacheSpec]:
         """One spec per (slot, layer, component), of every slot or of ``slot``.
@@ -279,7 +277,7 @@ def compile_model(
         raise CompileError(f"model {model.name!r} {why}")
     numerics = Numerics.placeholder(model.num_layers)
     if functional:
-        numerics = calibrate(model, _weight_source(model, weights),
+        numerics = calibrate(model, open_weights(model, weights),
                              lambda name: bits.weights.bits_for(model.tensor_spec(name).role),
                              seed=int(weights.get("seed", 0)))
     cm = CompiledModel(model=model, bits=bits, kv=kv, hw=hw, core_mode=core_mode,
@@ -290,12 +288,6 @@ def compile_model(
         f"prefill_{max_seq}": cm.program(tokens=max_seq, cache_size=0),
         "decode": cm.program(tokens=1, cache_size=min(max_seq, cap - 1)),
     })
-
-
-def _weight_source(model: ModelConfig, weights: dict[str, Any]) -> WeightSource:
-    if weights["kind"] == "synthetic":
-        return SyntheticWeights(model, seed=int(weights["seed"]))
-    return SafetensorsWeights(model, weights["paths"])
 
 
 class _TileSearch:

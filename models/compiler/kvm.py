@@ -281,13 +281,15 @@ def _check_scalars(h: dict) -> None:
     w = h["weights"]
     ok = isinstance(w, dict) and (
         (w.get("kind") == "synthetic" and type(w.get("seed")) is int)
+        or (w.get("kind") == "gguf" and isinstance(w.get("path"), str))
         or (w.get("kind") == "safetensors" and (
             isinstance(w.get("paths"), str) or (
                 isinstance(w.get("paths"), list)
                 and all(isinstance(x, str) for x in w["paths"])))))
     if not ok:
-        raise CompileError(f"compiled model header: weights = {w!r} is neither "
-                           "{'kind': 'synthetic', 'seed': int} nor "
-                           "{'kind': 'safetensors', 'paths': str | [str, ...]}")
+        raise CompileError(f"compiled model header: weights = {w!r} is none of "
+                           "{'kind': 'synthetic', 'seed': int}, "
+                           "{'kind': 'safetensors', 'paths': str | [str, ...]}, "
+                           "{'kind': 'gguf', 'path': str}")
 
 

@@ -25,7 +25,6 @@ from models.weights import (
     pack_int4,
     quantize_tensor,
     quantize_weight,
-    read_safetensors_header,
     unpack_int4,
 )
 
@@ -215,24 +214,24 @@ def test_safetensors_dtypes(tmp_path: Path) -> None:
 def test_safetensors_errors(tmp_path: Path) -> None:
     p = tmp_path / "short.safetensors"
     p.write_bytes(b"\x01\x02")
-    with pytest.raises(ConfigError, match="shorter than 8 bytes"):
-        read_safetensors_header(p)
+    with pytest.raises(ConfigError, match="short.safetensors: not a valid safetensors file"):
+        load_safetensors(p)
     p.write_bytes(struct.pack("<Q", 1000) + b"{}")
-    with pytest.raises(ConfigError, match="header length 1000 exceeds"):
-        read_safetensors_header(p)
+    with pytest.raises(ConfigError, match="not a valid safetensors file"):
+        load_safetensors(p)
     p.write_bytes(struct.pack("<Q", 4) + b"{no}")
-    with pytest.raises(ConfigError, match="not valid JSON"):
-        read_safetensors_header(p)
+    with pytest.raises(ConfigError, match="not a valid safetensors file"):
+        load_safetensors(p)
     hdr = json.dumps({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}).encode()
     p.write_bytes(struct.pack("<Q", len(hdr)) + hdr + bytes(16))
-    with pytest.raises(ConfigError, match="'x': data_offsets \\[0, 8\\] do not hold 16 bytes"):
-        read_safetensors_header(p)
+    with pytest.raises(ConfigError, match="not a valid safetensors file"):
+        load_safetensors(p)
     hdr = json.dumps({"x": {"dtype": "I8", "shape": [4], "data_offsets": [0, 4]}}).encode()
     p.write_bytes(struct.pack("<Q", len(hdr)) + hdr + bytes(4))
     with pytest.raises(ConfigError, match="dtype I8; weights must be one of F32, F16, BF16"):
         load_safetensors(p)
     with pytest.raises(ConfigError, match="cannot read safetensors file"):
-        read_safetensors_header(tmp_path / "missing.safetensors")
+        load_safetensors(tmp_path / "missing.safetensors")
 
 
 def hf_state_dict(c: ModelConfig, seed: int) -> dict[str, np.ndarray]:
@@ -295,15 +294,18 @@ def test_safetensors_weights_map_hf_names(tmp_path: Path, preset: str) -> None:
 
 def test_safetensors_weights_errors(tmp_path: Path) -> None:
     c = load_preset("tiny")
+    state = hf_state_dict(c, seed=1)
     p = tmp_path / "m.safetensors"
-    write_safetensors(p, {"model.norm.weight": ("F32", np.ones(32, np.float32))})
-    w = SafetensorsWeights(c, p)
-    with pytest.raises(
+    write_safetensors(p, {**{n: ("F32", a) for n, a in state.items()},
+                          "model.norm.weight": ("F32", np.ones(32, np.float32))})
+    with pytest.raises(  # checked when opened, before any tensor is used
         ConfigError, match="has shape \\(32,\\); model expects \\(64,\\) for 'final_norm'"
     ):
-        w.tensor("final_norm")
+        SafetensorsWeights(c, p)
+    del state["model.embed_tokens.weight"]
+    write_safetensors(p, {n: ("F32", a) for n, a in state.items()})
     with pytest.raises(ConfigError, match="no tensor 'model.embed_tokens.weight'"):
-        w.tensor("embed")
+        SafetensorsWeights(c, p)
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ConfigError, match="no \\*.safetensors files"):
