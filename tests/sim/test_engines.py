@@ -294,3 +294,59 @@ def test_a_qwen_decode_step_is_identical():
     layout = cm.layout(host_bytes=hw.host.memory_bytes)
     out = assert_same(hw, [prog], layout=layout, level="ops")
     assert out["stats"]["instructions"] == len(prog) > 20_000
+
+
+# --- the recorder's byte bins (its multi-bin path is written for speed) -------------------
+
+
+class _ReferenceBins:
+    """The byte binning of ``Recorder.moved``, written plainly, bin by bin."""
+
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+
+    def moved(self, block, lane, start_ps, end_ps, nbytes):
+        rec = self.rec
+        key = (block, lane)
+        rec.byte_totals[key] = rec.byte_totals.get(key, 0) + nbytes
+        last = end_ps - 1 if end_ps > start_ps else start_ps
+        while last // rec._width >= rec.max_byte_bins:
+            rec._coarsen()
+        w = rec._width
+        k0, k1 = start_ps // w, last // w
+        track = rec._bins.setdefault(key, {})
+        new = sum(k not in track for k in range(k0, k1 + 1))
+        if new and not rec._room(new):
+            return
+        rec._nbins += new
+        done = 0
+        for k in range(k0, k1 + 1):
+            lo, hi = max(start_ps, k * w), min(end_ps, (k + 1) * w)
+            upto = nbytes * (hi - start_ps) // (end_ps - start_ps) if k1 > k0 else nbytes
+            n, done = upto - done, upto
+            cell = track.get(k)
+            if cell is None:
+                track[k] = [n, lo, hi]
+            else:
+                cell[0] += n
+                cell[1], cell[2] = min(cell[1], lo), max(cell[2], hi)
+
+
+@settings(max_examples=200, deadline=None)
+@given(moves=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 60_000),
+                                st.integers(0, 9_000), st.integers(0, 10_000)),
+                      min_size=1, max_size=40),
+       max_events=st.integers(1, 80), max_bins=st.integers(1, 16))
+def test_recorder_byte_bins_match_the_plain_binning(moves, max_events, max_bins):
+    fast = Recorder(level="ops", max_events=max_events, byte_bin_ps=100,
+                    max_byte_bins=max_bins)
+    ref = Recorder(level="ops", max_events=max_events, byte_bin_ps=100,
+                   max_byte_bins=max_bins)
+    plain = _ReferenceBins(ref)
+    for lane, start, dur, nbytes in moves:
+        fast.moved("dram", lane, start, start + dur, nbytes)
+        plain.moved("dram", lane, start, start + dur, nbytes)
+    assert fast._bins == ref._bins
+    assert (fast._nbins, fast.dropped, fast.byte_totals, fast.byte_bin_width_ps) == (
+        ref._nbins, ref.dropped, ref.byte_totals, ref.byte_bin_width_ps)
+    assert fast.bytes == ref.bytes
