@@ -126,8 +126,16 @@ class Container:
         if amount != 1:
             raise ValueError("this Container takes amounts of 1")
         event = Event()
-        self.waiters.append(event)
-        self._serve(None)
+        if self.level >= 1 and not self.waiters:
+            # what _serve would do with this getter alone in the queue
+            self.level -= 1
+            event.triggered = True
+            env = self.env
+            heappush(env._queue, (env.now, NORMAL, env._eid, event))
+            env._eid += 1
+        else:
+            self.waiters.append(event)
+            self._serve(None)
         return event
 
     def put(self, amount: int = 1) -> Event:
@@ -166,8 +174,16 @@ class Resource:
 
     def request(self) -> Event:
         event = Event()
-        self.queue.append(event)
-        self._grant(None)
+        if not self.queue and self.users < self.capacity:
+            # what _grant would do with this request alone in the queue
+            self.users += 1
+            event.triggered = True
+            env = self.env
+            heappush(env._queue, (env.now, NORMAL, env._eid, event))
+            env._eid += 1
+        else:
+            self.queue.append(event)
+            self._grant(None)
         return event
 
     def release(self, _request: Event) -> Event:
