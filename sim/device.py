@@ -6,6 +6,13 @@ in parallel and synchronise only through flags: an instruction takes one count o
 flag in ``wait`` before it starts and gives one count of each flag in ``signal`` when it
 ends (counting semaphores, SimPy ``Container``s). Each instruction's duration comes from
 the component that executes it; its result, in functional mode, from ``isa.semantics``.
+
+The components are SimPy-style processes and run on either of two event kernels
+(``Device(engine=...)``): ``"fast"`` (the default, :mod:`sim.components.kernel`: the
+same processes, SimPy's exact event order, a fraction of its cost per event) or
+``"simpy"`` (the reference). Both give the same timeline to the picosecond, the same
+stats and the same recorder spans in the same order (``tests/sim/test_engines.py``).
+Passing a ``simpy.Environment`` as ``env`` selects the reference kernel.
 """
 
 from __future__ import annotations

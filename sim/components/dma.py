@@ -17,7 +17,7 @@ from sim.units import ns_to_ps
 from traces.recorder import Recorder
 
 from .dram import Dram
-from .kernel import resource_for
+from .kernel import AnyEnvironment, resource_for
 from .sram import Sram
 
 Direction = Literal["load", "store", "copy", "read", "write"]
@@ -26,7 +26,7 @@ Direction = Literal["load", "store", "copy", "read", "write"]
 class DmaEngine:
     def __init__(
         self,
-        env,
+        env: AnyEnvironment,
         block: str,
         lane: str,
         cfg: DmaConfig,

@@ -13,11 +13,11 @@ Effective channel bandwidth = bus width x data rate x efficiency (``DramConfig``
 
 from __future__ import annotations
 
-import simpy
-
 from sim.hw import DramConfig
 from sim.units import ns_to_ps, transfer_ps
 from traces.recorder import Recorder
+
+from .kernel import AnyEnvironment
 
 
 def bytes_per_channel(addr: int, nbytes: int, granule: int, channels: int) -> list[int]:
@@ -45,7 +45,7 @@ def bytes_per_channel(addr: int, nbytes: int, granule: int, channels: int) -> li
 
 
 class Dram:
-    def __init__(self, env: simpy.Environment, cfg: DramConfig, recorder: Recorder):
+    def __init__(self, env: AnyEnvironment, cfg: DramConfig, recorder: Recorder):
         self.env = env
         self.cfg = cfg
         self.recorder = recorder

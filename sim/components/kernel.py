@@ -269,6 +269,10 @@ def _stop(_event: Event) -> None:
     raise _Stop
 
 
+#: Either event kernel (the components take one as ``env``).
+AnyEnvironment = simpy.Environment | Environment
+
+
 def resource_for(env: Any, capacity: int) -> Resource | simpy.Resource:
     """A ``Resource`` of the kernel ``env`` belongs to (SimPy's or this one)."""
     if isinstance(env, Environment):
