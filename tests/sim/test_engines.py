@@ -13,7 +13,7 @@ import functools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim.runtime
@@ -232,7 +232,7 @@ def programs(draw):
     return Program(tuple(instrs))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(progs=st.lists(programs(), min_size=1, max_size=3))
 def test_random_programs_give_identical_timelines(progs):
     assert_same(TINY, progs)
@@ -332,7 +332,7 @@ class _ReferenceBins:
                 cell[1], cell[2] = min(cell[1], lo), max(cell[2], hi)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(moves=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 60_000),
                                 st.integers(0, 9_000), st.integers(0, 10_000)),
                       min_size=1, max_size=40),
