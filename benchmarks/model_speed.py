@@ -1,7 +1,10 @@
 """Wall time kvsim needs per simulated decode token (and per prefill), in timing-only and
-in functional mode, for a model on a hardware preset.
+in functional mode, for a model on a hardware preset, on each event kernel; each decode
+token's wall time is split into the device's execution (``Device.run``) and the rest
+(lowering the program, the runtime). Peak RSS is the process's so far.
 
     python benchmarks/model_speed.py [--model qwen2.5-0.5b] [--hw aries] [--tokens 4]
+                                     [--engine fast simpy]
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import numpy as np
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
+from sim.device import ENGINES, Device
 from sim.hw import load_hardware
 from sim.runtime import Accelerator, Model
 
 
-def measure(model_name: str, hw_name: str, functional: bool, prompt: int, tokens: int) -> dict:
+def measure(model_name: str, hw_name: str, functional: bool, prompt: int, tokens: int,
+            engine: str = "fast") -> dict:
     hw = load_hardware(hw_name)
     cfg = load_preset(model_name)
     t0 = time.perf_counter()
@@ -28,6 +33,18 @@ def measure(model_name: str, hw_name: str, functional: bool, prompt: int, tokens
                        max_seq=prompt, cap=prompt + tokens + 1, functional=functional)
     t_compile = time.perf_counter() - t0
     acc = Accelerator(hw=hw, functional=functional)
+    acc.device = dev = Device(hw, functional=functional, recorder=acc.recorder, engine=engine)
+    run_walls: list[float] = []
+    device_run = dev.run
+
+    def timed_run(*args, **kw):
+        t = time.perf_counter()
+        try:
+            return device_run(*args, **kw)
+        finally:
+            run_walls.append(time.perf_counter() - t)
+
+    dev.run = timed_run
     model = Model(cm)
     t0 = time.perf_counter()
     model.launch(acc)
@@ -40,16 +57,19 @@ def measure(model_name: str, hw_name: str, functional: bool, prompt: int, tokens
     logits = model.infer(emb[toks], cache_size=0)[0]
     t_prefill = time.perf_counter() - t0
     walls = []
+    run_walls.clear()
     for i in range(tokens):
         tok = int(np.argmax(logits)) if logits is not None else int(rng.integers(cfg.vocab_size))
         t0 = time.perf_counter()
         logits = model.infer(emb[[tok]], cache_size=prompt + i)[0]
         walls.append(time.perf_counter() - t0)
     return {
-        "model": model_name, "hw": hw_name, "mode": "functional" if functional else "timing",
+        "model": model_name, "hw": hw_name, "engine": engine,
+        "mode": "functional" if functional else "timing",
         "compile_wall_s": t_compile, "launch_wall_s": t_launch,
         "prefill_tokens": prompt, "prefill_wall_s": t_prefill,
         "decode_wall_s_per_token": float(np.mean(walls)),
+        "decode_device_run_wall_s_per_token": float(np.sum(run_walls) / tokens),
         "simulated_decode_s_per_token": acc.calls[-1].time_s,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
@@ -61,17 +81,21 @@ def main() -> None:
     p.add_argument("--hw", default="aries")
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--tokens", type=int, default=4)
+    p.add_argument("--engine", nargs="+", choices=ENGINES, default=list(ENGINES))
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    rows = [measure(a.model, a.hw, f, a.prompt, a.tokens) for f in (False, True)]
+    rows = [measure(a.model, a.hw, f, a.prompt, a.tokens, e)
+            for e in a.engine for f in (False, True)]
     if a.json:
         print(json.dumps(rows, indent=1))
         return
     for r in rows:
-        print(f"{r['model']} on {r['hw']}, {r['mode']:10s}: compile {r['compile_wall_s']:.1f} s, "
-              f"launch {r['launch_wall_s']:.1f} s, prefill of {r['prefill_tokens']} "
-              f"{r['prefill_wall_s']:.2f} s, decode {r['decode_wall_s_per_token']:.2f} s wall "
-              f"per token (simulated {r['simulated_decode_s_per_token'] * 1e3:.2f} ms), "
+        print(f"{r['model']} on {r['hw']}, {r['engine']:5s} {r['mode']:10s}: compile "
+              f"{r['compile_wall_s']:.1f} s, launch {r['launch_wall_s']:.1f} s, prefill of "
+              f"{r['prefill_tokens']} {r['prefill_wall_s']:.2f} s, decode "
+              f"{r['decode_wall_s_per_token']:.3f} s wall per token, of which device run "
+              f"{r['decode_device_run_wall_s_per_token']:.3f} s "
+              f"(simulated {r['simulated_decode_s_per_token'] * 1e3:.2f} ms), "
               f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB")
 
 

@@ -1,39 +1,56 @@
 """How fast does kvsim simulate? Instructions simulated per wall-clock second on a large
-program (thousands of weight tiles), in timing-only and functional mode.
+program (thousands of weight tiles), in timing-only and functional mode, on each event
+kernel (``fast``, the default, and ``simpy``, the reference; their timelines are identical).
+Validation is timed apart from execution; peak RSS of the process is printed at the end.
 
-    python benchmarks/sim_speed.py [--k 8192] [--n 8192] [--tile-bytes 16384] [--json]
+    python benchmarks/sim_speed.py [--k 8192] [--n 8192] [--tile-bytes 16384]
+                                   [--engine fast simpy] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 
+from isa.validate import validate_program
 from models.demo import demo_data, gemv_layer
-from sim.device import Device
+from sim.device import ENGINES, Device
 from sim.hw import load_hardware
 from traces.recorder import Recorder
 
 
-def measure(k: int, n: int, tile_bytes: int, functional: bool, trace: str) -> dict:
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def measure(k: int, n: int, tile_bytes: int, functional: bool, trace: str,
+            engine: str = "fast") -> dict:
     hw = load_hardware("aries")
     layer = gemv_layer(k=k, n=n, w_bits=8, num_cores=hw.cores.num_cores,
                        sram_bytes=hw.sram.bytes_per_core, dram_bytes=hw.dram.capacity_bytes,
                        host_bytes=hw.host.memory_bytes, tile_bytes=tile_bytes)
-    dev = Device(hw, functional=functional, layout=layer.layout, recorder=Recorder(trace))
+    dev = Device(hw, functional=functional, layout=layer.layout, recorder=Recorder(trace),
+                 engine=engine)
     if functional:
         data = demo_data(layer, 0)
         dev.mem.dram.write(layer.w_dram, data["w_bytes"])
     t0 = time.perf_counter()
-    run = dev.run(layer.program)
+    validate_program(layer.program, layer.layout)
+    validate_wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    run = dev.run(layer.program, validate=False)
     wall = time.perf_counter() - t0
     return {
+        "engine": engine,
         "mode": "functional" if functional else "timing",
         "trace": trace,
         "instructions": len(layer.program),
         "weight_tiles": sum(1 for i in layer.program if type(i).__name__ == "Gemm"),
         "simulated_s": run.duration_ps / 1e12,
+        "simulated_end_ps": run.end_ps,
+        "validate_wall_s": validate_wall,
         "wall_s": wall,
         "instructions_per_wall_s": len(layer.program) / wall,
         "simulated_bytes_per_wall_s": layer.weight_bytes() / wall,
@@ -45,22 +62,25 @@ def main() -> None:
     p.add_argument("--k", type=int, default=8192)
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--tile-bytes", type=int, default=16384)
+    p.add_argument("--engine", nargs="+", choices=ENGINES, default=list(ENGINES))
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     rows = [
-        measure(a.k, a.n, a.tile_bytes, functional=False, trace="off"),
-        measure(a.k, a.n, a.tile_bytes, functional=False, trace="ops"),
-        measure(a.k, a.n, a.tile_bytes, functional=True, trace="off"),
+        measure(a.k, a.n, a.tile_bytes, functional=f, trace=t, engine=e)
+        for e in a.engine
+        for f, t in ((False, "off"), (False, "ops"), (True, "off"))
     ]
     if a.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"rows": rows, "peak_rss_bytes": peak_rss_bytes()}, indent=1))
         return
     print(f"GEMV {a.n}x{a.k} int8 on aries, {a.tile_bytes}-byte weight tiles")
     for r in rows:
-        print(f"  {r['mode']:10s} trace={r['trace']:4s} {r['instructions']:6d} instr "
-              f"({r['weight_tiles']} tiles) in {r['wall_s']:.2f} s wall: "
-              f"{r['instructions_per_wall_s']:,.0f} instr/s, "
-              f"simulated {r['simulated_s'] * 1e6:.1f} us")
+        print(f"  {r['engine']:5s} {r['mode']:10s} trace={r['trace']:4s} "
+              f"{r['instructions']:6d} instr ({r['weight_tiles']} tiles) in "
+              f"{r['wall_s']:.2f} s wall: {r['instructions_per_wall_s']:,.0f} instr/s, "
+              f"simulated {r['simulated_s'] * 1e6:.1f} us "
+              f"(validation {r['validate_wall_s']:.2f} s)")
+    print(f"peak RSS {peak_rss_bytes() / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from functools import lru_cache
+from typing import NamedTuple
 
 from isa import kv
 from isa.encoding import enum_choices, enum_values, field_enum
@@ -178,19 +179,94 @@ def _times(n: int) -> str:
     return f"{n} time" if n == 1 else f"{n} times"
 
 
+class _Plan(NamedTuple):
+    """What :func:`_instruction_ok` checks for one instruction type, computed once."""
+
+    per_core: bool  # engine fixed by the type and per core (None: depends on the instance)
+    enums: tuple[tuple[str, frozenset[int]], ...]  # (field, allowed values)
+    formats: tuple[str, ...]  # fields that index the format table
+    gemm: bool
+    attn: bool
+
+
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type[Instruction]) -> _Plan:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        fields = cls.body_fields()
+        # an engine that depends on a field (Nop ``on``) is looked up per instruction
+        fixed = cls.engine is Instruction.engine
+        plan = _PLANS[cls] = _Plan(
+            per_core=(cls.engine_kind in PER_CORE_ENGINES) if fixed else None,
+            enums=tuple((f.name, enum_values(field_enum(f))) for f in fields
+                        if field_enum(f) is not None),
+            formats=tuple(f.name for f in fields if _is_format_index(f.name)),
+            gemm=issubclass(cls, Gemm),
+            attn=issubclass(cls, Attn),
+        )
+    return plan
+
+
+def _instruction_ok(instr: Instruction, program: Program, layout: MemoryLayout,
+                    sizes: dict[Space, int]) -> bool:
+    """True only when :func:`_instruction_problem` would find nothing (the same checks,
+    with per-type field lists computed once); False sends the instruction to the full
+    check, which names the problem."""
+    plan = _plan(type(instr))
+    core = instr.core
+    if not 0 <= core < layout.num_cores:
+        return False
+    for name, allowed in plan.enums:
+        if getattr(instr, name) not in allowed:
+            return False
+    per_core = plan.per_core
+    if per_core is None:
+        per_core = instr.engine in PER_CORE_ENGINES
+    if not per_core and core != 0:
+        return False
+    if plan.gemm:
+        if instr.w_bits not in GEMM_W_BITS or instr.k % (8 // instr.w_bits):
+            return False
+    if plan.attn:
+        if instr.kv_heads < 1 or instr.heads % instr.kv_heads or instr.ctx < 1:
+            return False
+    nformats = len(program.formats)
+    for name in plan.formats:
+        if not 0 <= getattr(instr, name) < nformats:
+            return False
+    if plan.formats and _kv_problem(instr, program) is not None:
+        return False
+    for a in instr.accesses():
+        space, nbytes, addr = a.space, a.nbytes, a.addr
+        if nbytes <= 0 or addr < 0 or addr + nbytes > sizes[space]:
+            return False
+        if layout.has_regions(space) and layout.region_of(space, a.core, addr,
+                                                          nbytes) is None:
+            return False
+    return True
+
+
 def validate_program(program: Program, layout: MemoryLayout) -> None:
     """Raise :class:`ProgramError` for the first problem in ``program``; else return None."""
     waits: Counter[int] = Counter()
     signals: Counter[int] = Counter()
     first_waiter: dict[int, int] = {}
+    sizes = {s: layout.space_bytes(s) for s in Space}
     for index, instr in enumerate(program.instructions):
-        problem = _instruction_problem(instr, program, layout)
-        if problem is not None:
-            raise ProgramError(index, problem)
-        waits.update(instr.wait)
-        signals.update(instr.signal)
-        for flag in instr.wait:
-            first_waiter.setdefault(flag, index)
+        if not _instruction_ok(instr, program, layout, sizes):
+            problem = _instruction_problem(instr, program, layout)
+            if problem is not None:
+                raise ProgramError(index, problem)
+        wait = instr.wait
+        if wait:
+            for flag in wait:
+                waits[flag] += 1
+                if flag not in first_waiter:
+                    first_waiter[flag] = index
+        for flag in instr.signal:
+            signals[flag] += 1
 
     # A flag is a counting semaphore: every wait takes one count, every signal gives one,
     # so more waits than signals in total leaves some waiter blocked forever.

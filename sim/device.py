@@ -6,6 +6,13 @@ in parallel and synchronise only through flags: an instruction takes one count o
 flag in ``wait`` before it starts and gives one count of each flag in ``signal`` when it
 ends (counting semaphores, SimPy ``Container``s). Each instruction's duration comes from
 the component that executes it; its result, in functional mode, from ``isa.semantics``.
+
+The components are SimPy-style processes and run on either of two event kernels
+(``Device(engine=...)``): ``"fast"`` (the default, :mod:`sim.components.kernel`: the
+same processes, SimPy's exact event order, a fraction of its cost per event) or
+``"simpy"`` (the reference). Both give the same timeline to the picosecond, the same
+stats and the same recorder spans in the same order (``tests/sim/test_engines.py``).
+Passing a ``simpy.Environment`` as ``env`` selects the reference kernel.
 """
 
 from __future__ import annotations
@@ -37,13 +44,17 @@ from isa.instructions import (
     Space,
     Vec,
 )
-from sim.components import ComputeCore, DmaEngine, Dram, HostLink, Sram
+from sim.components import ComputeCore, DmaEngine, Dram, HostLink, Sram, kernel
 from sim.hw import HardwareConfig
 from sim.memory import DeviceMemory
 from sim.stats import Stats
 from traces.recorder import Recorder
 
 UNMAPPED = "unmapped"
+#: Instructions whose timing is one compute-core duration.
+_COMPUTE_ONLY = frozenset({Gemm, Vec, Nop})
+#: Event kernels a device can run on (see :class:`Device`).
+ENGINES = ("fast", "simpy")
 
 
 def static_roofline(program: Program, hw: HardwareConfig,
@@ -102,11 +113,20 @@ class Device:
         functional: bool = True,
         recorder: Recorder | None = None,
         layout: MemoryLayout | None = None,
-        env: simpy.Environment | None = None,
+        env: simpy.Environment | kernel.Environment | None = None,
+        engine: str = "fast",
     ):
+        if env is None:
+            if engine not in ENGINES:
+                raise DeviceError(f"engine {engine!r}: valid engines are "
+                                  f"{', '.join(ENGINES)}")
+            env = kernel.Environment() if engine == "fast" else simpy.Environment()
         self.hw = hw
         self.functional = functional
-        self.env = env or simpy.Environment()
+        #: the event kernel: "fast" (``sim.components.kernel``, SimPy's event order at a
+        #: fraction of its cost) or "simpy" (the reference); both give identical timelines
+        self.engine = "fast" if isinstance(env, kernel.Environment) else "simpy"
+        self.env = env
         self.recorder = recorder or Recorder(level="off")
         self.stats = Stats()
         n = hw.cores.num_cores
@@ -181,13 +201,16 @@ class Device:
         return UNMAPPED
 
     # --- execution --------------------------------------------------------------------
-    def start(self, program: Program, *, validate: bool = True) -> simpy.Process:
-        """Start ``program`` on the engines; returns the SimPy process that ends with it."""
+    def start(self, program: Program, *, validate: bool = True):
+        """Start ``program`` on the engines; returns the process (of the device's event
+        kernel) that ends with it."""
         if validate:
             from isa.validate import validate_program
 
             validate_program(program, self.layout)
-        flags: dict[int, simpy.Container] = defaultdict(lambda: simpy.Container(self.env))
+        env = self.env
+        flags: dict[int, simpy.Container | kernel.Container] = defaultdict(
+            lambda: kernel.container_for(env))
         queues: dict[tuple[Engine, int], list[tuple[int, Instruction]]] = defaultdict(list)
         for idx, ins in enumerate(program.instructions):
             eng = ins.engine
@@ -227,23 +250,39 @@ class Device:
         who = f"{block}.{lane}"
         env = self.env
         rec = self.recorder
+        traced = rec.wants("ops")
+        stats = self.stats
+        busy = stats.busy_ps
+        functional = self.functional
+        mem = self.mem
+        formats = program.formats
+        timing = self._timing
+        # compute-only instructions are timed here (the same single timeout as _timing
+        # gives them) to save a generator per instruction
+        compute = self.cores[core].duration_ps if eng in PER_CORE_ENGINES else None
         for idx, ins in items:
             for f in ins.wait:
-                if flags[f].level < 1:
+                flag = flags[f]
+                if flag.level < 1:
                     self._blocked[who] = (idx, f)
-                    yield flags[f].get(1)
+                    yield flag.get(1)
                     self._blocked.pop(who, None)
                 else:
-                    yield flags[f].get(1)
+                    yield flag.get(1)
             start = env.now
-            yield from self._timing(ins, program)
-            if self.functional:
-                semantics.execute(ins, self.mem, program.formats)
+            if compute is not None and type(ins) in _COMPUTE_ONLY:
+                dur = compute(ins, formats)
+                if dur:
+                    yield env.timeout(dur)
+            else:
+                yield from timing(ins, program)
+            if functional:
+                semantics.execute(ins, mem, formats)
             end = env.now
-            self.stats.busy_ps[who] += end - start
-            self.stats.instructions += 1
-            self.stats.ops += ins.ops()
-            if rec.wants("ops"):
+            busy[who] += end - start
+            stats.instructions += 1
+            stats.ops += ins.ops()
+            if traced:
                 rec.span(block, lane, ins.mnemonic, start, end, args={"index": idx})
             for f in ins.signal:
                 flags[f].put(1)

@@ -123,17 +123,29 @@ class Recorder:
                 track[k0] = [nbytes, start_ps, end_ps]
                 self._nbins += 1
             return
-        new = sum(k not in track for k in range(k0, k1 + 1))
+        held = len(track.keys() & range(k0, k1 + 1))  # bins of this span already stored
+        new = k1 - k0 + 1 - held
         if new and not self._room(new):
             return
         self._nbins += new
         dur = end_ps - start_ps
-        done = 0
-        for k in range(k0, k1 + 1):
-            lo = max(start_ps, k * w)
-            hi = min(end_ps, (k + 1) * w)
-            upto = nbytes * (hi - start_ps) // dur  # bytes moved by ``hi`` (floor)
-            n, done = upto - done, upto
+        # bin k covers [lo, hi): the first bin starts at start_ps, the last ends at end_ps,
+        # the ones between are whole; each gets the bytes moved by its ``hi`` (floor)
+        # minus those moved by its ``lo``
+        his = [*range((k0 + 1) * w, k1 * w + 1, w), end_ps]
+        uptos = [nbytes * (hi - start_ps) // dur for hi in his]
+        if held == 0:
+            prev = 0
+            lo = start_ps
+            for k, hi, upto in zip(range(k0, k1 + 1), his, uptos, strict=True):
+                track[k] = [upto - prev, lo, hi]
+                prev = upto
+                lo = hi
+            return
+        prev = 0
+        for k, hi, upto in zip(range(k0, k1 + 1), his, uptos, strict=True):
+            lo = start_ps if k == k0 else k * w
+            n, prev = upto - prev, upto
             cell = track.get(k)
             if cell is None:
                 track[k] = [n, lo, hi]

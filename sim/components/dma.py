@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-import simpy
-
 from sim.hw import DmaConfig
 from sim.units import ns_to_ps
 from traces.recorder import Recorder
 
 from .dram import Dram
+from .kernel import AnyEnvironment, resource_for
 from .sram import Sram
 
 Direction = Literal["load", "store", "copy", "read", "write"]
@@ -27,7 +26,7 @@ Direction = Literal["load", "store", "copy", "read", "write"]
 class DmaEngine:
     def __init__(
         self,
-        env: simpy.Environment,
+        env: AnyEnvironment,
         block: str,
         lane: str,
         cfg: DmaConfig,
@@ -42,7 +41,7 @@ class DmaEngine:
         self.dram = dram
         self.sram = sram
         self.recorder = recorder
-        self.slots = simpy.Resource(env, capacity=cfg.max_outstanding_chunks)
+        self.slots = resource_for(env, cfg.max_outstanding_chunks)
         self.setup_ps = ns_to_ps(cfg.setup_latency_ns)
 
     def transfer(

@@ -13,11 +13,11 @@ Effective channel bandwidth = bus width x data rate x efficiency (``DramConfig``
 
 from __future__ import annotations
 
-import simpy
-
 from sim.hw import DramConfig
 from sim.units import ns_to_ps, transfer_ps
 from traces.recorder import Recorder
+
+from .kernel import AnyEnvironment
 
 
 def bytes_per_channel(addr: int, nbytes: int, granule: int, channels: int) -> list[int]:
@@ -45,7 +45,7 @@ def bytes_per_channel(addr: int, nbytes: int, granule: int, channels: int) -> li
 
 
 class Dram:
-    def __init__(self, env: simpy.Environment, cfg: DramConfig, recorder: Recorder):
+    def __init__(self, env: AnyEnvironment, cfg: DramConfig, recorder: Recorder):
         self.env = env
         self.cfg = cfg
         self.recorder = recorder
@@ -54,6 +54,26 @@ class Dram:
         self.latency_ps = ns_to_ps(cfg.access_latency_ns)
         self.bytes_read = 0
         self.bytes_written = 0
+        self._stripe = cfg.interleave_bytes * cfg.channels
+        self._plans: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {}
+
+    def chunk_plan(self, addr: int, nbytes: int) -> tuple[tuple[int, int, int], ...]:
+        """``(channel, bytes, busy ps)`` for each channel a transfer of ``nbytes`` at
+        ``addr`` touches, in channel order: the one place a DRAM transfer's time per
+        channel is computed. Memoized: it depends only on ``addr`` modulo the interleave
+        stripe and on ``nbytes``."""
+        key = (addr % self._stripe, nbytes)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 1 << 16:
+                self._plans.clear()
+            bw = self.channel_bytes_per_s
+            split = bytes_per_channel(addr, nbytes, self.cfg.interleave_bytes,
+                                      self.cfg.channels)
+            plan = self._plans[key] = tuple(
+                (c, b, transfer_ps(b, bw)) for c, b in enumerate(split) if b
+            )
+        return plan
 
     def access(self, addr: int, nbytes: int, *, write: bool):
         """Process generator: move ``nbytes`` at ``addr`` (use with ``yield from`` or
@@ -68,17 +88,22 @@ class Dram:
         now = env.now
         end = now
         rec = self.recorder
-        split = bytes_per_channel(addr, nbytes, self.cfg.interleave_bytes, self.cfg.channels)
-        for c, b in enumerate(split):
-            if not b:
-                continue
-            start = max(now, self.free_ps[c])
-            stop = start + transfer_ps(b, self.channel_bytes_per_s)
-            self.free_ps[c] = stop
-            end = max(end, stop)
-            lane = f"ch{c}"
-            rec.moved("dram", lane, start, stop, b)
-            rec.span("dram", lane, "write" if write else "read", start, stop, detail="tiles",
-                     args={"bytes": b})
+        moved = rec.wants("ops")
+        spans = rec.wants("tiles")
+        free = self.free_ps
+        for c, b, dur in self.chunk_plan(addr, nbytes):
+            start = free[c]
+            if start < now:
+                start = now
+            stop = start + dur
+            free[c] = stop
+            if stop > end:
+                end = stop
+            if moved:
+                lane = f"ch{c}"
+                rec.moved("dram", lane, start, stop, b)
+                if spans:
+                    rec.span("dram", lane, "write" if write else "read", start, stop,
+                             detail="tiles", args={"bytes": b})
         if end > now:
             yield env.timeout(end - now)

@@ -19,20 +19,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-import simpy
-
 from sim.hw import HostLinkConfig
 from sim.units import ns_to_ps, transfer_ps
 from traces.recorder import Recorder
 
 from .dram import Dram
+from .kernel import AnyEnvironment
 
 LinkDirection = Literal["h2d", "d2h"]
 
 
 class HostLink:
     def __init__(
-        self, env: simpy.Environment, cfg: HostLinkConfig, dram: Dram, recorder: Recorder
+        self, env: AnyEnvironment, cfg: HostLinkConfig, dram: Dram, recorder: Recorder
     ):
         self.env = env
         self.cfg = cfg

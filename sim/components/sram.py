@@ -8,15 +8,15 @@ dedicated port), so they are not modelled as port time.
 
 from __future__ import annotations
 
-import simpy
-
 from isa.errors import DeviceError
 from sim.hw import SramConfig
 from sim.units import transfer_ps
 
+from .kernel import AnyEnvironment
+
 
 class Sram:
-    def __init__(self, env: simpy.Environment, cfg: SramConfig, clock_hz: float, core: int):
+    def __init__(self, env: AnyEnvironment, cfg: SramConfig, clock_hz: float, core: int):
         self.env = env
         self.cfg = cfg
         self.core = core

@@ -8,17 +8,24 @@ latency 1 us, 4 KiB link chunks.
 import math
 
 import pytest
+import simpy
 from hypothesis import given
 from hypothesis import strategies as st
 
 from isa.errors import DeviceError
-from sim.components import ComputeCore, DmaEngine, Dram, HostLink, Sram
+from sim.components import ComputeCore, DmaEngine, Dram, HostLink, Sram, kernel
 from sim.components.dram import bytes_per_channel
 from sim.hw import load_hardware
 from sim.units import PS_PER_S, ns_to_ps, transfer_ps
 
 TINY = load_hardware("tiny")
 NS = 1000  # ps
+
+
+@pytest.fixture(params=["simpy", "fast"])
+def env(request):
+    """Every component timeline is checked on both event kernels."""
+    return simpy.Environment() if request.param == "simpy" else kernel.Environment()
 
 
 def timed(env, log, who, gen):

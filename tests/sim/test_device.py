@@ -18,6 +18,20 @@ from sim.hw import load_hardware
 from traces.recorder import Recorder
 
 TINY = load_hardware("tiny")
+
+
+@pytest.fixture(autouse=True, params=["simpy", "fast"])
+def engine(request, monkeypatch):
+    """Every test below runs, with the same exact figures, on both event kernels."""
+    cls = Device
+
+    def make(*args, **kw):
+        dev = cls(*args, engine=request.param, **kw)
+        assert dev.engine == request.param
+        return dev
+
+    monkeypatch.setitem(globals(), "Device", make)
+    return request.param
 NS = 1000
 
 
