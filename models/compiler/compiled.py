@@ -334,27 +334,25 @@ class _TileSearch:
         except SramOverflow as err:
             raise CompileError(f"model {self.model.name!r} does not fit {self.hw.name}'s SRAM "
                                f"even one token at a time: {err}") from None
-        lo, hi = 1, self.max_seq
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.fits(mid, tile_bytes, mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return _largest(1, self.max_seq, lambda m: self.fits(m, tile_bytes, m))
 
     def big_tile_tokens(self, big: int, m_tile: int) -> int:
         """The most tokens (0..m_tile) of a pass whose buffers fit beside two ``big``
         tiles, in the memory map of ``m_tile``-token tiles (buffers grow with the tokens,
         so the passes that fit are those up to a bound: binary search)."""
-        lo, hi = 0, m_tile
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.fits(m_tile, big, mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return _largest(0, m_tile, lambda m: self.fits(m_tile, big, m))
+
+
+def _largest(lo: int, hi: int, ok) -> int:
+    """The largest ``m`` in ``lo..hi`` with ``ok(m)``, for a predicate true up to a bound
+    and false beyond it (``ok(lo)`` is taken as true: binary search)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 __all__ = ["CompiledModel", "CompileError", "HardwareTarget", "compile_model", "CORE_MODES",
