@@ -123,6 +123,68 @@ def preset_with_overrides(preset: str, overrides: dict[str, Any], *,
     return build_weight_bits({**base, **over}, where=f"{where}.weights")
 
 
+ResidualWidth = Literal["int8", "int16", "int16e", "int32"]
+ActScale = Literal["static", "token"]
+Rotation = Literal["none", "residual", "residual+down"]
+WeightGroup = Literal["channel", "g128", "g32"]
+KvReadPath = Literal["integer", "dequant"]
+
+
+class NumericsOptions(_Frozen):
+    """How the integer pipeline represents activations: each choice is a compile option
+    whose cost shows in time and bytes (``[bits.numerics]`` in a run config).
+
+    - ``residual``: the residual stream between blocks: ``int8`` (one static scale per
+      tensor; collapses on real LLMs, whose massive activations set the scale), ``int16`` /
+      ``int32`` (static scale, wider DRAM rows), ``int16e`` (int16 with a per-token
+      power-of-two exponent).
+    - ``act_scale``: the GEMM inputs (norm outputs, attention output, SwiGLU output, gate/up
+      outputs): ``static`` per-tensor scales or ``token`` (a dynamic per-token int8 scale
+      computed on the vector unit).
+    - ``qkv_scale``: q/k/v and the KV cache: ``static`` (the native int8 cache) or ``token``.
+    - ``rotation``: ``none``, ``residual`` (an offline Hadamard rotation of the residual
+      stream, norm gains folded into the next projections) or ``residual+down`` (plus an
+      online Hadamard of down_proj's input on the vector unit).
+    - ``weight_group``: how 4-bit weights are scaled: ``channel`` (one scale per output
+      row), ``g128`` / ``g32`` (group-wise asymmetric, integer two-level scales).
+    - ``calibration``: the tokens the static scales are measured on: ``text`` (the
+      project's English calibration passage) or ``random`` ids.
+
+    The defaults are the scheme kvsim had before these options (one static int8 scale per
+    tensor); the presets in :data:`NUMERICS_PRESETS` name the recipes.
+    """
+
+    residual: ResidualWidth = "int8"
+    act_scale: ActScale = "static"
+    qkv_scale: ActScale = "static"
+    rotation: Rotation = "none"
+    weight_group: WeightGroup = "channel"
+    calibration: Literal["text", "random"] = "random"
+
+
+#: Named numerics recipes (``[bits.numerics] preset = ...``).
+NUMERICS_PRESETS: dict[str, NumericsOptions] = {
+    "static-int8": NumericsOptions(),
+}
+
+
+def build_numerics(data: dict[str, Any], *, where: str = "bits.numerics") -> NumericsOptions:
+    """A preset (``preset`` key, optional) with field overrides; errors name the field."""
+    data = dict(data)
+    preset = data.pop("preset", None)
+    base: dict[str, Any] = {}
+    if preset is not None:
+        matches = [k for k in NUMERICS_PRESETS if k.lower() == str(preset).lower()]
+        if not matches:
+            raise ConfigError(f"{where}.preset: unknown numerics preset {preset!r}; valid: "
+                              f"{', '.join(NUMERICS_PRESETS)}")
+        base = NUMERICS_PRESETS[matches[0]].model_dump()
+    try:
+        return NumericsOptions.model_validate({**base, **data})
+    except ValidationError as err:
+        raise ConfigError(validation_message(err, where)) from None
+
+
 class BitConfig(_Frozen):
     """Weight bits plus the names of the KV-cache formats.
 
@@ -136,6 +198,10 @@ class BitConfig(_Frozen):
     kv_value_format: str = Field(default="int8", pattern=_KV_FORMAT_PATTERN)
     kv_content_format: str = Field(default="int8", pattern=_KV_FORMAT_PATTERN)
     kv_rope_format: str = Field(default="int8", pattern=_KV_FORMAT_PATTERN)
+    numerics: NumericsOptions = NumericsOptions()
+    #: How attention consumes the cache: ``integer`` (the codes as integers, what ARIES
+    #: has) or ``dequant`` (dequantized to fp16 on a vector unit, fp16 attention).
+    kv_read: KvReadPath = "integer"
 
     @field_validator("weights", mode="before")
     @classmethod

@@ -53,7 +53,7 @@ def _model(cfg: RunConfig) -> ModelConfig:
 
 
 def _bits(cfg: RunConfig) -> BitConfig:
-    return BitConfig(weights=cfg.bits.weight_bits())
+    return cfg.bits.bit_config(cfg.kv)
 
 
 def _check_generate(cfg: RunConfig) -> Checked:

@@ -21,7 +21,14 @@ from pydantic import Field, StrictInt, ValidationError, model_validator
 
 from isa import kvformats
 from isa.errors import ConfigError, KvsimError
-from models.bits import WeightBits, preset_with_overrides
+from models.bits import (
+    BitConfig,
+    KvReadPath,
+    NumericsOptions,
+    WeightBits,
+    build_numerics,
+    preset_with_overrides,
+)
 from models.schema import Frozen, validation_message
 
 from .hw import HardwareConfig, preset_dict, set_dotted
@@ -79,6 +86,8 @@ class BitsSection(_Section):
 
     preset: str = "W8"
     weights: dict[str, StrictInt] = Field(default_factory=dict)
+    numerics: dict[str, str] = Field(default_factory=dict, description="[bits.numerics]: "
+                                     "a numerics preset and/or residual, act_scale, ...")
 
     @property
     def label(self) -> str:
@@ -89,9 +98,25 @@ class BitsSection(_Section):
         """The preset with the per-projection overrides applied."""
         return preset_with_overrides(self.preset, self.weights, where="bits")
 
+    @model_validator(mode="after")
+    def _numerics_valid(self) -> BitsSection:
+        self.numerics_options()  # a ConfigError naming bits.numerics.<field>
+        return self
+
+    def numerics_options(self) -> NumericsOptions:
+        """``[bits.numerics]`` validated (errors name ``bits.numerics.<field>``)."""
+        return build_numerics(self.numerics)
+
+    def bit_config(self, kv: KvSection | None = None) -> BitConfig:
+        """The compiler's :class:`BitConfig`: weights, numerics and the KV read path."""
+        return BitConfig(weights=self.weight_bits(), numerics=self.numerics_options(),
+                         kv_read=kv.read if kv is not None else "integer")
+
 
 class KvSection(_Section):
     format: str = "int8"
+    read: KvReadPath = Field("integer", description="how attention reads the cache: "
+                             "integer codes (ARIES) or dequantized to fp16")
 
 
 class CompileSection(_Section):

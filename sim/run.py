@@ -18,7 +18,6 @@ import numpy as np
 
 from isa import kvformats
 from isa.errors import KvsimError
-from models.bits import BitConfig
 from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.config import load_model
 from models.demo import demo_data, gemv_layer
@@ -80,7 +79,7 @@ def compile_for_run(cfg: RunConfig) -> CompiledModel:
         model, weights = src.config, src.weight_spec(seed=m.weights_seed)
     if m.safetensors:
         weights = {"kind": "safetensors", "paths": m.safetensors}
-    bits = BitConfig(weights=cfg.bits.weight_bits())
+    bits = cfg.bits.bit_config(cfg.kv)
     cap = cache_length(cfg)
     return compile_model(
         model, bits, HardwareTarget.from_hw(cfg.hardware), kv=cfg.kv.format,

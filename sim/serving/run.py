@@ -20,7 +20,6 @@ import numpy as np
 
 from isa.errors import ConfigError
 from isa.instructions import HostRead, HostWrite, Program
-from models.bits import BitConfig
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.compiler.compiled import build_memory_map
 from models.compiler.dram import batch_memory_map
@@ -234,7 +233,7 @@ def run_serving(cfg: ServeConfig, *,
         raise CompileError(f"serving.max_model_len {max_len} is shorter than the longest "
                            f"request ({longest} tokens)")
     model = load_model(cfg.model.preset or cfg.model.hf_config, where="model")
-    bits = BitConfig(weights=cfg.bits.weight_bits())
+    bits = cfg.bits.bit_config(cfg.kv)
     t0 = time.perf_counter()
     cm = compile_for_serving(model, bits, hw, kv=cfg.kv.format,
                              core_mode=cfg.compile.core_mode, cap=max_len,
