@@ -163,8 +163,14 @@ class NumericsOptions(_Frozen):
 
 
 #: Named numerics recipes (``[bits.numerics] preset = ...``).
+#: ``w8`` and ``w4g32`` are the minimal recipes that keep SmolLM2-135M within its quality
+#: targets (W8 + INT8 KV; W4V8 with 4-bit g32 weights) in the project's numerics study.
 NUMERICS_PRESETS: dict[str, NumericsOptions] = {
     "static-int8": NumericsOptions(),
+    "w8": NumericsOptions(residual="int16", act_scale="token", qkv_scale="static",
+                          rotation="residual", weight_group="channel", calibration="text"),
+    "w4g32": NumericsOptions(residual="int16e", act_scale="token", qkv_scale="token",
+                             rotation="none", weight_group="g32", calibration="text"),
 }
 
 
