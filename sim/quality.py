@@ -123,5 +123,42 @@ def evaluate(source: str | Path | ModelSource, tokens: Sequence[int], *, bits: B
                    hw=hwc.name, prefill_s=time_s)
 
 
-__all__ = ["CHUNK_TOKENS", "bit_config", "bits_label", "compile_for_text", "evaluate", "npu_logits",
-           "reference_logits", "source_of", "widest_core_mode"]
+#: The KV formats of the quality table: (label, format name or spec). The 2-bit per-token
+#: format is KIVI-2 with its keys grouped per token instead of per channel (same group,
+#: scales and fp16 window of 128 recent tokens), so it isolates the key axis.
+TABLE_FORMATS: tuple[tuple[str, str], ...] = (
+    ("int8", "int8"),
+    ("kivi-4", "kivi-4"),
+    ("qserve-kv4", "qserve-kv4"),
+    ("kivi-2", "kivi-2"),
+    ("2-bit per-token", "b2.token.g32.asym.scale-fp16.zero-fp16.fp-fp16.window128"),
+)
+READ_PATHS = ("integer", "dequant")
+
+
+def quality_table(source: str | Path | ModelSource, tokens: Sequence[int], *,
+                  bits: str = "W8", numerics: str | None = None,
+                  hw: str | HardwareConfig = "aries",
+                  formats: Sequence[tuple[str, str]] = TABLE_FORMATS,
+                  read_paths: Sequence[str] = READ_PATHS,
+                  allow_degenerate: bool = False,
+                  progress=None) -> list[tuple[str, Quality]]:
+    """Every KV format of ``formats`` through every read path, on one text: ``(label,
+    quality)`` rows (the float reference runs once). ``progress(label, read)`` is called
+    before each configuration."""
+    src = source_of(source)
+    ref = reference_logits(src, tokens)
+    rows = []
+    for label, fmt in formats:
+        for read in read_paths:
+            if progress is not None:
+                progress(label, read)
+            q = evaluate(src, tokens, bits=bit_config(bits, numerics=numerics, kv_read=read),
+                         kv=fmt, hw=hw, reference=ref, allow_degenerate=allow_degenerate)
+            rows.append((label, q))
+    return rows
+
+
+__all__ = ["CHUNK_TOKENS", "READ_PATHS", "TABLE_FORMATS", "bit_config", "bits_label",
+           "compile_for_text", "evaluate", "npu_logits", "quality_table", "reference_logits",
+           "source_of", "widest_core_mode"]
