@@ -64,13 +64,14 @@ def bit_config(bits: str = "W8", *, numerics: str | None = None,
 
 
 def compile_for_text(src: ModelSource, bits: BitConfig, *, kv: str, hw: HardwareConfig,
-                     tokens: int, seed: int = 0,
-                     chunk_tokens: int = CHUNK_TOKENS) -> CompiledModel:
-    """The functional compiled model of ``src`` for a text of ``tokens`` tokens."""
+                     tokens: int, seed: int = 0, chunk_tokens: int = CHUNK_TOKENS,
+                     functional: bool = True) -> CompiledModel:
+    """The compiled model of ``src`` (functional by default) for a text of ``tokens``
+    tokens, on every core of ``hw``, in calls of up to ``chunk_tokens``."""
     cap = -(-tokens // CACHE_ROUND_TOKENS) * CACHE_ROUND_TOKENS
     return compile_model(src.config, bits, HardwareTarget.from_hw(hw), kv=kv,
                          core_mode=widest_core_mode(hw), max_seq=min(tokens, chunk_tokens),
-                         cap=cap, functional=True, weights=src.weight_spec(seed))
+                         cap=cap, functional=functional, weights=src.weight_spec(seed))
 
 
 def reference_logits(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) -> np.ndarray:
