@@ -1,10 +1,12 @@
 """Wall time kvsim needs per simulated decode token (and per prefill), in timing-only and
 in functional mode, for a model on a hardware preset, on each event kernel; each decode
 token's wall time is split into the device's execution (``Device.run``) and the rest
-(lowering the program, the runtime). Peak RSS is the process's so far.
+(lowering the program, the runtime). Peak RSS is the process's so far. ``--model`` takes
+any model name (a preset, ``smollm2-135m`` with its real weights, a GGUF file, a Hugging
+Face folder); ``--mode functional`` measures only the functional runs.
 
     python benchmarks/model_speed.py [--model qwen2.5-0.5b] [--hw aries] [--tokens 4]
-                                     [--engine fast simpy]
+                                     [--engine fast simpy] [--mode timing functional]
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import resolve_model
 from sim.device import ENGINES, Device
 from sim.hw import load_hardware
 from sim.runtime import Accelerator, Model
@@ -27,10 +29,12 @@ from sim.runtime import Accelerator, Model
 def measure(model_name: str, hw_name: str, functional: bool, prompt: int, tokens: int,
             engine: str = "fast") -> dict:
     hw = load_hardware(hw_name)
-    cfg = load_preset(model_name)
+    src = resolve_model(model_name)
+    cfg = src.config
     t0 = time.perf_counter()
     cm = compile_model(cfg, build_bit_config({}), HardwareTarget.from_hw(hw),
-                       max_seq=prompt, cap=prompt + tokens + 1, functional=functional)
+                       max_seq=prompt, cap=prompt + tokens + 1, functional=functional,
+                       weights=src.weight_spec())
     t_compile = time.perf_counter() - t0
     acc = Accelerator(hw=hw, functional=functional)
     acc.device = dev = Device(hw, functional=functional, recorder=acc.recorder, engine=engine)
@@ -64,7 +68,8 @@ def measure(model_name: str, hw_name: str, functional: bool, prompt: int, tokens
         logits = model.infer(emb[[tok]], cache_size=prompt + i)[0]
         walls.append(time.perf_counter() - t0)
     return {
-        "model": model_name, "hw": hw_name, "engine": engine,
+        "model": model_name, "weights": "real" if src.real else "synthetic",
+        "hw": hw_name, "engine": engine,
         "mode": "functional" if functional else "timing",
         "compile_wall_s": t_compile, "launch_wall_s": t_launch,
         "prefill_tokens": prompt, "prefill_wall_s": t_prefill,
@@ -82,15 +87,18 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--tokens", type=int, default=4)
     p.add_argument("--engine", nargs="+", choices=ENGINES, default=list(ENGINES))
+    p.add_argument("--mode", nargs="+", choices=("timing", "functional"),
+                   default=["timing", "functional"])
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    rows = [measure(a.model, a.hw, f, a.prompt, a.tokens, e)
-            for e in a.engine for f in (False, True)]
+    rows = [measure(a.model, a.hw, f == "functional", a.prompt, a.tokens, e)
+            for e in a.engine for f in a.mode]
     if a.json:
         print(json.dumps(rows, indent=1))
         return
     for r in rows:
-        print(f"{r['model']} on {r['hw']}, {r['engine']:5s} {r['mode']:10s}: compile "
+        print(f"{r['model']} ({r['weights']} weights) on {r['hw']}, {r['engine']:5s} "
+              f"{r['mode']:10s}: compile "
               f"{r['compile_wall_s']:.1f} s, launch {r['launch_wall_s']:.1f} s, prefill of "
               f"{r['prefill_tokens']} {r['prefill_wall_s']:.2f} s, decode "
               f"{r['decode_wall_s_per_token']:.3f} s wall per token, of which device run "

@@ -109,7 +109,8 @@ def _check_generate(cfg: RunConfig) -> Checked:
     ops = len(w.cache_ops)
     summary = (
         f"{_name(model)} {cfg.bits.label} kv={cfg.kv.format} on {hw.name} ({c.core_mode}): "
-        f"prefill {w.prompt_tokens} + decode {w.output_tokens} tokens, {cfg.sim.fidelity}; "
+        f"prefill {'a prompt text' if w.prompt else w.prompt_tokens} + decode "
+        f"{w.output_tokens} tokens, {cfg.sim.fidelity}; "
         f"cache {cap} tokens; DRAM {total / GIB:.2f} of {hw.dram.capacity_bytes / GIB:.2f} "
         f"GiB (weights {mm.bytes_of_kind('weights') / 1e6:,.1f} MB, KV cache "
         f"{mm.bytes_of_kind('kv_cache') / 1e6:,.1f} MB)"

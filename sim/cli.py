@@ -532,11 +532,13 @@ def build_parser() -> argparse.ArgumentParser:
     he.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     he.set_defaults(func=cmd_hw_sensitivity)
 
+    from sim.cli_text import add_text_parsers
     from sim.regress import add_parser as add_regress_parser
     from sim.serving.cli import add_serve_parser
 
     add_regress_parser(sub)
     add_serve_parser(sub)
+    add_text_parsers(sub)
     return p
 
 

@@ -184,6 +184,9 @@ class WorkloadConfig(_Section):
     kind: Literal["generate", "gemv"] = "generate"
     # generate: prefill then decode through the runtime
     prompt_tokens: int = Field(240, ge=1)
+    prompt: str | None = Field(None, description="a prompt text (a model with a tokenizer): "
+                               "its tokens are the prompt, and prompt_tokens their count")
+    chat: bool = Field(False, description="wrap prompt in the model's chat template")
     output_tokens: int = Field(16, ge=0)
     seed: int = Field(0, ge=0)
     cache_ops: list[CacheOp] = Field(default_factory=list, description="scheduled KV-cache "
@@ -203,6 +206,10 @@ class WorkloadConfig(_Section):
 
 class SimConfig(_Section):
     fidelity: Literal["functional", "timing"] = "timing"
+    allow_degenerate: bool = Field(False, description="a functional run of real weights "
+                                   "whose logits are degenerate (all-zero, constant, NaN) or "
+                                   "whose text is stuck on one token goes on (reported) "
+                                   "instead of failing")
 
 
 class OutputsConfig(_Section):

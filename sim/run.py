@@ -116,10 +116,15 @@ def kv_metrics(cm: CompiledModel, tokens: int, hw) -> dict[str, Any]:
 
 
 def run_generate(cfg: RunConfig) -> RunResult:
+    from .run_text import Guard, text_metrics, with_prompt
+
+    cfg, prompt_ids, tok = with_prompt(cfg)
     hw = cfg.hardware
     w = cfg.workload
     functional = cfg.sim.fidelity == "functional"
     cm = compile_for_run(cfg)
+    real = cm.weights.get("kind") != "synthetic"
+    guard = Guard.for_run(cfg, real)
     recorder = Recorder(level=cfg.outputs.trace, max_events=cfg.outputs.max_trace_events)
     acc = Accelerator(hw=hw, functional=functional, recorder=recorder)
     model = Model(cm)
@@ -129,6 +134,8 @@ def run_generate(cfg: RunConfig) -> RunResult:
     cfgm = cm.model
     rng = np.random.default_rng(np.random.SeedSequence([w.seed, 0x70C5]))
     prompt = rng.integers(0, cfgm.vocab_size, size=w.prompt_tokens)
+    if prompt_ids is not None:
+        prompt = np.asarray(prompt_ids)
     embed = cm.weight_source().tensor("embed") if functional else None
 
     def embeddings(tokens: np.ndarray) -> np.ndarray:
@@ -163,6 +170,7 @@ def run_generate(cfg: RunConfig) -> RunResult:
                                  len(chunk), cache))
         seq += len(chunk)
         run_ops()
+    guard.logits(logits, "the prompt")
     generated: list[int] = []
     decode_calls: list[CallRecord] = []
     for i in range(w.output_tokens):
@@ -177,6 +185,7 @@ def run_generate(cfg: RunConfig) -> RunResult:
         decode_calls.append(acc.calls[-1])
         labelled.append(Labelled(acc.calls[-1], "decode", len(decode_calls), 1, cache))
         run_ops()
+        guard.logits(logits, f"output token {len(generated)}")
     work = prefill_calls + decode_calls
     start_ps, end_ps = work[0].start_ps, work[-1].end_ps
     st = _sum_stats(work)
@@ -225,6 +234,8 @@ def run_generate(cfg: RunConfig) -> RunResult:
                      "dram_bytes": cm.mm.total_bytes,
                      "weight_bytes": cm.mm.bytes_of_kind("weights")},
         "generated_tokens": generated,
+        "weights": {"kind": cm.weights.get("kind"), "real": real},
+        "text": text_metrics(cfg, prompt_ids, tok, generated, guard) if functional else None,
         "cache_ops": op_results,
         "functional": functional,
         "trace": {"level": recorder.level, "dropped_events": recorder.dropped},

@@ -21,7 +21,7 @@ from tests.traces.test_trace_levels import assert_perfetto_ready
 from traces.browser import check, find_chromium
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-RUNS = ["quickstart.toml"]
+RUNS = ["quickstart.toml", "real-model.toml"]
 SWEEPS = ["kv-bits-sweep.toml", "w8-vs-w4v8.toml", "mla-quantmla-vs-bf16.toml",
           "host-vs-device-edit.toml"]
 

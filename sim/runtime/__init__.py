@@ -46,13 +46,33 @@ from .types import BatchParam, BufferInfo, CacheInfo, CallRecord, ModelConfig
 
 
 def load(path: str | os.PathLike, model_config: ModelConfig | None = None, *,
-         hw: str | None = None, functional: bool = True) -> Model:
+         hw: str | None = None, functional: bool = True, max_seq: int = 512,
+         cap: int = 4096) -> Model:
     """The vendor's ``qbruntime.load(path, model_config=None)``: an ``Accelerator(0)``, the
     ``Model`` and its ``launch``, in one call. The card is the hardware preset the model
-    was compiled for (or ``hw``)."""
+    was compiled for (or ``hw``).
+
+    kvsim's addition: ``path`` may also name a model as a run config does (a preset,
+    ``smollm2-135m``, a GGUF file, a Hugging Face folder or a ``config.json``); it is then
+    compiled here (W8 weights, INT8 KV, every core of ``hw``, default ``aries``; calls of
+    up to ``max_seq`` tokens, a cache of ``cap``). A ``.kvm`` file loads as before."""
     if not isinstance(path, str | os.PathLike):
         raise RuntimeApiError(f"load: path must be a compiled-model file (str or "
                               f"os.PathLike), got {type(path).__name__} {path!r}")
+    if Path(path).suffix != ".kvm":
+        from models.bits import BitConfig
+        from models.compiler import HardwareTarget, compile_model
+
+        from ..quality import hardware_of, source_of, widest_core_mode
+
+        hwc = hardware_of(hw or "aries")
+        src = source_of(path)
+        cm = compile_model(src.config, BitConfig(), HardwareTarget.from_hw(hwc), kv="int8",
+                           core_mode=widest_core_mode(hwc), max_seq=max_seq, cap=cap,
+                           functional=functional, weights=src.weight_spec())
+        model = Model(cm, model_config)
+        model.launch(Accelerator(0, hw=hwc, functional=functional))
+        return model
     model = Model(Path(path), model_config)
     acc = Accelerator(0, hw=hw or model.compiled.hw.name, functional=functional)
     model.launch(acc)

@@ -1,0 +1,104 @@
+"""The quality table: every KV format of ``sim.quality.TABLE_FORMATS`` (int8, kivi-4,
+qserve-kv4, kivi-2, a 2-bit per-token format) through both KV read paths (integer codes,
+as ARIES reads them; dequantized to fp16), teacher-forced over a text on the simulated NPU
+against the float reference: perplexity, KL(reference || NPU) and top-1 agreement, with
+each format's KV bytes per token. Writes a markdown table and a self-contained plotly page.
+
+    python benchmarks/kv_quality.py [--model smollm2-135m] [--tokens 256] [--bits W8]
+                                    [--numerics w8] [--out kv-quality] [--json]
+
+KIVI keeps the latest 128 tokens in fp16 (its window), so a text of 256 tokens quantizes
+about half of each attention's context; longer texts show more of each format's damage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+import plotly.graph_objects as go
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from isa import kvformats
+from sim.cli_text import eval_tokens
+from sim.quality import quality_table
+from traces.io import atomic_write_text
+
+
+def kv_bytes_per_token(cfg, fmt: str, tokens: int) -> float:
+    """Bytes per token of the whole cache (every layer, K and V) at ``tokens`` tokens."""
+    p = kvformats.pair(fmt)
+    per = sum(f.bytes(tokens, cfg.head_dim) for f in (p.k, p.v))
+    return per * cfg.num_kv_heads * cfg.num_layers / tokens
+
+
+def markdown(rows: list[dict]) -> str:
+    t = Table(box=box.MARKDOWN)
+    for col in ("KV format", "read", "KV bytes/token", "perplexity", "KL mean (nats)",
+                "top-1"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["label"], r["kv_read"], f"{r['kv_bytes_per_token']:.0f}",
+                  f"{r['perplexity']:.3f}", f"{r['kl_mean']:.4f}",
+                  f"{r['top1_agreement']:.3f}")
+    con = Console(record=True, width=200, file=io.StringIO())
+    con.print(t)
+    return "\n".join(line.rstrip() for line in con.export_text().strip().splitlines()) + "\n"
+
+
+def figure(rows: list[dict], title: str) -> go.Figure:
+    fig = go.Figure()
+    for read in dict.fromkeys(r["kv_read"] for r in rows):
+        sel = [r for r in rows if r["kv_read"] == read]
+        fig.add_bar(name=f"read: {read}", x=[r["label"] for r in sel],
+                    y=[r["kl_mean"] for r in sel],
+                    customdata=[[r["top1_agreement"], r["perplexity"]] for r in sel],
+                    hovertemplate="KL %{y:.4f} nats<br>top-1 %{customdata[0]:.3f}<br>"
+                                  "perplexity %{customdata[1]:.3f}")
+    fig.update_layout(title=title, barmode="group", yaxis_title="KL(reference || NPU), nats",
+                      xaxis_title="KV format")
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--text", default=None, help="default: models/data/english.txt")
+    ap.add_argument("--tokens", type=int, default=256, help="tokens of the text to use")
+    ap.add_argument("--bits", default="W8")
+    ap.add_argument("--numerics", default="w8")
+    ap.add_argument("--hw", default="aries")
+    ap.add_argument("--allow-degenerate", action="store_true")
+    ap.add_argument("--out", default="kv-quality", help="folder for table.md and plot.html")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    src, ids, name = eval_tokens(a.model, a.text)
+    ids = ids[: a.tokens]
+    table = quality_table(src, ids, bits=a.bits, numerics=a.numerics, hw=a.hw,
+                          allow_degenerate=a.allow_degenerate,
+                          progress=lambda f, r: print(f"{f} read={r} ...", file=sys.stderr))
+    rows = [{"label": label, **q.as_dict(),
+             "kv_bytes_per_token": kv_bytes_per_token(src.config, q.kv, len(ids))}
+            for label, q in table]
+    title = (f"{src.name} ({'real' if src.real else 'synthetic'} weights) {a.bits} "
+             f"numerics={a.numerics} on {a.hw}: {len(ids)} tokens of {name}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "table.md", f"{title}\n\n{markdown(rows)}")
+    atomic_write_text(out / "plot.html", figure(rows, title).to_html(include_plotlyjs=True))
+    if a.json:
+        print(json.dumps(rows))
+    else:
+        print(title)
+        print(markdown(rows))
+        print(f"wrote {out / 'table.md'} and {out / 'plot.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
