@@ -44,6 +44,7 @@ from isa.instructions import (
     Space,
     Vec,
 )
+from sim import array_engine
 from sim.components import ComputeCore, DmaEngine, Dram, HostLink, Sram, kernel
 from sim.hw import HardwareConfig
 from sim.memory import DeviceMemory
@@ -53,8 +54,8 @@ from traces.recorder import Recorder
 UNMAPPED = "unmapped"
 #: Instructions whose timing is one compute-core duration.
 _COMPUTE_ONLY = frozenset({Gemm, Vec, Nop})
-#: Event kernels a device can run on (see :class:`Device`).
-ENGINES = ("fast", "simpy")
+#: Event engines a device can run on (see :class:`Device`).
+ENGINES = ("fast", "kernel", "simpy")
 
 
 def static_roofline(program: Program, hw: HardwareConfig,
@@ -120,12 +121,14 @@ class Device:
             if engine not in ENGINES:
                 raise DeviceError(f"engine {engine!r}: valid engines are "
                                   f"{', '.join(ENGINES)}")
-            env = kernel.Environment() if engine == "fast" else simpy.Environment()
+            env = simpy.Environment() if engine == "simpy" else kernel.Environment()
+        elif isinstance(env, simpy.Environment):
+            engine = "simpy"
         self.hw = hw
         self.functional = functional
         #: the event kernel: "fast" (``sim.components.kernel``, SimPy's event order at a
         #: fraction of its cost) or "simpy" (the reference); both give identical timelines
-        self.engine = "fast" if isinstance(env, kernel.Environment) else "simpy"
+        self.engine = engine if isinstance(env, kernel.Environment) else "simpy"
         self.env = env
         self.recorder = recorder or Recorder(level="off")
         self.stats = Stats()
@@ -230,20 +233,34 @@ class Device:
         """Run ``program`` to completion and return its timing and traffic."""
         before = self.stats.snapshot()
         start = self.env.now
+        if self.engine == "fast" and array_engine.eligible(self):
+            if validate:
+                from isa.validate import validate_program
+
+                validate_program(program, self.layout)
+            result = array_engine.run(self, program)
+            if not result.completed:
+                self._blocked = result.blocked
+                self._deadlock(program)
+            return ProgramRun(program.name, start, self.env.now,
+                              Stats.delta(self.stats.snapshot(), before))
         proc = self.start(program, validate=validate)
         try:
             self.env.run(until=proc)
         except RuntimeError as err:
             if "No scheduled events left" not in str(err):
                 raise
-            blocked = ", ".join(
-                f"{who} at instruction {idx} waiting on flag {flag}"
-                for who, (idx, flag) in sorted(self._blocked.items())
-            )
-            raise DeviceError(f"program {program.name!r} deadlocked: {blocked}") from None
+            self._deadlock(program)
         return ProgramRun(
             program.name, start, self.env.now, Stats.delta(self.stats.snapshot(), before)
         )
+
+    def _deadlock(self, program: Program) -> None:
+        blocked = ", ".join(
+            f"{who} at instruction {idx} waiting on flag {flag}"
+            for who, (idx, flag) in sorted(self._blocked.items())
+        )
+        raise DeviceError(f"program {program.name!r} deadlocked: {blocked}") from None
 
     def _engine(self, eng: Engine, core: int, items, flags, program: Program):
         block, lane = engine_name(eng, core)
