@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from isa import kvformats, semantics
+from isa.errors import DeviceError
 from isa.instructions import (
     PER_CORE_ENGINES,
     Attn,
@@ -28,16 +29,26 @@ from isa.instructions import (
     DmaLoad,
     DmaStore,
     Engine,
+    Gemm,
     HostRead,
     HostWrite,
     KvRead,
     KvWrite,
+    Nop,
     Program,
+    Vec,
 )
 from sim.components import kernel
 from sim.components import programloop as pl
 
 _DIRECTIONS = ("load", "store", "copy", "read", "write")
+#: The engine queue of each instruction type (Nop names its own).
+_ENGINE_OF = {t: int(t.engine_kind) for t in (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead,
+                                              Attn, KvWrite, KvRead, Gemm, Vec)}
+#: Engines numbered up to this one have one queue per core.
+_LAST_PER_CORE = max(int(e) for e in PER_CORE_ENGINES)
+if {int(e) for e in PER_CORE_ENGINES} != set(range(_LAST_PER_CORE + 1)):
+    raise ImportError("per-core engines must be numbered first")
 
 
 @dataclass(frozen=True)
@@ -78,74 +89,79 @@ def run(dev, program: Program, queue_names: list[tuple[str, str]] | None = None
     n = len(instrs)
     formats = program.formats
     fmt_cache: dict[str, kvformats.KVFormat] = {}
-    table = np.zeros((n, pl.I_FIELDS), np.int64)
+    rows: list[tuple[int, ...]] = []
     waits: list[int] = []
-    w_ptr = np.zeros(n + 1, np.int64)
+    w_ptr = [0]
     signals: list[int] = []
-    s_ptr = np.zeros(n + 1, np.int64)
+    s_ptr = [0]
     flag_ids: dict[int, int] = {}
     adds: list[tuple | None] = [None] * n
-    ops = np.zeros(n, np.int64)
-    queues: dict[tuple[Engine, int], list[int]] = {}
+    ops: list[int] = []
+    queues: dict[tuple[int, int], list[int]] = {}
     streams: list[tuple[int, int]] = []  # (DRAM base address, total bytes) of each transfer
     prefix = "pcie"
     kind_of = dev.kind_of
     cores = dev.cores
+    durations: dict[tuple, int] = {}
     for i, ins in enumerate(instrs):
-        eng = ins.engine
-        core = ins.core if eng in PER_CORE_ENGINES else 0
-        queues.setdefault((eng, core), []).append(i)
-        for f in ins.wait:
-            waits.append(flag_ids.setdefault(f, len(flag_ids)))
-        w_ptr[i + 1] = len(waits)
-        for f in ins.signal:
-            signals.append(flag_ids.setdefault(f, len(flag_ids)))
-        s_ptr[i + 1] = len(signals)
-        ops[i] = ins.ops()
-        row = table[i]
         t = type(ins)
-        if t is DmaLoad or t is DmaStore or t is DmaCopy:
-            row[pl.I_KIND] = pl.K_DMA
-            row[pl.I_CORE] = ins.core
-            if t is DmaCopy:
-                total = ins.nbytes
-                row[pl.I_RES] = 3 * n_cores
-                row[pl.I_DIR1] = pl.D_COPY
-                adds[i] = (("dram_read", kind_of(ins.src), total),
-                           ("dram_write", kind_of(ins.dst), total))
-                streams.append((ins.src, total))
-                streams.append((ins.dst, total))
-            elif t is DmaLoad:
-                total = ins.total_bytes
-                row[pl.I_RES] = ins.core
-                row[pl.I_DIR1] = pl.D_LOAD
-                adds[i] = (("dram_read", kind_of(ins.src), total),)
-                streams.append((ins.src, total))
-            else:
-                total = ins.total_bytes
-                row[pl.I_RES] = n_cores + ins.core
-                row[pl.I_DIR1] = pl.D_STORE
-                adds[i] = (("dram_write", kind_of(ins.dst), total),)
-                streams.append((ins.dst, total))
-            row[pl.I_SRC1] = ins.src
-            row[pl.I_DST1] = ins.dst
-            row[pl.I_N1] = total
-        elif t is HostWrite or t is HostRead:
-            row[pl.I_KIND] = pl.K_LINK
-            row[pl.I_N1] = ins.nbytes
-            if t is HostWrite:
-                row[pl.I_DIR1] = 0
-                kind = kind_of(ins.dst)
-                adds[i] = ((f"{prefix}_h2d", kind, ins.nbytes), ("dram_write", kind, ins.nbytes))
-            else:
-                row[pl.I_DIR1] = 1
-                kind = kind_of(ins.src)
-                adds[i] = ((f"{prefix}_d2h", kind, ins.nbytes), ("dram_read", kind, ins.nbytes))
+        eng = ins.on if t is Nop else _ENGINE_OF.get(t)
+        if eng is None:
+            raise DeviceError(f"no engine executes {t.__name__}")
+        core = ins.core if eng <= _LAST_PER_CORE else 0
+        key = (eng, core)
+        items = queues.get(key)
+        if items is None:
+            items = queues[key] = []
+        items.append(i)
+        if ins.wait:
+            for f in ins.wait:
+                fid = flag_ids.get(f)
+                if fid is None:
+                    fid = flag_ids[f] = len(flag_ids)
+                waits.append(fid)
+        w_ptr.append(len(waits))
+        if ins.signal:
+            for f in ins.signal:
+                fid = flag_ids.get(f)
+                if fid is None:
+                    fid = flag_ids[f] = len(flag_ids)
+                signals.append(fid)
+        s_ptr.append(len(signals))
+        ops.append(ins.ops())
+        if t is DmaLoad:
+            total = ins.nbytes * ins.rows
+            adds[i] = (("dram_read", kind_of(ins.src), total),)
+            streams.append((ins.src, total))
+            rows.append((pl.K_DMA, 0, ins.core, ins.core, 0, pl.D_LOAD, ins.src, ins.dst, total))
+        elif t is DmaStore:
+            total = ins.nbytes * ins.rows
+            adds[i] = (("dram_write", kind_of(ins.dst), total),)
+            streams.append((ins.dst, total))
+            rows.append((pl.K_DMA, 0, n_cores + ins.core, ins.core, 0, pl.D_STORE, ins.src,
+                         ins.dst, total))
+        elif t is DmaCopy:
+            total = ins.nbytes
+            adds[i] = (("dram_read", kind_of(ins.src), total),
+                       ("dram_write", kind_of(ins.dst), total))
+            streams.append((ins.src, total))
+            streams.append((ins.dst, total))
+            rows.append((pl.K_DMA, 0, 3 * n_cores, ins.core, 0, pl.D_COPY, ins.src, ins.dst,
+                         total))
+        elif t is HostWrite:
+            kind = kind_of(ins.dst)
+            adds[i] = ((f"{prefix}_h2d", kind, ins.nbytes), ("dram_write", kind, ins.nbytes))
+            rows.append((pl.K_LINK, 0, 0, 0, 0, 0, 0, 0, ins.nbytes))
+        elif t is HostRead:
+            kind = kind_of(ins.src)
+            adds[i] = ((f"{prefix}_d2h", kind, ins.nbytes), ("dram_read", kind, ins.nbytes))
+            rows.append((pl.K_LINK, 0, 0, 0, 0, 1, 0, 0, ins.nbytes))
         elif t is Attn or t is KvWrite or t is KvRead:
-            row[pl.I_KIND] = pl.K_PAR
-            row[pl.I_CORE] = ins.core
-            row[pl.I_RES] = 2 * n_cores + ins.core
-            row[pl.I_DUR] = cores[ins.core].duration_ps(ins, formats)
+            dkey = ((3, ins.core, ins.q_len, ins.ctx, ins.head_dim, ins.heads, ins.k_fmt,
+                     ins.v_fmt) if t is Attn else (2, ins.core, t, ins.ops()))
+            dur = durations.get(dkey)
+            if dur is None:
+                dur = durations[dkey] = cores[ins.core].duration_ps(ins, formats)
             subs: list[tuple[int, int, int, int]] = []
             if t is Attn:
                 adds[i] = (("dram_read", kind_of(ins.k), ins.k_nbytes + ins.v_nbytes),)
@@ -170,21 +186,29 @@ def run(dev, program: Program, queue_names: list[tuple[str, str]] | None = None
                     parts.append(("dram_write", kind, wr))
                     subs.append((pl.D_WRITE, 0, base, wr))
                 adds[i] = tuple(parts)
-            row[pl.I_NSUB] = len(subs)
-            for s, (d, src, dst, nb) in enumerate(subs):
-                base_col = pl.I_DIR1 if s == 0 else pl.I_DIR2
-                row[base_col] = d
-                row[base_col + 1] = src
-                row[base_col + 2] = dst
-                row[base_col + 3] = nb
+            row = [pl.K_PAR, dur, 2 * n_cores + ins.core, ins.core, len(subs)]
+            for d, src, dst, nb in subs:
+                row += (d, src, dst, nb)
                 streams.append((src if d == pl.D_READ else dst, nb))
+            rows.append(tuple(row))
         else:
             # compute-only (and Nop on any engine): one timeout of the core's duration
-            row[pl.I_KIND] = pl.K_COMPUTE
-            if eng in PER_CORE_ENGINES:
-                row[pl.I_DUR] = cores[core].duration_ps(ins, formats)
+            if t is Nop:
+                dur = 0
             else:
-                row[pl.I_DUR] = cores[ins.core].duration_ps(ins, formats)
+                dkey = ((0, core, ins.m, ins.k, ins.n, ins.w_bits) if t is Gemm
+                        else (1, core, t, ins.ops()))
+                dur = durations.get(dkey)
+                if dur is None:
+                    dur = durations[dkey] = cores[core].duration_ps(ins, formats)
+            rows.append((pl.K_COMPUTE, dur))
+    table = np.zeros((n, pl.I_FIELDS), np.int64)
+    for width in {len(r) for r in rows}:
+        sel = [k for k, r in enumerate(rows) if len(r) == width]
+        table[sel, :width] = np.asarray([rows[k] for k in sel], np.int64).reshape(-1, width)
+    w_ptr = np.asarray(w_ptr, np.int64)
+    s_ptr = np.asarray(s_ptr, np.int64)
+    ops = np.asarray(ops, np.int64)
     keys_sorted = sorted(queues)
     q_ptr = np.zeros(len(keys_sorted) + 1, np.int64)
     q_items = np.zeros(n, np.int64)
@@ -196,7 +220,7 @@ def run(dev, program: Program, queue_names: list[tuple[str, str]] | None = None
         q_of[items] = q
         pos += len(items)
         q_ptr[q + 1] = pos
-    names = [engine_name(eng, core) for eng, core in keys_sorted]
+    names = [engine_name(Engine(eng), core) for eng, core in keys_sorted]
 
     # DRAM timing of every distinct chunk, from the DRAM component
     dram = dev.dram
@@ -254,11 +278,16 @@ def run(dev, program: Program, queue_names: list[tuple[str, str]] | None = None
         s.port_free_ps[:] = port_free[c].tolist()
     link.free_ps["h2d"], link.free_ps["d2h"] = (int(x) for x in link_free)
 
-    # stats: the same additions in the same order
+    # stats: the additions the processes make, summed per (link, kind) in the order each
+    # pair first occurs, which gives every counter the same keys in the same order
     st = dev.stats
+    summed: dict[tuple[str, str], int] = {}
     for i in starts[:nst].tolist():
         for link_name, kind, nbytes in adds[i]:
-            st.add(link_name, kind, nbytes)
+            pair = (link_name, kind)
+            summed[pair] = summed.get(pair, 0) + nbytes
+    for (link_name, kind), nbytes in summed.items():
+        st.add(link_name, kind, nbytes)
     done = done[:nd]
     idx = done[:, 0]
     st.instructions += nd
