@@ -20,35 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from isa import kvformats, semantics
-from isa.errors import DeviceError
-from isa.instructions import (
-    PER_CORE_ENGINES,
-    Attn,
-    DmaCopy,
-    DmaLoad,
-    DmaStore,
-    Engine,
-    Gemm,
-    HostRead,
-    HostWrite,
-    KvRead,
-    KvWrite,
-    Nop,
-    Program,
-    Vec,
-)
+from isa import semantics
+from isa.instructions import Engine, Program
+from sim import program_tables
 from sim.components import kernel
 from sim.components import programloop as pl
 
 _DIRECTIONS = ("load", "store", "copy", "read", "write")
-#: The engine queue of each instruction type (Nop names its own).
-_ENGINE_OF = {t: int(t.engine_kind) for t in (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead,
-                                              Attn, KvWrite, KvRead, Gemm, Vec)}
-#: Engines numbered up to this one have one queue per core.
-_LAST_PER_CORE = max(int(e) for e in PER_CORE_ENGINES)
-if {int(e) for e in PER_CORE_ENGINES} != set(range(_LAST_PER_CORE + 1)):
-    raise ImportError("per-core engines must be numbered first")
 
 
 @dataclass(frozen=True)
@@ -79,157 +57,21 @@ def _resources(dev) -> list:
     return [*dev.dma_in, *dev.dma_out, *dev.kv_stream, dev.copy_engine]
 
 
-def run(dev, program: Program, queue_names: list[tuple[str, str]] | None = None
-        ) -> LoopResult:
+def run(dev, program: Program) -> LoopResult:
     """Runs ``program`` on ``dev`` (which must be :func:`eligible`)."""
     from sim.device import engine_name
 
-    n_cores = dev.num_cores
     instrs = program.instructions
-    n = len(instrs)
-    formats = program.formats
-    fmt_cache: dict[str, kvformats.KVFormat] = {}
-    rows: list[tuple[int, ...]] = []
-    waits: list[int] = []
-    w_ptr = [0]
-    signals: list[int] = []
-    s_ptr = [0]
-    flag_ids: dict[int, int] = {}
-    adds: list[tuple | None] = [None] * n
-    ops: list[int] = []
-    queues: dict[tuple[int, int], list[int]] = {}
-    streams: list[tuple[int, int]] = []  # (DRAM base address, total bytes) of each transfer
-    prefix = "pcie"
-    kind_of = dev.kind_of
-    cores = dev.cores
-    durations: dict[tuple, int] = {}
-    for i, ins in enumerate(instrs):
-        t = type(ins)
-        eng = ins.on if t is Nop else _ENGINE_OF.get(t)
-        if eng is None:
-            raise DeviceError(f"no engine executes {t.__name__}")
-        core = ins.core if eng <= _LAST_PER_CORE else 0
-        key = (eng, core)
-        items = queues.get(key)
-        if items is None:
-            items = queues[key] = []
-        items.append(i)
-        if ins.wait:
-            for f in ins.wait:
-                fid = flag_ids.get(f)
-                if fid is None:
-                    fid = flag_ids[f] = len(flag_ids)
-                waits.append(fid)
-        w_ptr.append(len(waits))
-        if ins.signal:
-            for f in ins.signal:
-                fid = flag_ids.get(f)
-                if fid is None:
-                    fid = flag_ids[f] = len(flag_ids)
-                signals.append(fid)
-        s_ptr.append(len(signals))
-        ops.append(ins.ops())
-        if t is DmaLoad:
-            total = ins.nbytes * ins.rows
-            adds[i] = (("dram_read", kind_of(ins.src), total),)
-            streams.append((ins.src, total))
-            rows.append((pl.K_DMA, 0, ins.core, ins.core, 0, pl.D_LOAD, ins.src, ins.dst, total))
-        elif t is DmaStore:
-            total = ins.nbytes * ins.rows
-            adds[i] = (("dram_write", kind_of(ins.dst), total),)
-            streams.append((ins.dst, total))
-            rows.append((pl.K_DMA, 0, n_cores + ins.core, ins.core, 0, pl.D_STORE, ins.src,
-                         ins.dst, total))
-        elif t is DmaCopy:
-            total = ins.nbytes
-            adds[i] = (("dram_read", kind_of(ins.src), total),
-                       ("dram_write", kind_of(ins.dst), total))
-            streams.append((ins.src, total))
-            streams.append((ins.dst, total))
-            rows.append((pl.K_DMA, 0, 3 * n_cores, ins.core, 0, pl.D_COPY, ins.src, ins.dst,
-                         total))
-        elif t is HostWrite:
-            kind = kind_of(ins.dst)
-            adds[i] = ((f"{prefix}_h2d", kind, ins.nbytes), ("dram_write", kind, ins.nbytes))
-            rows.append((pl.K_LINK, 0, 0, 0, 0, 0, 0, 0, ins.nbytes))
-        elif t is HostRead:
-            kind = kind_of(ins.src)
-            adds[i] = ((f"{prefix}_d2h", kind, ins.nbytes), ("dram_read", kind, ins.nbytes))
-            rows.append((pl.K_LINK, 0, 0, 0, 0, 1, 0, 0, ins.nbytes))
-        elif t is Attn or t is KvWrite or t is KvRead:
-            dkey = ((3, ins.core, ins.q_len, ins.ctx, ins.head_dim, ins.heads, ins.k_fmt,
-                     ins.v_fmt) if t is Attn else (2, ins.core, t, ins.ops()))
-            dur = durations.get(dkey)
-            if dur is None:
-                dur = durations[dkey] = cores[ins.core].duration_ps(ins, formats)
-            subs: list[tuple[int, int, int, int]] = []
-            if t is Attn:
-                adds[i] = (("dram_read", kind_of(ins.k), ins.k_nbytes + ins.v_nbytes),)
-                subs = [(pl.D_READ, ins.k, 0, ins.k_nbytes), (pl.D_READ, ins.v, 0, ins.v_nbytes)]
-            else:
-                text = formats[ins.fmt]
-                fmt = fmt_cache.get(text)
-                if fmt is None:
-                    fmt = fmt_cache[text] = kvformats.parse(text)
-                if t is KvWrite:
-                    rd, wr = fmt.write_bytes(ins.pos, ins.tokens, ins.width)
-                    base = ins.dst
-                else:
-                    rd, wr = fmt.read_bytes(ins.pos, ins.tokens, ins.width), 0
-                    base = ins.src
-                kind = kind_of(base)
-                parts = []
-                if rd:
-                    parts.append(("dram_read", kind, rd))
-                    subs.append((pl.D_READ, base, 0, rd))
-                if wr:
-                    parts.append(("dram_write", kind, wr))
-                    subs.append((pl.D_WRITE, 0, base, wr))
-                adds[i] = tuple(parts)
-            row = [pl.K_PAR, dur, 2 * n_cores + ins.core, ins.core, len(subs)]
-            for d, src, dst, nb in subs:
-                row += (d, src, dst, nb)
-                streams.append((src if d == pl.D_READ else dst, nb))
-            rows.append(tuple(row))
-        else:
-            # compute-only (and Nop on any engine): one timeout of the core's duration
-            if t is Nop:
-                dur = 0
-            else:
-                dkey = ((0, core, ins.m, ins.k, ins.n, ins.w_bits) if t is Gemm
-                        else (1, core, t, ins.ops()))
-                dur = durations.get(dkey)
-                if dur is None:
-                    dur = durations[dkey] = cores[core].duration_ps(ins, formats)
-            rows.append((pl.K_COMPUTE, dur))
-    table = np.zeros((n, pl.I_FIELDS), np.int64)
-    for width in {len(r) for r in rows}:
-        sel = [k for k, r in enumerate(rows) if len(r) == width]
-        table[sel, :width] = np.asarray([rows[k] for k in sel], np.int64).reshape(-1, width)
-    w_ptr = np.asarray(w_ptr, np.int64)
-    s_ptr = np.asarray(s_ptr, np.int64)
-    ops = np.asarray(ops, np.int64)
-    keys_sorted = sorted(queues)
-    q_ptr = np.zeros(len(keys_sorted) + 1, np.int64)
-    q_items = np.zeros(n, np.int64)
-    q_of = np.zeros(n, np.int64)
-    pos = 0
-    for q, key in enumerate(keys_sorted):
-        items = queues[key]
-        q_items[pos: pos + len(items)] = items
-        q_of[items] = q
-        pos += len(items)
-        q_ptr[q + 1] = pos
-    names = [engine_name(Engine(eng), core) for eng, core in keys_sorted]
+    tb = program_tables.build(program, dev.cores, dev.num_cores, dev.kinds_of)
+    names = [engine_name(Engine(eng), core) for eng, core in tb.queues]
 
     # DRAM timing of every distinct chunk, from the DRAM component
     dram = dev.dram
     chunk = dev.hw.dma.chunk_bytes
     stripe = dram.cfg.interleave_bytes * dram.cfg.channels
     key_mul = chunk + 1
-    if streams:
-        arr = np.asarray(streams, np.int64)
-        base, total = arr[:, 0], arr[:, 1]
+    if len(tb.stream_base):
+        base, total = tb.stream_base, tb.stream_bytes
         counts = np.maximum(1, -(-total // chunk))
         first = np.cumsum(counts) - counts
         k = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(first, counts)
@@ -260,8 +102,8 @@ def run(dev, program: Program, queue_names: list[tuple[str, str]] | None = None
 
     (result, now, eid, d_read, d_written, done, nd, starts, nst, logs, nl, blocked,
      pending) = pl.run_program(
-        env.now, env.insertion_id, table, w_ptr, np.asarray(waits, np.int64), s_ptr,
-        np.asarray(signals, np.int64), q_ptr, q_items, len(flag_ids), res_cap, res_setup,
+        env.now, env.insertion_id, tb.table, tb.w_ptr, tb.w_flag, tb.s_ptr, tb.s_flag,
+        tb.q_ptr, tb.q_items, len(tb.flags), res_cap, res_setup,
         res_chunk, dram_free, dram.latency_ps, keys, plan_ptr, plan[:, 0].copy(),
         plan[:, 1].copy(), plan[:, 2].copy(), stripe, key_mul, port_free,
         float(dev.srams[0].port_bytes_per_s), link_free, link_bps, link.latency_ps,
@@ -278,22 +120,30 @@ def run(dev, program: Program, queue_names: list[tuple[str, str]] | None = None
         s.port_free_ps[:] = port_free[c].tolist()
     link.free_ps["h2d"], link.free_ps["d2h"] = (int(x) for x in link_free)
 
-    # stats: the additions the processes make, summed per (link, kind) in the order each
-    # pair first occurs, which gives every counter the same keys in the same order
+    # stats: the additions the processes make when an instruction's timing begins, summed
+    # per (link, kind) in the order each pair first occurs: every counter then gets the
+    # same keys in the same order and the same totals
     st = dev.stats
-    summed: dict[tuple[str, str], int] = {}
-    for i in starts[:nst].tolist():
-        for link_name, kind, nbytes in adds[i]:
-            pair = (link_name, kind)
-            summed[pair] = summed.get(pair, 0) + nbytes
-    for (link_name, kind), nbytes in summed.items():
-        st.add(link_name, kind, nbytes)
+    rank = np.full(len(instrs), -1, np.int64)
+    rank[starts[:nst]] = np.arange(nst)
+    r = rank[tb.add_ins]
+    sel = np.flatnonzero(r >= 0)
+    sel = sel[np.argsort(r[sel], kind="stable")]
+    if len(sel):
+        nkinds = len(dev.kind_names)
+        pair = tb.add_link[sel] * nkinds + tb.add_kind[sel]
+        upairs, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+        sums = np.zeros(len(upairs), np.int64)
+        np.add.at(sums, inverse.reshape(-1), tb.add_bytes[sel])
+        for u in np.argsort(first).tolist():
+            link_id, kind_id = divmod(int(upairs[u]), nkinds)
+            st.add(program_tables.LINKS[link_id], dev.kind_names[kind_id], int(sums[u]))
     done = done[:nd]
     idx = done[:, 0]
     st.instructions += nd
-    st.ops += int(ops[idx].sum())
+    st.ops += int(tb.ops[idx].sum())
     if nd:
-        qd = q_of[idx]
+        qd = tb.q_of[idx]
         busy = np.zeros(len(names), np.int64)
         np.add.at(busy, qd, done[:, 2] - done[:, 1])
         _, firsts = np.unique(qd, return_index=True)
@@ -304,18 +154,17 @@ def run(dev, program: Program, queue_names: list[tuple[str, str]] | None = None
     if dev.functional:
         mem = dev.mem
         for i in idx.tolist():
-            semantics.execute(instrs[i], mem, formats)
+            semantics.execute(instrs[i], mem, program.formats)
 
     if nl:
         _replay(rec, logs[:nl].tolist(), names, instrs, res, link.block)
 
     blocked_by = {}
     if result != pl.R_DONE:
-        inv = {v: k for k, v in flag_ids.items()}
         for q, (i, f) in enumerate(blocked.tolist()[: len(names)]):
             if i >= 0:
                 block, lane = names[q]
-                blocked_by[f"{block}.{lane}"] = (i, inv[f])
+                blocked_by[f"{block}.{lane}"] = (i, int(tb.flags[f]))
     return LoopResult(result == pl.R_DONE, blocked_by)
 
 

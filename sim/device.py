@@ -21,6 +21,7 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
 import simpy
 
 from isa import kvformats, semantics
@@ -195,6 +196,12 @@ class Device:
         )
         self._dram_bases = [r.base for r in dram]
         self._dram_regions = dram
+        #: traffic kinds by id (:meth:`kinds_of`): the regions' kinds, then ``unmapped``
+        self.kind_names = sorted({r.kind for r in dram}) + [UNMAPPED]
+        ids = {k: i for i, k in enumerate(self.kind_names)}
+        self._kind_bases = np.asarray(self._dram_bases, np.int64)
+        self._kind_ends = np.asarray([r.end for r in dram], np.int64)
+        self._kind_ids = np.asarray([ids[r.kind] for r in dram], np.int64)
 
     def kind_of(self, dram_addr: int) -> str:
         """Traffic kind of the DRAM region holding ``dram_addr``."""
@@ -202,6 +209,18 @@ class Device:
         if i >= 0 and dram_addr < self._dram_regions[i].end:
             return self._dram_regions[i].kind
         return UNMAPPED
+
+    def kinds_of(self, dram_addrs: np.ndarray) -> np.ndarray:
+        """:meth:`kind_of` of many addresses at once, as ids into :attr:`kind_names`."""
+        addrs = np.asarray(dram_addrs, np.int64)
+        i = np.searchsorted(self._kind_bases, addrs, side="right") - 1
+        safe = np.maximum(i, 0)
+        inside = (i >= 0) & (addrs < self._kind_ends[safe]) if len(self._kind_ends) else (
+            np.zeros(len(addrs), bool))
+        unmapped = len(self.kind_names) - 1
+        if not len(self._kind_ids):
+            return np.full(len(addrs), unmapped, np.int64)
+        return np.where(inside, self._kind_ids[safe], unmapped)
 
     # --- execution --------------------------------------------------------------------
     def start(self, program: Program, *, validate: bool = True):

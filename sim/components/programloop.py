@@ -221,9 +221,10 @@ def _hpop(h: np.ndarray, n: int) -> int:
 
 
 @njit(cache=True)
-def _transfer_ps(nbytes: int, bytes_per_s: float) -> int:
-    # sim.units.transfer_ps: ceil(nbytes * 1e12 / bw). nbytes < 2**53, so float(nbytes) is
-    # exact and the product is the correctly rounded exact product, as in Python.
+def transfer_ps(nbytes: int, bytes_per_s: float) -> int:
+    """``sim.units.transfer_ps`` for a float ``bytes_per_s``: ``ceil(nbytes * 1e12 / bw)``.
+    With ``nbytes < 2**53`` float(nbytes) is exact and the product is the correctly
+    rounded exact product, which is what Python divides too (a test checks it)."""
     if nbytes <= 0:
         return 0
     return int(np.ceil(np.float64(nbytes) * 1e12 / bytes_per_s))
@@ -619,7 +620,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                         if port_free[core, k] < port_free[core, best]:
                             best = k
                     s0 = max(now, port_free[core, best])
-                    port_free[core, best] = s0 + _transfer_ps(n, port_bps)
+                    port_free[core, best] = s0 + transfer_ps(n, port_bps)
                     P[p, F_C_PORT] = port_free[core, best]
                     if d == D_LOAD:
                         P[p, F_A_ADDR] = P[p, F_C_SRC]
@@ -725,7 +726,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     continue
                 ld = P[p, F_L_DIR]
                 nn = min(link_chunk, n - off)
-                end_ps = _transfer_ps(off + nn, link_bps[ld])
+                end_ps = transfer_ps(off + nn, link_bps[ld])
                 dur = end_ps - P[p, F_L_DONE]
                 P[p, F_L_DONE] = end_ps
                 s0 = max(now, link_free[ld])
