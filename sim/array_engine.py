@@ -24,7 +24,8 @@ from isa import semantics
 from isa.instructions import Engine, Program
 from sim import program_tables
 from sim.components import kernel
-from sim.components import programloop as pl
+from sim.components import loopdefs as pl
+from sim.components.programloop import run_program
 
 _DIRECTIONS = ("load", "store", "copy", "read", "write")
 
@@ -101,7 +102,7 @@ def run(dev, program: Program) -> LoopResult:
     env = dev.env
 
     (result, now, eid, d_read, d_written, done, nd, starts, nst, logs, nl, blocked,
-     pending) = pl.run_program(
+     pending) = run_program(
         env.now, env.insertion_id, tb.table, tb.w_ptr, tb.w_flag, tb.s_ptr, tb.s_flag,
         tb.q_ptr, tb.q_items, len(tb.flags), res_cap, res_setup,
         res_chunk, dram_free, dram.latency_ps, keys, plan_ptr, plan[:, 0].copy(),

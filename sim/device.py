@@ -7,12 +7,16 @@ flag in ``wait`` before it starts and gives one count of each flag in ``signal``
 ends (counting semaphores, SimPy ``Container``s). Each instruction's duration comes from
 the component that executes it; its result, in functional mode, from ``isa.semantics``.
 
-The components are SimPy-style processes and run on either of two event kernels
-(``Device(engine=...)``): ``"fast"`` (the default, :mod:`sim.components.kernel`: the
-same processes, SimPy's exact event order, a fraction of its cost per event) or
-``"simpy"`` (the reference). Both give the same timeline to the picosecond, the same
-stats and the same recorder spans in the same order (``tests/sim/test_engines.py``).
-Passing a ``simpy.Environment`` as ``env`` selects the reference kernel.
+The components are SimPy-style processes; ``Device(engine=...)`` chooses how they run:
+``"fast"`` (the default: a whole program on the array loop of
+:mod:`sim.components.programloop`, the same processes written as state machines in Numba,
+with the same events in the same order; when a device is not eligible for it, see
+:func:`sim.array_engine.eligible`, the program runs as ``"kernel"``), ``"kernel"`` (the
+generator processes on the lean event kernel :mod:`sim.components.kernel`, SimPy's exact
+event order at a fraction of its cost) or ``"simpy"`` (the reference). All three give the
+same timeline to the picosecond, the same stats and the same recorder spans in the same
+order (``tests/sim/test_engines.py``). Passing a ``simpy.Environment`` as ``env`` selects
+the reference.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from isa.instructions import (
     Program,
     Vec,
 )
-from sim.components import programloop as pl
+from sim.components import loopdefs as pl
 
 #: Links of the stats additions, by id.
 LINKS = ("dram_read", "dram_write", "pcie_h2d", "pcie_d2h")
