@@ -83,7 +83,14 @@ def _per_shape(group: list, shapes: np.ndarray, fn) -> np.ndarray:
     """``fn(instruction)`` for every instruction, computed once per distinct shape row."""
     if not group:
         return np.zeros(0, np.int64)
-    _, first, inverse = np.unique(shapes, axis=0, return_index=True, return_inverse=True)
+    # one int64 key per row from the columns' own dense ids (1-D uniques are fast),
+    # made dense again after each column so that it never overflows
+    key = np.zeros(len(group), np.int64)
+    for col in shapes.T:
+        values, ids = np.unique(col, return_inverse=True)
+        key = np.unique(key * len(values) + ids.reshape(-1), return_inverse=True)[1]
+        key = key.reshape(-1).astype(np.int64)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     values = np.asarray([fn(group[k]) for k in first.tolist()], np.int64)
     return values[inverse.reshape(-1)]
 
