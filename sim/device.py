@@ -7,12 +7,16 @@ flag in ``wait`` before it starts and gives one count of each flag in ``signal``
 ends (counting semaphores, SimPy ``Container``s). Each instruction's duration comes from
 the component that executes it; its result, in functional mode, from ``isa.semantics``.
 
-The components are SimPy-style processes and run on either of two event kernels
-(``Device(engine=...)``): ``"fast"`` (the default, :mod:`sim.components.kernel`: the
-same processes, SimPy's exact event order, a fraction of its cost per event) or
-``"simpy"`` (the reference). Both give the same timeline to the picosecond, the same
-stats and the same recorder spans in the same order (``tests/sim/test_engines.py``).
-Passing a ``simpy.Environment`` as ``env`` selects the reference kernel.
+The components are SimPy-style processes; ``Device(engine=...)`` chooses how they run:
+``"fast"`` (the default: a whole program on the array loop of
+:mod:`sim.components.programloop`, the same processes written as state machines in Numba,
+with the same events in the same order; when a device is not eligible for it, see
+:func:`sim.array_engine.eligible`, the program runs as ``"kernel"``), ``"kernel"`` (the
+generator processes on the lean event kernel :mod:`sim.components.kernel`, SimPy's exact
+event order at a fraction of its cost) or ``"simpy"`` (the reference). All three give the
+same timeline to the picosecond, the same stats and the same recorder spans in the same
+order (``tests/sim/test_engines.py``). Passing a ``simpy.Environment`` as ``env`` selects
+the reference.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
 import simpy
 
 from isa import kvformats, semantics
@@ -44,6 +49,7 @@ from isa.instructions import (
     Space,
     Vec,
 )
+from sim import array_engine
 from sim.components import ComputeCore, DmaEngine, Dram, HostLink, Sram, kernel
 from sim.hw import HardwareConfig
 from sim.memory import DeviceMemory
@@ -53,8 +59,8 @@ from traces.recorder import Recorder
 UNMAPPED = "unmapped"
 #: Instructions whose timing is one compute-core duration.
 _COMPUTE_ONLY = frozenset({Gemm, Vec, Nop})
-#: Event kernels a device can run on (see :class:`Device`).
-ENGINES = ("fast", "simpy")
+#: Event engines a device can run on (see :class:`Device`).
+ENGINES = ("fast", "kernel", "simpy")
 
 
 def static_roofline(program: Program, hw: HardwareConfig,
@@ -120,12 +126,14 @@ class Device:
             if engine not in ENGINES:
                 raise DeviceError(f"engine {engine!r}: valid engines are "
                                   f"{', '.join(ENGINES)}")
-            env = kernel.Environment() if engine == "fast" else simpy.Environment()
+            env = simpy.Environment() if engine == "simpy" else kernel.Environment()
+        elif isinstance(env, simpy.Environment):
+            engine = "simpy"
         self.hw = hw
         self.functional = functional
         #: the event kernel: "fast" (``sim.components.kernel``, SimPy's event order at a
         #: fraction of its cost) or "simpy" (the reference); both give identical timelines
-        self.engine = "fast" if isinstance(env, kernel.Environment) else "simpy"
+        self.engine = engine if isinstance(env, kernel.Environment) else "simpy"
         self.env = env
         self.recorder = recorder or Recorder(level="off")
         self.stats = Stats()
@@ -192,6 +200,12 @@ class Device:
         )
         self._dram_bases = [r.base for r in dram]
         self._dram_regions = dram
+        #: traffic kinds by id (:meth:`kinds_of`): the regions' kinds, then ``unmapped``
+        self.kind_names = sorted({r.kind for r in dram}) + [UNMAPPED]
+        ids = {k: i for i, k in enumerate(self.kind_names)}
+        self._kind_bases = np.asarray(self._dram_bases, np.int64)
+        self._kind_ends = np.asarray([r.end for r in dram], np.int64)
+        self._kind_ids = np.asarray([ids[r.kind] for r in dram], np.int64)
 
     def kind_of(self, dram_addr: int) -> str:
         """Traffic kind of the DRAM region holding ``dram_addr``."""
@@ -199,6 +213,18 @@ class Device:
         if i >= 0 and dram_addr < self._dram_regions[i].end:
             return self._dram_regions[i].kind
         return UNMAPPED
+
+    def kinds_of(self, dram_addrs: np.ndarray) -> np.ndarray:
+        """:meth:`kind_of` of many addresses at once, as ids into :attr:`kind_names`."""
+        addrs = np.asarray(dram_addrs, np.int64)
+        i = np.searchsorted(self._kind_bases, addrs, side="right") - 1
+        safe = np.maximum(i, 0)
+        inside = (i >= 0) & (addrs < self._kind_ends[safe]) if len(self._kind_ends) else (
+            np.zeros(len(addrs), bool))
+        unmapped = len(self.kind_names) - 1
+        if not len(self._kind_ids):
+            return np.full(len(addrs), unmapped, np.int64)
+        return np.where(inside, self._kind_ids[safe], unmapped)
 
     # --- execution --------------------------------------------------------------------
     def start(self, program: Program, *, validate: bool = True):
@@ -230,20 +256,34 @@ class Device:
         """Run ``program`` to completion and return its timing and traffic."""
         before = self.stats.snapshot()
         start = self.env.now
+        if self.engine == "fast" and array_engine.eligible(self):
+            if validate:
+                from isa.validate import validate_program
+
+                validate_program(program, self.layout)
+            result = array_engine.run(self, program)
+            if not result.completed:
+                self._blocked = result.blocked
+                self._deadlock(program)
+            return ProgramRun(program.name, start, self.env.now,
+                              Stats.delta(self.stats.snapshot(), before))
         proc = self.start(program, validate=validate)
         try:
             self.env.run(until=proc)
         except RuntimeError as err:
             if "No scheduled events left" not in str(err):
                 raise
-            blocked = ", ".join(
-                f"{who} at instruction {idx} waiting on flag {flag}"
-                for who, (idx, flag) in sorted(self._blocked.items())
-            )
-            raise DeviceError(f"program {program.name!r} deadlocked: {blocked}") from None
+            self._deadlock(program)
         return ProgramRun(
             program.name, start, self.env.now, Stats.delta(self.stats.snapshot(), before)
         )
+
+    def _deadlock(self, program: Program) -> None:
+        blocked = ", ".join(
+            f"{who} at instruction {idx} waiting on flag {flag}"
+            for who, (idx, flag) in sorted(self._blocked.items())
+        )
+        raise DeviceError(f"program {program.name!r} deadlocked: {blocked}") from None
 
     def _engine(self, eng: Engine, core: int, items, flags, program: Program):
         block, lane = engine_name(eng, core)

@@ -232,6 +232,22 @@ class Environment:
         return AllOf(self, list(events))
 
     @property
+    def insertion_id(self) -> int:
+        """The id the next scheduled event takes (ties at one time and priority are
+        processed in id order)."""
+        return self._eid
+
+    def advance(self, now: int, insertion_id: int) -> None:
+        """Set the clock and the next insertion id after events were processed elsewhere
+        (the array loop of ``sim.components.programloop``); the queue must be empty."""
+        if self._queue:
+            raise RuntimeError("cannot advance a kernel with events scheduled")
+        if now < self.now or insertion_id < self._eid:
+            raise ValueError("the clock and the insertion id only move forward")
+        self.now = now
+        self._eid = insertion_id
+
+    @property
     def pending(self) -> int:
         """Events scheduled and not yet processed."""
         return len(self._queue)

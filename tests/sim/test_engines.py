@@ -1,10 +1,13 @@
-"""The fast event kernel and SimPy give identical timelines.
+"""The fast engines and SimPy give identical timelines.
 
-Each scenario runs on two devices, one per engine, and compares everything a run leaves
-behind: every recorder span (instructions, DMA chunks, DRAM bursts, link chunks) in
-order with its times and arguments, the byte bins and totals, the per-program timing and
-stats, the device's counters, the state of every channel, port and link direction and,
-in functional mode, the bytes in memory and the results.
+Each scenario runs on three devices, one per engine: ``simpy`` (the reference), ``kernel``
+(the same processes on the lean event kernel) and ``fast`` (the array loop of
+``sim.components.programloop`` wherever the device is eligible, which these scenarios
+check it used), and compares everything a run leaves behind: every recorder span
+(instructions, DMA chunks, DRAM bursts, link chunks) in order with its times and
+arguments, the byte bins and totals, the per-program timing and stats, the device's
+counters, the state of every channel, port and link direction and, in functional mode,
+the bytes in memory and the results.
 """
 
 from __future__ import annotations
@@ -38,14 +41,15 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
 from models.demo import demo_data, gemv_layer
-from sim.components import kernel
+from sim import array_engine
+from sim.components import kernel, loopdefs
 from sim.device import Device
 from sim.hw import load_hardware
 from sim.runtime import Accelerator, Model
 from traces.recorder import Recorder
 
 TINY = load_hardware("tiny")
-ENGINES = ("simpy", "fast")
+ENGINES = ("simpy", "kernel", "fast")
 
 
 def _state(dev: Device, rec: Recorder, runs: list) -> dict:
@@ -69,6 +73,8 @@ def _run(engine: str, hw, programs, *, functional=False, layout=None, setup=None
     rec = Recorder(level=level)
     dev = Device(hw, functional=functional, recorder=rec, layout=layout, engine=engine)
     assert dev.engine == engine
+    if engine == "fast" and array_engine.eligible(dev):
+        dev.start = _no_processes  # the array loop must run these programs
     if setup is not None:
         setup(dev)
     runs = []
@@ -86,11 +92,16 @@ def _run(engine: str, hw, programs, *, functional=False, layout=None, setup=None
     return out
 
 
+def _no_processes(*_args, **_kw):
+    raise AssertionError("the fast engine ran generator processes on an eligible device")
+
+
 def assert_same(hw, programs, **kw) -> dict:
     a = _run("simpy", hw, programs, **kw)
-    b = _run("fast", hw, programs, **kw)
-    for key in a:
-        assert a[key] == b[key], key
+    for engine in ("kernel", "fast"):
+        b = _run(engine, hw, programs, **kw)
+        for key in a:
+            assert a[key] == b[key], (engine, key)
     return a
 
 
@@ -164,16 +175,54 @@ def test_a_deadlock_is_reported_the_same_way():
     prog = Program((Nop(on=Engine.DMA_IN, wait=(5,), signal=(6,)),
                     Nop(on=Engine.DMA_OUT, wait=(6,), signal=(5,))), name="cycle")
     msgs = []
-    for engine in ENGINES:
+    for engine in ENGINES:  # the array loop reports it from its own state
         with pytest.raises(DeviceError) as info:
             Device(TINY, functional=False, engine=engine).run(prog, validate=False)
         msgs.append(str(info.value))
-    assert msgs[0] == msgs[1] and "deadlocked" in msgs[0]
+    assert msgs[0] == msgs[1] == msgs[2] and "deadlocked" in msgs[0]
 
 
 def test_an_unknown_engine_is_refused():
     with pytest.raises(DeviceError, match="engine 'numba'"):
         Device(TINY, engine="numba")
+
+
+def test_a_shared_dram_host_link_falls_back_to_processes_with_the_same_timeline():
+    # the array loop models the PCIe link only: a host memcpy over shared DRAM channels
+    # runs on the kernel's processes, and must still match the reference
+    hw = load_hardware("regulus")
+    assert not array_engine.eligible(Device(hw, functional=False))
+    assert_same(hw, [Program((
+        HostWrite(src=0, dst=0, nbytes=10_000),
+        DmaLoad(core=0, src=2048, dst=0, nbytes=6_000),
+        HostRead(src=0, dst=20_000, nbytes=5_000),
+    ))])
+
+
+def test_the_array_loop_is_not_used_with_events_pending():
+    dev = Device(TINY, functional=False)
+    assert array_engine.eligible(dev)
+    dev.env.timeout(5)
+    assert not array_engine.eligible(dev)
+
+
+@settings(max_examples=300, deadline=None)
+@given(nbytes=st.integers(0, 2**40), bw=st.floats(1e6, 1e13))  # up to 1 TiB at >= 1 MB/s
+def test_the_loops_transfer_time_rounds_like_python(nbytes, bw):
+    from sim.units import transfer_ps
+
+    assert loopdefs.transfer_ps(nbytes, bw) == transfer_ps(nbytes, bw)
+
+
+def test_the_kernel_clock_only_moves_forward_with_an_empty_queue():
+    env = kernel.Environment()
+    env.advance(10, 3)
+    assert (env.now, env.insertion_id) == (10, 3)
+    with pytest.raises(ValueError, match="only move forward"):
+        env.advance(9, 3)
+    env.timeout(1)
+    with pytest.raises(RuntimeError, match="events scheduled"):
+        env.advance(20, 9)
 
 
 def test_the_kernel_runs_until_a_time_like_simpy():
@@ -260,6 +309,8 @@ def _model_steps(engine: str, monkeypatch, cm, functional: bool, emb):
     rec = Recorder(level="tiles")
     acc = Accelerator(hw=TINY, functional=functional, recorder=rec)
     assert acc.device.engine == engine
+    if engine == "fast":
+        acc.device.start = _no_processes
     model = Model(cm)
     model.launch(acc)
     outs = [model.infer(emb[:16], cache_size=0)[0]]

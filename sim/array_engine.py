@@ -1,0 +1,196 @@
+"""Run a program on the array event loop (:mod:`sim.components.programloop`).
+
+A program becomes tables (one row per instruction: kind, precomputed duration, DMA
+engine, transfers; waits and signals as index lists; engine queues in the device's
+order), the DRAM timing of every distinct chunk comes from ``Dram.chunk_plan``, the loop
+runs, and its logs are replayed in order into what the generator processes would have
+changed: the stats (the same additions, so counters keep their key order), the recorder
+(the same calls in the same order), the components' state (DRAM channels, SRAM ports,
+link directions, the kernel's clock and insertion id) and, in functional mode, memory
+(``isa.semantics`` in the order instructions ended, which is the order the processes
+execute them: an instruction's bytes never influence timing).
+
+:func:`eligible` says when a device can use it; otherwise the device runs the generator
+processes on the event kernel (the same timeline, more slowly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from isa import semantics
+from isa.instructions import Engine, Program
+from sim import program_tables
+from sim.components import kernel
+from sim.components import loopdefs as pl
+from sim.components.programloop import run_program
+
+_DIRECTIONS = ("load", "store", "copy", "read", "write")
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    """What the loop left for the device: whether the program completed, and if not,
+    ``blocked`` = {engine name: (instruction index, flag)} as the processes report it."""
+
+    completed: bool
+    blocked: dict[str, tuple[int, int]]
+
+
+def eligible(dev) -> bool:
+    """Whether ``dev``'s program runs can use the array loop: the lean kernel with no
+    other events pending, a PCIe host link and float bandwidths (the loop's rounding
+    equals Python's only for float divisors)."""
+    env = dev.env
+    if not isinstance(env, kernel.Environment) or env.pending:
+        return False
+    if dev.hw.host_link.kind != "pcie":
+        return False
+    bws = [dev.link.bytes_per_s["h2d"], dev.link.bytes_per_s["d2h"],
+           dev.srams[0].port_bytes_per_s]
+    return all(isinstance(b, float) for b in bws)
+
+
+def _resources(dev) -> list:
+    # the loop's resource ids: dma_in per core, dma_out per core, kv_stream per core, copy
+    return [*dev.dma_in, *dev.dma_out, *dev.kv_stream, dev.copy_engine]
+
+
+def run(dev, program: Program) -> LoopResult:
+    """Runs ``program`` on ``dev`` (which must be :func:`eligible`)."""
+    from sim.device import engine_name
+
+    instrs = program.instructions
+    tb = program_tables.build(program, dev.cores, dev.num_cores, dev.kinds_of)
+    names = [engine_name(Engine(eng), core) for eng, core in tb.queues]
+
+    # DRAM timing of every distinct chunk, from the DRAM component
+    dram = dev.dram
+    chunk = dev.hw.dma.chunk_bytes
+    stripe = dram.cfg.interleave_bytes * dram.cfg.channels
+    key_mul = chunk + 1
+    if len(tb.stream_base):
+        base, total = tb.stream_base, tb.stream_bytes
+        counts = np.maximum(1, -(-total // chunk))
+        first = np.cumsum(counts) - counts
+        k = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(first, counts)
+        off = k * chunk
+        nb = np.minimum(chunk, np.repeat(total, counts) - off)
+        keys = np.unique(((np.repeat(base, counts) + off) % stripe) * key_mul + nb)
+    else:
+        keys = np.zeros(0, np.int64)
+    plan_ptr = np.zeros(len(keys) + 1, np.int64)
+    plan_rows: list[tuple[int, int, int]] = []
+    for u, key in enumerate(keys.tolist()):
+        plan_rows.extend(dram.chunk_plan(key // key_mul, key % key_mul))
+        plan_ptr[u + 1] = len(plan_rows)
+    plan = np.asarray(plan_rows, np.int64).reshape(-1, 3)
+
+    res = _resources(dev)
+    res_cap = np.asarray([r.cfg.max_outstanding_chunks for r in res], np.int64)
+    res_setup = np.asarray([r.setup_ps for r in res], np.int64)
+    res_chunk = np.asarray([r.cfg.chunk_bytes for r in res], np.int64)
+    dram_free = np.asarray(dram.free_ps, np.int64)
+    port_free = np.asarray([s.port_free_ps for s in dev.srams], np.int64)
+    link = dev.link
+    link_free = np.asarray([link.free_ps["h2d"], link.free_ps["d2h"]], np.int64)
+    link_bps = np.asarray([link.bytes_per_s["h2d"], link.bytes_per_s["d2h"]], np.float64)
+    rec = dev.recorder
+    log_level = 2 if rec.wants("tiles") else 1 if rec.wants("ops") else 0
+    env = dev.env
+
+    (result, now, eid, d_read, d_written, done, nd, starts, nst, logs, nl, blocked,
+     pending) = run_program(
+        env.now, env.insertion_id, tb.table, tb.w_ptr, tb.w_flag, tb.s_ptr, tb.s_flag,
+        tb.q_ptr, tb.q_items, len(tb.flags), res_cap, res_setup,
+        res_chunk, dram_free, dram.latency_ps, keys, plan_ptr, plan[:, 0].copy(),
+        plan[:, 1].copy(), plan[:, 2].copy(), stripe, key_mul, port_free,
+        float(dev.srams[0].port_bytes_per_s), link_free, link_bps, link.latency_ps,
+        link.cfg.chunk_bytes, log_level)
+    if pending:
+        raise RuntimeError(f"program {program.name!r}: {pending} events left scheduled")
+
+    # the components' state and the kernel's clock
+    env.advance(int(now), int(eid))
+    dram.free_ps[:] = dram_free.tolist()
+    dram.bytes_read += int(d_read)
+    dram.bytes_written += int(d_written)
+    for c, s in enumerate(dev.srams):
+        s.port_free_ps[:] = port_free[c].tolist()
+    link.free_ps["h2d"], link.free_ps["d2h"] = (int(x) for x in link_free)
+
+    # stats: the additions the processes make when an instruction's timing begins, summed
+    # per (link, kind) in the order each pair first occurs: every counter then gets the
+    # same keys in the same order and the same totals
+    st = dev.stats
+    rank = np.full(len(instrs), -1, np.int64)
+    rank[starts[:nst]] = np.arange(nst)
+    r = rank[tb.add_ins]
+    sel = np.flatnonzero(r >= 0)
+    sel = sel[np.argsort(r[sel], kind="stable")]
+    if len(sel):
+        nkinds = len(dev.kind_names)
+        pair = tb.add_link[sel] * nkinds + tb.add_kind[sel]
+        upairs, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+        sums = np.zeros(len(upairs), np.int64)
+        np.add.at(sums, inverse.reshape(-1), tb.add_bytes[sel])
+        for u in np.argsort(first).tolist():
+            link_id, kind_id = divmod(int(upairs[u]), nkinds)
+            st.add(program_tables.LINKS[link_id], dev.kind_names[kind_id], int(sums[u]))
+    done = done[:nd]
+    idx = done[:, 0]
+    st.instructions += nd
+    st.ops += int(tb.ops[idx].sum())
+    if nd:
+        qd = tb.q_of[idx]
+        busy = np.zeros(len(names), np.int64)
+        np.add.at(busy, qd, done[:, 2] - done[:, 1])
+        _, firsts = np.unique(qd, return_index=True)
+        for q in qd[np.sort(firsts)].tolist():
+            block, lane = names[q]
+            st.busy_ps[f"{block}.{lane}"] += int(busy[q])
+
+    if dev.functional:
+        mem = dev.mem
+        for i in idx.tolist():
+            semantics.execute(instrs[i], mem, program.formats)
+
+    if nl:
+        _replay(rec, logs[:nl].tolist(), names, instrs, res, link.block)
+
+    blocked_by = {}
+    if result != pl.R_DONE:
+        for q, (i, f) in enumerate(blocked.tolist()[: len(names)]):
+            if i >= 0:
+                block, lane = names[q]
+                blocked_by[f"{block}.{lane}"] = (i, int(tb.flags[f]))
+    return LoopResult(result == pl.R_DONE, blocked_by)
+
+
+def _replay(rec, logs: list[list[int]], names, instrs, res, link_block: str) -> None:
+    tiles = rec.wants("tiles")
+    span = rec.span
+    moved = rec.moved
+    lanes = {}
+    for code, a, b, c, d, e in logs:
+        if code == pl.LOG_INS:
+            block, lane = names[a]
+            span(block, lane, instrs[b].mnemonic, c, d, args={"index": b})
+        elif code == pl.LOG_DRAM:
+            lane = lanes.get(a)
+            if lane is None:
+                lane = lanes[a] = f"ch{a}"
+            moved("dram", lane, b, c, d)
+            if tiles:
+                span("dram", lane, "write" if e else "read", b, c, detail="tiles",
+                     args={"bytes": d})
+        elif code == pl.LOG_LINK:
+            direction = "h2d" if a == 0 else "d2h"
+            moved(link_block, direction, b, c, d)
+            span(link_block, direction, "chunk", b, c, detail="tiles", args={"bytes": d})
+        else:
+            r = res[a]
+            span(r.block, r.lane, f"{_DIRECTIONS[b]} chunk", c, d, detail="tiles",
+                 args={"bytes": e})

@@ -1,0 +1,219 @@
+"""Constants and helpers of the array event loop (:mod:`sim.components.programloop`):
+priorities, callback kinds, instruction kinds and table columns, process types, fields
+and states, log codes, and the binary heap over ``(time, priority, insertion id)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+URGENT = 0
+NORMAL = 1
+
+# --- callback kinds of a scheduled event --------------------------------------------------
+CB_RESUME = 0  # resume process ``arg``
+CB_END = 1  # process ``arg`` has ended: count it in its parent's all_of
+CB_CHECK = 2  # a part (a timeout) of process ``arg``'s all_of is done
+CB_GRANT = 3  # a resource ``arg`` was released: grant the head of its queue
+CB_SERVE = 4  # flag ``arg`` was given a count: serve its waiters
+
+# --- instruction kinds -----------------------------------------------------------------------
+K_COMPUTE = 0  # one timeout of I_DUR (none when 0)
+K_DMA = 1  # one DMA transfer, run in the engine's own process
+K_LINK = 2  # one host-link transfer (pcie), run in the engine's own process
+K_PAR = 3  # timeout of I_DUR in parallel with 1 or 2 stream transfers (own processes)
+
+# --- DMA directions --------------------------------------------------------------------------
+D_LOAD = 0
+D_STORE = 1
+D_COPY = 2
+D_READ = 3
+D_WRITE = 4
+
+# --- instruction fields (columns of the instruction table) ---------------------------------
+I_KIND = 0
+I_DUR = 1
+I_RES = 2
+I_CORE = 3
+I_NSUB = 4
+I_DIR1 = 5
+I_SRC1 = 6
+I_DST1 = 7
+I_N1 = 8
+I_DIR2 = 9
+I_SRC2 = 10
+I_DST2 = 11
+I_N2 = 12
+I_FIELDS = 13
+
+# --- process types and fields --------------------------------------------------------------
+P_ENGINE = 0
+P_JOIN = 1
+P_XFER = 2  # a stream transfer of an attention / KV instruction
+P_CHUNK = 3  # one chunk of a multi-chunk transfer
+
+F_TYPE = 0
+F_STATE = 1
+F_PARENT = 2
+F_NEXT = 3  # next in a waiter queue (flag or resource)
+F_Q = 4  # engine: queue
+F_POS = 5  # engine: position in its queue
+F_WK = 6  # engine: next wait of the current instruction
+F_ISTART = 7  # engine: start of the current instruction
+F_AO_N = 8  # all_of: parts, parts done, waiting on it, triggered
+F_AO_COUNT = 9
+F_AO_ON = 10
+F_AO_TRIG = 11
+F_T_RES = 12  # transfer: resource, direction, src, dst, total bytes, next offset
+F_T_DIR = 13
+F_T_SRC = 14
+F_T_DST = 15
+F_T_N = 16
+F_T_OFF = 17
+F_T_RET = 18  # state to continue at when the transfer is done
+F_C_DIR = 19  # chunk: direction, src, dst, bytes, start, SRAM port done, core
+F_C_SRC = 20
+F_C_DST = 21
+F_C_N = 22
+F_C_START = 23
+F_C_PORT = 24
+F_C_RET = 25
+F_A_ADDR = 26  # DRAM access: address, bytes, write, state to continue at
+F_A_N = 27
+F_A_W = 28
+F_A_RET = 29
+F_L_DIR = 30  # link transfer: direction, bytes, next offset, bytes done in ps, chunk start
+F_L_N = 31
+F_L_OFF = 32
+F_L_DONE = 33
+F_L_START = 34
+F_L_NN = 35
+F_L_RET = 36
+F_CORE = 37
+P_FIELDS = 38
+
+# --- process states ----------------------------------------------------------------------------
+S_E_NEXT = 0
+S_E_WAIT = 1
+S_E_RESUMED_WAIT = 2
+S_E_TIMING = 3
+S_E_FINISH = 4
+S_JOIN_INIT = 5
+S_JOIN_DONE = 6
+S_T_START = 10
+S_T_SETUP_DONE = 11
+S_T_SINGLE_GOT = 12
+S_T_MULTI_GOT = 13
+S_T_DONE = 14
+S_C_START = 20
+S_C_AFTER_A1 = 21
+S_C_AFTER_A2 = 22
+S_C_PORT_DONE = 23
+S_C_DONE = 24
+S_A_START = 30
+S_A_AFTER_LAT = 31
+S_A_DONE = 32
+S_L_START = 40
+S_L_CHUNK = 41
+S_L_AFTER_WAIT = 42
+S_L_AFTER_CHUNK = 43
+S_END = 50  # the process returns
+S_XFER_RET = 51  # a P_XFER's transfer is done
+S_CHUNK_RET = 52  # a P_CHUNK's chunk is done
+S_T_SINGLE_RET = 53  # a transfer's single chunk (run in its own process) is done
+
+# --- log codes ---------------------------------------------------------------------------------
+LOG_INS = 0  # queue, instruction, start, end
+LOG_DRAM = 1  # channel, start, stop, bytes, write
+LOG_LINK = 2  # direction, start, end, bytes
+LOG_CHUNK = 3  # resource, direction, start, end, bytes
+LOG_FIELDS = 6
+
+# --- results -----------------------------------------------------------------------------------
+R_DONE = 0
+R_DEADLOCK = 1
+
+
+@njit(cache=True)
+def grow(a: np.ndarray) -> np.ndarray:
+    out = np.empty((a.shape[0] * 2, a.shape[1]), a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+@njit(cache=True)
+def _less(h: np.ndarray, i: int, j: int) -> bool:
+    if h[i, 0] != h[j, 0]:
+        return h[i, 0] < h[j, 0]
+    if h[i, 1] != h[j, 1]:
+        return h[i, 1] < h[j, 1]
+    return h[i, 2] < h[j, 2]
+
+
+@njit(cache=True)
+def _swap(h: np.ndarray, i: int, j: int) -> None:
+    for k in range(5):
+        t = h[i, k]
+        h[i, k] = h[j, k]
+        h[j, k] = t
+
+
+@njit(cache=True)
+def hpush(h: np.ndarray, n: int, t: int, prio: int, eid: int, kind: int, arg: int) -> int:
+    h[n, 0] = t
+    h[n, 1] = prio
+    h[n, 2] = eid
+    h[n, 3] = kind
+    h[n, 4] = arg
+    i = n
+    while i > 0:
+        parent = (i - 1) >> 1
+        if _less(h, i, parent):
+            _swap(h, i, parent)
+            i = parent
+        else:
+            break
+    return n + 1
+
+
+@njit(cache=True)
+def hpop(h: np.ndarray, n: int) -> int:
+    """Moves the smallest entry to row ``n - 1``; returns the new size."""
+    n -= 1
+    _swap(h, 0, n)
+    i = 0
+    while True:
+        lo = 2 * i + 1
+        if lo >= n:
+            break
+        c = lo
+        if lo + 1 < n and _less(h, lo + 1, lo):
+            c = lo + 1
+        if _less(h, c, i):
+            _swap(h, i, c)
+            i = c
+        else:
+            break
+    return n
+
+
+@njit(cache=True)
+def transfer_ps(nbytes: int, bytes_per_s: float) -> int:
+    """``sim.units.transfer_ps`` for a float ``bytes_per_s``: ``ceil(nbytes * 1e12 / bw)``.
+    With ``nbytes < 2**53`` float(nbytes) is exact and the product is the correctly
+    rounded exact product, which is what Python divides too (a test checks it)."""
+    if nbytes <= 0:
+        return 0
+    ps = np.ceil(np.float64(nbytes) * 1e12 / bytes_per_s)
+    if ps >= 9.2e18:  # past int64 picoseconds (about 106 days)
+        raise OverflowError("a transfer time does not fit in int64 picoseconds")
+    return int(ps)
+
+
+@njit(cache=True)
+def plan_index(keys: np.ndarray, key: int) -> int:
+    i = np.searchsorted(keys, key)
+    if i >= keys.shape[0] or keys[i] != key:
+        return -1
+    return i

@@ -1,0 +1,566 @@
+"""A whole program's event loop in Numba, with the event kernel's exact event order.
+
+:mod:`sim.components.kernel` runs the device's SimPy-style processes (one generator per
+engine queue, per multi-chunk DMA chunk, per attention stream) at Python speed. This
+module runs the *same* processes written out as explicit state machines over arrays, so
+one program costs a few machine instructions per event instead of a few Python calls.
+
+What is kept exactly is what makes the two timelines identical: every event the kernel
+schedules is scheduled here too, at the same time, with the same priority and the next
+insertion id, and processed in ``(time, priority, id)`` order; resources (DMA slots),
+flags (counting semaphores), DRAM channel calendars, SRAM ports and link directions are
+updated at the same points of the same processes. The state machines mirror, line by line:
+
+- ``Device._engine`` (waits, the instruction's timing, signals), ``Device._join``;
+- ``DmaEngine.transfer`` / ``DmaEngine._chunk``; ``Dram.access``; ``Sram.reserve_port``;
+- ``HostLink.transfer`` for ``kind = "pcie"``;
+- the kernel's ``Resource``, ``Container``, ``AllOf`` and process start/end events.
+
+Per-chunk DRAM timing is not computed here: ``Dram.chunk_plan`` computes it for every
+distinct ``(address modulo the interleave stripe, bytes)`` a program's chunks use (see
+:mod:`sim.components.program_arrays`), and the loop looks the plan up.
+
+The loop does not touch memory bytes or the recorder: it returns logs (instruction
+starts and ends, DRAM bursts, link chunks, DMA chunks) that the caller replays, in order,
+into the stats, the functional semantics and the recorder.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import loopdefs as lp
+
+
+@njit(cache=True)
+def run_program(  # noqa: C901 - one state machine per process kind, kept together
+    now0: int, eid0: int, ins: np.ndarray, w_ptr: np.ndarray, w_flag: np.ndarray,
+    s_ptr: np.ndarray, s_flag: np.ndarray, q_ptr: np.ndarray, q_items: np.ndarray,
+    nflags: int, res_cap: np.ndarray, res_setup: np.ndarray, res_chunk: np.ndarray,
+    dram_free: np.ndarray, dram_lat: int, plan_keys: np.ndarray, plan_ptr: np.ndarray,
+    plan_ch: np.ndarray, plan_b: np.ndarray, plan_dur: np.ndarray, stripe: int,
+    key_mul: int, port_free: np.ndarray, port_bps: float, link_free: np.ndarray,
+    link_bps: np.ndarray, link_lat: int, link_chunk: int, log_level: int,
+):
+    """Runs one program from time ``now0`` with insertion ids from ``eid0``; updates
+    ``dram_free``, ``port_free`` and ``link_free`` in place.
+
+    Returns ``(result, now, eid, dram_read, dram_written, done, ndone, starts, nstarts,
+    logs, nlogs, blocked, pending)``: ``done`` rows are ``(instruction, start, end)`` in the order
+    instructions ended, ``starts`` the non-compute instructions in the order their timing
+    began, ``logs`` rows the recorder's reports in order (level 0: none, 1: instruction
+    spans and bytes moved, 2: also chunk spans), ``blocked[q]`` = ``(instruction, flag)``
+    for each queue waiting on a flag it found empty, else ``-1``; ``pending``
+    the events left scheduled (none after a complete program).
+    """
+    nq = q_ptr.shape[0] - 1
+    nres = res_cap.shape[0]
+    now = now0
+    eid = eid0
+    heap = np.zeros((256, 5), np.int64)
+    hs = 0
+    P = np.zeros((max(64, 2 * nq + 8), lp.P_FIELDS), np.int64)
+    np_used = 0
+    free_head = -1
+    level = np.zeros(nflags, np.int64)
+    f_head = np.full(nflags, -1, np.int64)
+    f_tail = np.full(nflags, -1, np.int64)
+    users = np.zeros(nres, np.int64)
+    r_head = np.full(nres, -1, np.int64)
+    r_tail = np.full(nres, -1, np.int64)
+    done = np.zeros((ins.shape[0] + 1, 3), np.int64)
+    nd = 0
+    starts = np.zeros(ins.shape[0] + 1, np.int64)
+    nst = 0
+    logs = np.zeros((1024 if log_level else 1, lp.LOG_FIELDS), np.int64)
+    nl = 0
+    blocked = np.full((max(nq, 1), 2), -1, np.int64)
+    dram_read = 0
+    dram_written = 0
+    nports = port_free.shape[1]
+
+    # the engine processes, in queue order, then the join: each starts with an lp.URGENT event
+    for q in range(nq):
+        p = np_used
+        np_used += 1
+        P[p, lp.F_TYPE] = lp.P_ENGINE
+        P[p, lp.F_STATE] = lp.S_E_NEXT
+        P[p, lp.F_Q] = q
+        P[p, lp.F_POS] = q_ptr[q]
+        P[p, lp.F_PARENT] = nq
+        hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, p)
+        eid += 1
+    join = np_used
+    np_used += 1
+    P[join, lp.F_TYPE] = lp.P_JOIN
+    P[join, lp.F_STATE] = lp.S_JOIN_INIT
+    P[join, lp.F_PARENT] = -1
+    hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, join)
+    eid += 1
+
+    result = lp.R_DEADLOCK
+    while hs > 0:
+        hs = lp.hpop(heap, hs)
+        now = heap[hs, 0]
+        kind = heap[hs, 3]
+        arg = heap[hs, 4]
+        if kind == lp.CB_GRANT:
+            r = arg
+            if r_head[r] >= 0 and users[r] < res_cap[r]:
+                users[r] += 1
+                h = r_head[r]
+                r_head[r] = P[h, lp.F_NEXT]
+                if r_head[r] < 0:
+                    r_tail[r] = -1
+                if hs + 2 > heap.shape[0]:
+                    heap = lp.grow(heap)
+                hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, h)
+                eid += 1
+            continue
+        if kind == lp.CB_SERVE:
+            f = arg
+            while f_head[f] >= 0 and level[f] >= 1:
+                level[f] -= 1
+                w = f_head[f]
+                f_head[f] = P[w, lp.F_NEXT]
+                if f_head[f] < 0:
+                    f_tail[f] = -1
+                if hs + 2 > heap.shape[0]:
+                    heap = lp.grow(heap)
+                hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, w)
+                eid += 1
+            continue
+        if kind == lp.CB_END or kind == lp.CB_CHECK:
+            p = arg
+            if kind == lp.CB_END:
+                if P[p, lp.F_TYPE] == lp.P_JOIN:
+                    result = lp.R_DONE
+                    break
+                parent = P[p, lp.F_PARENT]
+                # the process's record is free again
+                P[p, lp.F_NEXT] = free_head
+                free_head = p
+            else:
+                parent = p
+            P[parent, lp.F_AO_COUNT] += 1
+            if (P[parent, lp.F_AO_ON] == 1 and P[parent, lp.F_AO_TRIG] == 0
+                    and P[parent, lp.F_AO_COUNT] == P[parent, lp.F_AO_N]):
+                P[parent, lp.F_AO_TRIG] = 1
+                if hs + 2 > heap.shape[0]:
+                    heap = lp.grow(heap)
+                hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, parent)
+                eid += 1
+            continue
+
+        # lp.CB_RESUME: run process p until it waits again or returns
+        p = arg
+        while True:
+            if hs + 4 > heap.shape[0]:
+                heap = lp.grow(heap)
+            if np_used + 4 > P.shape[0]:
+                P = lp.grow(P)
+            if nl + 4 > logs.shape[0]:
+                logs = lp.grow(logs)
+            st = P[p, lp.F_STATE]
+            # ---------------- engine: Device._engine --------------------------------------
+            if st == lp.S_E_NEXT:
+                q = P[p, lp.F_Q]
+                if P[p, lp.F_POS] >= q_ptr[q + 1]:
+                    st = lp.S_END
+                else:
+                    P[p, lp.F_WK] = 0
+                    P[p, lp.F_STATE] = lp.S_E_WAIT
+                    continue
+            if st == lp.S_E_RESUMED_WAIT:
+                blocked[P[p, lp.F_Q], 0] = -1
+                blocked[P[p, lp.F_Q], 1] = -1
+                P[p, lp.F_STATE] = lp.S_E_WAIT
+                continue
+            if st == lp.S_E_WAIT:
+                i = q_items[P[p, lp.F_POS]]
+                k = w_ptr[i] + P[p, lp.F_WK]
+                if k < w_ptr[i + 1]:
+                    f = w_flag[k]
+                    P[p, lp.F_WK] += 1
+                    if level[f] < 1:
+                        blocked[P[p, lp.F_Q], 0] = i
+                        blocked[P[p, lp.F_Q], 1] = f
+                        P[p, lp.F_STATE] = lp.S_E_RESUMED_WAIT
+                    else:
+                        P[p, lp.F_STATE] = lp.S_E_WAIT
+                    # Container.get
+                    if level[f] >= 1 and f_head[f] < 0:
+                        level[f] -= 1
+                        hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, p)
+                        eid += 1
+                    else:
+                        P[p, lp.F_NEXT] = -1
+                        if f_tail[f] >= 0:
+                            P[f_tail[f], lp.F_NEXT] = p
+                        else:
+                            f_head[f] = p
+                        f_tail[f] = p
+                        while f_head[f] >= 0 and level[f] >= 1:
+                            level[f] -= 1
+                            w = f_head[f]
+                            f_head[f] = P[w, lp.F_NEXT]
+                            if f_head[f] < 0:
+                                f_tail[f] = -1
+                            if hs + 2 > heap.shape[0]:
+                                heap = lp.grow(heap)
+                            hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, w)
+                            eid += 1
+                    break
+                P[p, lp.F_ISTART] = now
+                ik = ins[i, lp.I_KIND]
+                if ik == lp.K_COMPUTE:
+                    P[p, lp.F_STATE] = lp.S_E_FINISH
+                    d = ins[i, lp.I_DUR]
+                    if d:
+                        hs = lp.hpush(heap, hs, now + d, lp.NORMAL, eid, lp.CB_RESUME, p)
+                        eid += 1
+                        break
+                    continue
+                starts[nst] = i
+                nst += 1
+                if ik == lp.K_DMA:
+                    P[p, lp.F_T_RES] = ins[i, lp.I_RES]
+                    P[p, lp.F_T_DIR] = ins[i, lp.I_DIR1]
+                    P[p, lp.F_T_SRC] = ins[i, lp.I_SRC1]
+                    P[p, lp.F_T_DST] = ins[i, lp.I_DST1]
+                    P[p, lp.F_T_N] = ins[i, lp.I_N1]
+                    P[p, lp.F_CORE] = ins[i, lp.I_CORE]
+                    P[p, lp.F_T_RET] = lp.S_E_FINISH
+                    P[p, lp.F_STATE] = lp.S_T_START
+                    continue
+                if ik == lp.K_LINK:
+                    P[p, lp.F_L_DIR] = ins[i, lp.I_DIR1]
+                    P[p, lp.F_L_N] = ins[i, lp.I_N1]
+                    P[p, lp.F_L_RET] = lp.S_E_FINISH
+                    P[p, lp.F_STATE] = lp.S_L_START
+                    continue
+                # K_PAR: all_of([timeout(dur), process(transfer 1), process(transfer 2)])
+                nsub = ins[i, lp.I_NSUB]
+                P[p, lp.F_AO_COUNT] = 0
+                P[p, lp.F_AO_TRIG] = 0
+                P[p, lp.F_AO_ON] = 0
+                hs = lp.hpush(heap, hs, now + ins[i, lp.I_DUR], lp.NORMAL, eid, lp.CB_CHECK, p)
+                eid += 1
+                for s in range(nsub):
+                    if free_head >= 0:
+                        c = free_head
+                        free_head = P[c, lp.F_NEXT]
+                    else:
+                        c = np_used
+                        np_used += 1
+                    P[c, lp.F_TYPE] = lp.P_XFER
+                    P[c, lp.F_PARENT] = p
+                    P[c, lp.F_STATE] = lp.S_T_START
+                    P[c, lp.F_T_RET] = lp.S_XFER_RET
+                    P[c, lp.F_T_RES] = ins[i, lp.I_RES]
+                    P[c, lp.F_CORE] = ins[i, lp.I_CORE]
+                    base = lp.I_DIR1 if s == 0 else lp.I_DIR2
+                    P[c, lp.F_T_DIR] = ins[i, base]
+                    P[c, lp.F_T_SRC] = ins[i, base + 1]
+                    P[c, lp.F_T_DST] = ins[i, base + 2]
+                    P[c, lp.F_T_N] = ins[i, base + 3]
+                    hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, c)
+                    eid += 1
+                P[p, lp.F_AO_N] = 1 + nsub
+                P[p, lp.F_AO_ON] = 1
+                P[p, lp.F_STATE] = lp.S_E_FINISH
+                break
+            if st == lp.S_E_FINISH:
+                i = q_items[P[p, lp.F_POS]]
+                done[nd, 0] = i
+                done[nd, 1] = P[p, lp.F_ISTART]
+                done[nd, 2] = now
+                nd += 1
+                if log_level >= 1:
+                    logs[nl, 0] = lp.LOG_INS
+                    logs[nl, 1] = P[p, lp.F_Q]
+                    logs[nl, 2] = i
+                    logs[nl, 3] = P[p, lp.F_ISTART]
+                    logs[nl, 4] = now
+                    nl += 1
+                for k in range(s_ptr[i], s_ptr[i + 1]):
+                    if hs + 2 > heap.shape[0]:
+                        heap = lp.grow(heap)
+                    f = s_flag[k]
+                    level[f] += 1
+                    hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_SERVE, f)
+                    eid += 1
+                P[p, lp.F_POS] += 1
+                P[p, lp.F_STATE] = lp.S_E_NEXT
+                continue
+            # ---------------- join: Device._join ---------------------------------------------
+            if st == lp.S_JOIN_INIT:
+                if nq == 0:
+                    st = lp.S_END
+                else:
+                    P[p, lp.F_AO_N] = nq
+                    P[p, lp.F_AO_ON] = 1
+                    if P[p, lp.F_AO_COUNT] == nq:
+                        P[p, lp.F_AO_TRIG] = 1
+                        hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, p)
+                        eid += 1
+                    P[p, lp.F_STATE] = lp.S_END
+                    break
+            # ---------------- DmaEngine.transfer ---------------------------------------------
+            if st == lp.S_T_START:
+                r = P[p, lp.F_T_RES]
+                if res_setup[r]:
+                    P[p, lp.F_STATE] = lp.S_T_SETUP_DONE
+                    hs = lp.hpush(heap, hs, now + res_setup[r], lp.NORMAL, eid, lp.CB_RESUME, p)
+                    eid += 1
+                    break
+                st = lp.S_T_SETUP_DONE
+            if st == lp.S_T_SETUP_DONE or st == lp.S_T_MULTI_GOT:
+                r = P[p, lp.F_T_RES]
+                total = P[p, lp.F_T_N]
+                chunk = res_chunk[r]
+                if st == lp.S_T_SETUP_DONE:
+                    if total <= chunk:
+                        P[p, lp.F_STATE] = lp.S_T_SINGLE_GOT
+                    else:
+                        P[p, lp.F_T_OFF] = 0
+                        P[p, lp.F_AO_COUNT] = 0
+                        P[p, lp.F_AO_TRIG] = 0
+                        P[p, lp.F_AO_ON] = 0
+                        P[p, lp.F_STATE] = lp.S_T_MULTI_GOT
+                else:
+                    # a slot is ours: start the chunk at the current offset in its process
+                    off = P[p, lp.F_T_OFF]
+                    n = min(chunk, total - off)
+                    if free_head >= 0:
+                        c = free_head
+                        free_head = P[c, lp.F_NEXT]
+                    else:
+                        c = np_used
+                        np_used += 1
+                    P[c, lp.F_TYPE] = lp.P_CHUNK
+                    P[c, lp.F_PARENT] = p
+                    P[c, lp.F_STATE] = lp.S_C_START
+                    P[c, lp.F_C_RET] = lp.S_CHUNK_RET
+                    P[c, lp.F_T_RES] = r
+                    P[c, lp.F_CORE] = P[p, lp.F_CORE]
+                    P[c, lp.F_C_DIR] = P[p, lp.F_T_DIR]
+                    P[c, lp.F_C_SRC] = P[p, lp.F_T_SRC] + off
+                    P[c, lp.F_C_DST] = P[p, lp.F_T_DST] + off
+                    P[c, lp.F_C_N] = n
+                    hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, c)
+                    eid += 1
+                    off += chunk
+                    P[p, lp.F_T_OFF] = off
+                    if off >= total:
+                        nchunks = (total + chunk - 1) // chunk
+                        P[p, lp.F_AO_N] = nchunks
+                        P[p, lp.F_AO_ON] = 1
+                        if P[p, lp.F_AO_COUNT] == nchunks:
+                            P[p, lp.F_AO_TRIG] = 1
+                            hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, p)
+                            eid += 1
+                        P[p, lp.F_STATE] = lp.S_T_DONE
+                        break
+                # Resource.request, then wait for it
+                if r_head[r] < 0 and users[r] < res_cap[r]:
+                    users[r] += 1
+                    hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, p)
+                    eid += 1
+                else:
+                    P[p, lp.F_NEXT] = -1
+                    if r_tail[r] >= 0:
+                        P[r_tail[r], lp.F_NEXT] = p
+                    else:
+                        r_head[r] = p
+                    r_tail[r] = p
+                    if r_head[r] >= 0 and users[r] < res_cap[r]:
+                        users[r] += 1
+                        h = r_head[r]
+                        r_head[r] = P[h, lp.F_NEXT]
+                        if r_head[r] < 0:
+                            r_tail[r] = -1
+                        hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, h)
+                        eid += 1
+                break
+            if st == lp.S_T_SINGLE_GOT:
+                P[p, lp.F_C_DIR] = P[p, lp.F_T_DIR]
+                P[p, lp.F_C_SRC] = P[p, lp.F_T_SRC]
+                P[p, lp.F_C_DST] = P[p, lp.F_T_DST]
+                P[p, lp.F_C_N] = P[p, lp.F_T_N]
+                P[p, lp.F_C_RET] = lp.S_T_SINGLE_RET
+                st = lp.S_C_START
+            if st == lp.S_T_SINGLE_RET or st == lp.S_T_DONE:
+                P[p, lp.F_STATE] = P[p, lp.F_T_RET]
+                continue
+            # ---------------- DmaEngine._chunk -----------------------------------------------
+            if st == lp.S_C_START:
+                P[p, lp.F_C_START] = now
+                d = P[p, lp.F_C_DIR]
+                n = P[p, lp.F_C_N]
+                P[p, lp.F_A_N] = n
+                P[p, lp.F_C_PORT] = -1
+                if d == lp.D_COPY or d == lp.D_READ:
+                    P[p, lp.F_A_ADDR] = P[p, lp.F_C_SRC]
+                    P[p, lp.F_A_W] = 0
+                elif d == lp.D_WRITE:
+                    P[p, lp.F_A_ADDR] = P[p, lp.F_C_DST]
+                    P[p, lp.F_A_W] = 1
+                else:
+                    # Sram.reserve_port: the earliest free port (the lowest index on ties)
+                    core = P[p, lp.F_CORE]
+                    best = 0
+                    for k in range(1, nports):
+                        if port_free[core, k] < port_free[core, best]:
+                            best = k
+                    s0 = max(now, port_free[core, best])
+                    port_free[core, best] = s0 + lp.transfer_ps(n, port_bps)
+                    P[p, lp.F_C_PORT] = port_free[core, best]
+                    if d == lp.D_LOAD:
+                        P[p, lp.F_A_ADDR] = P[p, lp.F_C_SRC]
+                        P[p, lp.F_A_W] = 0
+                    else:
+                        P[p, lp.F_A_ADDR] = P[p, lp.F_C_DST]
+                        P[p, lp.F_A_W] = 1
+                P[p, lp.F_A_RET] = lp.S_C_AFTER_A1
+                st = lp.S_A_START
+            if st == lp.S_C_AFTER_A1:
+                if P[p, lp.F_C_DIR] == lp.D_COPY:
+                    P[p, lp.F_A_ADDR] = P[p, lp.F_C_DST]
+                    P[p, lp.F_A_W] = 1
+                    P[p, lp.F_A_RET] = lp.S_C_AFTER_A2
+                    st = lp.S_A_START
+                else:
+                    st = lp.S_C_AFTER_A2
+            if st == lp.S_C_AFTER_A2:
+                pd = P[p, lp.F_C_PORT]
+                if pd > now:
+                    P[p, lp.F_STATE] = lp.S_C_PORT_DONE
+                    hs = lp.hpush(heap, hs, pd, lp.NORMAL, eid, lp.CB_RESUME, p)
+                    eid += 1
+                    break
+                st = lp.S_C_PORT_DONE
+            if st == lp.S_C_PORT_DONE:
+                r = P[p, lp.F_T_RES]
+                users[r] -= 1
+                hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_GRANT, r)
+                eid += 1
+                if log_level >= 2:
+                    logs[nl, 0] = lp.LOG_CHUNK
+                    logs[nl, 1] = r
+                    logs[nl, 2] = P[p, lp.F_C_DIR]
+                    logs[nl, 3] = P[p, lp.F_C_START]
+                    logs[nl, 4] = now
+                    logs[nl, 5] = P[p, lp.F_C_N]
+                    nl += 1
+                P[p, lp.F_STATE] = P[p, lp.F_C_RET]
+                continue
+            # ---------------- Dram.access ----------------------------------------------------
+            if st == lp.S_A_START:
+                if P[p, lp.F_A_W]:
+                    dram_written += P[p, lp.F_A_N]
+                else:
+                    dram_read += P[p, lp.F_A_N]
+                if dram_lat:
+                    P[p, lp.F_STATE] = lp.S_A_AFTER_LAT
+                    hs = lp.hpush(heap, hs, now + dram_lat, lp.NORMAL, eid, lp.CB_RESUME, p)
+                    eid += 1
+                    break
+                st = lp.S_A_AFTER_LAT
+            if st == lp.S_A_AFTER_LAT:
+                a = P[p, lp.F_A_ADDR]
+                n = P[p, lp.F_A_N]
+                end = now
+                u = lp.plan_index(plan_keys, (a % stripe) * key_mul + n)
+                if u < 0:
+                    raise RuntimeError("program loop: a DRAM access has no chunk plan")
+                for k in range(plan_ptr[u], plan_ptr[u + 1]):
+                    c = plan_ch[k]
+                    s0 = dram_free[c]
+                    if s0 < now:
+                        s0 = now
+                    stop = s0 + plan_dur[k]
+                    dram_free[c] = stop
+                    if stop > end:
+                        end = stop
+                    if log_level >= 1:
+                        if nl + 1 > logs.shape[0]:
+                            logs = lp.grow(logs)
+                        logs[nl, 0] = lp.LOG_DRAM
+                        logs[nl, 1] = c
+                        logs[nl, 2] = s0
+                        logs[nl, 3] = stop
+                        logs[nl, 4] = plan_b[k]
+                        logs[nl, 5] = P[p, lp.F_A_W]
+                        nl += 1
+                if end > now:
+                    P[p, lp.F_STATE] = lp.S_A_DONE
+                    hs = lp.hpush(heap, hs, end, lp.NORMAL, eid, lp.CB_RESUME, p)
+                    eid += 1
+                    break
+                st = lp.S_A_DONE
+            if st == lp.S_A_DONE:
+                P[p, lp.F_STATE] = P[p, lp.F_A_RET]
+                continue
+            # ---------------- HostLink.transfer (pcie) ---------------------------------------
+            if st == lp.S_L_START:
+                P[p, lp.F_L_OFF] = 0
+                P[p, lp.F_L_DONE] = 0
+                if link_lat:
+                    P[p, lp.F_STATE] = lp.S_L_CHUNK
+                    hs = lp.hpush(heap, hs, now + link_lat, lp.NORMAL, eid, lp.CB_RESUME, p)
+                    eid += 1
+                    break
+                st = lp.S_L_CHUNK
+            if st == lp.S_L_CHUNK:
+                off = P[p, lp.F_L_OFF]
+                n = P[p, lp.F_L_N]
+                if off >= n:
+                    P[p, lp.F_STATE] = P[p, lp.F_L_RET]
+                    continue
+                ld = P[p, lp.F_L_DIR]
+                nn = min(link_chunk, n - off)
+                end_ps = lp.transfer_ps(off + nn, link_bps[ld])
+                dur = end_ps - P[p, lp.F_L_DONE]
+                P[p, lp.F_L_DONE] = end_ps
+                s0 = max(now, link_free[ld])
+                link_free[ld] = s0 + dur
+                P[p, lp.F_L_START] = s0
+                P[p, lp.F_L_NN] = nn
+                P[p, lp.F_A_N] = dur  # the chunk's duration, for the second timeout
+                if s0 > now:
+                    P[p, lp.F_STATE] = lp.S_L_AFTER_WAIT
+                    hs = lp.hpush(heap, hs, s0, lp.NORMAL, eid, lp.CB_RESUME, p)
+                    eid += 1
+                    break
+                st = lp.S_L_AFTER_WAIT
+            if st == lp.S_L_AFTER_WAIT:
+                P[p, lp.F_STATE] = lp.S_L_AFTER_CHUNK
+                hs = lp.hpush(heap, hs, now + P[p, lp.F_A_N], lp.NORMAL, eid, lp.CB_RESUME, p)
+                eid += 1
+                break
+            if st == lp.S_L_AFTER_CHUNK:
+                if log_level >= 1:
+                    logs[nl, 0] = lp.LOG_LINK
+                    logs[nl, 1] = P[p, lp.F_L_DIR]
+                    logs[nl, 2] = P[p, lp.F_L_START]
+                    logs[nl, 3] = now
+                    logs[nl, 4] = P[p, lp.F_L_NN]
+                    nl += 1
+                P[p, lp.F_L_OFF] += link_chunk
+                P[p, lp.F_STATE] = lp.S_L_CHUNK
+                continue
+            # ---------------- returns ----------------------------------------------------------
+            if st == lp.S_XFER_RET or st == lp.S_CHUNK_RET:
+                st = lp.S_END
+            if st == lp.S_END:
+                # the process's own event: its parent's all_of counts it when processed
+                hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_END, p)
+                eid += 1
+                P[p, lp.F_STATE] = -1
+                break
+            raise RuntimeError("program loop: unknown process state")
+
+    return (result, now, eid, dram_read, dram_written, done, nd, starts, nst, logs, nl,
+            blocked, hs)
