@@ -154,3 +154,21 @@ def test_marks_change_neither_the_encoded_program_nor_its_equality(tiny):
     assert encode_program(bare) == encode_program(prog)
     assert bare == prog
     assert decode_program(encode_program(prog)) == prog
+
+
+def test_the_breakdown_draws_the_critical_path_beside_the_largest_demand(tiny):
+    page = run_report(tiny.metrics, tiny.recorder)
+    assert "on the critical path" in page and "largest demand" in page
+    assert "◀ critical" not in page  # the largest demand is not called the critical path
+
+
+def test_a_gemv_run_has_the_where_the_time_went_breakdown():
+    g = run(load_run_config(None, ["hardware.preset=tiny", "workload.kind=gemv",
+                                   "workload.k=64", "workload.n=64", "workload.w_bits=8"]))
+    tb = g.metrics["time_breakdown"]
+    assert list(tb) == ["gemv"]
+    assert tb["gemv"]["elapsed_s"] == g.metrics["sim_time_s"]
+    assert tb["gemv"]["runtime_overhead_s"] == 0.0  # no runtime call: the program alone
+    assert [c["phase"] for c in g.metrics["calls"]] == ["gemv"]
+    page = run_report(g.metrics, g.recorder)
+    assert "Where the time went" in page and "on the critical path" in page
