@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+from .breakdown_chart import serving_breakdown
 from .page import Card, Figure, fmt_time, render_page
 from .page import layout as _layout
 
@@ -133,8 +134,8 @@ def batch_figure(steps: Sequence[Sequence[Any]]) -> go.Figure:
 def serving_report_html(metrics: dict[str, Any], rows: Sequence[dict[str, Any]],
                         steps: Sequence[Sequence[Any]], geometry: Any) -> str:
     """The report page of a serving run: headline cards (throughput, latency percentiles,
-    preemptions, KV occupancy), then KV occupancy over time, batch composition, and the
-    latency distributions."""
+    preemptions, KV occupancy), then where each chip's time went, KV occupancy over time,
+    batch composition, and the latency distributions."""
     s = metrics.get("serving", {})
 
     def pct(key: str) -> str:
@@ -167,7 +168,9 @@ def serving_report_html(metrics: dict[str, Any], rows: Sequence[dict[str, Any]],
          f"{s.get('computed_tokens', 0):,} = {s.get('prompt_tokens_computed', 0):,} + "
          f"{s.get('decode_tokens_computed', 0):,} + {s.get('recomputed_tokens', 0):,}"),
     ]
-    figs = [Figure(occupancy_figure(steps, geometry), wide=True),
+    went = serving_breakdown(steps, s.get("duration_s", 0.0))
+    figs = [*([Figure(went, wide=True)] if went is not None else []),
+            Figure(occupancy_figure(steps, geometry), wide=True),
             Figure(batch_figure(steps), wide=True),
             *(Figure(f) for f in latency_figures(rows))]
     return render_page(f"kvsim serving report: {metrics.get('scenario', 'serving run')}",
