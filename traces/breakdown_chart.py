@@ -59,15 +59,18 @@ def sweep_breakdowns(rows: Sequence[dict[str, Any]],
                           "point (resources overlap; the bar | is the elapsed time)",
                      "time (ms)", "", height=140 + 28 * len(have))
         fig.update_layout(legend={"orientation": "v", "y": 1, "yanchor": "top", "x": 1.01,
-                                  "xanchor": "left"}, margin={"l": 220, "r": 260})
+                                  "xanchor": "left", "traceorder": "normal"},
+                          margin={"l": 220, "r": 260})
         figs.append(fig)
     return figs
 
 
 def serving_breakdown(steps: Sequence[Sequence[Any]], duration_s: float) -> go.Figure | None:
-    """Each chip's simulated duration (ms) by what its steps did (``StepRecord``s)."""
+    """Each chip's simulated duration by what its steps did (``StepRecord``s), in ms (in s
+    for a run of 10 s or more, as the serving report's other time axes)."""
     if not steps or not any(steps):
         return None
+    unit, per_ps = ("s", 1e12) if duration_s >= 10 else ("ms", 1e9)
     parts = {"decode-only steps": [], "steps with prompt tokens": [],
              "KV swaps (host link)": [], "idle (no request ready)": []}
     chips = [f"chip {i}" for i in range(len(steps))]
@@ -75,23 +78,25 @@ def serving_breakdown(steps: Sequence[Sequence[Any]], duration_s: float) -> go.F
         swap = sum(s.swap_ps for s in chip)
         pre = sum(s.end_ps - s.start_ps - s.swap_ps for s in chip if s.prefill_tokens)
         dec = sum(s.end_ps - s.start_ps - s.swap_ps for s in chip if not s.prefill_tokens)
-        busy_ms = (swap + pre + dec) / 1e9
-        parts["decode-only steps"].append(dec / 1e9)
-        parts["steps with prompt tokens"].append(pre / 1e9)
-        parts["KV swaps (host link)"].append(swap / 1e9)
-        parts["idle (no request ready)"].append(max(0.0, duration_s * 1e3 - busy_ms))
+        busy = (swap + pre + dec) / per_ps
+        parts["decode-only steps"].append(dec / per_ps)
+        parts["steps with prompt tokens"].append(pre / per_ps)
+        parts["KV swaps (host link)"].append(swap / per_ps)
+        parts["idle (no request ready)"].append(max(0.0, duration_s * 1e12 / per_ps - busy))
     fig = go.Figure()
     colors = ("#2ca02c", "#1f77b4", "#d62728", "#d9d9d9")
     for (name, xs), color in zip(parts.items(), colors, strict=True):
         fig.add_trace(go.Bar(name=name, orientation="h", y=chips, x=xs,
                              marker={"color": color},
-                             hovertemplate=f"%{{y}}<br>{name}: %{{x:,.3f}} ms"
+                             hovertemplate=f"%{{y}}<br>{name}: %{{x:,.3f}} {unit}"
                                            "<extra></extra>"))
     fig.update_layout(barmode="stack")
     fig.update_yaxes(autorange="reversed", type="category")
     fig = layout(fig, "Where the time went: each chip's simulated time by what its steps did",
-                 "simulated time (ms)", "", height=160 + 30 * len(chips))
-    fig.update_layout(legend={"orientation": "h", "y": -0.35, "x": 0})
+                 f"simulated time ({unit})", "", height=max(250, 160 + 30 * len(chips)))
+    fig.update_layout(legend={"orientation": "v", "y": 1, "yanchor": "top", "x": 1.01,
+                              "xanchor": "left", "traceorder": "normal"},
+                      margin={"r": 220})
     return fig
 
 
