@@ -196,6 +196,12 @@ _DEMANDS = (
     ("host_link_s", "host link", "host link (both directions)"),
     ("runtime_overhead_s", "runtime", "runtime overhead (per call)"),
 )
+#: Colours of the demands (fixed: the critical path's bars come first in the figure, and
+#: plotly's colour cycle would otherwise give the two legends look-alike colours).
+_DEMAND_COLORS = {"elapsed_s": "#b0b0b0", "dram_weights_s": "#ef553b",
+                  "dram_kv_cache_s": "#00cc96", "dram_activations_s": "#ab63fa",
+                  "dram_host_io_s": "#ffa15a", "compute_s": "#19d3f3",
+                  "host_link_s": "#ff6692", "runtime_overhead_s": "#b6e880"}
 _CRITICAL_ROW = {"dram": "DRAM", "compute": "compute", "host_link": "host link",
                  "runtime_overhead": "runtime"}
 
@@ -237,7 +243,7 @@ def _demand_bar(tb: dict[str, Any], phases: list[str], key: str, row: str, name:
         name=name, orientation="h", y=[[_phase_name(p, tb[p]) for p in phases],
                                        [row] * len(phases)],
         x=[tb[p][key] * 1e3 for p in phases],
-        marker={"color": "#b0b0b0"} if key == "elapsed_s" else None,
+        marker={"color": _DEMAND_COLORS.get(key)},
         legendgroup="demand", legendgrouptitle_text="what each resource needed",
         hovertemplate=f"{name}<br>%{{x:,.3f}} ms<extra></extra>")
 
