@@ -280,8 +280,9 @@ def _breakdown(metrics: dict[str, Any], recorder: Recorder) -> go.Figure | None:
             else:
                 total = sum(tb[p][k] for k, r, _ in _DEMANDS if r == row) * 1e3
             mark = " ◀ largest demand" if row == big else ""
+            shown = f"{total:,.2f}" if total >= 1 else f"{total:.3g}"  # 3 digits below 1 ms
             fig.add_annotation(x=total, y=[_phase_name(p, tb[p]), row],
-                               text=f" {total:,.2f} ms{mark}", showarrow=False,
+                               text=f" {shown} ms{mark}", showarrow=False,
                                xanchor="left", font={"size": 10, "color": "#333"})
     fig.update_layout(barmode="stack")
     fig.update_yaxes(autorange="reversed", categoryorder="array",
