@@ -52,18 +52,12 @@ from rich.table import Table
 from isa.errors import KvsimError
 from sim.console import make_console
 from sim.progress import Phases, progress_enabled
+from sim.results import RunFigures
 
 BASELINE_VERSION = 1
 EXIT_PASS, EXIT_MOVED, EXIT_BAD_INPUT = 0, 1, 2
-#: Figures read from a run's metrics when present (dotted paths).
-SCALAR_FIGURES = ("prefill.ttft_s", "decode.time_per_token_s", "decode.tokens_per_s",
-                  "launch.time_s")
-#: Groups whose every numeric entry is a figure.
-GROUP_FIGURES = ("traffic_bytes", "traffic_by_kind")
-#: Figures of each scheduled cache op (``cache_ops[i].NAME``, named as sweeps name them):
-#: its simulated time, the host-side part of it, and the bytes it moved. Not
-#: ``host_measured_s``: that is the wall time of the user's edit, not simulated time.
-CACHE_OP_FIGURES = ("time_s", "host_model_s", "pcie_bytes", "dram_bytes")
+#: Groups whose every numeric entry is a figure (their names in ``metrics.json``).
+GROUP_FIGURES = tuple(RunFigures.GROUPS.values())
 #: Runs for a regression check need no trace; the trace level changes no figure
 #: (tests/test_regress.py checks that). An entry's own sets, or --set, can override it.
 RUN_SETS = ("outputs.trace=off",)
@@ -94,25 +88,9 @@ def _get(tree: Mapping[str, Any], dotted: str) -> Any:
 
 
 def figures_of(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The key figures of a run's metrics (``metrics.json``), by dotted name, sorted."""
-    out: dict[str, float] = {}
-    for name in SCALAR_FIGURES:
-        v = _get(metrics, name)
-        if _is_number(v):
-            out[name] = v
-    if "prefill" not in metrics and _is_number(metrics.get("sim_time_s")):
-        out["sim_time_s"] = metrics["sim_time_s"]
-    for group in GROUP_FIGURES:
-        for k, v in (metrics.get(group) or {}).items():
-            if _is_number(v):
-                out[f"{group}.{k}"] = v
-    ops = metrics.get("cache_ops")
-    for i, op in enumerate(ops if isinstance(ops, list) else []):
-        for name in CACHE_OP_FIGURES:
-            v = op.get(name) if isinstance(op, Mapping) else None
-            if _is_number(v):
-                out[f"cache_ops[{i}].{name}"] = v
-    return dict(sorted(out.items()))
+    """The key figures of a run's metrics (``metrics.json``), by dotted name, sorted: the
+    typed :class:`sim.results.RunFigures` under their ``metrics.json`` names."""
+    return RunFigures.from_metrics(metrics).figures()
 
 
 # --- the baseline file ------------------------------------------------------------------------
