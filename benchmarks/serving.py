@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sim.progress import Phases, progress_enabled  # noqa: E402
 from sim.serving.config import load_serve_config  # noqa: E402
 from sim.serving.run import run_serving  # noqa: E402
 
@@ -49,7 +50,8 @@ def main() -> int:
         sets.append(f"serving.cost.cache_dir={tmp.name}")
     cfg = load_serve_config(args.config, sets)
     t0 = time.perf_counter()
-    result = run_serving(cfg, progress=lambda m: print(m, file=sys.stderr))
+    with Phases(enabled=progress_enabled()) as ph:
+        result = run_serving(cfg, progress=ph)
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     m = result.metrics

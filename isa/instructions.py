@@ -528,12 +528,16 @@ class Program:
     """A list of instructions plus its KV-format table and free-form metadata.
 
     ``formats`` holds the names (or serialized descriptions) of the KV formats that
-    ``fmt``/``k_fmt``/``v_fmt`` fields index into.
+    ``fmt``/``k_fmt``/``v_fmt`` fields index into. ``marks`` names ranges of instruction
+    indices ``(name, first, end)`` (the compiler marks each layer of each token tile) for
+    reports: metadata beside the program, never encoded and not compared, so a mark
+    changes neither what the program does nor its encoded bytes.
     """
 
     instructions: tuple[Instruction, ...]
     formats: tuple[str, ...] = ()
     name: str = ""
+    marks: tuple[tuple[str, int, int], ...] = field(default=(), compare=False, repr=False)
 
     def __len__(self) -> int:
         return len(self.instructions)

@@ -51,18 +51,13 @@ from rich.table import Table
 
 from isa.errors import KvsimError
 from sim.console import make_console
+from sim.progress import Phases, progress_enabled
+from sim.results import RunFigures
 
 BASELINE_VERSION = 1
 EXIT_PASS, EXIT_MOVED, EXIT_BAD_INPUT = 0, 1, 2
-#: Figures read from a run's metrics when present (dotted paths).
-SCALAR_FIGURES = ("prefill.ttft_s", "decode.time_per_token_s", "decode.tokens_per_s",
-                  "launch.time_s")
-#: Groups whose every numeric entry is a figure.
-GROUP_FIGURES = ("traffic_bytes", "traffic_by_kind")
-#: Figures of each scheduled cache op (``cache_ops[i].NAME``, named as sweeps name them):
-#: its simulated time, the host-side part of it, and the bytes it moved. Not
-#: ``host_measured_s``: that is the wall time of the user's edit, not simulated time.
-CACHE_OP_FIGURES = ("time_s", "host_model_s", "pcie_bytes", "dram_bytes")
+#: Groups whose every numeric entry is a figure (their names in ``metrics.json``).
+GROUP_FIGURES = tuple(RunFigures.GROUPS.values())
 #: Runs for a regression check need no trace; the trace level changes no figure
 #: (tests/test_regress.py checks that). An entry's own sets, or --set, can override it.
 RUN_SETS = ("outputs.trace=off",)
@@ -93,25 +88,9 @@ def _get(tree: Mapping[str, Any], dotted: str) -> Any:
 
 
 def figures_of(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The key figures of a run's metrics (``metrics.json``), by dotted name, sorted."""
-    out: dict[str, float] = {}
-    for name in SCALAR_FIGURES:
-        v = _get(metrics, name)
-        if _is_number(v):
-            out[name] = v
-    if "prefill" not in metrics and _is_number(metrics.get("sim_time_s")):
-        out["sim_time_s"] = metrics["sim_time_s"]
-    for group in GROUP_FIGURES:
-        for k, v in (metrics.get(group) or {}).items():
-            if _is_number(v):
-                out[f"{group}.{k}"] = v
-    ops = metrics.get("cache_ops")
-    for i, op in enumerate(ops if isinstance(ops, list) else []):
-        for name in CACHE_OP_FIGURES:
-            v = op.get(name) if isinstance(op, Mapping) else None
-            if _is_number(v):
-                out[f"cache_ops[{i}].{name}"] = v
-    return dict(sorted(out.items()))
+    """The key figures of a run's metrics (``metrics.json``), by dotted name, sorted: the
+    typed :class:`sim.results.RunFigures` under their ``metrics.json`` names."""
+    return RunFigures.from_metrics(metrics).figures()
 
 
 # --- the baseline file ------------------------------------------------------------------------
@@ -419,49 +398,57 @@ def print_report(report: Report, console: Console, *, moved_only: bool = False) 
 # --- the three operations ---------------------------------------------------------------------
 
 
-def _progress(console: Console | None, text: str) -> None:
-    if console is not None:
-        console.print(f"[dim]{text}[/]", soft_wrap=True, highlight=False)
+def _running(progress: Phases | None, prepared: Sequence[_Prepared], what: str) -> None:
+    if progress is not None:
+        progress.start(f"{what}: {len(prepared)} configs", total=len(prepared))
+
+
+def _ran(progress: Phases | None) -> None:
+    if progress is not None:
+        progress.advance()
 
 
 def check(baseline: str | os.PathLike | Baseline, *, sets: Sequence[str] = (),
           scales: Sequence[str] = (), tolerances: Mapping[str, float] | None = None,
-          console: Console | None = None) -> Report:
+          progress: Phases | None = None) -> Report:
     """Run every entry of ``baseline`` (each with ``sets`` and ``scales`` added) and compare
-    its figures with the recorded ones. ``tolerances`` override the entries' own."""
+    its figures with the recorded ones. ``tolerances`` override the entries' own;
+    ``progress`` counts the entries run."""
     base = baseline if isinstance(baseline, Baseline) else load_baseline(baseline)
     extra = check_tolerances(tolerances or {}, "tolerances")
     prepared = _prepare(base, sets, scales)
     t0 = time.perf_counter()
     rows: list[Row] = []
+    _running(progress, prepared, "run the baseline's configs")
     for p in prepared:
-        t = time.perf_counter()
         new = run_figures(p.config, p.sets)
         rows += compare(p.entry.label, p.entry.figures, new, {**p.entry.tolerances, **extra})
-        _progress(console, f"ran {p.entry.label} ({time.perf_counter() - t:.1f} s)")
+        _ran(progress)
     return Report(base.path, rows, time.perf_counter() - t0)
 
 
-def update(baseline: str | os.PathLike, *, console: Console | None = None) -> Report:
+def update(baseline: str | os.PathLike, *, progress: Phases | None = None) -> Report:
     """Run every entry again and rewrite the baseline with the new figures (tolerances,
-    configs and sets kept); return the report of what changed."""
+    configs and sets kept); return the report of what changed. The baseline is written
+    once, atomically, after every entry ran: an interrupt leaves it as it was."""
     base = load_baseline(baseline)
     prepared = _prepare(base, (), ())
     t0 = time.perf_counter()
     rows: list[Row] = []
     entries = []
+    _running(progress, prepared, "run the baseline's configs")
     for p in prepared:
         new = run_figures(p.config, p.sets)
         rows += compare(p.entry.label, p.entry.figures, new, p.entry.tolerances)
         entries.append(Entry(p.entry.config, p.entry.sets, new, p.entry.tolerances))
-        _progress(console, f"ran {p.entry.label}")
+        _ran(progress)
     Baseline(base.path, entries).save()
     return Report(base.path, rows, time.perf_counter() - t0)
 
 
 def create(configs: Iterable[str | os.PathLike], out: str | os.PathLike, *,
            sets: Sequence[str] = (), tolerances: Mapping[str, float] | None = None,
-           console: Console | None = None) -> Baseline:
+           progress: Phases | None = None) -> Baseline:
     """Run ``configs`` (each with ``sets``) and write their figures as a new baseline at
     ``out``; config paths are stored relative to ``out``'s folder."""
     out = Path(out)
@@ -474,9 +461,10 @@ def create(configs: Iterable[str | os.PathLike], out: str | os.PathLike, *,
                      tols) for c in configs]
     base = Baseline(out, entries)
     prepared = _prepare(base, (), ())
+    _running(progress, prepared, "run the configs")
     for p in prepared:
         p.entry.figures = run_figures(p.config, p.sets)
-        _progress(console, f"ran {p.entry.label}: {len(p.entry.figures)} figures")
+        _ran(progress)
     base.save()
     return base
 
@@ -504,7 +492,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "--tolerance 'traffic_bytes.*=0.01' (default 0)")
     p.add_argument("--moved-only", action="store_true", help="list only figures that changed")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar (it shows only on a terminal, never under CI)")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -533,41 +522,47 @@ def _parse_tolerances(items: Sequence[str]) -> dict[str, float]:
 
 
 def cmd(args: argparse.Namespace, console: Console) -> int:
-    """``kvsim regress``: exit 0 pass, 1 a figure moved, 2 bad input."""
-    progress = None if args.quiet or args.json else console
+    """``kvsim regress``: exit 0 pass, 1 a figure moved, 2 bad input. A progress bar of the
+    configs run shows on a terminal only (``sim.progress``), gone before the report."""
     try:
-        tolerances = _parse_tolerances(args.tolerance)
-        if args.create:
-            if Path(args.baseline).exists():
-                raise RegressError(f"{args.baseline} exists; rewrite its figures with "
-                                   f"--update, or remove it first")
-            base = create(args.configs, args.baseline, sets=args.set, tolerances=tolerances,
-                          console=progress)
-            n = sum(len(e.figures) for e in base.entries)
-            console.print(f"wrote {args.baseline}: {len(base.entries)} configs, {n} figures",
-                          soft_wrap=True)
-            return EXIT_PASS
-        if args.configs:
-            raise RegressError("CONFIG arguments go with --create")
-        if args.update:
-            if args.set or args.scale or tolerances:
-                raise RegressError("--update records the configs as they are: put changes "
-                                   "in the config files or the entries' sets, not --set, "
-                                   "--scale or --tolerance")
-            report = update(args.baseline, console=progress)
-        else:
-            report = check(args.baseline, sets=args.set, scales=args.scale,
-                           tolerances=tolerances, console=progress)
+        with Phases(enabled=not (args.quiet or args.json) and progress_enabled()) as progress:
+            done = _work(args, progress)
     except KvsimError as err:
         print(f"kvsim: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if isinstance(done, Baseline):
+        n = sum(len(e.figures) for e in done.entries)
+        console.print(f"wrote {args.baseline}: {len(done.entries)} configs, {n} figures",
+                      soft_wrap=True)
+        return EXIT_PASS
     if args.json:
-        print(json.dumps(report.to_json(), indent=1))
+        print(json.dumps(done.to_json(), indent=1))
     else:
-        print_report(report, console, moved_only=args.moved_only)
+        print_report(done, console, moved_only=args.moved_only)
         if args.update:
-            console.print(f"updated {report.baseline}", soft_wrap=True)
-    return EXIT_PASS if args.update or report.ok else EXIT_MOVED
+            console.print(f"updated {done.baseline}", soft_wrap=True)
+    return EXIT_PASS if args.update or done.ok else EXIT_MOVED
+
+
+def _work(args: argparse.Namespace, progress: Phases) -> Report | Baseline:
+    """What ``args`` asks: the new baseline of ``--create``, else the report."""
+    tolerances = _parse_tolerances(args.tolerance)
+    if args.create:
+        if Path(args.baseline).exists():
+            raise RegressError(f"{args.baseline} exists; rewrite its figures with "
+                               f"--update, or remove it first")
+        return create(args.configs, args.baseline, sets=args.set, tolerances=tolerances,
+                      progress=progress)
+    if args.configs:
+        raise RegressError("CONFIG arguments go with --create")
+    if args.update:
+        if args.set or args.scale or tolerances:
+            raise RegressError("--update records the configs as they are: put changes "
+                               "in the config files or the entries' sets, not --set, "
+                               "--scale or --tolerance")
+        return update(args.baseline, progress=progress)
+    return check(args.baseline, sets=args.set, scales=args.scale, tolerances=tolerances,
+                 progress=progress)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

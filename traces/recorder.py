@@ -20,6 +20,8 @@ in ``dropped`` (whole, never split) and left out of the bins, not out of ``byte_
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +96,40 @@ class Recorder:
     ) -> None:
         if self._rank >= LEVELS[detail] and self._room():
             self.spans.append(Span(block, lane, name, start_ps, end_ps, args))
+
+    def mark(self, since: int, marks: Sequence[tuple[str, int, int]], *,
+             block: str = "runtime", lane: str = "layers") -> int:
+        """One span on ``block``/``lane`` per mark ``(name, first, end)`` of a program whose
+        instruction spans (``args["index"]``) were recorded from ``spans[since]`` on: from
+        the first start to the last end of the instructions ``first <= index < end``
+        (marks without a recorded instruction are left out). Returns the spans added."""
+        if self._rank < 1 or not marks:
+            return 0
+        lo: dict[int, int] = {}
+        hi: dict[int, int] = {}
+        for sp in self.spans[since:]:
+            idx = sp.args.get("index") if sp.args else None
+            if idx is None:
+                continue
+            if idx not in lo or sp.start_ps < lo[idx]:
+                lo[idx] = sp.start_ps
+            if idx not in hi or sp.end_ps > hi[idx]:
+                hi[idx] = sp.end_ps
+        if not lo:
+            return 0
+        order = sorted(lo)
+        added = 0
+        for name, first, end in marks:
+            i0, i1 = bisect.bisect_left(order, first), bisect.bisect_left(order, end)
+            if i0 == i1:
+                continue
+            idxs = order[i0:i1]
+            start = min(lo[i] for i in idxs)
+            stop = max(hi[i] for i in idxs)
+            before = len(self.spans)
+            self.span(block, lane, name, start, stop, args={"first": first, "end": end})
+            added += len(self.spans) - before
+        return added
 
     def moved(self, block: str, lane: str, start_ps: int, end_ps: int, nbytes: int) -> None:
         """Bytes that crossed a channel or link between two times (for bandwidth counters)."""

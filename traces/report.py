@@ -4,7 +4,8 @@ embedded, so the page works offline.
 
 Run report, top to bottom: the headline figures (TTFT, time per output token, tokens/s,
 each beside its roofline bound; KV bytes per token and capacity); where the time went per
-phase; a timeline with one lane of runtime calls (phase and step labels) above the
+phase; a timeline with a lane of runtime calls (phase and step labels) and a lane of
+layers (the compiler's marks: instruction ranges per layer and token tile) above the
 engines; a roofline chart of every program; total DRAM bandwidth with the channels
 stacked; the host link per direction; KV-cache occupancy; traffic by kind and by link;
 engine utilization; the cost of each cache operation. Every chart has one unit; every
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+from .breakdown_chart import run_breakdown
 from .chrome import _block_key, bandwidth_series
 from .page import Card, Figure, byte_unit, fmt_bytes, fmt_time, layout, render_page, time_unit
 from .recorder import Recorder
@@ -71,6 +73,31 @@ def _calls_lane(calls: list[dict[str, Any]]) -> list[go.Bar]:
     return bars
 
 
+def _layers_lane(recorder: Recorder) -> list[go.Bar]:
+    """The compiler's layer marks (``runtime``/``layers`` spans), even and odd layers in
+    two shades so that the boundaries show; labelled where the label fits."""
+    marks = [s for s in recorder.spans if s.block == "runtime" and s.lane == "layers"]
+    marks = marks[:MAX_TIMELINE_BARS]
+    bars = []
+    for parity, color in ((0, "#9ecae1"), (1, "#6baed6")):
+        rows = [s for s in marks if int(s.name.split()[-1]) % 2 == parity]
+        if not rows:
+            continue
+        bars.append(go.Bar(
+            name="layers" if parity == 0 else "layers (odd)", showlegend=parity == 0,
+            orientation="h", y=["layers"] * len(rows),
+            x=[max((r.end_ps - r.start_ps) / PS_PER_MS, 1e-9) for r in rows],
+            base=[r.start_ps / PS_PER_MS for r in rows],
+            marker={"color": color, "line": {"color": "white", "width": 0.5}},
+            text=[r.name.split()[-1] for r in rows], textposition="inside",
+            insidetextanchor="middle", textfont={"size": 10}, width=0.9,
+            customdata=[r.name for r in rows], legendgroup="layers",
+            legendgrouptitle_text="compiler marks",
+            hovertemplate="%{customdata}<br>start %{base:,.4f} ms<br>%{x:,.4f} ms"
+                          "<extra></extra>"))
+    return bars
+
+
 def _binned_lanes(spans: list, per_lane: int) -> dict[str, list[tuple]]:
     """A long run's lanes cut into ``per_lane`` equal bins: per bin, how busy the lane
     was (fraction), how many instructions started in it, and the instruction that took
@@ -115,7 +142,8 @@ def _timeline(recorder: Recorder, calls: list[dict[str, Any]]) -> go.Figure | No
         return None
     lanes = sorted({(s.block, s.lane) for s in spans}, key=lambda bl: (_block_key(bl[0]), bl[1]))
     label = {bl: f"{bl[0]} {bl[1]}" for bl in lanes}
-    fig = go.Figure(_calls_lane(calls))
+    layers = _layers_lane(recorder)
+    fig = go.Figure(_calls_lane(calls) + layers)
     if len(spans) > MAX_TIMELINE_BARS:
         bins = _binned_lanes(spans, max(1, MAX_TIMELINE_BARS // max(1, len(lanes))))
         for name in sorted(bins):
@@ -143,71 +171,16 @@ def _timeline(recorder: Recorder, calls: list[dict[str, Any]]) -> go.Figure | No
                 legendgrouptitle_text="engine work",
                 hovertemplate="%{y}<br>%{customdata}<br>start %{base:,.4f} ms<br>"
                               "%{x:,.4f} ms<extra></extra>"))
-    order = [label[bl] for bl in reversed(lanes)] + (["runtime calls"] if calls else [])
+    order = ([label[bl] for bl in reversed(lanes)] + (["layers"] if layers else [])
+             + (["runtime calls"] if calls else []))
     fig.update_yaxes(categoryorder="array", categoryarray=order)
     fig.update_layout(barmode="overlay", uniformtext={"minsize": 8, "mode": "hide"})
-    title = ("Timeline: runtime calls (phase, step) and the work of every engine" if calls
-             else "Timeline: the work of every engine")
+    title = ("Timeline: runtime calls (phase, step), layers and the work of every engine"
+             if calls else "Timeline: the work of every engine")
     fig = layout(fig, title,
                  "simulated time (ms)", "", height=max(320, 20 * len(order) + 170))
     fig.update_layout(legend={"orientation": "v", "y": 1, "yanchor": "top", "x": 1.01,
                               "xanchor": "left"}, margin={"r": 220, "t": 50})
-    return fig
-
-
-#: (key in time_breakdown, row, legend name) of the breakdown chart, in drawing order.
-_DEMANDS = (
-    ("elapsed_s", "elapsed", "elapsed (wall of the phase)"),
-    ("dram_weights_s", "DRAM", "weight streaming"),
-    ("dram_kv_cache_s", "DRAM", "KV-cache reads + writes"),
-    ("dram_activations_s", "DRAM", "activations"),
-    ("dram_host_io_s", "DRAM", "host I/O buffers"),
-    ("compute_s", "compute", "compute (busiest core, MXU + VPU)"),
-    ("host_link_s", "host link", "host link (both directions)"),
-    ("runtime_overhead_s", "runtime", "runtime overhead (per call)"),
-)
-_CRITICAL_ROW = {"dram": "DRAM", "compute": "compute", "host_link": "host link",
-                 "runtime_overhead": "runtime"}
-
-
-def _phase_name(phase: str, row: dict[str, Any]) -> str:
-    if phase == "decode_per_token":
-        return "decode, per token"
-    if phase == "decode":
-        return f"decode, all {row['calls']} steps"
-    return phase.replace("_", " ") + (f" ({row['calls']} calls)" if row["calls"] > 1 else "")
-
-
-def _breakdown(metrics: dict[str, Any]) -> go.Figure | None:
-    tb = metrics.get("time_breakdown") or {}
-    phases = [p for p in tb if p != "decode"]  # per token reads better than the sum
-    if not phases:
-        return None
-    rows = ["elapsed", "DRAM", "compute", "host link", "runtime"]
-    fig = go.Figure()
-    for key, row, name in _DEMANDS:
-        ys = [[_phase_name(p, tb[p]) for p in phases], [row] * len(phases)]
-        fig.add_trace(go.Bar(
-            name=name, orientation="h", y=ys, x=[tb[p][key] * 1e3 for p in phases],
-            marker={"color": "#b0b0b0"} if key == "elapsed_s" else None,
-            hovertemplate=f"{name}<br>%{{x:,.3f}} ms<extra></extra>"))
-    for p in phases:  # each row's total at its end; the critical one marked
-        crit = _CRITICAL_ROW[tb[p]["critical"]]
-        for row in rows:
-            total = sum(tb[p][k] for k, r, _ in _DEMANDS if r == row) * 1e3
-            mark = " ◀ critical" if row == crit else ""
-            fig.add_annotation(x=total, y=[_phase_name(p, tb[p]), row],
-                               text=f" {total:,.2f} ms{mark}", showarrow=False,
-                               xanchor="left", font={"size": 10, "color": "#333"})
-    fig.update_layout(barmode="stack")
-    fig.update_yaxes(autorange="reversed", categoryorder="array",
-                     categoryarray=rows)
-    fig = layout(fig, "Where the time went: what each resource needed, per phase "
-                      "(the largest bounds the phase; resources overlap)",
-                 "time (ms)", "", height=120 + 26 * len(rows) * len(phases))
-    fig.update_layout(legend={"orientation": "v", "y": 1, "yanchor": "top", "x": 1.01,
-                              "xanchor": "left", "traceorder": "normal"},
-                      margin={"l": 190, "r": 260, "t": 50})
     return fig
 
 
@@ -417,7 +390,7 @@ def run_report(metrics: dict[str, Any], recorder: Recorder, *, bins: int = 200) 
     dram, link = _bandwidth(recorder, bins, metrics)
     figs = [
         Figure(f, wide=w) for f, w in (
-            (_breakdown(metrics), True),
+            (run_breakdown(metrics, recorder), True),
             (_timeline(recorder, calls), True),
             (_roofline(metrics), False),
             (_occupancy(metrics), False),

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+from .breakdown_chart import serving_breakdown
 from .page import Card, Figure, fmt_time, render_page
 from .page import layout as _layout
 
@@ -70,12 +71,20 @@ def _thin(x: list[float], y: list[float]) -> tuple[list[float], list[float]]:
             [max(y[i:i + k]) for i in range(0, len(y), k)])
 
 
+def _clock(steps: Sequence[Sequence[Any]]) -> tuple[str, float]:
+    """The time unit of the run's axes: ms, or s for a run of 10 s or more (ticks such as
+    "120k ms" read badly), as ``(unit, ps per unit)``."""
+    end_ps = max((recs[-1].end_ps for recs in steps if recs), default=0)
+    return ("s", PS_PER_S) if end_ps >= 10 * PS_PER_S else ("ms", PS_PER_S / 1e3)
+
+
 def occupancy_figure(steps: Sequence[Sequence[Any]], geometry: Any) -> go.Figure:
     """KV blocks in use (% of the pool) over time, one line per chip; preemptions marked."""
     fig = go.Figure()
+    unit, per = _clock(steps)
     n = max(1, geometry.num_blocks)
     for chip, recs in enumerate(steps):
-        t = [0.0] + [s.end_ps / PS_PER_S for s in recs]
+        t = [0.0] + [s.end_ps / per for s in recs]
         u = [0.0] + [100 * s.used_blocks / n for s in recs]
         t, u = _thin(t, u)
         fig.add_trace(go.Scatter(x=t, y=u, mode="lines", line_shape="hv",
@@ -83,14 +92,14 @@ def occupancy_figure(steps: Sequence[Sequence[Any]], geometry: Any) -> go.Figure
         pre = [s for s in recs if s.preempted]
         if pre:
             fig.add_trace(go.Scatter(
-                x=[s.end_ps / PS_PER_S for s in pre],
+                x=[s.end_ps / per for s in pre],
                 y=[100 * s.used_blocks / n for s in pre], mode="markers",
                 marker={"symbol": "x", "size": 7}, name=f"chip{chip} preemptions",
                 text=[f"preempted {list(s.preempted)}" for s in pre]))
     title = (f"KV cache occupancy ({geometry.num_blocks:,} blocks of "
              f"{geometry.block_tokens} tokens, {geometry.block_bytes:,} B each)")
     fig.update_yaxes(rangemode="tozero")
-    return _layout(fig, title, "simulated time (s)", "blocks in use (%)")
+    return _layout(fig, title, f"simulated time ({unit})", "blocks in use (%)")
 
 
 def latency_figures(rows: Sequence[dict[str, Any]]) -> list[go.Figure]:
@@ -115,8 +124,9 @@ def batch_figure(steps: Sequence[Sequence[Any]]) -> go.Figure:
     """Tokens per step over time, stacked: one per decoding sequence, and prompt tokens
     (including recomputed ones)."""
     fig = go.Figure()
+    unit, per = _clock(steps)
     for chip, recs in enumerate(steps):
-        t = [s.end_ps / PS_PER_S for s in recs]
+        t = [s.end_ps / per for s in recs]
         for attr, name in (("decode_seqs", "decode tokens"),
                            ("prefill_tokens", "prompt tokens")):
             x, y = _thin(t, [float(getattr(s, attr)) for s in recs])
@@ -126,15 +136,15 @@ def batch_figure(steps: Sequence[Sequence[Any]]) -> go.Figure:
                                      hovertemplate=f"{prefix}{name}: %{{y:,.0f}}"
                                                    "<extra></extra>"))
     fig.update_layout(hovermode="x unified")
-    return _layout(fig, "Tokens computed per step (stacked)", "simulated time (s)",
+    return _layout(fig, "Tokens computed per step (stacked)", f"simulated time ({unit})",
                    "tokens in the step")
 
 
 def serving_report_html(metrics: dict[str, Any], rows: Sequence[dict[str, Any]],
                         steps: Sequence[Sequence[Any]], geometry: Any) -> str:
     """The report page of a serving run: headline cards (throughput, latency percentiles,
-    preemptions, KV occupancy), then KV occupancy over time, batch composition, and the
-    latency distributions."""
+    preemptions, KV occupancy), then where each chip's time went, KV occupancy over time,
+    batch composition, and the latency distributions."""
     s = metrics.get("serving", {})
 
     def pct(key: str) -> str:
@@ -167,7 +177,9 @@ def serving_report_html(metrics: dict[str, Any], rows: Sequence[dict[str, Any]],
          f"{s.get('computed_tokens', 0):,} = {s.get('prompt_tokens_computed', 0):,} + "
          f"{s.get('decode_tokens_computed', 0):,} + {s.get('recomputed_tokens', 0):,}"),
     ]
-    figs = [Figure(occupancy_figure(steps, geometry), wide=True),
+    went = serving_breakdown(steps, s.get("duration_s", 0.0))
+    figs = [*([Figure(went, wide=True)] if went is not None else []),
+            Figure(occupancy_figure(steps, geometry), wide=True),
             Figure(batch_figure(steps), wide=True),
             *(Figure(f) for f in latency_figures(rows))]
     return render_page(f"kvsim serving report: {metrics.get('scenario', 'serving run')}",

@@ -1,6 +1,7 @@
 """The HTML report of a sweep: one chart per metric, the swept numeric axis along x (a
 log axis where it spans a factor of 8 or more) and every combination of the other axes
-(formats, bit configs, ...) as a series on that chart; then the table of results.
+(formats, bit configs, ...) as a series on that chart; where the time went per point
+(:mod:`traces.breakdown_chart`); then the table of results.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from .breakdown_chart import sweep_breakdowns
 from .page import Card, Figure, fmt_number, is_number, layout, render_page
 
 #: Readable names of common metrics and config fields (others: the path, spelled out).
@@ -176,6 +178,8 @@ def sweep_report(title: str, axes: dict[str, list[Any]], rows: list[dict[str, An
     shown = [m for m in metrics if any(is_number(r.get(m)) for r in rows)]
     axis = x_axis(axes) if axes else ""
     figs = [Figure(f) for m in shown if (f := _sweep_figure(m, axis, axes, rows))]
+    figs += [Figure(f, wide=True) for f in sweep_breakdowns(rows, lambda r: ", ".join(
+        f"{NAMES.get(a, a)} {_fmt(r.get(a))}" for a in axes))]
     failed = sum(r["status"] != "ok" for r in rows)
     cards = [Card("points", f"{len(rows) - failed} of {len(rows)}",
                   note=f"{failed} failed" if failed else "all ran")]

@@ -179,13 +179,16 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
     xbuf = [lw.mm["act.x0"].base, lw.mm["act.x1"].base]
     cur = 0
     t0 = m = 0
+    marks: list[tuple[str, int, int]] = []  # (layer, instruction range) for reports
     layer_ids = range(cfg.num_layers) if layers is None else layers
     for segs in tiles_of(seqs, lw.m_tile):
         m = sum(sq.n for sq in segs)
         stage_input(b, lw, emb + 4 * t0 * h, xbuf[cur], m)
         for layer in layer_ids:
+            first = len(b.ins)
             blocks.attention.lower(b, lw, layer, xbuf[cur], m, segs)
             blocks.mlp(layer).lower(b, lw, layer, xbuf[1 - cur], m, segs)
+            marks.append((f"layer {layer}", first, len(b.ins)))
             cur = 1 - cur
         rows = [(j, e - t0) for j, e in enumerate(ends) if t0 <= e < t0 + m]
         if rows and not one_call:
@@ -196,10 +199,10 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
         stage_head(b, lw, xbuf[cur] + (m - 1) * h)
         b.emit(HostRead(src=lw.mm["io.logits"].base, dst=host_out, nbytes=4 * cfg.vocab_size,
                         wait=(done,) * sum(1 for c in lw.target.cores if head_rows_of(lw, c))))
-        return Program(tuple(b.ins), formats=lw.formats, name=name)
+        return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))
     n_out = len(ends)
     if not n_out:
-        return Program(tuple(b.ins), formats=lw.formats, name=name)
+        return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))
     per = head_rows(lw)
     logits = lw.mm[LOGITS_REGION].base
     stores = 0
@@ -209,4 +212,4 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
                                   logits + 4 * r0 * cfg.vocab_size)
     b.emit(HostRead(src=logits, dst=host_out, nbytes=4 * n_out * cfg.vocab_size,
                     wait=(done,) * stores))
-    return Program(tuple(b.ins), formats=lw.formats, name=name)
+    return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))

@@ -113,10 +113,12 @@ class Accelerator:
         differ only in positions, so only the first of each shape is validated."""
         start = self.device.env.now
         key = (op, *shape)
+        since = len(self.recorder.spans)
         run = self.device.run(program, validate=not shape or key not in self._validated)
         if shape:
             self._validated.add(key)
         self.recorder.span("runtime", "calls", op, start, run.end_ps)
+        self.recorder.mark(since, program.marks)  # the compiler's layer marks, as spans
         return run
 
     def begin(self) -> tuple[int, dict]:

@@ -48,6 +48,7 @@ def print_serve_summary(metrics: dict, paths: dict, console: Console) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
+    from sim.progress import Phases, progress_enabled
     from traces.io import check_out_folder
 
     from .config import load_serve_config
@@ -55,9 +56,11 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
 
     cfg = load_serve_config(args.config, args.set)
     check_out_folder(args.out, "--out")
-    progress = None if args.quiet else (lambda msg: console.print(msg, style="dim"))
-    result = run_serving(cfg, progress=progress)
-    paths = write_serving_outputs(result, args.out)
+    # phases, requests done and the time left on a terminal; nothing in pipes or CI
+    with Phases(enabled=not args.quiet and progress_enabled()) as ph:
+        result = run_serving(cfg, progress=ph)
+        ph.start("write outputs")
+        paths = write_serving_outputs(result, args.out)
     if not args.quiet:
         print_serve_summary(result.metrics, paths, console)
     return 0

@@ -33,7 +33,7 @@ import json
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +50,7 @@ from models.compiler.driver import (
 )
 from sim.device import Device
 from sim.hw import HardwareConfig
+from sim.progress import Phases
 from traces.io import atomic_write_json
 
 #: Bumped when the programs or the grid's meaning change (invalidates cached grids).
@@ -201,23 +202,23 @@ def _measure(task: tuple) -> int:
 
 
 def _run_tasks(cm: CompiledModel, hw: HardwareConfig, tasks: list[tuple], jobs: int,
-               progress: Callable[[str], None] | None) -> dict[tuple, int]:
+               progress: Phases | None) -> dict[tuple, int]:
     _CTX["cm"], _CTX["hw"] = cm, hw
     out: dict[tuple, int] = {}
-    t0 = time.perf_counter()
+    if progress is not None:
+        progress.start("measure the step-cost grid", total=len(tasks))
     if jobs <= 1 or len(tasks) < 2:
-        for i, t in enumerate(tasks):
+        for t in tasks:
             out[t] = _measure(t)
-            if progress and (i + 1) % 10 == 0:
-                progress(f"cost grid: {i + 1}/{len(tasks)} ({time.perf_counter() - t0:.0f} s)")
+            if progress is not None:
+                progress.advance()
         return out
     ctx = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        for i, (t, v) in enumerate(zip(tasks, pool.map(_measure, tasks, chunksize=1),
-                                       strict=True)):
+        for t, v in zip(tasks, pool.map(_measure, tasks, chunksize=1), strict=True):
             out[t] = v
-            if progress and (i + 1) % 10 == 0:
-                progress(f"cost grid: {i + 1}/{len(tasks)} ({time.perf_counter() - t0:.0f} s)")
+            if progress is not None:
+                progress.advance()
     return out
 
 
@@ -235,7 +236,7 @@ class StepCostModel:
                  mode: str = "grid", extrapolate: bool = True, jobs: int | None = None,
                  cache_dir: str | Path | None = None,
                  grid: GridSpec | None = None,
-                 progress: Callable[[str], None] | None = None):
+                 progress: Phases | None = None):
         self.cm = cm
         self.hw = hw
         self.mode = mode

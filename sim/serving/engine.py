@@ -66,7 +66,7 @@ class ServingSim:
     def __init__(self, requests: Sequence[Request], *, chips: int,
                  scheduler: SchedulerConfig, geometry: KvGeometry, step_cost: StepCost,
                  swap_cost: SwapCost | None = None, router: Router = "round_robin",
-                 slots: int = 1):
+                 slots: int = 1, on_finish: Callable[[int], None] | None = None):
         if chips < 1:
             raise ValueError(f"chips must be >= 1, got {chips}")
         if router not in ("round_robin", "least_loaded"):
@@ -82,6 +82,8 @@ class ServingSim:
         self.slots = slots
         self._rr = 0
         self._finished = 0
+        #: Called with the number of requests a step finished (progress; not timing).
+        self.on_finish = on_finish
         self.done = self.env.event()
 
     def pick(self) -> Chip:
@@ -126,7 +128,10 @@ class ServingSim:
             dur = swap + self.step_cost(plan.seqs(self.slots))
             yield env.timeout(dur)
             chip.busy_ps += dur
-            self._finished += len(sched.complete(plan, env.now))
+            finished = len(sched.complete(plan, env.now))
+            self._finished += finished
+            if finished and self.on_finish is not None:
+                self.on_finish(finished)
             chip.steps.append(self._record(chip, plan, start, env.now, swap))
             if self._finished == len(self.requests):
                 self.done.succeed()

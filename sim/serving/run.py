@@ -11,7 +11,6 @@ import csv
 import io
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from models.compiler.driver import StepSeq
 from models.config import load_model
 from sim.device import Device
 from sim.hw import HardwareConfig
+from sim.progress import Phases
 from traces.io import atomic_write_text
 
 from .blocks import KvGeometry, kv_geometry
@@ -221,8 +221,9 @@ def _mean_occupancy(steps: list[list[StepRecord]], geo: KvGeometry) -> float:
     return num / den / geo.num_blocks if den and geo.num_blocks else 0.0
 
 
-def run_serving(cfg: ServeConfig, *,
-                progress: Callable[[str], None] | None = None) -> ServeResult:
+def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeResult:
+    """Compile, build the step-cost model, serve every request, gather the metrics;
+    ``progress`` hears the phases (compile, the cost grid's points, requests finished)."""
     t_start = time.perf_counter()
     s = cfg.serving
     hw = cfg.hardware
@@ -234,6 +235,8 @@ def run_serving(cfg: ServeConfig, *,
                            f"request ({longest} tokens)")
     model = load_model(cfg.model.preset or cfg.model.hf_config, where="model")
     bits = cfg.bits.bit_config(cfg.kv)
+    if progress is not None:
+        progress.start("compile")
     t0 = time.perf_counter()
     cm = compile_for_serving(model, bits, hw, kv=cfg.kv.format,
                              core_mode=cfg.compile.core_mode, cap=max_len,
@@ -254,9 +257,12 @@ def run_serving(cfg: ServeConfig, *,
     sched = SchedulerConfig(max_num_seqs=s.max_num_seqs,
                             max_num_batched_tokens=s.max_num_batched_tokens,
                             chunked_prefill=s.chunked_prefill, preemption=s.preemption)
+    if progress is not None:
+        progress.start("serve requests", total=len(requests))
     t0 = time.perf_counter()
     sim = ServingSim(requests, chips=s.chips, scheduler=sched, geometry=geo,
-                     step_cost=cost.step_ps, swap_cost=SwapCost(cm, hw), router=s.router)
+                     step_cost=cost.step_ps, swap_cost=SwapCost(cm, hw), router=s.router,
+                     on_finish=None if progress is None else progress.advance)
     try:
         sim.run()
     except ValueError as err:  # a request that cannot fit the KV pool
@@ -266,6 +272,8 @@ def run_serving(cfg: ServeConfig, *,
     serving = serving_metrics(requests, steps, geo)
     cost_info = cost.describe()
     if c.validate_steps and c.mode == "grid":
+        if progress is not None:
+            progress.start("validate the cost model")
         cost_info["validation"] = validate_on_run(cost, steps, requests, c.validate_steps)
     name = cfg.model.preset or Path(cfg.model.hf_config).stem
     metrics = {

@@ -4,7 +4,9 @@ calls tell them, and quiet off a terminal or under CI."""
 from __future__ import annotations
 
 import io
+import os
 
+import pytest
 from rich.console import Console
 
 from sim.config import load_run_config
@@ -52,3 +54,159 @@ def test_phases_off_record_the_same_and_print_nothing():
         ph.advance()
         ph.start("b")
     assert ph.history == [("a", 2, 2), ("b", 0, None)] and screen.getvalue() == ""
+
+
+# --- kvsim serve and kvsim regress: progress on a terminal, quiet in pipes, clean Ctrl-C ---
+
+SERVE = """
+[hardware]
+preset = "tiny"
+[model]
+preset = "tiny"
+[compile]
+core_mode = "single"
+[serving]
+max_num_seqs = 2
+max_num_batched_tokens = 16
+[serving.workload]
+requests = 3
+prompt_tokens = 4
+output_tokens = 2
+[serving.cost]
+mode = "direct"
+"""
+
+
+@pytest.fixture
+def serve_file(tmp_path):
+    f = tmp_path / "serve.toml"
+    f.write_text(SERVE)
+    return f
+
+
+def _terminal(monkeypatch, module) -> tuple[_Tty, list]:
+    """Make ``module``'s progress think stderr is a terminal; returns the screen and the
+    Phases made."""
+    import sim.progress
+
+    screen, made = _Tty(), []
+
+    class Shown(sim.progress.Phases):
+        def __init__(self, *, enabled: bool):
+            super().__init__(enabled=enabled,
+                             console=Console(file=screen, force_terminal=True, width=100))
+            made.append(self)
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setattr(module, "Phases", Shown)
+    monkeypatch.setattr(module, "progress_enabled", lambda stream=None: True)
+    return screen, made
+
+
+def test_serve_shows_its_phases_and_requests_done_on_a_terminal(serve_file, tmp_path,
+                                                                 monkeypatch, capsys):
+    import sim.progress
+    from sim.cli import main
+
+    screen, made = _terminal(monkeypatch, sim.progress)
+    assert main(["serve", str(serve_file), "--out", str(tmp_path / "o")]) == 0
+    assert made[0].enabled
+    assert made[0].history == [("compile", 0, None), ("serve requests", 3, 3),
+                               ("write outputs", 0, None)]
+    assert "serve requests" in screen.getvalue()
+    assert "serve requests" not in capsys.readouterr().out  # the bar is not the summary
+
+
+def test_serve_and_regress_print_no_progress_into_a_pipe(serve_file, tmp_path, capsys):
+    from sim.cli import main
+
+    assert main(["serve", str(serve_file), "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr()
+    assert out.err == "" and "serve requests" not in out.out and "compile" not in out.out
+    assert "output tokens/s" in out.out  # the summary still comes
+    base = _baseline(tmp_path)
+    assert main(["regress", str(base)]) == 0
+    out = capsys.readouterr()
+    assert out.err == "" and "configs" not in out.out.split("\n")[0]
+
+
+def _baseline(tmp_path):
+    """A baseline of two quick configs, written with the real figures."""
+    from sim.regress import create
+
+    cfg = tmp_path / "gemv.toml"
+    cfg.write_text('[hardware]\npreset = "tiny"\n[workload]\nkind = "gemv"\nk = 64\nn = 64\n'
+                   "w_bits = 8\n")
+    base = tmp_path / "base.json"
+    create([cfg, cfg], base, sets=[])
+    return base
+
+
+def test_regress_counts_its_configs_on_a_terminal(tmp_path, monkeypatch):
+    import sim.regress
+
+    base = _baseline(tmp_path)
+    screen, made = _terminal(monkeypatch, sim.regress)
+    assert sim.regress.main([str(base)]) == 0
+    assert made[0].history == [("run the baseline's configs: 2 configs", 2, 2)]
+    assert "run the baseline's configs" in screen.getvalue()
+
+
+def test_ctrl_c_while_serving_leaves_no_output(serve_file, tmp_path, monkeypatch, capsys):
+    from sim.cli import main
+    from sim.serving import engine
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.ServingSim, "run", interrupted)
+    out = tmp_path / "o"
+    assert main(["serve", str(serve_file), "--out", str(out)]) == 130
+    assert not out.exists() or list(out.iterdir()) == []
+    assert "interrupted" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_serve_writes_leaves_only_whole_files(serve_file, tmp_path, monkeypatch):
+    from sim.cli import main
+    from traces import io as tio
+
+    out = tmp_path / "o"
+    assert main(["serve", str(serve_file), "-q", "--out", str(out)]) == 0
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+    serve_file.write_text(SERVE.replace("requests = 3", "requests = 2"))
+    real, calls = tio._write_all, []
+
+    def half_then_interrupt(fd, data):  # the second file: half its bytes, then Ctrl-C
+        calls.append(fd)
+        if len(calls) == 2:
+            os.write(fd, data[: len(data) // 2])
+            raise KeyboardInterrupt
+        real(fd, data)
+
+    monkeypatch.setattr(tio, "_write_all", half_then_interrupt)
+    assert main(["serve", str(serve_file), "-q", "--out", str(out)]) == 130
+    new = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(new) == set(old)  # no temporary left behind
+    changed = [n for n in new if new[n] != old[n]]
+    assert len(changed) == 1 and changed[0] != "metrics.json"  # metrics.json is last
+    assert new["metrics.json"] == old["metrics.json"]
+
+
+def test_ctrl_c_during_regress_update_leaves_the_baseline_as_it_was(tmp_path, monkeypatch):
+    import sim.regress
+    from sim.cli import main
+
+    base = _baseline(tmp_path)
+    before = base.read_bytes()
+    real, calls = sim.regress.run_figures, []
+
+    def second_interrupts(config, sets=()):
+        calls.append(config)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return {k: v * 2 for k, v in real(config, sets).items()}
+
+    monkeypatch.setattr(sim.regress, "run_figures", second_interrupts)
+    assert main(["regress", str(base), "--update"]) == 130
+    assert base.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.json", "gemv.toml"]

@@ -143,12 +143,15 @@ def test_sweep_report_draws_formats_as_series_of_one_chart_per_metric(tmp_path):
     assert main(["sweep", str(sweep), "--out", str(out), "--workers", "1", "-q"]) == 0
     count, problems = check(out / "report.html")
     assert problems == []
-    assert count == 3  # one chart per metric
+    assert count == 3 + 2  # one chart per metric; where the time went, prefill and decode
     with open_page(out / "report.html") as p:
         series = p.page.evaluate(
             "() => Array.from(document.querySelectorAll('div[id^=fig]')).filter(d => d.data)"
             ".map(d => [d.layout.xaxis.title.text, d.data.map(t => t.name)])")
-    for xlabel, names in series:
+        titles = _titles(p)
+    assert [t.split(":")[0] for t in titles[3:]] == ["Where the time went, prefill",
+                                                     "Where the time went, decode, per token"]
+    for xlabel, names in series[:3]:
         assert xlabel == "prompt tokens"
         assert names == ["KV format bf16", "KV format int8", "KV format kivi-2"]
 
@@ -164,8 +167,9 @@ def test_serving_report_draws_and_its_headline_equals_metrics_json(tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     count, problems = check(tmp_path / "report.html")
     assert problems == []
-    assert count == 4
+    assert count == 5
     with open_page(tmp_path / "report.html") as p:
+        assert _titles(p)[0].startswith("Where the time went")
         cards = p.page.evaluate(
             "() => Array.from(document.querySelectorAll('.card[data-metric]')).map(c => "
             "[c.dataset.metric, c.dataset.value])")

@@ -118,3 +118,57 @@ def test_sweep_puts_the_numeric_axis_along_x_and_formats_as_series():
     assert '"name":"KV format bf16"' in page and '"name":"KV format int8"' in page
     assert "1 – 6 ms" in page  # the range card of decode time
     assert "lowest at KV format bf16, prompt tokens 8" in page
+
+
+def test_layer_marks_become_one_span_per_layer_of_each_call(tiny):
+    rec = tiny.recorder
+    calls = [s for s in rec.spans if s.block == "runtime" and s.lane == "calls"
+             and s.name == "infer"]
+    layers = [s for s in rec.spans if s.block == "runtime" and s.lane == "layers"]
+    # tiny: 2 layers, the 8-token prefill in one token tile, then 3 decode calls
+    assert [s.name for s in layers] == ["layer 0", "layer 1"] * 4
+    for i, call in enumerate(calls):
+        l0, l1 = layers[2 * i : 2 * i + 2]
+        assert call.start_ps < l0.start_ps < l1.start_ps and l1.end_ps <= call.end_ps
+        # a layer spans exactly its instructions' spans (the recorded ones of its call)
+        own = [s for s in rec.spans if s.args and "index" in s.args
+               and call.start_ps <= s.start_ps and s.end_ps <= call.end_ps
+               and l0.args["first"] <= s.args["index"] < l0.args["end"]]
+        assert l0.start_ps == min(s.start_ps for s in own)
+        assert l0.end_ps == max(s.end_ps for s in own)
+        assert l0.args["end"] == l1.args["first"]
+    page = run_report(tiny.metrics, rec)
+    assert '"y":["layers","layers","layers","layers"]' in page
+
+
+def test_marks_change_neither_the_encoded_program_nor_its_equality(tiny):
+    from dataclasses import replace
+
+    from isa.encoding import decode_program, encode_program
+    from sim.run import compile_for_run
+
+    cm = compile_for_run(tiny.config)
+    prog = cm.program(tokens=1, cache_size=8)
+    assert [m[0] for m in prog.marks] == ["layer 0", "layer 1"]
+    bare = replace(prog, marks=())
+    assert encode_program(bare) == encode_program(prog)
+    assert bare == prog
+    assert decode_program(encode_program(prog)) == prog
+
+
+def test_the_breakdown_draws_the_critical_path_beside_the_largest_demand(tiny):
+    page = run_report(tiny.metrics, tiny.recorder)
+    assert "on the critical path" in page and "largest demand" in page
+    assert "◀ critical" not in page  # the largest demand is not called the critical path
+
+
+def test_a_gemv_run_has_the_where_the_time_went_breakdown():
+    g = run(load_run_config(None, ["hardware.preset=tiny", "workload.kind=gemv",
+                                   "workload.k=64", "workload.n=64", "workload.w_bits=8"]))
+    tb = g.metrics["time_breakdown"]
+    assert list(tb) == ["gemv"]
+    assert tb["gemv"]["elapsed_s"] == g.metrics["sim_time_s"]
+    assert tb["gemv"]["runtime_overhead_s"] == 0.0  # no runtime call: the program alone
+    assert [c["phase"] for c in g.metrics["calls"]] == ["gemv"]
+    page = run_report(g.metrics, g.recorder)
+    assert "Where the time went" in page and "on the critical path" in page
