@@ -1,7 +1,7 @@
 """The KV-bits sweep's figure: decode time per token and KV-cache bytes against the
 context, one line per KV format (log-2 context axis), as a small SVG; and, per format, the
 first context at which its decode is at least ``--pays`` (1 % unless told) faster than
-bf16's, printed as a table.
+``--base``'s (bf16 unless told), printed as a table.
 
     kvsim sweep configs/kv-bits-sweep.toml --out kv-bits
     python benchmarks/kv_bits_plot.py kv-bits/results.json --out kv-bits/kv-bits.svg
@@ -105,22 +105,25 @@ def main() -> None:
     p.add_argument("results", type=Path, help="the sweep's results.json")
     p.add_argument("--out", type=Path, required=True, help="the SVG to write")
     p.add_argument("--pays", type=float, default=0.01,
-                   help="the decode-time saving against bf16 that counts as paying")
+                   help="the decode-time saving against the base that counts as paying")
+    p.add_argument("--base", default="bf16", help="the format the others are against")
     a = p.parse_args()
     rows = json.loads(a.results.read_text())["rows"]
     tree = figure(rows)
     ET.indent(tree)
     tree.write(a.out, encoding="unicode")
     dec = series(rows, DECODE)
-    ref = dict(dec["bf16"])
-    print(f"{'format':8s} " + " ".join(f"{c:>7d}" for c, _ in dec["bf16"]))
+    if a.base not in dec:
+        raise SystemExit(f"--base: no points of format {a.base!r} in {a.results}")
+    ref = dict(dec[a.base])
+    print(f"{'format':8s} " + " ".join(f"{c:>7d}" for c, _ in dec[a.base]))
     for fmt, pts in dec.items():
         print(f"{fmt:8s} " + " ".join(f"{t * 1e3:7.3f}" for _, t in pts) + "  ms/token")
-        if fmt != "bf16":
+        if fmt != a.base:
             print(f"{'':8s} " + " ".join(f"{(1 - t / ref[c]) * 100:6.1f}%" for c, t in pts)
-                  + "  below bf16")
-    for fmt, ctx in pays_from(rows, margin=a.pays).items():
-        print(f"{fmt} pays (decode >= {a.pays:.0%} below bf16) from "
+                  + f"  below {a.base}")
+    for fmt, ctx in pays_from(rows, base=a.base, margin=a.pays).items():
+        print(f"{fmt} pays (decode >= {a.pays:.0%} below {a.base}) from "
               f"{'no sampled context' if ctx is None else f'{ctx} tokens'}")
     print(f"wrote {a.out}")
 
