@@ -87,6 +87,7 @@ def compile_for_run(cfg: RunConfig) -> CompiledModel:
         max_seq=min(cfg.compile.max_sequence_length, cap), cap=cap,
         slots=cfg.compile.cache_slots, tile_bytes=cfg.compile.tile_bytes,
         functional=cfg.sim.fidelity == "functional", weights=weights,
+        store_programs=False,  # the run lowers the programs of its own calls
     )
 
 

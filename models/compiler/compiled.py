@@ -243,8 +243,12 @@ def compile_model(
     tile_bytes: int | None = None,
     functional: bool = True,
     weights: dict[str, Any] | None = None,
+    store_programs: bool = True,
 ) -> CompiledModel:
-    """Compile ``model`` for ``hw``: memory map, SRAM tiling, integer parameters."""
+    """Compile ``model`` for ``hw``: memory map, SRAM tiling, integer parameters; with
+    ``store_programs``, also the prefill and decode programs of the compiled sizes (what a
+    ``.kvm`` file carries for inspection; a run lowers its own programs on demand, so it
+    can leave them out and hold neither their instructions nor their lowering time)."""
     if core_mode not in CORE_MODES:
         raise CompileError(f"core_mode: {core_mode!r} is not one of {', '.join(CORE_MODES)}")
     if CORE_MODES[core_mode] > hw.num_cores:
@@ -291,6 +295,8 @@ def compile_model(
                        max_seq=max_seq, cap=cap, slots=slots, tile_bytes=tile_bytes,
                        m_tile=m_tile, mm=mm, numerics=numerics, weights=weights,
                        tile_fixed=tile_fixed, big_tile_tokens=big_tokens)
+    if not store_programs:
+        return cm
     done = replace(cm, programs={
         f"prefill_{max_seq}": cm.program(tokens=max_seq, cache_size=0),
         "decode": cm.program(tokens=1, cache_size=min(max_seq, cap - 1)),

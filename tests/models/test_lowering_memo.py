@@ -81,3 +81,15 @@ def test_the_memo_keeps_at_most_its_bound() -> None:
                      requant=False, shift=0)
         memo.lower(b, i, lambda mat=mat: _gemm_block(b, mat))
     assert len(memo) == 3
+
+
+def test_a_compile_without_stored_programs_lowers_the_same_programs() -> None:
+    lean = compile_model(TINY, build_bit_config({}), HardwareTarget.from_hw(TINY_HW),
+                         kv="int8", core_mode="single", max_seq=48, cap=256,
+                         functional=False, tile_bytes=28672, store_programs=False)
+    full = _compile()
+    assert lean.programs == {} and set(full.programs) == {"prefill_48", "decode"}
+    assert encode_program(lean.program(tokens=48, cache_size=0)) == encode_program(
+        full.programs["prefill_48"])
+    assert encode_program(lean.program(tokens=1, cache_size=48)) == encode_program(
+        full.programs["decode"])
