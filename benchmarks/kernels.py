@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import time
 from pathlib import Path
 
@@ -239,7 +240,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7, help="timed runs per case (best counts)")
     args = ap.parse_args()
     r = run(args.repeat)
-    print(json.dumps(r, indent=2) if args.json else report(r))
+    # peak resident memory of this process (Linux reports ru_maxrss in KiB)
+    r["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps(r, indent=2) if args.json else report(r)
+          + f"\npeak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 
 import numpy as np
 
@@ -76,8 +77,11 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args()
     rows = run(args.tokens)
+    # peak resident memory of this process (Linux reports ru_maxrss in KiB)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if args.json:
-        print(json.dumps({"tokens": args.tokens, "rows": rows}, indent=2))
+        print(json.dumps({"tokens": args.tokens, "rows": rows, "peak_rss_bytes": peak},
+                         indent=2))
         return
     print(f"{args.tokens} cached tokens; bytes are K+V per token per KV head (head_dim 64; "
           "MLA: the 576-wide latent row)")
@@ -88,6 +92,7 @@ def main() -> None:
                f"{r.get('outlier_cosine', float('nan')):8.5f}" if "outlier_rel_l2" in r else "")
         print(f"{r['case']:36s} {r['kv_bytes_per_token_per_head']:7.1f} "
               f"{r['plain_rel_l2']:11.4f} {r['plain_cosine']:8.5f} {out}")
+    print(f"peak RSS {peak / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -66,16 +66,20 @@ def _check_generate(cfg: RunConfig) -> Checked:
     if need_cores > hw.cores.num_cores:
         raise ConfigError(f"compile.core_mode: {c.core_mode!r} needs {need_cores} cores; "
                           f"{hw.name} has {hw.cores.num_cores}")
-    fed = w.prompt_tokens + max(w.output_tokens - 1, 0)  # the last token is not fed back
+    # the last token is not fed back
+    fed = w.context_tokens + w.prompt_tokens + max(w.output_tokens - 1, 0)
+    ctx = f"context_tokens {w.context_tokens} + " if w.context_tokens else ""
     if fed > model.max_position_embeddings:
-        raise ConfigError(f"workload.prompt_tokens: {w.prompt_tokens} + output_tokens "
-                          f"{w.output_tokens} - 1 = {fed} tokens exceed the "
+        field = "context_tokens" if w.context_tokens else "prompt_tokens"
+        raise ConfigError(f"workload.{field}: {ctx}prompt_tokens {w.prompt_tokens} + "
+                          f"output_tokens {w.output_tokens} - 1 = {fed} tokens exceed the "
                           f"max_position_embeddings ({model.max_position_embeddings}) of "
                           f"model {_name(model)!r}")
     cap = cache_length(cfg)
     if cap < fed:
         raise ConfigError(f"compile.cache_length: {cap} tokens cannot hold the {fed} tokens "
-                          f"the workload feeds (prompt_tokens + output_tokens - 1)")
+                          f"the workload feeds ({ctx}prompt_tokens {w.prompt_tokens} + "
+                          f"output_tokens {w.output_tokens} - 1)")
     try:
         pair = kvformats.pair(cfg.kv.format)
     except KvsimError as err:
@@ -109,7 +113,8 @@ def _check_generate(cfg: RunConfig) -> Checked:
     ops = len(w.cache_ops)
     summary = (
         f"{_name(model)} {cfg.bits.label} kv={cfg.kv.format} on {hw.name} ({c.core_mode}): "
-        f"prefill {'a prompt text' if w.prompt else w.prompt_tokens} + decode "
+        + (f"context {w.context_tokens} + " if w.context_tokens else "")
+        + f"prefill {'a prompt text' if w.prompt else w.prompt_tokens} + decode "
         f"{w.output_tokens} tokens, {cfg.sim.fidelity}; "
         f"cache {cap} tokens; DRAM {total / GIB:.2f} of {hw.dram.capacity_bytes / GIB:.2f} "
         f"GiB (weights {mm.bytes_of_kind('weights') / 1e6:,.1f} MB, KV cache "

@@ -183,6 +183,11 @@ _CACHE_OP_FIELDS = {
 class WorkloadConfig(_Section):
     kind: Literal["generate", "gemv"] = "generate"
     # generate: prefill then decode through the runtime
+    context_tokens: int = Field(0, ge=0, description=(
+        "tokens already in the KV cache before the prompt (a context whose prefill is not "
+        "simulated): timing-only runs start from a cache of this length; functional runs "
+        "fill it with the device's own prefill of random tokens, not counted in the "
+        "metrics"))
     prompt_tokens: int = Field(240, ge=1)
     prompt: str | None = Field(None, description="a prompt text (a model with a tokenizer): "
                                "its tokens are the prompt, and prompt_tokens their count")
@@ -412,17 +417,20 @@ def check_cache_ops(w: WorkloadConfig) -> None:
     if w.kind != "generate":
         raise ConfigError(f"workload.cache_ops: only a 'generate' workload has a KV cache "
                           f"(kind is {w.kind!r})")
-    first, last = w.prompt_tokens, w.prompt_tokens + max(w.output_tokens - 1, 0)
+    first = w.context_tokens + w.prompt_tokens
+    last = first + max(w.output_tokens - 1, 0)
     removed = 0
     previous = first
     for i, op in enumerate(w.cache_ops):
         where = f"workload.cache_ops[{i}]"
         if op.at_token < first:
             raise ConfigError(f"{where}.at_token: {op.at_token} is inside the prefill; an op "
-                              f"runs after it (at_token >= prompt_tokens = {first})")
+                              f"runs after it (at_token >= context_tokens + prompt_tokens = "
+                              f"{first})")
         if op.at_token > last:
             raise ConfigError(f"{where}.at_token: {op.at_token} is past the last token: the "
-                              f"sequence ends at {last} tokens (prompt_tokens {w.prompt_tokens}"
+                              f"sequence ends at {last} tokens (context_tokens "
+                              f"{w.context_tokens} + prompt_tokens {w.prompt_tokens}"
                               f" + output_tokens {w.output_tokens} - 1)")
         if op.at_token < previous:
             raise ConfigError(f"{where}.at_token: {op.at_token} comes before the previous "
@@ -475,8 +483,8 @@ CACHE_LENGTH_ROUND = 256
 
 
 def cache_length(cfg: RunConfig) -> int:
-    """The KV capacity a run compiles: ``compile.cache_length``, or prompt + output tokens
-    rounded up to :data:`CACHE_LENGTH_ROUND`."""
+    """The KV capacity a run compiles: ``compile.cache_length``, or context + prompt +
+    output tokens rounded up to :data:`CACHE_LENGTH_ROUND`."""
     w = cfg.workload
-    return cfg.compile.cache_length or -(-(w.prompt_tokens + w.output_tokens)
-                                         // CACHE_LENGTH_ROUND) * CACHE_LENGTH_ROUND
+    tokens = w.context_tokens + w.prompt_tokens + w.output_tokens
+    return cfg.compile.cache_length or -(-tokens // CACHE_LENGTH_ROUND) * CACHE_LENGTH_ROUND

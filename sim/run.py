@@ -87,6 +87,7 @@ def compile_for_run(cfg: RunConfig) -> CompiledModel:
         max_seq=min(cfg.compile.max_sequence_length, cap), cap=cap,
         slots=cfg.compile.cache_slots, tile_bytes=cfg.compile.tile_bytes,
         functional=cfg.sim.fidelity == "functional", weights=weights,
+        store_programs=False,  # the run lowers the programs of its own calls
     )
 
 
@@ -144,8 +145,9 @@ def run_generate(cfg: RunConfig) -> RunResult:
         return embed[tokens].astype(np.float32)
 
     prefill_calls: list[CallRecord] = []
-    cache = 0  # tokens in the cache (what infer's cache_size says)
-    seq = 0  # tokens of the sequence so far (what cache-op schedules count)
+    # tokens in the cache (what infer's cache_size says), from the context on
+    cache = fill_context(model, w.context_tokens, embeddings, functional, w.seed)
+    seq = cache  # tokens of the sequence so far (what cache-op schedules count)
     logits = None
     pending = list(w.cache_ops)
     op_results: list[dict[str, Any]] = []
@@ -200,11 +202,14 @@ def run_generate(cfg: RunConfig) -> RunResult:
     roof_decode = roofline_s(decode_stats, hw, precision)
     metrics: dict[str, Any] = {
         "config": cfg.resolved(),
-        "scenario": (f"{cfgm.name or cfgm.family} {cfg.bits.label} kv={cm.kv}: prefill "
-                     f"{w.prompt_tokens} + decode {w.output_tokens} on {hw.name}"),
+        "scenario": (f"{cfgm.name or cfgm.family} {cfg.bits.label} kv={cm.kv}: "
+                     + (f"context {w.context_tokens} + " if w.context_tokens else "")
+                     + f"prefill {w.prompt_tokens} + decode {w.output_tokens} on {hw.name}"),
         "sim_time_s": (end_ps - start_ps) / PS_PER_S,
         "launch": {"time_s": launch.time_s,
                    "pcie_h2d_bytes": launch.stats.get("traffic", {}).get("pcie_h2d", 0)},
+        "context": {"tokens": w.context_tokens,
+                    "cache_holds": context_contents(w.context_tokens, functional)},
         "prefill": {"ttft_s": ttft, "tokens": w.prompt_tokens, "calls": len(prefill_calls),
                     "tokens_per_s": w.prompt_tokens / ttft},
         "decode": {"tokens": len(decode_calls),
@@ -242,6 +247,33 @@ def run_generate(cfg: RunConfig) -> RunResult:
     }
     model.dispose()
     return RunResult(cfg, metrics, recorder)
+
+
+def fill_context(model: Model, tokens: int, embeddings, functional: bool, seed: int) -> int:
+    """Start the cache at ``tokens`` tokens of context (``workload.context_tokens``);
+    returns the cache size. Timing-only: nothing is computed, the calls that follow just
+    read a cache of that length (its bytes are not simulated). Functional: the device
+    prefills ``tokens`` random tokens (seeded by ``seed``) in calls of at most
+    ``max_sequence_length`` tokens, so the cache holds what the device itself writes for
+    them; those calls are not part of the run's metrics (their time and traffic count in
+    no phase)."""
+    if not functional or not tokens:
+        return tokens
+    cm = model.compiled
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC0A7]))
+    context = rng.integers(0, cm.model.vocab_size, size=tokens)
+    for t0 in range(0, tokens, cm.max_seq):
+        model.infer(embeddings(context[t0 : t0 + cm.max_seq]), cache_size=t0)
+    return tokens
+
+
+def context_contents(tokens: int, functional: bool) -> str:
+    """What the cache's first ``tokens`` tokens hold (see :func:`fill_context`)."""
+    if not tokens:
+        return "nothing"
+    if functional:
+        return "the device's own prefill of random tokens (not counted in the metrics)"
+    return "no bytes (timing-only: only the cache length is simulated)"
 
 
 def run_cache_op(model: Model, op, cache_size: int, functional: bool):

@@ -188,6 +188,13 @@ _cfg("gemv n not a multiple of the cores", "workload.n: 3 must be a multiple of 
      "workload.kind='gemv'", "workload.n=3")
 _cfg("cache shorter than the prompt", "compile.cache_length: 4 tokens cannot hold",
      "compile.cache_length=4")
+_cfg("cache shorter than context + prompt", "compile.cache_length: 64 tokens cannot hold the "
+     "65 tokens the workload feeds (context_tokens 56", "compile.cache_length=64",
+     "workload.context_tokens=56")
+_cfg("negative context", "workload.context_tokens: Input should be greater than or equal to 0",
+     "workload.context_tokens=-1")
+_cfg("context past the model's positions", "workload.context_tokens: context_tokens 100000",
+     "workload.context_tokens=100000")
 _cfg("NaN DRAM efficiency", "hardware.dram.efficiency", "hardware.dram.efficiency=nan")
 _cfg("boolean prompt length", "workload.prompt_tokens: expected a number, got the boolean",
      "workload.prompt_tokens=true")

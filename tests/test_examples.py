@@ -88,12 +88,16 @@ def test_kv_bits_sweep_runs(tmp_path):
     assert per_token["bf16"] == 2 * per_token["int8"] == 12288
     assert per_token["int8"] > per_token["kivi-4"] > per_token["kivi-2"]
     kv_traffic = {f: int(rows[(f, "512")]["traffic_by_kind.kv_cache"]) for f in per_token}
-    # KIVI keeps its 128 most recent tokens in fp16: at 512 tokens it moves more than int8
-    assert kv_traffic["bf16"] > kv_traffic["kivi-4"] > kv_traffic["kivi-2"] > kv_traffic[
-        "int8"]
+    # KIVI keeps its 128 most recent tokens in fp16: at 512 tokens KIVI-4 moves nearly as
+    # much as int8 (9,255,168 vs 9,492,480 bytes)
+    assert kv_traffic["bf16"] > kv_traffic["int8"] > kv_traffic["kivi-4"] > kv_traffic[
+        "kivi-2"]
+    assert kv_traffic["kivi-4"] > 0.95 * kv_traffic["int8"]
+    decode = {f: float(rows[(f, "32764")]["decode.time_per_token_s"]) for f in per_token}
     for f in per_token:  # a longer context costs more per decoded token
-        assert float(rows[(f, "512")]["decode.time_per_token_s"]) > float(
-            rows[(f, "128")]["decode.time_per_token_s"])
+        assert decode[f] > float(rows[(f, "512")]["decode.time_per_token_s"])
+    # at 32K tokens of context the cache's bits decide: fewer bits, faster decode
+    assert decode["bf16"] > decode["int8"] > decode["kivi-4"] > decode["kivi-2"]
     _browser_check(out / "report.html")
 
 

@@ -9,6 +9,8 @@ flags serve the whole program.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from isa.instructions import NO_ADDR, DmaLoad, Gemm, Instruction
@@ -75,12 +77,25 @@ class Builder:
 
     def __post_init__(self) -> None:
         self.flags = Flags(FORWARD, self.target.cores)
+        # (core, name) -> flag id, looked up once per instruction field (a hot path)
+        self._ids = {(c, name): i for name in FORWARD.per_core
+                     for c, i in self.flags.per_core(name).items()}
         for c in self.target.cores:
             self.tiles[c] = 0
             self.bar_due[c] = 0
 
     def sem(self, core: int, name: str) -> int:
-        return self.flags.sem(core, name)
+        try:
+            return self._ids[core, name]
+        except KeyError:
+            return self.flags.sem(core, name)  # raises, naming the flags there are
+
+    def state_key(self) -> tuple:
+        """All of the builder's state that the next instructions can depend on: per core,
+        the parity of the weight tiles issued and whether two were (a tile load waits for
+        its buffer from the third on), the barrier credits due, and the prefetched tiles."""
+        return (tuple((k % 2, min(k, 2)) for k in self.tiles.values()),
+                tuple(self.bar_due.values()), tuple(sorted(self.prefetched.items())))
 
     def shared(self, name: str) -> int:
         return self.flags.shared(name)
@@ -215,3 +230,54 @@ class Credits:
 
 
 # --- shapes and work assignment ---------------------------------------------------------
+
+
+@dataclass
+class _Recorded:
+    """What lowering one block emitted from one builder state, and the state after it."""
+
+    ins: tuple[Instruction, ...]
+    tiles: dict[int, int]  # core -> weight tiles issued by the block
+    bar_due: dict[int, int]  # core -> bar credits due after it
+    prefetched: dict[tuple, int]  # the prefetches left after it
+
+
+class BlockMemo:
+    """Exact memoization of block lowerings: a block lowered with the same arguments
+    (``key``, given by the caller: everything the block reads besides the builder) from the
+    same builder state (:meth:`Builder.state_key`) emits the same instructions and leaves
+    the same state, so a repeat is replayed instead of lowered (decode steps at successive
+    cache positions share their MLP and head blocks; prefill tiles share their MLPs). The
+    least recently used entries go beyond ``max_entries``."""
+
+    def __init__(self, max_entries: int = 512):
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple, _Recorded] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lower(self, b: Builder, key: Hashable, lower: Callable[[], None]) -> None:
+        """Emit the block ``lower()`` emits into ``b``, replayed if it was seen before."""
+        full = (key, b.state_key())
+        rec = self._entries.get(full)
+        if rec is not None:
+            self.hits += 1
+            self._entries.move_to_end(full)
+            b.ins.extend(rec.ins)
+            for c, n in rec.tiles.items():
+                b.tiles[c] += n
+            b.bar_due.update(rec.bar_due)
+            b.prefetched.clear()
+            b.prefetched.update(rec.prefetched)
+            return
+        self.misses += 1
+        start, tiles0 = len(b.ins), dict(b.tiles)
+        lower()
+        self._entries[full] = _Recorded(tuple(b.ins[start:]),
+                                        {c: b.tiles[c] - tiles0[c] for c in b.tiles},
+                                        dict(b.bar_due), dict(b.prefetched))
+        if len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)

@@ -81,9 +81,12 @@ class CompiledModel:
     #: passes of up to this many tokens stream weights in :attr:`big_tile_bytes` tiles
     big_tile_tokens: int = 0
     blocks: ModelBlocks = field(init=False, repr=False, compare=False)
+    #: weight tile bytes -> the lowering context (kept: its block memo serves every call)
+    lowerings: dict[int, Lowering] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "blocks", blocks_for(self.model))
+        object.__setattr__(self, "lowerings", {})
 
     # --- derived --------------------------------------------------------------------------
     @property
@@ -108,10 +111,14 @@ class CompiledModel:
         return self.bits.weights.bits_for(self.model.tensor_spec(name).role)
 
     def lowering(self, tile_bytes: int | None = None) -> Lowering:
-        return _lowering(self.model, self.bits, self.kv, self.hw, self.core_mode,
-                         max_seq=self.max_seq, cap=self.cap, m_tile=self.m_tile, mm=self.mm,
-                         numerics=self.numerics, tile_bytes=tile_bytes or self.tile_bytes,
-                         blocks=self.blocks)
+        """The lowering context for weight tiles of ``tile_bytes`` (made once per size)."""
+        tile = tile_bytes or self.tile_bytes
+        if tile not in self.lowerings:
+            self.lowerings[tile] = _lowering(
+                self.model, self.bits, self.kv, self.hw, self.core_mode, max_seq=self.max_seq,
+                cap=self.cap, m_tile=self.m_tile, mm=self.mm, numerics=self.numerics,
+                tile_bytes=tile, blocks=self.blocks)
+        return self.lowerings[tile]
 
     def layout(self, *, host_bytes: int) -> MemoryLayout:
         return MemoryLayout(dram_bytes=self.hw.dram_bytes, sram_bytes=self.hw.sram_bytes,
@@ -238,8 +245,12 @@ def compile_model(
     tile_bytes: int | None = None,
     functional: bool = True,
     weights: dict[str, Any] | None = None,
+    store_programs: bool = True,
 ) -> CompiledModel:
-    """Compile ``model`` for ``hw``: memory map, SRAM tiling, integer parameters."""
+    """Compile ``model`` for ``hw``: memory map, SRAM tiling, integer parameters; with
+    ``store_programs``, also the prefill and decode programs of the compiled sizes (what a
+    ``.kvm`` file carries for inspection; a run lowers its own programs on demand, so it
+    can leave them out and hold neither their instructions nor their lowering time)."""
     if core_mode not in CORE_MODES:
         raise CompileError(f"core_mode: {core_mode!r} is not one of {', '.join(CORE_MODES)}")
     if CORE_MODES[core_mode] > hw.num_cores:
@@ -286,10 +297,14 @@ def compile_model(
                        max_seq=max_seq, cap=cap, slots=slots, tile_bytes=tile_bytes,
                        m_tile=m_tile, mm=mm, numerics=numerics, weights=weights,
                        tile_fixed=tile_fixed, big_tile_tokens=big_tokens)
-    return replace(cm, programs={
+    if not store_programs:
+        return cm
+    done = replace(cm, programs={
         f"prefill_{max_seq}": cm.program(tokens=max_seq, cache_size=0),
         "decode": cm.program(tokens=1, cache_size=min(max_seq, cap - 1)),
     })
+    done.lowerings.update(cm.lowerings)  # the runtime's calls replay the blocks seen here
+    return done
 
 
 class _TileSearch:

@@ -38,6 +38,7 @@ from typing import NamedTuple
 from isa.errors import ConfigError
 from isa.instructions import HostRead, HostWrite, Program
 
+from .blocks.dense import DenseMlp
 from .blocks.io import (
     LAST_REGION,
     LOGITS_REGION,
@@ -187,7 +188,7 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
         for layer in layer_ids:
             first = len(b.ins)
             blocks.attention.lower(b, lw, layer, xbuf[cur], m, segs)
-            blocks.mlp(layer).lower(b, lw, layer, xbuf[1 - cur], m, segs)
+            _lower_mlp(b, lw, layer, xbuf[1 - cur], m, segs)
             marks.append((f"layer {layer}", first, len(b.ins)))
             cur = 1 - cur
         rows = [(j, e - t0) for j, e in enumerate(ends) if t0 <= e < t0 + m]
@@ -196,7 +197,8 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
         t0 += m
     done = b.shared("logits")
     if one_call:  # the head reads the last token's hidden state where it is
-        stage_head(b, lw, xbuf[cur] + (m - 1) * h)
+        x_last = xbuf[cur] + (m - 1) * h
+        lw.memo.lower(b, ("head", x_last), lambda: stage_head(b, lw, x_last))
         b.emit(HostRead(src=lw.mm["io.logits"].base, dst=host_out, nbytes=4 * cfg.vocab_size,
                         wait=(done,) * sum(1 for c in lw.target.cores if head_rows_of(lw, c))))
         return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))
@@ -213,3 +215,13 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
     b.emit(HostRead(src=logits, dst=host_out, nbytes=4 * n_out * cfg.vocab_size,
                     wait=(done,) * stores))
     return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))
+
+
+def _lower_mlp(b: Builder, lw: Lowering, layer: int, x_next: int, m: int,
+               segs: tuple[TileSeq, ...]) -> None:
+    """The MLP of ``layer``, replayed from the memo when it was lowered before with the
+    same arguments: a dense MLP does not read the tile's positions (``segs``), so decode
+    steps and prefill tiles of one size share it; other MLPs (MoE routing) key by them."""
+    mlp = lw.blocks.mlp(layer)
+    key = ("mlp", layer, x_next, m, None if isinstance(mlp, DenseMlp) else segs)
+    lw.memo.lower(b, key, lambda: mlp.lower(b, lw, layer, x_next, m, segs))

@@ -4,14 +4,14 @@ work splits every block uses."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from isa import kvformats
 from isa.errors import ConfigError
 
 from ..config import ModelConfig
-from .builder import Matrix, Target, split
+from .builder import BlockMemo, Matrix, Target, split
 from .memmap import MemoryMap
 from .numerics import GemmQ, Numerics
 
@@ -49,6 +49,8 @@ class Lowering:
     numerics: Numerics
     target: Target
     blocks: ModelBlocks
+    #: the blocks lowered so far and what they emitted (the driver replays repeats)
+    memo: BlockMemo = field(default_factory=BlockMemo, compare=False, repr=False)
 
     # --- names ------------------------------------------------------------------------
     def check_call(self, n: int, cache_size: int) -> None:

@@ -65,7 +65,8 @@ class GqaAttention:
               segs: tuple[TileSeq, ...]) -> None:
         q = lw.numerics.layers[layer]
         _stage_attention(b, lw, layer, q, x, m, segs)
-        _stage_o(b, lw, layer, q, x, m)
+        # stage C reads no position: decode steps and prefill tiles of a size share it
+        lw.memo.lower(b, ("o", layer, x, m), lambda: _stage_o(b, lw, layer, q, x, m))
 
 
 

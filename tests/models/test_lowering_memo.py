@@ -1,0 +1,95 @@
+"""The block memo (:class:`models.compiler.builder.BlockMemo`): replayed blocks give the
+programs a fresh lowering gives, byte for byte; a block seen from another builder state
+is lowered again; the memo stays bounded."""
+
+from __future__ import annotations
+
+from isa.encoding import encode_program
+from models.bits import build_bit_config
+from models.compiler import HardwareTarget, compile_model
+from models.compiler.builder import BlockMemo, Builder, Matrix, Target
+from models.compiler.sram import SramPlan
+from models.config import load_preset
+from sim.hw import load_hardware
+
+TINY_HW = load_hardware("tiny")
+TINY = load_preset("tiny")
+
+
+def _compile(kv: str = "int8"):
+    return compile_model(TINY, build_bit_config({}), HardwareTarget.from_hw(TINY_HW), kv=kv,
+                         core_mode="single", max_seq=48, cap=256, functional=False,
+                         tile_bytes=28672)
+
+
+def test_replayed_programs_equal_fresh_lowerings_byte_for_byte() -> None:
+    warm = _compile("kivi-4")
+    lw = warm.lowering(warm.tile_for(1))
+    for c in range(60, 70):  # successive decode steps: MLP, O projection and head replay
+        warm.program(tokens=1, cache_size=c)
+    assert lw.memo.hits > 0
+    for tokens, cache in ((1, 70), (1, 200), (48, 0), (19, 5)):
+        fresh = _compile("kivi-4")
+        got = warm.program(tokens=tokens, cache_size=cache)
+        want = fresh.program(tokens=tokens, cache_size=cache)
+        assert encode_program(got) == encode_program(want), (tokens, cache)
+
+
+def test_decode_steps_lower_only_their_attention_again() -> None:
+    cm = _compile()
+    lw = cm.lowering(cm.tile_for(1))
+    cm.program(tokens=1, cache_size=100)
+    misses = lw.memo.misses
+    cm.program(tokens=1, cache_size=101)
+    # every layer's MLP and O projection, and the head, come from the memo
+    assert lw.memo.misses == misses
+    assert lw.memo.hits >= 2 * TINY.num_layers + 1
+
+
+def _gemm_block(b: Builder, mat: Matrix) -> None:
+    b.gemm(0, mat, (0, mat.n), a=0, m=1, out=4096, plan=SramPlan(b.target, 0))
+
+
+def test_a_block_from_another_builder_state_is_lowered_again() -> None:
+    target = Target((0,), 1 << 20, 1024)
+    mat = Matrix("w", n=64, k=64, bits=8, w_addr=0, p_addr=1 << 16, has_bias=False,
+                 requant=False, shift=0)  # 64-byte rows, 16 per tile: 4 tiles
+    memo = BlockMemo()
+    odd = Builder(target)
+    b0 = Builder(target)
+    b0.tile_load(0, mat, 0, 1)  # one tile issued: the next load goes to buffer 1
+    odd.tile_load(0, mat, 0, 1)
+    memo.lower(b0, "gemm", lambda: _gemm_block(b0, mat))
+    even = Builder(target)
+    memo.lower(even, "gemm", lambda: _gemm_block(even, mat))
+    assert (memo.hits, memo.misses) == (0, 2)
+    plain = Builder(target)
+    _gemm_block(plain, mat)
+    assert even.ins == plain.ins
+    assert even.ins != b0.ins[1:]  # the buffers alternate the other way round
+    memo.lower(odd, "gemm", lambda: _gemm_block(odd, mat))
+    assert memo.hits == 1
+    assert odd.ins == b0.ins and odd.tiles == b0.tiles and odd.bar_due == b0.bar_due
+
+
+def test_the_memo_keeps_at_most_its_bound() -> None:
+    target = Target((0,), 1 << 20, 1024)
+    memo = BlockMemo(max_entries=3)
+    b = Builder(target)
+    for i in range(5):
+        mat = Matrix(f"w{i}", n=16, k=64, bits=8, w_addr=0, p_addr=1 << 16, has_bias=False,
+                     requant=False, shift=0)
+        memo.lower(b, i, lambda mat=mat: _gemm_block(b, mat))
+    assert len(memo) == 3
+
+
+def test_a_compile_without_stored_programs_lowers_the_same_programs() -> None:
+    lean = compile_model(TINY, build_bit_config({}), HardwareTarget.from_hw(TINY_HW),
+                         kv="int8", core_mode="single", max_seq=48, cap=256,
+                         functional=False, tile_bytes=28672, store_programs=False)
+    full = _compile()
+    assert lean.programs == {} and set(full.programs) == {"prefill_48", "decode"}
+    assert encode_program(lean.program(tokens=48, cache_size=0)) == encode_program(
+        full.programs["prefill_48"])
+    assert encode_program(lean.program(tokens=1, cache_size=48)) == encode_program(
+        full.programs["decode"])
