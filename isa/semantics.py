@@ -21,6 +21,21 @@ REQUANT    int32 src0 -> int8                          mult, shift
 FROM_F32   float32 src0 -> int8, ``x * p0 / 2**p1``    mult, shift
 ========== =========================================== ==================================
 
+The wide functions (``isa.kernels.wide``; "wide" = int16 or int32 as ``p2`` says):
+
+============= ========================================== =================================
+func          operands                                   p0, p1, p2, p3
+============= ========================================== =================================
+ADD_WIDE      wide src0, int32 src1 -> wide              ma, shift, bits
+RMSNORM_WIDE  wide src0, gain int16[cols] at src1 -> i32 eps_q, shift, bits
+QUANT_ROW     int32 src0 -> int8, then (fa, p) per row   -
+SILU_MUL_WIDE int32 src0, src1 -> int32                  in_mult, in_shift, out_mult, out_shift
+FROM_F32_WIDE float32 src0 -> wide                       mult, shift, bits
+============= ========================================== =================================
+
+``GemmRow`` is a ``Gemm`` whose epilogue applies a per-row factor (``row_meta``, the pairs
+QUANT_ROW writes) and whose output is int8 or int32 (``out_bits``).
+
 KV caches (``KvWrite``, ``KvRead``, ``Attn``): each cache is a DRAM region of
 ``fmt.region_bytes(cap, width)`` bytes laid out as :mod:`isa.kv.region` describes (header
 with the token count for formats with a window or per-channel groups, sink slots,
@@ -51,6 +66,7 @@ from .instructions import (
     DmaLoad,
     DmaStore,
     Gemm,
+    GemmRow,
     HostRead,
     HostWrite,
     Instruction,
@@ -65,6 +81,8 @@ from .kernels import attention as katt
 from .kernels import matrix as kmat
 from .kernels import softmax as ksm
 from .kernels import vector as kvec
+from .kernels import wide as kwide
+from .vecfuncs import ROW_META_BYTES, wide_bytes
 
 
 class Memory(Protocol):
@@ -107,7 +125,10 @@ def _gemm(g: Gemm, mem: Memory) -> None:
     mult = None if g.scale == NO_ADDR else _sram(mem, c, g.scale, 4 * g.n, np.int32)
     if g.w_bits not in (4, 8):
         raise IsaError(f"gemm: w_bits {g.w_bits} is not supported (4 or 8)")
-    out = kmat.gemm(a, w, w_bits=g.w_bits, k=g.k, bias=bias, mult=mult, shift=g.shift)
+    if isinstance(g, GemmRow):
+        out = _gemm_row_out(g, mem, a, w, bias, mult)
+    else:
+        out = kmat.gemm(a, w, w_bits=g.w_bits, k=g.k, bias=bias, mult=mult, shift=g.shift)
     row = g.n * g.out_bytes_per_element
     step = g.out_stride or row
     flat = np.ascontiguousarray(out).reshape(g.m, -1).view(np.uint8)
@@ -118,11 +139,73 @@ def _gemm(g: Gemm, mem: Memory) -> None:
             mem.write(Space.SRAM, c, g.out + i * step, flat[i])
 
 
+def _gemm_row_out(g: GemmRow, mem: Memory, a: np.ndarray, w: np.ndarray,
+                  bias: np.ndarray | None, mult: np.ndarray | None) -> np.ndarray:
+    if mult is None:
+        raise IsaError("gemm.row: scale (the per-channel multipliers) is required")
+    if g.out_bits not in (8, 32):
+        raise IsaError(f"gemm.row: out_bits must be 8 or 32, got {g.out_bits}")
+    acc = kmat.matmul(a, w, g.w_bits, g.k)
+    b = np.zeros(0, np.int32) if bias is None else np.ascontiguousarray(bias, np.int32)
+    if g.row_meta == NO_ADDR:
+        meta = np.zeros((0, 2), np.int32)
+    else:
+        meta = _sram(mem, g.core, g.row_meta, ROW_META_BYTES * g.m, np.int32).reshape(g.m, 2)
+    out = np.empty(acc.shape, np.int8 if g.out_bits == 8 else np.int32)
+    kwide.requant_rows(acc, b, np.ascontiguousarray(mult, np.int32), g.shift, meta,
+                       g.row_shift, g.out_bits, out)
+    return out
+
+
+def _wide_dtype(bits: int):
+    return np.int16 if bits == 16 else np.int32
+
+
+def _vec_wide(v: Vec, mem: Memory, f: VecFunc) -> np.ndarray:
+    """The wide functions' results (any dtype; QUANT_ROW's int8 rows then metadata)."""
+    c, r, cols = v.core, v.rows, v.cols
+    n = r * cols
+
+    def wide_in(addr: int, bits: int) -> np.ndarray:
+        return _sram(mem, c, addr, wide_bytes(bits) * n, _wide_dtype(bits)).reshape(r, cols)
+
+    def i32(addr: int) -> np.ndarray:
+        return _sram(mem, c, addr, 4 * n, np.int32).reshape(r, cols)
+
+    if f == VecFunc.ADD_WIDE:
+        out = np.empty((r, cols), _wide_dtype(v.p2))
+        kwide.add_wide(wide_in(v.src0, v.p2), i32(v.src1), v.p0, v.p1, v.p2, out)
+        return out
+    if f == VecFunc.RMSNORM_WIDE:
+        out = np.empty((r, cols), np.int32)
+        g = _sram(mem, c, v.src1, 2 * cols, np.int16)
+        kwide.rmsnorm_wide(wide_in(v.src0, v.p2), g, v.p0, v.p1, out)
+        return out
+    if f == VecFunc.QUANT_ROW:
+        q = np.empty((r, cols), np.int8)
+        meta = np.empty((r, 2), np.int32)
+        kwide.quant_row(i32(v.src0), q, meta)
+        return np.concatenate([q.reshape(-1).view(np.uint8), meta.reshape(-1).view(np.uint8)])
+    if f == VecFunc.SILU_MUL_WIDE:
+        out = np.empty((r, cols), np.int32)
+        kwide.silu_mul_wide(i32(v.src0), i32(v.src1), v.p0, v.p1, v.p2, v.p3, out)
+        return out
+    if f == VecFunc.FROM_F32_WIDE:
+        flat = np.empty(n, _wide_dtype(v.p2))
+        kwide.from_f32_wide(_sram(mem, c, v.src0, 4 * n, np.uint32), v.p0, v.p1, v.p2, flat)
+        return flat
+    raise IsaError(f"vec: unknown function {v.func}")  # pragma: no cover
+
+
 def _vec(v: Vec, mem: Memory) -> None:
     c = v.core
     r, cols = v.rows, v.cols
     n = r * cols
     f = VecFunc(v.func)
+    if f >= VecFunc.ADD_WIDE:
+        wide = np.ascontiguousarray(_vec_wide(v, mem, f))
+        mem.write(Space.SRAM, c, v.dst, wide.reshape(-1).view(np.uint8))
+        return
     out = np.empty((r, cols), np.int8)
     if f == VecFunc.COPY:
         out[:] = _sram(mem, c, v.src0, n).reshape(r, cols)
