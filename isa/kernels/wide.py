@@ -15,9 +15,11 @@ intermediate is int64 and each formula states why it fits.
   15)``, ``a = rs(amax, p)``, ``f = floor(127 * 2**30 / a)``, ``q = sat8(rs(rs(w, p) * f,
   30))``; row metadata ``(fa, p)`` with ``fa = round(2**52 / f)`` (``< 2**31``), so that
   ``w ~= q * fa * 2**(p - 22)``: the consumer's per-row factor (:data:`ROW_FACTOR_Q`).
-- :func:`requant_rows` (K4, the GEMM epilogue with a per-row factor):
-  ``t = sat32(rs((acc + bias[n]) * mult[n], shift))``, with row metadata
-  ``t = rs(t * fa[i], row_shift - p[i])``; ``out = sat_b(t)`` for ``b`` = 8 or 32.
+- :func:`requant_rows` (K4, the GEMM epilogue with a per-row factor): without row
+  metadata ``out = sat_b(sat32(rs((acc + bias[n]) * mult[n], shift)))`` (the bias in
+  accumulator units, as :class:`~isa.instructions.Gemm`); with it the input's scale differs
+  per row, so the bias is in output units and added last: ``t = sat32(rs(acc * mult[n],
+  shift))``, ``out = sat_b(rs(t * fa[i], row_shift - p[i]) + bias[n])``; ``b`` = 8 or 32.
 - :func:`silu_mul_wide`: SwiGLU of int32 gate/up: ``xa = clamp(rs(g * in_mult, in_shift),
   +-2**30)`` (Q20), ``s = rs(xa * isigmoid(xa), 20)``, ``t = clamp(rs(s * u, 20), +-2**40)``,
   ``out = sat32(rs(t * out_mult, out_shift))`` (needs ``out_mult < 2**22``).
@@ -169,7 +171,8 @@ def quant_row(w, out, meta):
 @njit(cache=True)
 def requant_rows(acc, bias, mult, shift, meta, row_shift, out_bits, out):
     """GEMM epilogue with a per-row factor (``meta`` ``[m, 2]`` int32, or ``[0, 2]`` for a
-    static input) into ``out`` (int8 or int32 ``[m, n]``). ``acc + bias`` wraps in int32;
+    static input) into ``out`` (int8 or int32 ``[m, n]``). A static input's ``acc + bias``
+    wraps in int32 (a row-scaled input adds ``bias`` in output units at the end);
     ``|acc * mult| < 2**62``; ``t`` is clamped to int32 so ``t * fa < 2**62``; with
     ``row_shift >= 17`` the per-row shift ``row_shift - p`` is never negative."""
     has_bias = bias.shape[0] > 0
@@ -177,11 +180,13 @@ def requant_rows(acc, bias, mult, shift, meta, row_shift, out_bits, out):
     for i in range(acc.shape[0]):
         for n in range(acc.shape[1]):
             v = np.int64(acc[i, n])
-            if has_bias:
+            if has_bias and not rowed:
                 v = np.int64(np.int32(v + bias[n]))
             t = sat32(round_shift(v * np.int64(mult[n]), shift))
             if rowed:
                 t = round_shift(t * np.int64(meta[i, 0]), row_shift - np.int64(meta[i, 1]))
+                if has_bias:
+                    t += np.int64(bias[n])
             out[i, n] = sat_bits(t, out_bits)
 
 

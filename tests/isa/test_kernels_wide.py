@@ -139,11 +139,13 @@ def test_requant_rows(m: int, n: int, with_bias: bool, rowed: bool, bits: int, d
     for i in range(m):
         for j in range(n):
             v = int(acc[i, j])
-            if with_bias:
+            if with_bias and not rowed:
                 v = int(np.int32(np.int64(v) + int(bias[j])))  # int32 wrap-around
             t = sat(rs(v * int(mult[j]), shift), 32)
             if rowed:
                 t = rs(t * int(meta[i, 0]), row_shift - int(meta[i, 1]))
+                if with_bias:  # in output units, after the row factor
+                    t += int(bias[j])
             assert int(out[i, j]) == sat(t, bits)
 
 
