@@ -336,8 +336,9 @@ class GemmRow(Gemm):
     :data:`NO_ADDR` for a static input) gives each input row's factor; the epilogue is
     ``t = sat32(rs(acc * scale[n], shift))``, ``out = sat_b(rs(t * fa[i], row_shift - p[i])
     + bias[n])`` (the bias in output units) for ``out_bits`` b = 8 or 32; a static input
-    adds the bias to ``acc`` as :class:`Gemm` does (``isa.kernels.wide.requant_rows``). ``scale`` is required. One extra multiply and
-    shift per output element over :class:`Gemm` (counted in :meth:`ops`).
+    adds the bias to ``acc`` as :class:`Gemm` does (``isa.kernels.wide.requant_rows``).
+    ``scale`` is required. One extra multiply and shift per output element over
+    :class:`Gemm` (counted in :meth:`ops`).
     """
 
     opcode: ClassVar[Opcode] = Opcode.GEMM_ROW

@@ -100,14 +100,27 @@ def calibration_tokens(cfg: ModelConfig, seed: int, n: int = CALIBRATION_TOKENS)
     return rng.integers(0, cfg.vocab_size, size=n)
 
 
-def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0) -> Numerics:
-    """Integer parameters of a dense GQA model (``bits_for(name) -> bits``)."""
+def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0,
+              tokens: np.ndarray | None = None) -> Numerics:
+    """Integer parameters of a dense GQA model (``bits_for(name) -> bits``) for the int8
+    scheme, from ``tokens`` (default: :func:`calibration_tokens`)."""
+    if tokens is None:
+        tokens = calibration_tokens(cfg, seed)
+    amax, qw, _ = activation_absmax(cfg, source, bits_for, tokens)
+    s = {k: _scale(v) for k, v in amax.items()}
+    return derive(cfg, source, bits_for, s, qw)
+
+
+def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: np.ndarray,
+                      ) -> tuple[dict[str, float], dict[str, QuantizedWeight], np.ndarray]:
+    """The largest magnitude of every activation tensor of a float forward pass over
+    ``tokens`` (weights quantized then dequantized), the quantized weights of the last
+    layer, and the final norm's output (float32 ``[tokens, hidden]``)."""
     if cfg.is_mla or cfg.is_moe:
         raise NotImplementedError(
             f"model {cfg.name or cfg.family!r}: functional (integer) simulation supports "
             "dense grouped-query-attention models; use sim.fidelity = 'timing' for MLA/MoE"
         )
-    tokens = calibration_tokens(cfg, seed)
     n = len(tokens)
     amax: dict[str, float] = {}
     qw: dict[str, QuantizedWeight] = {}
@@ -158,9 +171,8 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
         hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
         d = rec(f"{i}.down", lin(hh, p + "down_proj"))
         x = rec(f"x{i + 1}", (x + d).astype(np.float32))
-    rec("fn", rms_norm(x, source.tensor("final_norm"), cfg.rms_norm_eps))
-    s = {k: _scale(v) for k, v in amax.items()}
-    return derive(cfg, source, bits_for, s, qw)
+    fn = rec("fn", rms_norm(x, source.tensor("final_norm"), cfg.rms_norm_eps))
+    return amax, qw, fn
 
 
 def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float],

@@ -91,7 +91,10 @@ def to_header(cm: CompiledModel) -> tuple[dict, dict[str, np.ndarray]]:
             arrays[f"{key}.mult"] = g.mult
         if g.bias is not None:
             arrays[f"{key}.bias"] = g.bias
-        return {"shift": g.shift}
+        d: dict[str, Any] = {"shift": g.shift}
+        if nq.wide:  # the wide pipeline's GemmRow fields
+            d.update(row_shift=g.row_shift, out_bits=g.out_bits)
+        return d
 
     def norm(key: str, n: NormQ) -> dict:
         if n.gamma is not None:
@@ -117,6 +120,8 @@ def to_header(cm: CompiledModel) -> tuple[dict, dict[str, np.ndarray]]:
         "final_norm": norm("final_norm", nq.final_norm), "head": gemm("head", nq.head),
         "scales": nq.scales,
     }
+    if nq.wide or nq.rotated:
+        numerics.update(residual_bits=nq.residual_bits, rotated=nq.rotated)
     header = {
         "format": FILE_FORMAT, "version": FILE_VERSION,
         "model": cm.model.model_dump(mode="json"),
@@ -136,8 +141,9 @@ def fields_from_header(h: dict, arrays: dict[str, np.ndarray]) -> dict[str, Any]
         n = h["numerics"]
 
         def gemm(key: str, d: dict) -> GemmQ:
+            wide = {k: d[k] for k in ("row_shift", "out_bits") if k in d}
             return GemmQ(shift=d["shift"], mult=arrays.get(f"{key}.mult"),
-                         bias=arrays.get(f"{key}.bias"))
+                         bias=arrays.get(f"{key}.bias"), **wide)
 
         def norm(key: str, d: dict) -> NormQ:
             return NormQ(eps_q=d["eps_q"], shift=d["shift"], gamma=arrays.get(f"{key}.gamma"))
@@ -155,7 +161,9 @@ def fields_from_header(h: dict, arrays: dict[str, np.ndarray]) -> dict[str, Any]
                             final_norm=norm("final_norm", n["final_norm"]),
                             head=gemm("head", n["head"]),
                             head_row_scale=arrays.get("head_row_scale"), scales=n["scales"],
-                            functional=n["functional"])
+                            functional=n["functional"],
+                            residual_bits=n.get("residual_bits", 8),
+                            rotated=n.get("rotated", False))
         _check_scalars(h)
         return dict(
             model=build_model(h["model"]), bits=build_bit_config(h["bits"]), kv=h["kv"],

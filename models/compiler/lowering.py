@@ -75,8 +75,10 @@ class Lowering:
             has_bias = bias_name != name and bool(self.model.tensor_spec(bias_name))
         except ConfigError:
             has_bias = False
+        wide = self.numerics.wide
         return Matrix(name, n, k, self.weight_bits[name], self.mm[f"w.{name}"].base,
-                      self.mm[f"p.{name}"].base, has_bias, requant, gq.shift)
+                      self.mm[f"p.{name}"].base, has_bias, requant or wide, gq.shift,
+                      gemm_row=wide, row_shift=gq.row_shift, out_bits=gq.out_bits)
 
     @property
     def formats(self) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from ..builder import Builder
 from ..kvspec import KvCacheSpec
 from ..lowering import Lowering, TileSeq, kv_region
 from ..memmap import MemoryMap
-from ..ops import norm, proj_residual
+from ..ops import norm, proj_residual, residual_bytes, row_meta
 from ..sram import SramPlan
 
 
@@ -120,9 +120,11 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
             b.prefetch(c, mq, (ha0 * hd, hb0 * hd))
         else:
             b.prefetch(c, mk, (owned[0] * hd, (owned[0] + 1) * hd))
-        xs = plan.take(m * h, "layer input")
-        b.load(c, x, xs, m * h, to="in_vpu")
+        rb = residual_bytes(lw)
+        xs = plan.take(rb * m * h, "layer input")
+        b.load(c, x, xs, rb * m * h, to="in_vpu")
         xn = norm(b, lw, c, plan, p + "attn_norm", q.attn_norm, xs, m, h, to="vpu_mxu")
+        meta = row_meta(lw, xn, m, h)
         tab = plan.take(2 * m * rot, "RoPE tables")
         for sq in segs:  # per sequence: [cos | sin] of its positions
             t = tab + 2 * sq.off * rot
@@ -134,19 +136,19 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
         for j, ha, hb in units[c]:
             qb = plan.take(m * (hb - ha) * hd, f"q heads {ha}..{hb - 1}")
             b.gemm(c, mq, (ha * hd, hb * hd), a=xn, m=m, out=qb, plan=plan, first_wait=first,
-                   last_signal=(b.sem(c, "mxu_vpu"),))
+                   last_signal=(b.sem(c, "mxu_vpu"),), row_meta=meta)
             first = ()
             vpu_ops.append(("rope", qb, (hb - ha) * hd, j))
             held[c].append((j, ha, hb, qb, plan))
         for j in owned:
             kb = plan.take(m * hd, f"k head {j}")
             b.gemm(c, mk, (j * hd, (j + 1) * hd), a=xn, m=m, out=kb, plan=plan,
-                   first_wait=first, last_signal=(b.sem(c, "mxu_vpu"),))
+                   first_wait=first, last_signal=(b.sem(c, "mxu_vpu"),), row_meta=meta)
             first = ()
             vpu_ops.append(("k", kb, hd, j))
             vb = plan.take(m * hd, f"v head {j}")
             b.gemm(c, mv, (j * hd, (j + 1) * hd), a=xn, m=m, out=vb, plan=plan,
-                   last_signal=(b.sem(c, "mxu_vpu"),))
+                   last_signal=(b.sem(c, "mxu_vpu"),), row_meta=meta)
             vpu_ops.append(("v", vb, hd, j))
         tables_taken = False
         for kind, buf, width, j in vpu_ops:
