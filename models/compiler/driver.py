@@ -12,7 +12,12 @@ block is a sequence of *stages* whose outputs go to DRAM, the next stage's loads
 until every core's outputs are there (a barrier through flags).
 
 - **One call** (:func:`lower_call`) is a batch of one sequence whose head reads its last
-  token's hidden state directly; the host reads that token's logits.
+  token's hidden state directly; the host reads that token's logits. With
+  ``all_logits`` (teacher forcing: the logits of every position) the call gathers every
+  token's final hidden state as a serving step gathers its sampling rows, runs the LM head
+  over all of them in head tiles and the host reads ``n x vocab`` logits: more head work
+  and ``n`` times the bytes back over the host link (it needs the regions a step needs,
+  :func:`.dram.batch_memory_map` with ``max_seqs`` >= ``n``).
 - **A serving step** (:func:`lower_step`; continuous batching: some sequences decode one
   token each, some prefill a chunk of their prompt): after each tile the device's copy
   engine gathers the sampling sequences' (``logits``, default true) last hidden states
@@ -96,12 +101,25 @@ def tiles_of(seqs: Sequence[StepSeq], m_tile: int) -> list[tuple[TileSeq, ...]]:
 
 def lower_call(lw: Lowering, *, n: int, cache_size: int, slot: int = 0, host_in: int = 0,
                host_out: int = 0, name: str = "",
-               layers: Sequence[int] | None = None) -> Program:
-    """The program of one call with ``n`` tokens at cache position ``cache_size``."""
+               layers: Sequence[int] | None = None, all_logits: bool = False) -> Program:
+    """The program of one call with ``n`` tokens at cache position ``cache_size``; with
+    ``all_logits`` the logits of every one of its tokens go to the host (``n x vocab``
+    int32, row ``i`` the logits after token ``i``), else its last token's."""
     lw.check_call(n, cache_size)
+    name = name or f"forward n={n} cache_size={cache_size} slot={slot}"
+    if not all_logits:
+        return _lower(lw, [StepSeq(slot, n, cache_size)], layers=layers, host_in=host_in,
+                      host_out=host_out, one_call=True, name=name)
+    h = lw.model.hidden_size * lw.numerics.residual_bytes  # bytes per hidden state
+    if LAST_REGION not in lw.mm or LOGITS_REGION not in lw.mm:
+        raise ConfigError(f"a call with all-position logits needs the regions "
+                          f"{LAST_REGION!r} and {LOGITS_REGION!r} (batch_memory_map)")
+    if n * h > lw.mm[LAST_REGION].size:
+        raise ConfigError(f"a call with all-position logits of {n} tokens: the memory map "
+                          f"has room for the logits of {lw.mm[LAST_REGION].size // h}")
     return _lower(lw, [StepSeq(slot, n, cache_size)], layers=layers, host_in=host_in,
-                  host_out=host_out, one_call=True,
-                  name=name or f"forward n={n} cache_size={cache_size} slot={slot}")
+                  host_out=host_out, one_call=False, every_token=True,
+                  name=f"{name} (all logits)")
 
 
 def lower_step(lw: Lowering, seqs: Sequence[StepSeq | tuple], *,
@@ -129,9 +147,10 @@ def lower_step(lw: Lowering, seqs: Sequence[StepSeq | tuple], *,
     if outs and (LAST_REGION not in lw.mm or LOGITS_REGION not in lw.mm):
         raise ConfigError(f"a step with logits needs the regions {LAST_REGION!r} and "
                           f"{LOGITS_REGION!r} (batch_memory_map)")
-    if outs and len(outs) * cfg.hidden_size > lw.mm[LAST_REGION].size:
+    row = cfg.hidden_size * lw.numerics.residual_bytes  # bytes per hidden state
+    if outs and len(outs) * row > lw.mm[LAST_REGION].size:
         raise ConfigError(f"{len(outs)} sequences sample in this step; the memory map has "
-                          f"room for {lw.mm[LAST_REGION].size // cfg.hidden_size}")
+                          f"room for {lw.mm[LAST_REGION].size // row}")
     return _lower(lw, seqs, layers=layers, host_in=host_in, host_out=host_out,
                   one_call=False, name=name or _name(seqs))
 
@@ -143,7 +162,7 @@ def _name(seqs: list[StepSeq]) -> str:
 
 
 def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, host_in: int,
-           host_out: int, one_call: bool, name: str) -> Program:
+           host_out: int, one_call: bool, name: str, every_token: bool = False) -> Program:
     cfg = lw.model
     blocks = lw.blocks
     b = Builder(lw.target)
@@ -151,12 +170,13 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
     emb = lw.mm["io.emb"].base
     m_all = sum(s.tokens for s in seqs)
     b.emit(HostWrite(src=host_in, dst=emb, nbytes=4 * m_all * h, signal=b.barrier()))
-    # the token (global index) whose final hidden state each sampling sequence needs
+    # the tokens (global indices) whose final hidden states the head needs: each sampling
+    # sequence's last one (``every_token``: every token of every sampling sequence)
     ends, t = [], 0
     for s in seqs:
-        t += s.tokens
         if s.logits:
-            ends.append(t - 1)
+            ends.extend(range(t, t + s.tokens) if every_token else (t + s.tokens - 1,))
+        t += s.tokens
     xbuf = [lw.mm["act.x0"].base, lw.mm["act.x1"].base]
     cur = 0
     t0 = m = 0
@@ -174,7 +194,7 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
         t0 += m
     done = b.shared("logits")
     if one_call:  # the head reads the last token's hidden state where it is
-        stage_head(b, lw, xbuf[cur] + (m - 1) * h)
+        stage_head(b, lw, xbuf[cur] + (m - 1) * h * lw.numerics.residual_bytes)
         b.emit(HostRead(src=lw.mm["io.logits"].base, dst=host_out, nbytes=4 * cfg.vocab_size,
                         wait=(done,) * sum(1 for c in lw.target.cores if head_rows_of(lw, c))))
         return Program(tuple(b.ins), formats=lw.formats, name=name)
@@ -186,7 +206,8 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
     stores = 0
     for r0 in range(0, n_out, per):
         r = min(per, n_out - r0)
-        stores += stage_head_rows(b, lw, lw.mm[LAST_REGION].base + r0 * h, r,
+        stores += stage_head_rows(b, lw, lw.mm[LAST_REGION].base
+                                  + r0 * h * lw.numerics.residual_bytes, r,
                                   logits + 4 * r0 * cfg.vocab_size)
     b.emit(HostRead(src=logits, dst=host_out, nbytes=4 * n_out * cfg.vocab_size,
                     wait=(done,) * stores))

@@ -180,6 +180,17 @@ def _check_request(cm: Any, r: Request, where: str) -> None:
         raise RuntimeApiError(f"{where}cache_id {r.cache_id} out of range 0..{cm.slots - 1}")
 
 
+def check_all_logits(all_logits: Any, reserved: bool, requests: int) -> None:
+    """``infer(..., all_logits=True)``: a bool, one request, regions reserved at launch."""
+    if not isinstance(all_logits, bool):
+        raise RuntimeApiError(f"infer: all_logits must be True or False, got {all_logits!r}")
+    if all_logits and requests != 1:
+        raise RuntimeApiError(f"infer: all_logits takes one request, got {requests}")
+    if all_logits and not reserved:
+        raise RuntimeApiError("infer: all_logits needs the model launched with "
+                              "ModelConfig(all_logits=True)")
+
+
 def check_outputs(outputs: Any, shape: tuple[int, ...] | None) -> None:
     """``outputs``: None, a list to fill (empty), or the vendor's preallocated list of one
     float32 array of ``shape`` (written in place)."""

@@ -30,44 +30,59 @@ def _host_out(model: Model, tokens: int) -> int:
     return -(-4 * tokens * h // HOST_OUT_ALIGN + 1) * HOST_OUT_ALIGN
 
 
-def forward(model: Model, req: Request) -> np.ndarray | None:
+def forward(model: Model, req: Request, *, all_logits: bool = False) -> np.ndarray | None:
     """One forward call: the runtime overhead, the embeddings over the host link, the
     forward program, the logits back. Returns the last token's float32 logits
-    ``(vocab,)`` (None in timing-only mode)."""
-    acc, cm = model.acc, model.compiled
+    ``(vocab,)``, or with ``all_logits`` every token's ``(tokens, vocab)`` (the program
+    runs the LM head over every token and the host reads them all back: ``model.wide``,
+    the compiled model with the regions for it); None in timing-only mode."""
+    acc = model.acc
+    cm = model.wide if all_logits else model.compiled
     dev = acc.device
     seq = req.x.shape[0]
     host_out = _host_out(model, seq)
     if acc.functional:
         dev.host_write(HOST_IN, np.ascontiguousarray(req.x).view(np.uint8))
     prog = cm.program(tokens=seq, cache_size=req.cache_size, slot=req.cache_id,
-                      host_in=HOST_IN, host_out=host_out)
+                      host_in=HOST_IN, host_out=host_out, all_logits=all_logits)
     start, before = acc.begin()
     acc.host_work(acc.hw.host.call_overhead_ns, "infer")
-    acc.run(prog, "infer", shape=(seq, req.cache_id))
+    acc.run(prog, "infer", shape=(seq, req.cache_id, *(("all",) if all_logits else ())))
     acc.end("infer", start, before)
     model.last_call = (seq, req.cache_size, req.cache_id)  # for infer_speedrun
     if not acc.functional:
         return None
-    acc_i32 = dev.host_read(host_out, 4 * cm.model.vocab_size).view(np.int32)
-    return (acc_i32 * cm.numerics.head_row_scale).astype(np.float32)
+    vocab = cm.model.vocab_size
+    rows = seq if all_logits else 1
+    acc_i32 = dev.host_read(host_out, 4 * rows * vocab).view(np.int32).reshape(rows, vocab)
+    logits = (acc_i32 * cm.numerics.head_row_scale).astype(np.float32)
+    return logits if all_logits else logits[0]
 
 
-def batch_compiled(cm: CompiledModel, dram_bytes: int) -> CompiledModel | None:
-    """The compiled model with the two regions a batched step program needs (the gathered
-    last hidden states and the logits of ``slots`` requests, after every other region:
-    no other region moves), or None where batching runs request by request: a model of
-    one cache slot, an MLA or MoE model (the batched MLA/MoE stages are timing-only), or
-    one whose extra regions do not fit the card's DRAM."""
+def batches(cm: CompiledModel) -> bool:
+    """Whether a batch runs as one device program: a model of several cache slots that is
+    neither MLA nor MoE (the batched MLA/MoE stages are timing-only)."""
+    return cm.slots >= 2 and not cm.model.is_mla and not cm.model.is_moe
+
+
+def step_compiled(cm: CompiledModel, dram_bytes: int, rows: int) -> CompiledModel | None:
+    """The compiled model with the two regions a program with many logits rows needs (the
+    gathered last hidden states and the logits of ``rows`` rows, after every other region:
+    no other region moves), or None if they do not fit the card's DRAM."""
     from models.compiler.dram import batch_memory_map
 
-    if cm.slots < 2 or cm.model.is_mla or cm.model.is_moe:
-        return None
     mm = batch_memory_map(lambda _: copy.deepcopy(cm.mm), max_tokens=cm.max_seq,
-                          max_seqs=cm.slots, hidden=cm.model.hidden_size,
+                          max_seqs=rows, hidden=cm.model.hidden_size,
                           vocab=cm.model.vocab_size,
                           residual_bytes=cm.numerics.residual_bytes)
     return dataclasses.replace(cm, mm=mm) if mm.total_bytes <= dram_bytes else None
+
+
+def batch_compiled(cm: CompiledModel, dram_bytes: int) -> CompiledModel | None:
+    """The compiled model a batched step runs on (:func:`step_compiled` with one logits row
+    per cache slot), or None where batching runs request by request: a model for which
+    :func:`batches` is false, or one whose extra regions do not fit the card's DRAM."""
+    return step_compiled(cm, dram_bytes, cm.slots) if batches(cm) else None
 
 
 def forward_batch(model: Model, reqs: list[Request]) -> list[np.ndarray | None]:
@@ -215,5 +230,5 @@ def rearrange(model: Model, op: str, keep: list[int], dst: int, cache_id: int) -
     acc.end(op, start, before)
 
 
-__all__ = ["HOST_IN", "batch_compiled", "cache_groups", "dump", "forward", "forward_batch",
-           "load", "rearrange", "reset", "speedrun"]
+__all__ = ["HOST_IN", "batch_compiled", "batches", "cache_groups", "dump", "forward",
+           "forward_batch", "load", "rearrange", "reset", "speedrun", "step_compiled"]

@@ -21,6 +21,7 @@ from . import cachefiles, deviceops, edits, tracing
 from .accelerator import Accelerator
 from .checks import (
     RuntimeApiError,
+    check_all_logits,
     check_bufs,
     check_infer,
     check_mask,
@@ -55,6 +56,9 @@ class Model:
         #: The compiled model with a batched step's regions (:func:`.deviceops.
         #: batch_compiled`; set at launch), or None: batches run request by request.
         self.batched: CompiledModel | None = None
+        #: The compiled model with the regions of all-position logits (set at launch when
+        #: ``ModelConfig.all_logits``), or None.
+        self.wide: CompiledModel | None = None
         self._disposed = False
 
     # --- lifecycle ----------------------------------------------------------------------
@@ -75,8 +79,20 @@ class Model:
         if acc.model is not None:
             raise RuntimeApiError("this accelerator already runs a model; dispose it first")
         tracing.notify("launching", acc, self)
-        self.batched = deviceops.batch_compiled(cm, hw.dram.capacity_bytes)
-        acc.device.set_layout((self.batched or cm).layout(host_bytes=hw.host.memory_bytes))
+        if self.model_config.all_logits:
+            wide = deviceops.step_compiled(cm, hw.dram.capacity_bytes,
+                                           max(cm.slots, cm.max_seq))
+            if wide is None:
+                raise RuntimeApiError(f"ModelConfig.all_logits: the logits of "
+                                      f"{cm.max_seq} positions do not fit {hw.name}'s DRAM "
+                                      f"beside the model; compile with a smaller "
+                                      f"max_sequence_length")
+            self.wide = wide
+            self.batched = wide if deviceops.batches(cm) else None
+        else:
+            self.batched = deviceops.batch_compiled(cm, hw.dram.capacity_bytes)
+        acc.device.set_layout((self.wide or self.batched or cm).layout(
+            host_bytes=hw.host.memory_bytes))
         start, before = acc.begin()
         acc.host_work(hw.host.call_overhead_ns, "launch")
         if acc.functional:
@@ -109,7 +125,8 @@ class Model:
     # --- inference ----------------------------------------------------------------------
     def infer(self, inputs: Any, outputs: list | None = None, cache_size: int = 0,
               batch_params: list[BatchParam] | None = None, *, cache_id: int = 0,
-              batch_param: BatchParam | None = None) -> list[np.ndarray | None] | None:
+              batch_param: BatchParam | None = None,
+              all_logits: bool = False) -> list[np.ndarray | None] | None:
         """Run input embeddings at cache positions ``cache_size .. cache_size+seq-1``.
 
         The vendor's forms: ``inputs`` a list of one float32 array of shape ``(1, 1, seq,
@@ -126,6 +143,11 @@ class Model:
         ``batch_param`` (one ``BatchParam``) selects the slot. In timing-only mode the
         logits are None.
 
+        ``all_logits`` (kvsim's, for teacher forcing; the model must be launched with
+        ``ModelConfig(all_logits=True)``): one request's logits of every position, shape
+        ``(seq, vocab)`` (vendor form ``(1, 1, seq, vocab)``); the LM head runs over every
+        token and every row crosses the host link, so the call costs more.
+
         Cost: runtime overhead + embeddings over the host link + the forward program
         (weights and the cache streamed from DRAM) + logits back over the host link. A
         batch of a GQA model compiled with several cache slots is **one batched device
@@ -138,8 +160,15 @@ class Model:
         cm = self.compiled
         call = check_infer(cm, inputs, cache_size, cache_id, batch_params, batch_param)
         n, vocab = len(call.requests), cm.model.vocab_size
+        if all_logits is not False:
+            check_all_logits(all_logits, self.wide is not None, n)
+            n = call.requests[0].x.shape[0]
         check_outputs(outputs, (1, 1, n, vocab) if call.vendor else None)
-        if len(call.requests) > 1 and self.batched is not None:
+        if all_logits:
+            logits = [deviceops.forward(self, call.requests[0], all_logits=True)]
+            if call.vendor and logits[0] is not None:
+                logits = list(logits[0])
+        elif len(call.requests) > 1 and self.batched is not None:
             logits = deviceops.forward_batch(self, call.requests)
         else:
             logits = [deviceops.forward(self, r) for r in call.requests]

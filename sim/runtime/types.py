@@ -16,14 +16,22 @@ class ModelConfig:
     """Runtime model options (the vendor's ``ModelConfig``). The core mode, set here or
     by the vendor's setters, must match the compiled model's (``None``: take the
     model's). kvsim simulates one model instance per ``Model``, so single-core mode
-    takes one core."""
+    takes one core.
+
+    ``all_logits`` (kvsim's own option, not the vendor's): reserve at launch the device
+    regions that ``infer(..., all_logits=True)`` needs (every position's logits of a call
+    of up to the compiled ``max_seq`` tokens: ``max_seq x vocab`` int32 logits in DRAM)."""
 
     core_mode: str | None = None
+    all_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.core_mode not in (None, *CORE_MODES):
             raise RuntimeApiError(f"ModelConfig.core_mode {self.core_mode!r}: valid modes are "
                                   f"{', '.join(CORE_MODES)} (or None: the compiled model's)")
+        if not isinstance(self.all_logits, bool):
+            raise RuntimeApiError(f"ModelConfig.all_logits must be True or False, got "
+                                  f"{self.all_logits!r}")
 
     def set_single_core_mode(self, num_cores: int | None = None) -> bool:
         """Each core runs its own model instance; kvsim runs one (``num_cores`` 1)."""

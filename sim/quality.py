@@ -1,0 +1,127 @@
+"""Quality measured on the simulated NPU: a text teacher-forced through the integer pipeline
+(functional mode, all-position logits) against the float reference on the same float
+weights (the metrics: :mod:`models.quality`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from isa.errors import ConfigError
+from models.bits import WEIGHT_BITS_PRESETS, BitConfig, build_numerics, weight_bits_preset
+from models.compiler import CORE_MODES, HardwareTarget, compile_model
+from models.compiler.compiled import CompiledModel
+from models.quality import Quality, compare
+from models.reference import ReferenceModel
+from models.source import ModelSource, resolve_model
+
+from .hw import HardwareConfig, load_hardware
+from .runtime import Accelerator, Model, ModelConfig
+
+#: Tokens per teacher-forced prefill call (a longer text runs as consecutive calls, each
+#: returning the logits of all its positions).
+CHUNK_TOKENS = 256
+#: Cache lengths are rounded up to this many tokens (a multiple of every KV format's
+#: token group).
+CACHE_ROUND_TOKENS = 128
+
+
+def source_of(source: str | Path | ModelSource) -> ModelSource:
+    """A :class:`ModelSource` from anything :func:`models.source.resolve_model` accepts."""
+    return source if isinstance(source, ModelSource) else resolve_model(source)
+
+
+def hardware_of(hw: str | HardwareConfig) -> HardwareConfig:
+    return load_hardware(hw) if isinstance(hw, str) else hw
+
+
+def widest_core_mode(hw: HardwareConfig) -> str:
+    """The core mode that uses the most of ``hw``'s cores."""
+    return max((m for m, n in CORE_MODES.items() if n <= hw.cores.num_cores),
+               key=CORE_MODES.__getitem__)
+
+
+def bits_label(bits: BitConfig) -> str:
+    """The weight-bit preset's name (``W8``), or the per-role bits when it is none."""
+    for name, wb in WEIGHT_BITS_PRESETS.items():
+        if wb == bits.weights:
+            return name
+    return ",".join(f"{k}={v}" for k, v in bits.weights.model_dump().items())
+
+
+def bit_config(bits: str = "W8", *, numerics: str | None = None,
+               kv_read: str = "integer") -> BitConfig:
+    """A :class:`BitConfig` from the names a command line gives: the weight-bit preset,
+    the numerics preset (None: the default options) and the KV read path."""
+    if kv_read not in ("integer", "dequant"):
+        raise ConfigError(f"kv_read: {kv_read!r} is not one of integer, dequant")
+    opts = build_numerics({} if numerics is None else {"preset": numerics},
+                          where="numerics")
+    return BitConfig(weights=weight_bits_preset(bits, where="bits"), numerics=opts,
+                     kv_read=kv_read)
+
+
+def compile_for_text(src: ModelSource, bits: BitConfig, *, kv: str, hw: HardwareConfig,
+                     tokens: int, seed: int = 0,
+                     chunk_tokens: int = CHUNK_TOKENS) -> CompiledModel:
+    """The functional compiled model of ``src`` for a text of ``tokens`` tokens."""
+    cap = -(-tokens // CACHE_ROUND_TOKENS) * CACHE_ROUND_TOKENS
+    return compile_model(src.config, bits, HardwareTarget.from_hw(hw), kv=kv,
+                         core_mode=widest_core_mode(hw), max_seq=min(tokens, chunk_tokens),
+                         cap=cap, functional=True, weights=src.weight_spec(seed))
+
+
+def reference_logits(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) -> np.ndarray:
+    """The float reference's teacher-forced logits ``(n, vocab)`` (float weights)."""
+    return ReferenceModel(src.config, src.open_weights(seed)).prefill(tokens)
+
+
+def npu_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int], *,
+               seed: int = 0) -> tuple[np.ndarray, float]:
+    """The simulated NPU's teacher-forced logits ``(n, vocab)`` and the simulated seconds
+    of the prefill calls (the host embeds the tokens: float32 rows of the embedding)."""
+    acc = Accelerator(hw=hw, functional=True)
+    model = Model(cm, ModelConfig(all_logits=True))
+    model.launch(acc)
+    embed = cm.weight_source().tensor("embed")
+    ids = np.asarray(tokens, dtype=np.int64)
+    rows, time_s = [], 0.0
+    for t0 in range(0, ids.size, cm.max_seq):
+        chunk = ids[t0 : t0 + cm.max_seq]
+        [out] = model.infer(embed[chunk].astype(np.float32), cache_size=t0, all_logits=True)
+        rows.append(out)
+        time_s += acc.calls[-1].time_s
+    model.dispose()
+    return np.concatenate(rows), time_s
+
+
+def evaluate(source: str | Path | ModelSource, tokens: Sequence[int], *, bits: BitConfig,
+             kv: str = "int8", hw: str | HardwareConfig = "aries", seed: int = 0,
+             reference: np.ndarray | None = None, allow_degenerate: bool = False,
+             chunk_tokens: int = CHUNK_TOKENS) -> Quality:
+    """Teacher-force ``tokens`` through the simulated NPU (``bits``, KV format ``kv``, the
+    read path ``bits.kv_read``, on ``hw``) and compare its logits with the float
+    reference's (``reference``: those logits, if already computed). Degenerate NPU logits
+    raise :class:`models.quality.DegenerateOutput` unless ``allow_degenerate``."""
+    src = source_of(source)
+    ids = [int(t) for t in tokens]
+    if len(ids) < 2:
+        raise ConfigError(f"text: {len(ids)} tokens; teacher forcing needs at least 2")
+    vocab = src.config.vocab_size
+    if min(ids) < 0 or max(ids) >= vocab:
+        raise ConfigError(f"text: token ids must lie in 0..{vocab - 1}")
+    hwc = hardware_of(hw)
+    cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
+                          chunk_tokens=chunk_tokens)
+    npu, time_s = npu_logits(cm, hwc, ids, seed=seed)
+    ref = reference_logits(src, ids, seed=seed) if reference is None else reference
+    return compare(ref, npu, ids, allow_degenerate=allow_degenerate, model=src.name,
+                   real_weights=src.real, bits=bits_label(bits),
+                   numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
+                   hw=hwc.name, prefill_s=time_s)
+
+
+__all__ = ["CHUNK_TOKENS", "bit_config", "bits_label", "compile_for_text", "evaluate", "npu_logits",
+           "reference_logits", "source_of", "widest_core_mode"]

@@ -1,0 +1,64 @@
+"""Quality measured on the simulated NPU (``sim.quality.evaluate``): deterministic figures
+on the tiny synthetic model, and the degenerate-output guard on the embedded real model
+under the old numerics (one static int8 scale for the residual stream)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from isa.errors import ConfigError
+from models.bits import build_bit_config
+from models.quality import DegenerateOutput, perplexity
+from models.source import EMBEDDED_MODEL, english_text, resolve_model
+from sim.quality import bit_config, evaluate, reference_logits, source_of
+
+IDS = np.random.default_rng(3).integers(0, 256, size=40)
+
+
+def test_tiny_figures_are_exact_and_the_reference_is_the_float_model() -> None:
+    q = evaluate("tiny", IDS, bits=build_bit_config({}), hw="tiny")
+    assert (q.model, q.real_weights, q.tokens, q.bits, q.kv, q.kv_read, q.hw,
+            q.degenerate) == ("tiny", False, 40, "W8", "int8", "integer", "tiny", None)
+    assert q.perplexity == pytest.approx(265.1851969226377, rel=1e-9)
+    assert q.kl_mean == pytest.approx(0.00014459875249308785, rel=1e-6)
+    assert q.top1_agreement == pytest.approx(32 / 39)
+    ref = reference_logits(source_of("tiny"), IDS)
+    assert q.reference_perplexity == pytest.approx(perplexity(ref, IDS), rel=1e-12)
+    assert q.prefill_s > 0
+
+
+def test_a_text_split_over_calls_gives_the_same_logits() -> None:
+    one = evaluate("tiny", IDS, bits=build_bit_config({}), hw="tiny")
+    split = evaluate("tiny", IDS, bits=build_bit_config({}), hw="tiny", chunk_tokens=16)
+    assert (split.perplexity, split.kl_mean) == (one.perplexity, one.kl_mean)
+    assert split.prefill_s > one.prefill_s  # three calls: the weights stream three times
+
+
+@pytest.mark.parametrize(("ids", "needle"), [([5], "at least 2"),
+                                             ([0, 256], "ids must lie in 0..255")])
+def test_bad_texts_are_refused(ids, needle) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        evaluate("tiny", ids, bits=build_bit_config({}), hw="tiny")
+
+
+@pytest.mark.parametrize(("kw", "needle"), [
+    ({"bits": "W3"}, "bits: unknown weight-bit preset 'W3'"),
+    ({"numerics": "fp8"}, "numerics.preset: unknown numerics preset 'fp8'"),
+    ({"kv_read": "float"}, "kv_read: 'float' is not one of integer, dequant"),
+])
+def test_bad_bit_options_are_refused(kw, needle) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        bit_config(**kw)
+
+
+@pytest.fixture(scope="module")
+def smol_ids() -> list[int]:
+    src = resolve_model(EMBEDDED_MODEL)
+    return src.tokenizer().encode(english_text())[:48]
+
+
+def test_the_guard_fires_on_the_old_numerics_of_a_real_model(smol_ids) -> None:
+    bits = bit_config("W8", numerics="static-int8")
+    with pytest.raises(DegenerateOutput, match="NPU logits: .*(zero|constant)"):
+        evaluate(EMBEDDED_MODEL, smol_ids, bits=bits)
