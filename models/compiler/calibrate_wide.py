@@ -84,6 +84,7 @@ def gemm_row_params(s_in: float, qw: QuantizedWeight, s_out: float, bias: np.nda
         return GemmQ(shift=max(0, s_total), mult=mult, bias=b, out_bits=out_bits)
     acc_bits = (INT8_MAX * INT8_MAX * qw.k).bit_length()  # |acc| bound of int8 x int8
     sh1 = max(0, min(acc_bits, s_total + ROW_FACTOR_Q - MIN_ROW_SHIFT))
+    sh1 = max(sh1, s_total + ROW_FACTOR_Q - 62)  # a tiny ratio: keep row_shift <= 62
     row_shift = s_total - sh1 + ROW_FACTOR_Q
     if not MIN_ROW_SHIFT <= row_shift <= 62:
         raise ValueError(f"gemm_row_params: row_shift {row_shift} out of range (scale ratio "
