@@ -112,3 +112,17 @@ def test_per_token_scales_need_a_wide_residual() -> None:
     with pytest.raises(CompileError, match="act_scale = 'token' is built with a wide"):
         compile_model(load_model("tiny"), BitConfig(numerics=opts), HW, core_mode="single",
                       max_seq=16, cap=64, functional=False)
+
+
+def test_a_saved_wide_model_loads_with_its_numerics(tiny_w8, tmp_path) -> None:
+    from isa.encoding import encode_program
+    from models.compiler import CompiledModel
+
+    _, cm = tiny_w8
+    cm.save(tmp_path / "m.kvm")
+    back = CompiledModel.load(tmp_path / "m.kvm")
+    nq, bq = cm.numerics, back.numerics
+    assert (bq.residual_bits, bq.rotated, bq.head.out_bits) == (16, True, 32)
+    assert [L.down.row_shift for L in bq.layers] == [L.down.row_shift for L in nq.layers]
+    assert encode_program(back.program(tokens=16, cache_size=0)) == encode_program(
+        cm.program(tokens=16, cache_size=0))
