@@ -1,0 +1,132 @@
+"""Cohere2 (Command-R7B) and EXAONE-4.0: their real config.json files import with the
+per-layer features of models.layer_features, counts match published figures, and bad or
+unsupported fields give errors naming them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from isa.errors import ConfigError
+from models.config import build_model, load_preset
+from models.hf import hf_config_to_model, load_hf_config
+from models.layer_features import pattern_layer_types
+
+ROOT = Path(__file__).resolve().parents[2]
+PRESETS = ROOT / "models" / "presets"
+#: The project's shared documents sit beside the repository (in CI too).
+HF_DIR = ROOT.parent / "shared" / "hf-configs"
+
+
+@pytest.mark.parametrize("stem", ["command-r7b", "exaone-4.0-1.2b"])
+def test_presets_are_the_shared_hf_files(stem: str) -> None:
+    shared = HF_DIR / f"{stem}.json"
+    if shared.exists():
+        assert json.loads(shared.read_text()) == json.loads((PRESETS / f"{stem}.json").read_text())
+
+
+def test_command_r7b_features() -> None:
+    c = load_hf_config(PRESETS / "command-r7b.json")
+    assert (c.family, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+            c.intermediate_size, c.vocab_size) == ("cohere2", 32, 4096, 32, 8, 128, 14336,
+                                                   256000)
+    # sliding_window_pattern 4, local first: layers 3, 7, ..., 31 global, without RoPE
+    full = [i for i in range(32) if c.layer_window(i) is None]
+    assert full == list(range(3, 32, 4))
+    assert all(c.layer_window(i) == 4096 for i in range(32) if i not in full)
+    assert [i for i in range(32) if not c.layer_has_rope(i)] == full
+    assert (c.norm_kind, c.norm_position, c.parallel_block, c.qk_norm) == ("layer", "pre",
+                                                                           True, False)
+    assert (c.logit_scale, c.rms_norm_eps, c.rope_theta, c.tie_word_embeddings) == (
+        0.25, 1e-5, 50000.0, True)
+    # llama.cpp's load log of this model (PR #10900): 8.03 B parameters
+    assert c.param_count == 8_028_033_024
+    names = [s.name for s in c.layer_tensors(0)]
+    assert "layers.0.attn_norm" in names and "layers.0.mlp_norm" not in names
+
+
+def test_exaone_4_1_2b_features() -> None:
+    c = load_hf_config(PRESETS / "exaone-4.0-1.2b.json")
+    assert (c.family, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim,
+            c.intermediate_size, c.vocab_size) == ("exaone4", 30, 2048, 32, 8, 64, 4096,
+                                                   102400)
+    assert all(c.layer_window(i) is None and c.layer_has_rope(i) for i in range(30))
+    assert c.sliding_window is None and c.rope_scaling is not None
+    assert (c.norm_position, c.qk_norm, c.norm_kind, c.parallel_block) == ("post", True,
+                                                                           "rms", False)
+    # model card: 1.07 B parameters without embeddings (tied: 1.28 B in all)
+    assert c.param_count - c.vocab_size * c.hidden_size == 1_069_676_288
+    names = [s.name for s in c.layer_tensors(0)]
+    assert names == ["layers.0.q_proj", "layers.0.k_proj", "layers.0.v_proj",
+                     "layers.0.q_norm", "layers.0.k_norm", "layers.0.o_proj",
+                     "layers.0.post_attn_norm", "layers.0.gate_proj", "layers.0.up_proj",
+                     "layers.0.down_proj", "layers.0.post_mlp_norm"]
+    assert c.tensor_spec("layers.0.q_norm").shape == (64,)
+
+
+def test_exaone_hybrid_pattern_string_and_nope_globals() -> None:
+    # EXAONE-4.0-32B writes its pattern as a string: three local layers, then a global one
+    data = json.loads((PRESETS / "exaone-4.0-1.2b.json").read_text())
+    del data["layer_types"]
+    data.update(num_hidden_layers=8, sliding_window=4096, sliding_window_pattern="LLLG")
+    c = hf_config_to_model(data)
+    assert [c.layer_window(i) for i in range(8)] == [4096, 4096, 4096, None] * 2
+    assert [c.layer_has_rope(i) for i in range(8)] == [True, True, True, False] * 2
+
+
+def test_pattern_layer_types() -> None:
+    assert pattern_layer_types(5, 2) == ("sliding_attention", "full_attention",
+                                         "sliding_attention", "full_attention",
+                                         "sliding_attention")
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"use_parallel_block": False}, r"use_parallel_block false"),
+    ({"position_embedding_type": "alibi"}, r"position_embedding_type 'alibi'"),
+    ({"rotary_pct": 0.5}, r"rotary_pct 0.5"),
+    ({"order_of_interleaved_layers": "global_first"}, r"order_of_interleaved_layers"),
+    ({"attention_bias": True}, r"attention_bias true"),
+    ({"sliding_window_pattern": 0}, r"sliding_window_pattern must be a positive integer"),
+    ({"sliding_window": -3}, r"sliding_window must be a positive integer, got -3"),
+    ({"layer_types": ["sliding_attention"] * 3}, r"layer_types has 3 entries"),
+    ({"layer_types": ["chunked_attention"] * 32}, r"layer_types must be a list of"),
+])
+def test_cohere2_bad_fields_are_named(edit: dict, match: str) -> None:
+    data = json.loads((PRESETS / "command-r7b.json").read_text())
+    data.update(edit)
+    with pytest.raises(ConfigError, match=match):
+        hf_config_to_model(data, where="command-r7b.json")
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"layer_types": ["sliding_attention"] * 4}, r"sliding_window: layer_types has sliding"),
+    ({"sliding_window": 8}, r"sliding_window: set, but layer_types has no sliding layer"),
+    ({"rope_layers": "sliding"}, r"rope_layers: 'sliding' needs sliding layers"),
+    ({"parallel_block": True, "norm_position": "post"}, r"parallel_block: a parallel block"),
+    ({"norm_kind": "batch"}, r"model\.norm_kind"),
+])
+def test_feature_checks_name_the_field(edit: dict, match: str) -> None:
+    data = load_preset("tiny").model_dump(exclude_none=True)
+    data.update(num_layers=4, **edit)
+    with pytest.raises(ConfigError, match=match):
+        build_model(data)
+
+
+def test_features_need_gqa_and_a_dense_mlp() -> None:
+    data = load_preset("tiny-mla").model_dump(exclude_none=True)
+    data["qk_norm"] = True
+    with pytest.raises(ConfigError, match=r"supported for GQA models with a dense MLP only"):
+        build_model(data)
+
+
+@pytest.mark.parametrize("name", ["tiny-cohere2", "tiny-exaone4"])
+def test_tiny_presets_have_their_family_features(name: str) -> None:
+    tiny = load_preset(name)
+    real = load_preset("command-r7b" if name == "tiny-cohere2" else "exaone-4.0-1.2b")
+    keys = ("family", "norm_kind", "norm_position", "qk_norm", "parallel_block",
+            "rope_layers", "tie_word_embeddings")
+    assert [getattr(tiny, k) for k in keys] == [getattr(real, k) for k in keys]
+    assert (tiny.sliding_window is None) == (real.sliding_window is None)
+    assert tiny.kv_tokens(0, 100) == (8 if name == "tiny-cohere2" else 100)
