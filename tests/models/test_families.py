@@ -130,3 +130,26 @@ def test_tiny_presets_have_their_family_features(name: str) -> None:
     assert [getattr(tiny, k) for k in keys] == [getattr(real, k) for k in keys]
     assert (tiny.sliding_window is None) == (real.sliding_window is None)
     assert tiny.kv_tokens(0, 100) == (8 if name == "tiny-cohere2" else 100)
+
+
+def test_kv_bytes_of_command_r7b_at_32k_match_the_hand_calculation(capsys) -> None:
+    from sim.cli import main
+
+    path = HF_DIR / "command-r7b.json"
+    model = str(path if path.exists() else PRESETS / "command-r7b.json")
+    assert main(["kv", "--model", model, "--format", "int8", "--context", "32768",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # By hand: 32 layers, sliding_window_pattern 4 -> 24 sliding layers holding
+    # min(4096, 32768) = 4096 tokens and 8 global layers holding all 32768; each token of a
+    # layer is K and V of 8 KV heads x 128 values, 1 byte each in int8.
+    per_token_bytes = 2 * 8 * 128 * 1
+    hand = 24 * 4096 * per_token_bytes + 8 * 32768 * per_token_bytes
+    assert hand == 738_197_504
+    assert out["total_bytes"] == hand
+    assert out["layers_by_tokens_held"] == {"4096": 24, "32768": 8}
+    assert out["bf16_total_bytes"] == 2 * hand
+    # below the window every layer holds the whole context
+    assert main(["kv", "--model", model, "--format", "int8", "--context", "1000",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total_bytes"] == 32 * 1000 * per_token_bytes
