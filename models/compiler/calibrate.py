@@ -107,6 +107,15 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
             f"model {cfg.name or cfg.family!r}: functional (integer) simulation supports "
             "dense grouped-query-attention models; use sim.fidelity = 'timing' for MLA/MoE"
         )
+    timing_only = [k for k, on in (("norm_kind 'layer'", cfg.norm_kind != "rms"),
+                                   ("norm_position 'post'", cfg.norm_position != "pre"),
+                                   ("qk_norm", cfg.qk_norm),
+                                   ("parallel_block", cfg.parallel_block),
+                                   ("logit_scale", cfg.logit_scale != 1.0)) if on]
+    if timing_only:
+        raise NotImplementedError(
+            f"model {cfg.name or cfg.family!r}: functional (integer) simulation does not "
+            f"implement {', '.join(timing_only)} yet; use sim.fidelity = 'timing'")
     tokens = calibration_tokens(cfg, seed)
     n = len(tokens)
     amax: dict[str, float] = {}
@@ -141,13 +150,18 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
         # positions) bounds the int8 range of q and k wherever they are used.
         rec(f"{i}.q", _pair_norm(q))
         rec(f"{i}.k", _pair_norm(k))
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        if cfg.layer_has_rope(i):
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+        masked = future
+        if cfg.layer_window(i) is not None:  # a sliding layer sees its last window
+            masked = future | (np.arange(n)[None, :] <= np.arange(n)[:, None]
+                               - cfg.layer_window(i))
         g = H // KV
         kk = np.repeat(k, g, axis=1)
         vv = np.repeat(v, g, axis=1)
         s = np.einsum("nhd,thd->hnt", q, kk) * scale
-        s = np.where(future[None], -np.inf, s)
+        s = np.where(masked[None], -np.inf, s)
         ao = np.einsum("hnt,thd->nhd", softmax(s, axis=-1), vv).reshape(n, H * hd)
         ao = rec(f"{i}.ao", ao.astype(np.float32))
         o = rec(f"{i}.o", lin(ao, p + "o_proj", p + "o_bias" if cfg.o_bias else None))

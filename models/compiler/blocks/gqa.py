@@ -15,7 +15,7 @@ the regions ``kv.s<slot>.l<layer>.k`` and ``.v``.
 from __future__ import annotations
 
 from isa.instructions import Attn, DmaStore, Engine, KvWrite, Nop, Vec, VecFunc
-from isa.kvformats import KVPair
+from isa.kvformats import KVFormat, KVPair
 
 from ...config import ModelConfig
 from ..builder import Builder
@@ -67,6 +67,24 @@ class GqaAttention:
         _stage_attention(b, lw, layer, q, x, m, segs)
         _stage_o(b, lw, layer, q, x, m)
 
+    # --- per-layer hooks (a sliding-window variant overrides them: .sliding) -------------
+    def layer_formats(self, lw: Lowering, layer: int) -> tuple[KVFormat, KVFormat, int, int]:
+        """Layer ``layer``'s K and V formats and their indices in the program's table."""
+        return lw.k_fmt, lw.v_fmt, 0, 1
+
+    def key_span(self, lw: Lowering, layer: int, pos0: int, n: int) -> tuple[int, int]:
+        """``(first, keys)``: the cache positions ``first .. first+keys-1`` that ``n``
+        queries at ``pos0 ..`` attend to (all of the cache here)."""
+        return 0, pos0 + n
+
+    def rotates(self, layer: int) -> bool:
+        """Whether layer ``layer`` applies RoPE to its queries and keys."""
+        return True
+
+    def extra_formats(self, lw: Lowering) -> tuple[KVFormat, ...]:
+        """Formats the program's table lists after the K and V formats (none here)."""
+        return ()
+
 
 
 def head_units(lw: Lowering) -> dict[int, list[tuple[int, int, int]]]:
@@ -98,11 +116,14 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
     h, hd = cfg.hidden_size, cfg.head_dim
     p = f"layers.{layer}."
     units = head_units(lw)
+    att = lw.blocks.attention  # per-layer formats, key spans and RoPE (GqaAttention hooks)
+    kf, vf, ki, vi = att.layer_formats(lw, layer)
+    rotates = att.rotates(layer)
     rot = hd
     cos = lw.mm["rope.cos"].base
     sin = lw.mm["rope.sin"].base
-    k_sub = lw.k_fmt.max_bytes(lw.cap, hd)
-    v_sub = lw.v_fmt.max_bytes(lw.cap, hd)
+    k_sub = kf.max_bytes(lw.cap, hd)
+    v_sub = vf.max_bytes(lw.cap, hd)
     kregs = [lw.mm[lw.kv_region(sq.slot, layer, "k")] for sq in segs]
     vregs = [lw.mm[lw.kv_region(sq.slot, layer, "v")] for sq in segs]
     mq = lw.matrix(p + "q_proj", q.q)
@@ -151,7 +172,10 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
         tables_taken = False
         for kind, buf, width, j in vpu_ops:
             wait = (b.sem(c, "mxu_vpu"),)
-            if kind in ("rope", "k"):
+            if kind == "rope" and not rotates:  # no RoPE: the q heads are ready as they are
+                b.emit(Nop(core=c, on=Engine.VPU, wait=wait))
+                continue
+            if kind in ("rope", "k") and rotates:
                 if not tables_taken:
                     wait += (b.sem(c, "in_vpu"),) * (2 * len(segs))
                     tables_taken = True
@@ -162,7 +186,7 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
                                wait=wait))
                     wait = ()
             if kind in ("k", "v"):
-                fmt, regs, sub = (0, kregs, k_sub) if kind == "k" else (1, vregs, v_sub)
+                fmt, regs, sub = (ki, kregs, k_sub) if kind == "k" else (vi, vregs, v_sub)
                 for sq, reg in zip(segs, regs, strict=True):
                     b.emit(KvWrite(core=c, fmt=fmt, tokens=sq.n, width=hd, pos=sq.pos0,
                                    cap=lw.cap, src=buf + sq.off * hd, dst=reg.base + j * sub,
@@ -188,13 +212,13 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
             outs.append((ob, ha, hb))
             w = (hb - ha) * hd
             for i, (sq, kreg, vreg) in enumerate(zip(segs, kregs, vregs, strict=True)):
-                ctx = sq.pos0 + sq.n
+                first, ctx = att.key_span(lw, layer, sq.pos0, sq.n)
                 b.emit(Attn(core=c, q_len=sq.n, ctx=ctx, heads=hb - ha, kv_heads=1,
-                            head_dim=hd, pos=sq.pos0, cap=lw.cap, k_fmt=0, v_fmt=1,
+                            head_dim=hd, pos=sq.pos0 - first, cap=lw.cap, k_fmt=ki, v_fmt=vi,
                             q=qb + sq.off * w, k=kreg.base + j * k_sub,
                             v=vreg.base + j * v_sub, out=ob + sq.off * w,
-                            k_nbytes=lw.k_fmt.read_bytes(0, ctx, hd),
-                            v_nbytes=lw.v_fmt.read_bytes(0, ctx, hd),
+                            k_nbytes=kf.read_bytes(first, ctx, hd),
+                            v_nbytes=vf.read_bytes(first, ctx, hd),
                             score_mult=q.attn.score_mult, score_shift=q.attn.score_shift,
                             out_mult=q.attn.out_mult, out_shift=q.attn.out_shift,
                             wait=wait,

@@ -18,11 +18,13 @@ from .dense import DenseMlp
 from .gqa import GqaAttention
 from .mla import MlaAttention
 from .moe import MoeMlp
+from .sliding import SlidingGqaAttention
 
 #: attention kind -> block class
 ATTENTION: dict[str, Callable[[ModelConfig], AttentionBlock]] = {
     "gqa": GqaAttention,
     "mla": MlaAttention,
+    "sliding-gqa": SlidingGqaAttention,
 }
 #: MLP kind -> block class
 MLP: dict[str, Callable[[ModelConfig], MlpBlock]] = {
@@ -39,8 +41,17 @@ class Features:
     mlp: tuple[str, ...]  # per layer
 
 
+def _attention_kind(cfg: ModelConfig) -> str:
+    if cfg.is_mla:
+        return "mla"
+    layers = range(cfg.num_layers)
+    if any(cfg.layer_window(i) is not None or not cfg.layer_has_rope(i) for i in layers):
+        return "sliding-gqa"
+    return "gqa"
+
+
 def features(cfg: ModelConfig) -> Features:
-    return Features("mla" if cfg.is_mla else "gqa",
+    return Features(_attention_kind(cfg),
                     tuple("moe" if cfg.layer_is_moe(i) else "dense"
                           for i in range(cfg.num_layers)))
 
