@@ -72,6 +72,7 @@ class VecFunc(IntEnum):
     SOFTMAX = 5
     REQUANT = 6  # int32 -> int8 with multiplier and shift
     FROM_F32 = 7  # float32 input -> int8 (the input converter at the host boundary)
+    LAYERNORM = 8  # LayerNorm without bias (Cohere): RMSNorm of the mean-free row
 
 
 #: Integer ops per element of each vector function, for the vector unit's timing
@@ -85,6 +86,7 @@ VEC_OPS_PER_ELEMENT = {
     VecFunc.SOFTMAX: 10,
     VecFunc.REQUANT: 3,
     VecFunc.FROM_F32: 3,
+    VecFunc.LAYERNORM: 8,  # RMSNorm's 6 plus the row sum and the subtraction of the mean
 }
 
 class Access(NamedTuple):
@@ -381,7 +383,7 @@ class Vec(Instruction):
         src0 = 4 * n if f in (VecFunc.REQUANT, VecFunc.FROM_F32) else n
         if f in (VecFunc.ADD, VecFunc.SILU_MUL):
             src1 = n
-        elif f == VecFunc.RMSNORM:
+        elif f in (VecFunc.RMSNORM, VecFunc.LAYERNORM):
             src1 = 2 * self.cols  # int16 gain per column
         elif f == VecFunc.ROPE:
             src1 = 2 * self.rows * max(self.p1, 0)  # int16 cos and sin, rows x rot_dim/2 each

@@ -14,6 +14,7 @@ func       operands                                    p0, p1, p2, p3
 COPY       src0 -> dst                                 -
 ADD        ``sat8(rs(src0*p0 + src1*p1, p2))``         ma, mb, shift
 RMSNORM    src0, gain int16[cols] at src1              eps_q, shift
+LAYERNORM  as RMSNORM, of the row minus its mean          eps_q, shift
 SILU_MUL   ``silu(src0) * src1``                       in_mult, in_shift, out_mult, out_shift
 ROPE       src0, cos then sin int16[rows, p1/2] at src1  head_dim, rot_dim
 SOFTMAX    row softmax, int8 probabilities (Q7)        mult, shift, out_shift
@@ -136,6 +137,10 @@ def _vec(v: Vec, mem: Memory) -> None:
         x = _sram(mem, c, v.src0, n).reshape(r, cols)
         g = _sram(mem, c, v.src1, 2 * cols, np.int16)
         kvec.rmsnorm(x, g, v.p0, v.p1, out)
+    elif f == VecFunc.LAYERNORM:
+        x = _sram(mem, c, v.src0, n).reshape(r, cols)
+        g = _sram(mem, c, v.src1, 2 * cols, np.int16)
+        kvec.layernorm(x, g, v.p0, v.p1, out)
     elif f == VecFunc.SILU_MUL:
         a = _sram(mem, c, v.src0, n).reshape(r, cols)
         b = _sram(mem, c, v.src1, n).reshape(r, cols)

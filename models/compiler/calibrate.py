@@ -16,7 +16,15 @@ import numpy as np
 from isa.kernels.fixed import quantize_multiplier
 
 from ..config import ModelConfig
-from ..reference import apply_rope, rms_norm, rope_cos_sin, silu, softmax, softmax_scale
+from ..reference import (
+    apply_rope,
+    layer_norm,
+    rms_norm,
+    rope_cos_sin,
+    silu,
+    softmax,
+    softmax_scale,
+)
 from ..weights import QuantizedWeight, WeightSource, quantize_weight
 from .numerics import AddQ, AttnQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ
 
@@ -107,17 +115,15 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
             f"model {cfg.name or cfg.family!r}: functional (integer) simulation supports "
             "dense grouped-query-attention models; use sim.fidelity = 'timing' for MLA/MoE"
         )
-    timing_only = [k for k, on in (("norm_kind 'layer'", cfg.norm_kind != "rms"),
-                                   ("norm_position 'post'", cfg.norm_position != "pre"),
-                                   ("qk_norm", cfg.qk_norm),
-                                   ("parallel_block", cfg.parallel_block),
-                                   ("logit_scale", cfg.logit_scale != 1.0)) if on]
+    timing_only = [k for k, on in (("norm_position 'post'", cfg.norm_position != "pre"),
+                                   ("qk_norm", cfg.qk_norm)) if on]
     if timing_only:
         raise NotImplementedError(
             f"model {cfg.name or cfg.family!r}: functional (integer) simulation does not "
             f"implement {', '.join(timing_only)} yet; use sim.fidelity = 'timing'")
     tokens = calibration_tokens(cfg, seed)
     n = len(tokens)
+    normf = layer_norm if cfg.norm_kind == "layer" else rms_norm
     amax: dict[str, float] = {}
     qw: dict[str, QuantizedWeight] = {}
 
@@ -140,7 +146,7 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
     future = np.arange(n)[None, :] > np.arange(n)[:, None]
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
-        xn = rec(f"{i}.xn", rms_norm(x, source.tensor(p + "attn_norm"), cfg.rms_norm_eps))
+        xn = rec(f"{i}.xn", normf(x, source.tensor(p + "attn_norm"), cfg.rms_norm_eps))
         bq = (p + "q_bias", p + "k_bias", p + "v_bias") if cfg.qkv_bias else (None,) * 3
         q = lin(xn, p + "q_proj", bq[0]).reshape(n, H, hd)
         k = lin(xn, p + "k_proj", bq[1]).reshape(n, KV, hd)
@@ -166,13 +172,16 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
         ao = rec(f"{i}.ao", ao.astype(np.float32))
         o = rec(f"{i}.o", lin(ao, p + "o_proj", p + "o_bias" if cfg.o_bias else None))
         x = rec(f"{i}.xm", (x + o).astype(np.float32))
-        xn2 = rec(f"{i}.xn2", rms_norm(x, source.tensor(p + "mlp_norm"), cfg.rms_norm_eps))
+        if cfg.parallel_block:  # the MLP reads the attention's norm of the layer input
+            xn2 = rec(f"{i}.xn2", xn)
+        else:
+            xn2 = rec(f"{i}.xn2", normf(x, source.tensor(p + "mlp_norm"), cfg.rms_norm_eps))
         gt = rec(f"{i}.gate", lin(xn2, p + "gate_proj"))
         up = rec(f"{i}.up", lin(xn2, p + "up_proj"))
         hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
         d = rec(f"{i}.down", lin(hh, p + "down_proj"))
         x = rec(f"x{i + 1}", (x + d).astype(np.float32))
-    rec("fn", rms_norm(x, source.tensor("final_norm"), cfg.rms_norm_eps))
+    rec("fn", normf(x, source.tensor("final_norm"), cfg.rms_norm_eps))
     s = {k: _scale(v) for k, v in amax.items()}
     return derive(cfg, source, bits_for, s, qw)
 
@@ -207,8 +216,12 @@ def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float]
         L.o = gemm_params(s[f"{i}.ao"], w(p + "o_proj"), s[f"{i}.o"],
                           bias(p + "o_bias", cfg.o_bias))
         L.add1 = add_params(s[f"x{i}"], s[f"{i}.o"], s[f"{i}.xm"])
-        L.mlp_norm = norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"], s[f"{i}.xn2"],
-                                 eps)
+        if cfg.parallel_block:  # the layer input's norm again (blocks/parallel.py)
+            L.mlp_norm = norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
+                                     s[f"{i}.xn2"], eps)
+        else:
+            L.mlp_norm = norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"],
+                                     s[f"{i}.xn2"], eps)
         L.gate = gemm_params(s[f"{i}.xn2"], w(p + "gate_proj"), s[f"{i}.gate"], None)
         L.up = gemm_params(s[f"{i}.xn2"], w(p + "up_proj"), s[f"{i}.up"], None)
         L.silu = silu_params(s[f"{i}.gate"], s[f"{i}.up"], s[f"{i}.h"])
@@ -219,6 +232,7 @@ def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float]
     final = norm_params(source.tensor("final_norm"), s[f"x{cfg.num_layers}"], s["fn"], eps)
     head_w = w(cfg.lm_head_tensor)
     head = gemm_params(s["fn"], head_w, None, None)
-    row_scale = (s["fn"] * head_w.scales.astype(np.float64)).astype(np.float32)
+    row_scale = (s["fn"] * cfg.logit_scale
+                 * head_w.scales.astype(np.float64)).astype(np.float32)
     return Numerics(input_scale=s["x0"], layers=layers, final_norm=final, head=head,
                     head_row_scale=row_scale, scales=s, functional=True)

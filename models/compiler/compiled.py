@@ -170,7 +170,8 @@ class CompiledModel:
                            ("gate_proj", L.gate), ("up_proj", L.up), ("down_proj", L.down)):
                 yield from gemm_entries(pre + nm, gq)
             yield self.mm[f"p.{pre}attn_norm"].base, L.attn_norm.gamma.view(np.uint8)
-            yield self.mm[f"p.{pre}mlp_norm"].base, L.mlp_norm.gamma.view(np.uint8)
+            if f"p.{pre}mlp_norm" in self.mm:  # a parallel block has one norm
+                yield self.mm[f"p.{pre}mlp_norm"].base, L.mlp_norm.gamma.view(np.uint8)
         yield from gemm_entries(cfg.lm_head_tensor, nq.head)
         yield self.mm["p.final_norm"].base, nq.final_norm.gamma.view(np.uint8)
         cos, sin = rope_tables(cfg, self.cap)

@@ -15,11 +15,13 @@ from .sram import SramPlan
 def norm(b: Builder, lw: Lowering, c: int, plan: SramPlan, norm: str, nq, x: int, m: int,
          width: int, *, to: str) -> int:
     """Load the gain of ``norm`` and RMS-normalise ``x`` (already loaded, signalled on
-    in_vpu) into a new buffer; the VPU signals ``to``."""
+    in_vpu) into a new buffer (LayerNorm for ``norm_kind = "layer"``); the VPU signals
+    ``to``."""
     gamma = plan.take(2 * width, f"{norm} gain")
     b.load(c, lw.mm[f"p.{norm}"].base, gamma, 2 * width, to="in_vpu")
     out = plan.take(m * width, f"{norm} output")
-    b.emit(Vec(core=c, func=VecFunc.RMSNORM, rows=m, cols=width, src0=x, src1=gamma, dst=out,
+    func = VecFunc.LAYERNORM if lw.model.norm_kind == "layer" else VecFunc.RMSNORM
+    b.emit(Vec(core=c, func=func, rows=m, cols=width, src0=x, src1=gamma, dst=out,
                p0=nq.eps_q, p1=nq.shift, wait=(b.sem(c, "in_vpu"),) * 2,
                signal=(b.sem(c, to),)))
     return out

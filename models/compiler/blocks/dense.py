@@ -35,15 +35,17 @@ class DenseMlp:
         stage_mlp_down(b, lw, layer, q, x_next, m)
 
 
-def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int) -> None:
-    """RMSNorm, gate and up slices, SwiGLU -> act.hb."""
+def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: int | None = None,
+                 norm_name: str = "mlp_norm") -> None:
+    """RMSNorm, gate and up slices, SwiGLU -> act.hb; the input is ``act.xm`` (or ``src``,
+    normalised by ``norm_name``: a parallel block's layer input and its one norm)."""
     cfg = lw.model
     h = cfg.hidden_size
     inter = cfg.intermediate_size
     p = f"layers.{layer}."
     mg = lw.matrix(p + "gate_proj", q.gate)
     mu = lw.matrix(p + "up_proj", q.up)
-    xm = lw.mm["act.xm"].base
+    xm = lw.mm["act.xm"].base if src is None else src
     hb = lw.mm["act.hb"].base
     for c in lw.target.cores:
         i0, i1 = lw.rows(inter, c)
@@ -54,7 +56,7 @@ def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int) -> None:
         b.prefetch(c, mg, (i0, i1))
         xs = plan.take(m * h, "MLP input")
         b.load(c, xm, xs, m * h, to="in_vpu")
-        xn = norm(b, lw, c, plan, p + "mlp_norm", q.mlp_norm, xs, m, h, to="vpu_mxu")
+        xn = norm(b, lw, c, plan, p + norm_name, q.mlp_norm, xs, m, h, to="vpu_mxu")
         g = plan.take(m * w, "gate output")
         u = plan.take(m * w, "up output")
         b.gemm(c, mg, (i0, i1), a=xn, m=m, out=g, plan=plan, first_wait=(b.sem(c, "vpu_mxu"),))

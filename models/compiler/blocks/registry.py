@@ -18,6 +18,7 @@ from .dense import DenseMlp
 from .gqa import GqaAttention
 from .mla import MlaAttention
 from .moe import MoeMlp
+from .parallel import ParallelDenseMlp
 from .sliding import SlidingGqaAttention
 
 #: attention kind -> block class
@@ -30,6 +31,7 @@ ATTENTION: dict[str, Callable[[ModelConfig], AttentionBlock]] = {
 MLP: dict[str, Callable[[ModelConfig], MlpBlock]] = {
     "dense": DenseMlp,
     "moe": MoeMlp,
+    "parallel-dense": ParallelDenseMlp,
 }
 
 
@@ -51,8 +53,9 @@ def _attention_kind(cfg: ModelConfig) -> str:
 
 
 def features(cfg: ModelConfig) -> Features:
+    dense = "parallel-dense" if cfg.parallel_block else "dense"
     return Features(_attention_kind(cfg),
-                    tuple("moe" if cfg.layer_is_moe(i) else "dense"
+                    tuple("moe" if cfg.layer_is_moe(i) else dense
                           for i in range(cfg.num_layers)))
 
 
