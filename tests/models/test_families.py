@@ -153,3 +153,90 @@ def test_kv_bytes_of_command_r7b_at_32k_match_the_hand_calculation(capsys) -> No
     assert main(["kv", "--model", model, "--format", "int8", "--context", "1000",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["total_bytes"] == 32 * 1000 * per_token_bytes
+
+
+def _tiny_cosines(name: str) -> list[float]:
+    """Prefill 10 tokens, decode 6 (past the tiny Cohere2's 8-token window): logit cosine
+    of each call to the float reference with the same W8 weights."""
+    import numpy as np
+
+    from models.bits import build_bit_config
+    from models.compiler import HardwareTarget, compile_model
+    from models.reference import ReferenceModel
+    from sim.hw import load_hardware
+    from sim.runtime import Accelerator, Model
+
+    hw = load_hardware("tiny")
+    cfg = load_preset(name)
+    cm = compile_model(cfg, build_bit_config({"weights": "W8"}), HardwareTarget.from_hw(hw),
+                       kv="int8", functional=True, core_mode="single", max_seq=16, cap=64)
+    model = Model(cm)
+    model.launch(Accelerator(hw=hw, functional=True))
+    ref = ReferenceModel(cfg, cm.weight_source(), weight_bits=cm.bits.weights)
+    toks = np.random.default_rng(1).integers(0, cfg.vocab_size, size=16)
+    want = ref.prefill(toks)
+    emb = ref.embed(toks)
+
+    def cos(a, b):
+        return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+    out = [cos(model.infer(emb[:10], cache_size=0)[0], want[9])]
+    out += [cos(model.infer(emb[i:i + 1], cache_size=i)[0], want[i]) for i in range(10, 16)]
+    return out
+
+
+def test_tiny_cohere2_runs_functionally_against_the_float_reference() -> None:
+    """Sliding layers (ring caches), a global layer without RoPE, LayerNorm, the parallel
+    block and the logit scale, in integers (measured: mean 0.9936, worst call 0.9917)."""
+    cos = _tiny_cosines("tiny-cohere2")
+    assert sum(cos) / len(cos) >= 0.99 and min(cos) >= 0.985, cos
+
+
+def _timing_compile(cfg, **kw):
+    from models.bits import build_bit_config
+    from models.compiler import HardwareTarget, compile_model
+    from sim.hw import load_hardware
+
+    opts = {"core_mode": "single", "max_seq": 16, "cap": 64} | kw
+    return compile_model(cfg, build_bit_config({"weights": "W8"}),
+                         HardwareTarget.from_hw(load_hardware("tiny")), kv="int8",
+                         functional=False, **opts)
+
+
+def test_tiny_exaone4_blocks_qk_norm_and_post_norms() -> None:
+    from isa.instructions import Vec, VecFunc
+    from models.compiler.blocks.registry import features
+
+    cfg = load_preset("tiny-exaone4")
+    f = features(cfg)
+    assert (f.attention, set(f.mlp)) == ("postnorm-gqa", {"postnorm-dense"})
+    cm = _timing_compile(cfg)
+    prog = cm.program(tokens=1, cache_size=5)
+    norms = [(i.rows, i.cols) for i in prog.instructions
+             if isinstance(i, Vec) and i.func == VecFunc.RMSNORM]
+    hd, h, heads, kv = cfg.head_dim, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads
+    # per layer (one core): the q heads of each KV group, then each KV head's k, then the
+    # two post norms over whole rows; then the final norm. No norm before the projections.
+    group = heads // kv
+    per_layer = [(group, hd)] * kv + [(1, hd)] * kv + [(1, h), (1, h)]
+    assert norms == per_layer * cfg.num_layers + [(1, h)]
+
+
+def test_tiny_exaone4_runs_for_timing_and_refuses_functional() -> None:
+    import numpy as np
+
+    from models.bits import build_bit_config
+    from models.compiler import HardwareTarget, compile_model
+    from sim.hw import load_hardware
+    from sim.runtime import Accelerator, Model
+
+    cfg = load_preset("tiny-exaone4")
+    hw = load_hardware("tiny")
+    model = Model(_timing_compile(cfg))
+    acc = Accelerator(hw=hw, functional=False)
+    model.launch(acc)
+    model.infer(np.zeros((10, cfg.hidden_size), np.float32), cache_size=0)
+    model.infer(np.zeros((1, cfg.hidden_size), np.float32), cache_size=10)
+    with pytest.raises(Exception, match=r"does not implement norm_position 'post', qk_norm"):
+        compile_model(cfg, build_bit_config({"weights": "W8"}), HardwareTarget.from_hw(hw),
+                      kv="int8", functional=True, core_mode="single", max_seq=16, cap=64)

@@ -7,7 +7,7 @@ output columns (down). Per layer:
 
 from __future__ import annotations
 
-from isa.instructions import DmaStore, Vec, VecFunc
+from isa.instructions import DmaStore, Engine, Nop, Vec, VecFunc
 
 from ...config import ModelConfig
 from ..builder import Builder
@@ -36,9 +36,10 @@ class DenseMlp:
 
 
 def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: int | None = None,
-                 norm_name: str = "mlp_norm") -> None:
+                 norm_name: str | None = "mlp_norm") -> None:
     """RMSNorm, gate and up slices, SwiGLU -> act.hb; the input is ``act.xm`` (or ``src``,
-    normalised by ``norm_name``: a parallel block's layer input and its one norm)."""
+    normalised by ``norm_name``: a parallel block's layer input and its one norm; None:
+    not normalised, as EXAONE-4.0's post-norm blocks)."""
     cfg = lw.model
     h = cfg.hidden_size
     inter = cfg.intermediate_size
@@ -56,7 +57,12 @@ def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: int | 
         b.prefetch(c, mg, (i0, i1))
         xs = plan.take(m * h, "MLP input")
         b.load(c, xm, xs, m * h, to="in_vpu")
-        xn = norm(b, lw, c, plan, p + norm_name, q.mlp_norm, xs, m, h, to="vpu_mxu")
+        if norm_name is None:
+            b.emit(Nop(core=c, on=Engine.VPU, wait=(b.sem(c, "in_vpu"),),
+                       signal=(b.sem(c, "vpu_mxu"),)))
+            xn = xs
+        else:
+            xn = norm(b, lw, c, plan, p + norm_name, q.mlp_norm, xs, m, h, to="vpu_mxu")
         g = plan.take(m * w, "gate output")
         u = plan.take(m * w, "up output")
         b.gemm(c, mg, (i0, i1), a=xn, m=m, out=g, plan=plan, first_wait=(b.sem(c, "vpu_mxu"),))

@@ -65,7 +65,7 @@ class GqaAttention:
               segs: tuple[TileSeq, ...]) -> None:
         q = lw.numerics.layers[layer]
         _stage_attention(b, lw, layer, q, x, m, segs)
-        _stage_o(b, lw, layer, q, x, m)
+        self.stage_o(b, lw, layer, q, x, m)
 
     # --- per-layer hooks (a sliding-window variant overrides them: .sliding) -------------
     def layer_formats(self, lw: Lowering, layer: int) -> tuple[KVFormat, KVFormat, int, int]:
@@ -84,6 +84,22 @@ class GqaAttention:
     def extra_formats(self, lw: Lowering) -> tuple[KVFormat, ...]:
         """Formats the program's table lists after the K and V formats (none here)."""
         return ()
+
+    def input_norm(self, b: Builder, lw: Lowering, c: int, plan: SramPlan, layer: int, q,
+                   xs: int, m: int) -> int:
+        """Normalise the layer input ``xs`` (loaded, on in_vpu) for the projections; the
+        VPU signals vpu_mxu. Returns the normalised buffer."""
+        return norm(b, lw, c, plan, f"layers.{layer}.attn_norm", q.attn_norm, xs, m,
+                    lw.model.hidden_size, to="vpu_mxu")
+
+    def head_norm_gains(self, b: Builder, lw: Lowering, c: int, plan: SramPlan,
+                        layer: int) -> dict[str, int] | None:
+        """Load the q and k head-norm gains (QK norm) and return their buffers, or None."""
+        return None
+
+    def stage_o(self, b: Builder, lw: Lowering, layer: int, q, x: int, m: int) -> None:
+        """O projection and residual add -> ``act.xm``."""
+        _stage_o(b, lw, layer, q, x, m)
 
 
 
@@ -143,12 +159,13 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
             b.prefetch(c, mk, (owned[0] * hd, (owned[0] + 1) * hd))
         xs = plan.take(m * h, "layer input")
         b.load(c, x, xs, m * h, to="in_vpu")
-        xn = norm(b, lw, c, plan, p + "attn_norm", q.attn_norm, xs, m, h, to="vpu_mxu")
+        xn = att.input_norm(b, lw, c, plan, layer, q, xs, m)
         tab = plan.take(2 * m * rot, "RoPE tables")
         for sq in segs:  # per sequence: [cos | sin] of its positions
             t = tab + 2 * sq.off * rot
             b.load(c, cos + sq.pos0 * rot, t, sq.n * rot, to="in_vpu")
             b.load(c, sin + sq.pos0 * rot, t + sq.n * rot, sq.n * rot, to="in_vpu")
+        gains = att.head_norm_gains(b, lw, c, plan, layer)
         first = (b.sem(c, "vpu_mxu"),)
         vpu_ops: list[tuple[str, int, int, int]] = []  # (kind, buf, width, kv head)
         held[c] = []
@@ -172,6 +189,15 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
         tables_taken = False
         for kind, buf, width, j in vpu_ops:
             wait = (b.sem(c, "mxu_vpu"),)
+            if gains is not None and kind in ("rope", "k"):  # QK norm: each head, first
+                if not tables_taken:  # the tables' and the gains' loads, in their order
+                    wait += (b.sem(c, "in_vpu"),) * (2 * len(segs) + len(gains))
+                    tables_taken = True
+                nq = q.q_norm if kind == "rope" else q.k_norm
+                b.emit(Vec(core=c, func=VecFunc.RMSNORM, rows=m * width // hd, cols=hd,
+                           src0=buf, src1=gains["q" if kind == "rope" else "k"], dst=buf,
+                           p0=nq.eps_q, p1=nq.shift, wait=wait))
+                wait = ()
             if kind == "rope" and not rotates:  # no RoPE: the q heads are ready as they are
                 b.emit(Nop(core=c, on=Engine.VPU, wait=wait))
                 continue

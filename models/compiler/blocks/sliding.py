@@ -57,8 +57,8 @@ class SlidingGqaAttention(GqaAttention):
     def ring_pair(self, pair: KVPair, cap: int, m_tile: int) -> KVPair:
         assert self.window is not None
         r = self.ring_slots(cap, m_tile)
-        return KVPair(pair.k.sliding(ring=r, slide=self.window),
-                      pair.v.sliding(ring=r, slide=self.window))
+        w = min(self.window, r)  # a cache shorter than the window never drops a token
+        return KVPair(pair.k.sliding(ring=r, slide=w), pair.v.sliding(ring=r, slide=w))
 
     @staticmethod
     def m_tile_of(mm: MemoryMap, cfg: ModelConfig) -> int:
