@@ -240,3 +240,41 @@ def test_tiny_exaone4_runs_for_timing_and_refuses_functional() -> None:
     with pytest.raises(Exception, match=r"does not implement norm_position 'post', qk_norm"):
         compile_model(cfg, build_bit_config({"weights": "W8"}), HardwareTarget.from_hw(hw),
                       kv="int8", functional=True, core_mode="single", max_seq=16, cap=64)
+
+
+def _real(stem: str, layers: int):
+    """The real config.json with its first ``layers`` layers (every feature kept: the layer
+    types of those layers), so that a compile at real widths stays short."""
+    from models.config import load_model
+
+    path = HF_DIR / f"{stem}.json"
+    path = path if path.exists() else PRESETS / f"{stem}.json"
+    full = load_model(path)
+    return load_model(path, {"num_layers": layers,
+                             "layer_types": list(full.layer_types[:layers])})
+
+
+@pytest.mark.parametrize("stem, layers", [("command-r7b", 4), ("exaone-4.0-1.2b", 2)])
+def test_real_configs_compile_and_run_a_decode_step_for_timing(stem: str, layers: int) -> None:
+    from isa.instructions import Attn
+    from models.bits import build_bit_config
+    from models.compiler import HardwareTarget, compile_model
+    from sim.device import Device, static_roofline
+    from sim.hw import load_hardware
+
+    cfg = _real(stem, layers)
+    hw = load_hardware("aries")
+    cm = compile_model(cfg, build_bit_config({"weights": "W8"}), HardwareTarget.from_hw(hw),
+                       kv="int8", functional=False, max_seq=16, cap=8192)
+    ctx = 8000
+    prog = cm.program(tokens=1, cache_size=ctx)
+    hd = cfg.head_dim
+    attn = [i for i in prog.instructions if isinstance(i, Attn)]
+    per_layer = len(attn) // layers
+    keys = [(a.ctx, a.k_nbytes) for a in attn[::per_layer]]
+    if stem == "command-r7b":  # sliding layers read their 4096-token window, int8 + header
+        assert keys == [(4096, 8 + 4096 * hd)] * 3 + [(ctx + 1, (ctx + 1) * hd)]
+    else:  # EXAONE-4.0-1.2B: every layer full
+        assert keys == [(ctx + 1, (ctx + 1) * hd)] * layers
+    run = Device(hw, functional=False, layout=cm.layout(host_bytes=1 << 24)).run(prog)
+    assert run.duration_ps * 1e-12 >= static_roofline(prog, hw)["bound_s"]
