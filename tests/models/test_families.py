@@ -278,3 +278,31 @@ def test_real_configs_compile_and_run_a_decode_step_for_timing(stem: str, layers
         assert keys == [(ctx + 1, (ctx + 1) * hd)] * layers
     run = Device(hw, functional=False, layout=cm.layout(host_bytes=1 << 24)).run(prog)
     assert run.duration_ps * 1e-12 >= static_roofline(prog, hw)["bound_s"]
+
+
+def test_reference_features_by_their_formulas() -> None:
+    import numpy as np
+
+    from models.reference import ReferenceModel, layer_norm
+
+    x = np.array([[1.0, 2.0, 3.0, 6.0]], np.float32)
+    xc = x - 3.0
+    assert np.allclose(layer_norm(x, np.ones(4, np.float32), 0.0),
+                       xc / np.sqrt((xc**2).mean()), atol=1e-6)
+    toks = np.arange(12) * 7 % 256
+    base = load_preset("tiny-cohere2")
+    ref = ReferenceModel(base)
+    logits = ref.prefill(toks)
+    # the logit scale multiplies the logits
+    unscaled = build_model({**base.model_dump(exclude_none=True), "logit_scale": 1.0})
+    assert np.allclose(ReferenceModel(unscaled).prefill(toks) * 0.25, logits, atol=1e-6)
+    # a window as long as the sequence masks nothing: tokens up to 8 agree with a window
+    # of 64, later ones do not
+    wide = build_model({**base.model_dump(exclude_none=True), "sliding_window": 64})
+    other = ReferenceModel(wide).prefill(toks)
+    assert np.allclose(other[:8], logits[:8], atol=1e-5)
+    assert not np.allclose(other[8:], logits[8:], atol=1e-3)
+    # chunked: the cache of a sliding layer is masked the same way over calls
+    ref.reset()
+    chunks = np.concatenate([ref.forward(toks[:5]), ref.forward(toks[5:])])
+    assert np.allclose(chunks, logits, atol=1e-5)
