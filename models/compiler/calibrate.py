@@ -115,12 +115,6 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
             f"model {cfg.name or cfg.family!r}: functional (integer) simulation supports "
             "dense grouped-query-attention models; use sim.fidelity = 'timing' for MLA/MoE"
         )
-    timing_only = [k for k, on in (("norm_position 'post'", cfg.norm_position != "pre"),
-                                   ("qk_norm", cfg.qk_norm)) if on]
-    if timing_only:
-        raise NotImplementedError(
-            f"model {cfg.name or cfg.family!r}: functional (integer) simulation does not "
-            f"implement {', '.join(timing_only)} yet; use sim.fidelity = 'timing'")
     tokens = calibration_tokens(cfg, seed)
     n = len(tokens)
     normf = layer_norm if cfg.norm_kind == "layer" else rms_norm
@@ -146,7 +140,9 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
     future = np.arange(n)[None, :] > np.arange(n)[:, None]
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
-        xn = rec(f"{i}.xn", normf(x, source.tensor(p + "attn_norm"), cfg.rms_norm_eps))
+        post = cfg.norm_position == "post"  # EXAONE-4.0: no norm before the projections
+        xn = rec(f"{i}.xn", x if post else normf(x, source.tensor(p + "attn_norm"),
+                                                  cfg.rms_norm_eps))
         bq = (p + "q_bias", p + "k_bias", p + "v_bias") if cfg.qkv_bias else (None,) * 3
         q = lin(xn, p + "q_proj", bq[0]).reshape(n, H, hd)
         k = lin(xn, p + "k_proj", bq[1]).reshape(n, KV, hd)
@@ -154,6 +150,11 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
         # RoPE rotates channel pairs (j, j + hd/2): at any position a rotated value is at
         # most its pair's norm, so that norm (not the values at the calibration
         # positions) bounds the int8 range of q and k wherever they are used.
+        if cfg.qk_norm:  # the projections' outputs, then each head's RMSNorm
+            rec(f"{i}.qraw", q)
+            rec(f"{i}.kraw", k)
+            q = rms_norm(q, source.tensor(p + "q_norm"), cfg.rms_norm_eps)
+            k = rms_norm(k, source.tensor(p + "k_norm"), cfg.rms_norm_eps)
         rec(f"{i}.q", _pair_norm(q))
         rec(f"{i}.k", _pair_norm(k))
         if cfg.layer_has_rope(i):
@@ -171,8 +172,13 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
         ao = np.einsum("hnt,thd->nhd", softmax(s, axis=-1), vv).reshape(n, H * hd)
         ao = rec(f"{i}.ao", ao.astype(np.float32))
         o = rec(f"{i}.o", lin(ao, p + "o_proj", p + "o_bias" if cfg.o_bias else None))
+        if post:
+            o = rec(f"{i}.on", rms_norm(o, source.tensor(p + "post_attn_norm"),
+                                        cfg.rms_norm_eps))
         x = rec(f"{i}.xm", (x + o).astype(np.float32))
-        if cfg.parallel_block:  # the MLP reads the attention's norm of the layer input
+        if post:
+            xn2 = rec(f"{i}.xn2", x)
+        elif cfg.parallel_block:  # the MLP reads the attention's norm of the layer input
             xn2 = rec(f"{i}.xn2", xn)
         else:
             xn2 = rec(f"{i}.xn2", normf(x, source.tensor(p + "mlp_norm"), cfg.rms_norm_eps))
@@ -180,6 +186,9 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
         up = rec(f"{i}.up", lin(xn2, p + "up_proj"))
         hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
         d = rec(f"{i}.down", lin(hh, p + "down_proj"))
+        if post:
+            d = rec(f"{i}.dn", rms_norm(d, source.tensor(p + "post_mlp_norm"),
+                                        cfg.rms_norm_eps))
         x = rec(f"x{i + 1}", (x + d).astype(np.float32))
     rec("fn", normf(x, source.tensor("final_norm"), cfg.rms_norm_eps))
     s = {k: _scale(v) for k, v in amax.items()}
@@ -204,19 +213,30 @@ def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float]
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
         L = LayerQ()
-        L.attn_norm = norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"], s[f"{i}.xn"], eps)
-        L.q = gemm_params(s[f"{i}.xn"], w(p + "q_proj"), s[f"{i}.q"],
+        post = cfg.norm_position == "post"
+        if not post:
+            L.attn_norm = norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
+                                      s[f"{i}.xn"], eps)
+        sq, sk = (f"{i}.qraw", f"{i}.kraw") if cfg.qk_norm else (f"{i}.q", f"{i}.k")
+        L.q = gemm_params(s[f"{i}.xn"], w(p + "q_proj"), s[sq],
                           bias(p + "q_bias", cfg.qkv_bias))
-        L.k = gemm_params(s[f"{i}.xn"], w(p + "k_proj"), s[f"{i}.k"],
+        L.k = gemm_params(s[f"{i}.xn"], w(p + "k_proj"), s[sk],
                           bias(p + "k_bias", cfg.qkv_bias))
+        if cfg.qk_norm:
+            L.q_norm = norm_params(source.tensor(p + "q_norm"), s[sq], s[f"{i}.q"], eps)
+            L.k_norm = norm_params(source.tensor(p + "k_norm"), s[sk], s[f"{i}.k"], eps)
         L.v = gemm_params(s[f"{i}.xn"], w(p + "v_proj"), s[f"{i}.v"],
                           bias(p + "v_bias", cfg.qkv_bias))
         L.attn = attn_params(s[f"{i}.q"], s[f"{i}.k"], s[f"{i}.v"], s[f"{i}.ao"],
                              softmax_scale(cfg))
         L.o = gemm_params(s[f"{i}.ao"], w(p + "o_proj"), s[f"{i}.o"],
                           bias(p + "o_bias", cfg.o_bias))
-        L.add1 = add_params(s[f"x{i}"], s[f"{i}.o"], s[f"{i}.xm"])
-        if cfg.parallel_block:  # the layer input's norm again (blocks/parallel.py)
+        o_out = f"{i}.on" if post else f"{i}.o"
+        L.add1 = add_params(s[f"x{i}"], s[o_out], s[f"{i}.xm"])
+        if post:
+            L.post_attn_norm = norm_params(source.tensor(p + "post_attn_norm"), s[f"{i}.o"],
+                                           s[o_out], eps)
+        elif cfg.parallel_block:  # the layer input's norm again (blocks/parallel.py)
             L.mlp_norm = norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
                                      s[f"{i}.xn2"], eps)
         else:
@@ -226,7 +246,11 @@ def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float]
         L.up = gemm_params(s[f"{i}.xn2"], w(p + "up_proj"), s[f"{i}.up"], None)
         L.silu = silu_params(s[f"{i}.gate"], s[f"{i}.up"], s[f"{i}.h"])
         L.down = gemm_params(s[f"{i}.h"], w(p + "down_proj"), s[f"{i}.down"], None)
-        L.add2 = add_params(s[f"{i}.xm"], s[f"{i}.down"], s[f"x{i + 1}"])
+        d_out = f"{i}.dn" if post else f"{i}.down"
+        L.add2 = add_params(s[f"{i}.xm"], s[d_out], s[f"x{i + 1}"])
+        if post:
+            L.post_mlp_norm = norm_params(source.tensor(p + "post_mlp_norm"),
+                                          s[f"{i}.down"], s[d_out], eps)
         layers.append(L)
         qw = {k: v for k, v in qw.items() if not k.startswith(p)}  # keep memory bounded
     final = norm_params(source.tensor("final_norm"), s[f"x{cfg.num_layers}"], s["fn"], eps)

@@ -222,24 +222,24 @@ def test_tiny_exaone4_blocks_qk_norm_and_post_norms() -> None:
     assert norms == per_layer * cfg.num_layers + [(1, h)]
 
 
-def test_tiny_exaone4_runs_for_timing_and_refuses_functional() -> None:
+def test_tiny_exaone4_runs_for_timing() -> None:
     import numpy as np
 
-    from models.bits import build_bit_config
-    from models.compiler import HardwareTarget, compile_model
     from sim.hw import load_hardware
     from sim.runtime import Accelerator, Model
 
     cfg = load_preset("tiny-exaone4")
-    hw = load_hardware("tiny")
     model = Model(_timing_compile(cfg))
-    acc = Accelerator(hw=hw, functional=False)
-    model.launch(acc)
+    model.launch(Accelerator(hw=load_hardware("tiny"), functional=False))
     model.infer(np.zeros((10, cfg.hidden_size), np.float32), cache_size=0)
     model.infer(np.zeros((1, cfg.hidden_size), np.float32), cache_size=10)
-    with pytest.raises(Exception, match=r"does not implement norm_position 'post', qk_norm"):
-        compile_model(cfg, build_bit_config({"weights": "W8"}), HardwareTarget.from_hw(hw),
-                      kv="int8", functional=True, core_mode="single", max_seq=16, cap=64)
+
+
+def test_tiny_exaone4_runs_functionally_against_the_float_reference() -> None:
+    """QK norm, post-attention and post-MLP norms and no pre-norms, in integers (measured:
+    mean 0.9939, worst call 0.985)."""
+    cos = _tiny_cosines("tiny-exaone4")
+    assert sum(cos) / len(cos) >= 0.99 and min(cos) >= 0.98, cos
 
 
 def _real(stem: str, layers: int):
