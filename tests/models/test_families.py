@@ -306,3 +306,24 @@ def test_reference_features_by_their_formulas() -> None:
     ref.reset()
     chunks = np.concatenate([ref.forward(toks[:5]), ref.forward(toks[5:])])
     assert np.allclose(chunks, logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny-cohere2", "tiny-exaone4"])
+def test_compiled_files_keep_the_new_norms(name: str, tmp_path: Path) -> None:
+    import numpy as np
+
+    from models.bits import build_bit_config
+    from models.compiler import CompiledModel, HardwareTarget, compile_model
+    from sim.hw import load_hardware
+
+    cm = compile_model(load_preset(name), build_bit_config({"weights": "W8"}),
+                       HardwareTarget.from_hw(load_hardware("tiny")), kv="int8",
+                       functional=True, core_mode="single", max_seq=16, cap=64)
+    cm.save(tmp_path / "m.kvm")
+    back = CompiledModel.load(tmp_path / "m.kvm")
+    assert back.program(tokens=3, cache_size=9) == cm.program(tokens=3, cache_size=9)
+    image = [(a, bytes(b)) for a, b in cm.weight_image()]
+    assert [(a, bytes(b)) for a, b in back.weight_image()] == image
+    assert all(np.array_equal(getattr(x, f).gamma, getattr(y, f).gamma)
+               for x, y in zip(cm.numerics.layers, back.numerics.layers, strict=True)
+               for f in ("q_norm", "post_mlp_norm") if getattr(x, f).gamma is not None)
