@@ -285,17 +285,12 @@ def length(fmt: KVFormat, buf: np.ndarray) -> int | None:
     return int(b[0]) | int(b[1]) << 8 | int(b[2]) << 16 | int(b[3]) << 24
 
 
-def _ring_first(buf: np.ndarray) -> int:
-    """The first position a ring region holds (its header's second word)."""
-    b = np.asarray(buf).reshape(-1).view(np.uint8)
-    return int(b[4]) | int(b[5]) << 8 | int(b[6]) << 16 | int(b[7]) << 24
-
-
 def held_from(fmt: KVFormat, buf: np.ndarray, cap: int) -> int:
-    """The first position a region still holds (0 except for rings)."""
+    """The first position a region still holds (0 except for rings: header word 2)."""
     if not fmt.ring:
         return 0
-    return max(_ring_first(buf), length(fmt, buf) - min(cap, fmt.ring))
+    first = int(np.asarray(buf).reshape(-1).view(np.uint8)[4:8].view("<u4")[0])
+    return max(first, length(fmt, buf) - min(cap, fmt.ring))
 
 
 def last_keys_first(fmt: KVFormat, buf: np.ndarray, cap: int, keys: int) -> int:

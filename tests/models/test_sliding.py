@@ -90,3 +90,18 @@ def test_decode_of_a_sliding_layer_reads_only_its_window() -> None:
 def test_sliding_layers_refuse_formats_without_a_ring() -> None:
     with pytest.raises(CompileError, match="sliding-window layers keep a ring"):
         _compile(kv="kivi-4", functional=False)
+
+
+def test_a_batched_step_attends_each_sequence_over_its_own_window() -> None:
+    from models.compiler.driver import StepSeq, lower_step
+
+    cm = _compile(functional=False, slots=2)
+    prog = lower_step(cm.lowering(), [StepSeq(0, 1, 30, logits=False),
+                                      StepSeq(1, 3, 2, logits=False)])
+    attn = [(a.q_len, a.ctx, a.pos, a.k_fmt) for a in prog.instructions
+            if isinstance(a, Attn)]
+    # per KV head of layer 0 (sliding): slot 0 decodes at 30 (its last 4 positions), slot 1
+    # prefills 2..4 (positions 0..4: the first query's window starts at 0)
+    assert attn[:2] == [(1, 4, 3, 2), (3, 5, 2, 2)]
+    # the last layer (full): everything cached
+    assert attn[-2:] == [(1, 31, 30, 0), (3, 5, 2, 0)]
