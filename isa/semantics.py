@@ -14,6 +14,7 @@ func       operands                                    p0, p1, p2, p3
 COPY       src0 -> dst                                 -
 ADD        ``sat8(rs(src0*p0 + src1*p1, p2))``         ma, mb, shift
 RMSNORM    src0, gain int16[cols] at src1              eps_q, shift
+LAYERNORM  as RMSNORM, of the row minus its mean          eps_q, shift
 SILU_MUL   ``silu(src0) * src1``                       in_mult, in_shift, out_mult, out_shift
 ROPE       src0, cos then sin int16[rows, p1/2] at src1  head_dim, rot_dim
 SOFTMAX    row softmax, int8 probabilities (Q7)        mult, shift, out_shift
@@ -48,7 +49,9 @@ the int8 grid. ``Attn`` reads the first ``ctx`` tokens of the K and V regions at
 values come from the regions) and runs :func:`isa.kernels.attention.attend`. MLA form: when
 ``v`` lies inside the K region and both use the same format, the one latent cache is both
 key and value (the value is the whole cached row; its first ``kv_lora_rank`` columns are
-the latent output).
+the latent output). Over a sliding-window cache (format ``ring``/``slide``) ``Attn`` reads
+the *last* ``ctx`` positions the cache holds, ``pos`` counts from the first of them, and
+query ``i`` sees only the ``slide`` positions up to its own.
 """
 
 from __future__ import annotations
@@ -217,6 +220,10 @@ def _vec(v: Vec, mem: Memory) -> None:
         x = _sram(mem, c, v.src0, n).reshape(r, cols)
         g = _sram(mem, c, v.src1, 2 * cols, np.int16)
         kvec.rmsnorm(x, g, v.p0, v.p1, out)
+    elif f == VecFunc.LAYERNORM:
+        x = _sram(mem, c, v.src0, n).reshape(r, cols)
+        g = _sram(mem, c, v.src1, 2 * cols, np.int16)
+        kvec.layernorm(x, g, v.p0, v.p1, out)
     elif f == VecFunc.SILU_MUL:
         a = _sram(mem, c, v.src0, n).reshape(r, cols)
         b = _sram(mem, c, v.src1, n).reshape(r, cols)
@@ -286,15 +293,30 @@ def _attn(a: Attn, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
     dk = a.head_dim
     q = _sram(mem, a.core, a.q, a.q_len * a.heads * dk).reshape(a.q_len, a.heads, dk)
     width = a.kv_heads * dk
+    if kf.slide != vf.slide:
+        raise IsaError(f"attn: K format {kf} and V format {vf} have different windows")
     kreg = _region(mem, kf, a.k, a.cap, width, "attn")
-    k = kf.region_read(kreg, a.cap, width, 0, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+    # a sliding-window cache (ring): ctx and pos count from the first of its last ctx keys
+    first = kf.region_first(kreg, a.cap, a.ctx)
+    k = kf.region_read(kreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
     if kf == vf and a.k <= a.v < a.k + kreg.size:  # MLA: the latent cache is K and V
         v = k
     else:
         vreg = _region(mem, vf, a.v, a.cap, width, "attn")
-        v = vf.region_read(vreg, a.cap, width, 0, a.ctx).reshape(a.ctx, a.kv_heads, dk)
-    out = katt.attend(q, k, v, pos=a.pos, score_mult=a.score_mult, score_shift=a.score_shift,
-                      out_mult=a.out_mult, out_shift=a.out_shift)
+        if vf.region_first(vreg, a.cap, a.ctx) != first:
+            raise IsaError("attn: the K and V caches hold different positions")
+        v = vf.region_read(vreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+    kw = dict(score_mult=a.score_mult, score_shift=a.score_shift, out_mult=a.out_mult,
+              out_shift=a.out_shift)
+    w = kf.slide
+    if not w or a.pos + a.q_len <= w:  # every query sees all keys up to its own
+        out = katt.attend(q, k, v, pos=a.pos, **kw)
+    else:  # query i (position pos + i) sees the w positions up to its own
+        out = np.empty((a.q_len, a.heads, v.shape[2]), np.int8)
+        for i in range(a.q_len):
+            p = a.pos + i
+            lo = max(0, p - w + 1)
+            out[i:i + 1] = katt.attend(q[i:i + 1], k[lo:p + 1], v[lo:p + 1], pos=p - lo, **kw)
     mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
 
 

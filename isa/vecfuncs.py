@@ -22,6 +22,7 @@ class VecFunc(IntEnum):
     SOFTMAX = 5
     REQUANT = 6  # int32 -> int8 with multiplier and shift
     FROM_F32 = 7  # float32 input -> int8 (the input converter at the host boundary)
+    LAYERNORM = 8  # LayerNorm without bias (Cohere): RMSNorm of the mean-free row
     # --- the wide pipeline (codes from 16 on) ----------------------------------------
     ADD_WIDE = 16  # wide residual + int32 projection output -> wide residual
     RMSNORM_WIDE = 17  # int16/int32 rows -> int32
@@ -43,6 +44,7 @@ VEC_OPS_PER_ELEMENT = {
     VecFunc.SOFTMAX: 10,
     VecFunc.REQUANT: 3,
     VecFunc.FROM_F32: 3,
+    VecFunc.LAYERNORM: 8,  # RMSNorm's 6 plus the row sum and the subtraction of the mean
     VecFunc.ADD_WIDE: 3,
     VecFunc.RMSNORM_WIDE: 8,
     VecFunc.QUANT_ROW: 4,
@@ -75,7 +77,7 @@ def vec_operand_bytes(func: int, rows: int, cols: int, p1: int,
         return 4 * n, 0, n
     if f in (VecFunc.ADD, VecFunc.SILU_MUL):
         return n, n, n
-    if f == VecFunc.RMSNORM:
+    if f in (VecFunc.RMSNORM, VecFunc.LAYERNORM):
         return n, 2 * cols, n  # int16 gain per column
     if f == VecFunc.ROPE:
         return n, 2 * rows * max(p1, 0), n  # int16 cos and sin, rows x rot_dim/2 each

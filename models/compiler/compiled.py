@@ -174,8 +174,10 @@ class CompiledModel:
             for nm, gq in (("q_proj", L.q), ("k_proj", L.k), ("v_proj", L.v), ("o_proj", L.o),
                            ("gate_proj", L.gate), ("up_proj", L.up), ("down_proj", L.down)):
                 yield from gemm_entries(pre + nm, gq)
-            yield self.mm[f"p.{pre}attn_norm"].base, L.attn_norm.gamma.view(np.uint8)
-            yield self.mm[f"p.{pre}mlp_norm"].base, L.mlp_norm.gamma.view(np.uint8)
+            for nm in ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm",
+                       "post_mlp_norm"):  # the norms this model's layers have
+                if f"p.{pre}{nm}" in self.mm:
+                    yield self.mm[f"p.{pre}{nm}"].base, getattr(L, nm).gamma.view(np.uint8)
         yield from gemm_entries(cfg.lm_head_tensor, nq.head, head_tensor(src))
         yield self.mm["p.final_norm"].base, nq.final_norm.gamma.view(np.uint8)
         cos, sin = rope_tables(cfg, self.cap)

@@ -36,6 +36,19 @@ FILE_FORMAT = "kvsim-compiled-model"
 FILE_VERSION = 2
 
 
+
+#: Norms of the per-layer features (QK norm, post norms: models.layer_features), stored
+#: only for the models whose layers have them, so other models' files stay as they were.
+EXTRA_NORMS = ("q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")
+
+
+def _layer_norms(cfg, layer: int) -> tuple[str, ...]:
+    """The norm entries of a layer's numerics in a file: attention and MLP norms, then the
+    extra ones its tensors have."""
+    have = {t.name for t in cfg.layer_tensors(layer)}
+    return ("attn_norm", "mlp_norm") + tuple(
+        f for f in EXTRA_NORMS if f"layers.{layer}.{f}" in have)
+
 def write(cm: CompiledModel, path: str | Path) -> None:
     """Write ``cm`` to ``path`` (atomically)."""
     from traces.io import atomic_write_bytes
@@ -106,7 +119,7 @@ def to_header(cm: CompiledModel) -> tuple[dict, dict[str, np.ndarray]]:
         d: dict[str, Any] = {}
         for f in ("q", "k", "v", "o", "gate", "up", "down"):
             d[f] = gemm(f"{i}.{f}", getattr(L, f))
-        for f in ("attn_norm", "mlp_norm"):
+        for f in _layer_norms(cm.model, i):
             d[f] = norm(f"{i}.{f}", getattr(L, f))
         d["attn"] = vars(L.attn)
         d["add1"] = vars(L.add1)
@@ -154,8 +167,9 @@ def fields_from_header(h: dict, arrays: dict[str, np.ndarray]) -> dict[str, Any]
                        silu=SiluQ(**d["silu"]))
             for f in ("q", "k", "v", "o", "gate", "up", "down"):
                 setattr(L, f, gemm(f"{i}.{f}", d[f]))
-            for f in ("attn_norm", "mlp_norm"):
-                setattr(L, f, norm(f"{i}.{f}", d[f]))
+            for f in ("attn_norm", "mlp_norm") + EXTRA_NORMS:
+                if f in d or f in ("attn_norm", "mlp_norm"):
+                    setattr(L, f, norm(f"{i}.{f}", d[f]))
             layers.append(L)
         numerics = Numerics(input_scale=n["input_scale"], layers=layers,
                             final_norm=norm("final_norm", n["final_norm"]),
@@ -234,7 +248,7 @@ def _check_numerics(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
         raise bad("functional", "is true for an MLA/MoE model (timing only)")
     for i, L in enumerate(nq.layers):
         for f in ("attn_norm", "q", "k", "v", "attn", "o", "add1", "mlp_norm", "gate", "up",
-                  "silu", "down", "add2"):
+                  "silu", "down", "add2") + EXTRA_NORMS:
             ints(f"layers[{i}].{f}", getattr(L, f))
     ints("final_norm", nq.final_norm)
     ints("head", nq.head)
@@ -250,14 +264,16 @@ def _check_numerics(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
             raise bad(key, f"must be {np.dtype(dtype)}[{n}], got {got}")
 
     h = cfg.hidden_size
+    names = {t.name for t in cfg.tensors()}
     for i in range(cfg.num_layers):
         for f, name in _GEMMS:
             n = cfg.tensor_spec(f"layers.{i}.{name}").shape[0]
             vector(f"{i}.{f}.mult", np.int32, n)
             if f"{i}.{f}.bias" in arrays:
                 vector(f"{i}.{f}.bias", np.int32, n)
-        vector(f"{i}.attn_norm.gamma", np.int16, h)
-        vector(f"{i}.mlp_norm.gamma", np.int16, h)
+        for f in _layer_norms(cfg, i):  # the gains of the norms the layer has
+            if f"layers.{i}.{f}" in names:
+                vector(f"{i}.{f}.gamma", np.int16, cfg.tensor_spec(f"layers.{i}.{f}").shape[0])
     vector("final_norm.gamma", np.int16, h)
     vector("head_row_scale", np.float32, cfg.vocab_size)
     for key in ("head.mult", "head.bias"):

@@ -82,7 +82,11 @@ class Lowering:
 
     @property
     def formats(self) -> tuple[str, ...]:
-        return (kvformats.to_text(self.k_fmt), kvformats.to_text(self.v_fmt))
+        """The programs' format table: K, V, then the attention block's extra formats
+        (a sliding-window model's ring formats)."""
+        extra = getattr(self.blocks.attention, "extra_formats", None)
+        more = tuple(kvformats.to_text(f) for f in extra(self)) if extra else ()
+        return (kvformats.to_text(self.k_fmt), kvformats.to_text(self.v_fmt)) + more
 
     def rows(self, n: int, c: int, unit: int = 16) -> tuple[int, int]:
         """Core ``c``'s contiguous share of ``n`` rows (whole ``unit``s)."""

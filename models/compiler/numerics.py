@@ -90,6 +90,11 @@ class LayerQ:
     silu: SiluQ = field(default_factory=SiluQ)
     down: GemmQ = field(default_factory=GemmQ)
     add2: AddQ = field(default_factory=AddQ)
+    # EXAONE-4.0 (blocks/postnorm.py): QK norms and the norms after attention and MLP
+    q_norm: NormQ = field(default_factory=NormQ)
+    k_norm: NormQ = field(default_factory=NormQ)
+    post_attn_norm: NormQ = field(default_factory=NormQ)
+    post_mlp_norm: NormQ = field(default_factory=NormQ)
 
 
 @dataclass

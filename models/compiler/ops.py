@@ -9,6 +9,7 @@ from isa.instructions import NO_ADDR, DmaStore, Engine, Nop, Vec, VecFunc
 from isa.vecfuncs import ROW_META_BYTES
 
 from .builder import Builder
+from .errors import CompileError
 from .lowering import Lowering
 from .sram import SramPlan
 
@@ -27,12 +28,15 @@ def row_meta(lw: Lowering, buf: int, m: int, width: int) -> int:
 def norm(b: Builder, lw: Lowering, c: int, plan: SramPlan, norm: str, nq, x: int, m: int,
          width: int, *, to: str) -> int:
     """Load the gain of ``norm`` and RMS-normalise ``x`` (already loaded, signalled on
-    in_vpu) into a new buffer; the VPU signals ``to``. Wide pipeline: RMSNORM_WIDE of the
-    int16/int32 rows into int32, then QUANT_ROW into int8 with per-row factors
-    (:func:`row_meta`)."""
+    in_vpu) into a new buffer (LayerNorm for ``norm_kind = "layer"``); the VPU signals
+    ``to``. Wide pipeline: RMSNORM_WIDE of the int16/int32 rows into int32, then QUANT_ROW
+    into int8 with per-row factors (:func:`row_meta`)."""
     gamma = plan.take(2 * width, f"{norm} gain")
     b.load(c, lw.mm[f"p.{norm}"].base, gamma, 2 * width, to="in_vpu")
     if lw.numerics.wide:
+        if lw.model.norm_kind == "layer":
+            raise CompileError(f"{norm}: LayerNorm models (Cohere) have no wide-pipeline "
+                               "norm yet; use [bits.numerics] preset = \"static-int8\"")
         wide = plan.take(4 * m * width, f"{norm} int32 output")
         b.emit(Vec(core=c, func=VecFunc.RMSNORM_WIDE, rows=m, cols=width, src0=x, src1=gamma,
                    dst=wide, p0=nq.eps_q, p1=nq.shift, p2=lw.numerics.residual_bits,
@@ -42,7 +46,8 @@ def norm(b: Builder, lw: Lowering, c: int, plan: SramPlan, norm: str, nq, x: int
                    signal=(b.sem(c, to),)))
         return out
     out = plan.take(m * width, f"{norm} output")
-    b.emit(Vec(core=c, func=VecFunc.RMSNORM, rows=m, cols=width, src0=x, src1=gamma, dst=out,
+    func = VecFunc.LAYERNORM if lw.model.norm_kind == "layer" else VecFunc.RMSNORM
+    b.emit(Vec(core=c, func=func, rows=m, cols=width, src0=x, src1=gamma, dst=out,
                p0=nq.eps_q, p1=nq.shift, wait=(b.sem(c, "in_vpu"),) * 2,
                signal=(b.sem(c, to),)))
     return out

@@ -7,7 +7,7 @@ output columns (down). Per layer:
 
 from __future__ import annotations
 
-from isa.instructions import DmaStore, Vec, VecFunc
+from isa.instructions import DmaStore, Engine, Nop, Vec, VecFunc
 
 from ...config import ModelConfig
 from ..builder import Builder
@@ -35,15 +35,18 @@ class DenseMlp:
         stage_mlp_down(b, lw, layer, q, x_next, m)
 
 
-def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int) -> None:
-    """RMSNorm, gate and up slices, SwiGLU -> act.hb."""
+def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: int | None = None,
+                 norm_name: str | None = "mlp_norm") -> None:
+    """RMSNorm, gate and up slices, SwiGLU -> act.hb; the input is ``act.xm`` (or ``src``,
+    normalised by ``norm_name``: a parallel block's layer input and its one norm; None:
+    not normalised, as EXAONE-4.0's post-norm blocks)."""
     cfg = lw.model
     h = cfg.hidden_size
     inter = cfg.intermediate_size
     p = f"layers.{layer}."
     mg = lw.matrix(p + "gate_proj", q.gate)
     mu = lw.matrix(p + "up_proj", q.up)
-    xm = lw.mm["act.xm"].base
+    xm = lw.mm["act.xm"].base if src is None else src
     hb = lw.mm["act.hb"].base
     wide = lw.numerics.wide
     for c in lw.target.cores:
@@ -56,7 +59,12 @@ def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int) -> None:
         rb = residual_bytes(lw)
         xs = plan.take(rb * m * h, "MLP input")
         b.load(c, xm, xs, rb * m * h, to="in_vpu")
-        xn = norm(b, lw, c, plan, p + "mlp_norm", q.mlp_norm, xs, m, h, to="vpu_mxu")
+        if norm_name is None:
+            b.emit(Nop(core=c, on=Engine.VPU, wait=(b.sem(c, "in_vpu"),),
+                       signal=(b.sem(c, "vpu_mxu"),)))
+            xn = xs
+        else:
+            xn = norm(b, lw, c, plan, p + norm_name, q.mlp_norm, xs, m, h, to="vpu_mxu")
         meta = row_meta(lw, xn, m, h)
         e = 4 if wide else 1  # the wide pipeline's gate/up/SwiGLU outputs are int32
         g = plan.take(e * m * w, "gate output")
