@@ -23,6 +23,8 @@ from enum import IntEnum
 from functools import cached_property
 from typing import ClassVar, NamedTuple
 
+from .vecfuncs import ROW_META_BYTES, VEC_OPS_PER_ELEMENT, VecFunc, vec_operand_bytes
+
 NO_ADDR = 0xFFFF_FFFF_FFFF_FFFF
 
 
@@ -55,37 +57,12 @@ class Opcode(IntEnum):
     HOST_WRITE = 0x20
     HOST_READ = 0x21
     GEMM = 0x30
+    GEMM_ROW = 0x31
     VEC = 0x40
     KV_WRITE = 0x50
     KV_READ = 0x51
     ATTN = 0x60
 
-
-class VecFunc(IntEnum):
-    """Vector-unit functions. Parameters ``p0..p3`` are per-function (see ``isa.semantics``)."""
-
-    COPY = 0
-    ADD = 1  # residual add with rescale
-    RMSNORM = 2
-    SILU_MUL = 3  # SwiGLU: silu(src0) * src1
-    ROPE = 4
-    SOFTMAX = 5
-    REQUANT = 6  # int32 -> int8 with multiplier and shift
-    FROM_F32 = 7  # float32 input -> int8 (the input converter at the host boundary)
-
-
-#: Integer ops per element of each vector function, for the vector unit's timing
-#: (an assumption of the model: count of multiply/add/shift/compare steps per element).
-VEC_OPS_PER_ELEMENT = {
-    VecFunc.COPY: 1,
-    VecFunc.ADD: 3,
-    VecFunc.RMSNORM: 6,
-    VecFunc.SILU_MUL: 8,
-    VecFunc.ROPE: 6,
-    VecFunc.SOFTMAX: 10,
-    VecFunc.REQUANT: 3,
-    VecFunc.FROM_F32: 3,
-}
 
 class Access(NamedTuple):
     """A byte extent an instruction reads or writes."""
@@ -351,9 +328,43 @@ class Gemm(Instruction):
 
 
 @dataclass(frozen=True, kw_only=True)
+class GemmRow(Gemm):
+    """:class:`Gemm` whose input rows carry their own dynamic scales (the wide pipeline's
+    per-token int8 activations) and whose output may stay int32.
+
+    ``row_meta`` (SRAM, ``m`` pairs of int32 ``(fa, p)`` written by ``Vec`` QUANT_ROW; or
+    :data:`NO_ADDR` for a static input) gives each input row's factor; the epilogue is
+    ``t = sat32(rs(acc * scale[n], shift))``, ``out = sat_b(rs(t * fa[i], row_shift - p[i])
+    + bias[n])`` (the bias in output units) for ``out_bits`` b = 8 or 32; a static input
+    adds the bias to ``acc`` as :class:`Gemm` does (``isa.kernels.wide.requant_rows``).
+    ``scale`` is required. One extra multiply and shift per output element over
+    :class:`Gemm` (counted in :meth:`ops`).
+    """
+
+    opcode: ClassVar[Opcode] = Opcode.GEMM_ROW
+    mnemonic: ClassVar[str] = "gemm.row"
+    row_meta: int = u64(default=NO_ADDR)
+    row_shift: int = u8(default=0)
+    out_bits: int = u8(default=8)
+
+    @property
+    def out_bytes_per_element(self) -> int:
+        return 4 if self.out_bits == 32 else 1
+
+    def accesses(self) -> list[Access]:
+        meta = _sram(self.core, self.row_meta, ROW_META_BYTES * self.m, False, "row_meta")
+        return super().accesses() + meta
+
+    def ops(self) -> int:
+        extra = 2 * self.m * self.n if self.row_meta != NO_ADDR else 0
+        return super().ops() + extra
+
+
+@dataclass(frozen=True, kw_only=True)
 class Vec(Instruction):
-    """Vector-unit function ``func`` over ``rows x cols`` int8 elements (see
-    :class:`VecFunc`; operand sizes and the meaning of ``p0..p3`` are in ``isa.semantics``).
+    """Vector-unit function ``func`` over ``rows x cols`` elements (int8, or int16/int32
+    for the wide functions; see :class:`VecFunc` and ``isa.vecfuncs.vec_operand_bytes``;
+    the meaning of ``p0..p3`` is in ``isa.semantics``).
     """
 
     opcode: ClassVar[Opcode] = Opcode.VEC
@@ -375,22 +386,12 @@ class Vec(Instruction):
         return self.rows * self.cols
 
     def accesses(self) -> list[Access]:
-        f = VecFunc(self.func)
-        n = self.elements
         c = self.core
-        src0 = 4 * n if f in (VecFunc.REQUANT, VecFunc.FROM_F32) else n
-        if f in (VecFunc.ADD, VecFunc.SILU_MUL):
-            src1 = n
-        elif f == VecFunc.RMSNORM:
-            src1 = 2 * self.cols  # int16 gain per column
-        elif f == VecFunc.ROPE:
-            src1 = 2 * self.rows * max(self.p1, 0)  # int16 cos and sin, rows x rot_dim/2 each
-        else:
-            src1 = 0
+        src0, src1, dst = vec_operand_bytes(self.func, self.rows, self.cols, self.p1, self.p2)
         return (
             _sram(c, self.src0, src0, False, "src0")
             + (_sram(c, self.src1, src1, False, "src1") if src1 else [])
-            + _sram(c, self.dst, n, True, "dst")
+            + _sram(c, self.dst, dst, True, "dst")
         )
 
     def ops(self) -> int:
@@ -514,6 +515,7 @@ INSTRUCTION_TYPES: tuple[type[Instruction], ...] = (
     HostWrite,
     HostRead,
     Gemm,
+    GemmRow,
     Vec,
     KvWrite,
     KvRead,

@@ -14,12 +14,28 @@ func       operands                                    p0, p1, p2, p3
 COPY       src0 -> dst                                 -
 ADD        ``sat8(rs(src0*p0 + src1*p1, p2))``         ma, mb, shift
 RMSNORM    src0, gain int16[cols] at src1              eps_q, shift
+LAYERNORM  as RMSNORM, of the row minus its mean          eps_q, shift
 SILU_MUL   ``silu(src0) * src1``                       in_mult, in_shift, out_mult, out_shift
 ROPE       src0, cos then sin int16[rows, p1/2] at src1  head_dim, rot_dim
 SOFTMAX    row softmax, int8 probabilities (Q7)        mult, shift, out_shift
 REQUANT    int32 src0 -> int8                          mult, shift
 FROM_F32   float32 src0 -> int8, ``x * p0 / 2**p1``    mult, shift
 ========== =========================================== ==================================
+
+The wide functions (``isa.kernels.wide``; "wide" = int16 or int32 as ``p2`` says):
+
+============= ========================================== =================================
+func          operands                                   p0, p1, p2, p3
+============= ========================================== =================================
+ADD_WIDE      wide src0, int32 src1 -> wide              ma, shift, bits
+RMSNORM_WIDE  wide src0, gain int16[cols] at src1 -> i32 eps_q, shift, bits
+QUANT_ROW     int32 src0 -> int8, then (fa, p) per row   -
+SILU_MUL_WIDE int32 src0, src1 -> int32                  in_mult, in_shift, out_mult, out_shift
+FROM_F32_WIDE float32 src0 -> wide                       mult, shift, bits
+============= ========================================== =================================
+
+``GemmRow`` is a ``Gemm`` whose epilogue applies a per-row factor (``row_meta``, the pairs
+QUANT_ROW writes) and whose output is int8 or int32 (``out_bits``).
 
 KV caches (``KvWrite``, ``KvRead``, ``Attn``): each cache is a DRAM region of
 ``fmt.region_bytes(cap, width)`` bytes laid out as :mod:`isa.kv.region` describes (header
@@ -33,7 +49,9 @@ the int8 grid. ``Attn`` reads the first ``ctx`` tokens of the K and V regions at
 values come from the regions) and runs :func:`isa.kernels.attention.attend`. MLA form: when
 ``v`` lies inside the K region and both use the same format, the one latent cache is both
 key and value (the value is the whole cached row; its first ``kv_lora_rank`` columns are
-the latent output).
+the latent output). Over a sliding-window cache (format ``ring``/``slide``) ``Attn`` reads
+the *last* ``ctx`` positions the cache holds, ``pos`` counts from the first of them, and
+query ``i`` sees only the ``slide`` positions up to its own.
 """
 
 from __future__ import annotations
@@ -51,6 +69,7 @@ from .instructions import (
     DmaLoad,
     DmaStore,
     Gemm,
+    GemmRow,
     HostRead,
     HostWrite,
     Instruction,
@@ -65,6 +84,8 @@ from .kernels import attention as katt
 from .kernels import matrix as kmat
 from .kernels import softmax as ksm
 from .kernels import vector as kvec
+from .kernels import wide as kwide
+from .vecfuncs import ROW_META_BYTES, wide_bytes
 
 
 class Memory(Protocol):
@@ -107,7 +128,10 @@ def _gemm(g: Gemm, mem: Memory) -> None:
     mult = None if g.scale == NO_ADDR else _sram(mem, c, g.scale, 4 * g.n, np.int32)
     if g.w_bits not in (4, 8):
         raise IsaError(f"gemm: w_bits {g.w_bits} is not supported (4 or 8)")
-    out = kmat.gemm(a, w, w_bits=g.w_bits, k=g.k, bias=bias, mult=mult, shift=g.shift)
+    if isinstance(g, GemmRow):
+        out = _gemm_row_out(g, mem, a, w, bias, mult)
+    else:
+        out = kmat.gemm(a, w, w_bits=g.w_bits, k=g.k, bias=bias, mult=mult, shift=g.shift)
     row = g.n * g.out_bytes_per_element
     step = g.out_stride or row
     flat = np.ascontiguousarray(out).reshape(g.m, -1).view(np.uint8)
@@ -118,11 +142,73 @@ def _gemm(g: Gemm, mem: Memory) -> None:
             mem.write(Space.SRAM, c, g.out + i * step, flat[i])
 
 
+def _gemm_row_out(g: GemmRow, mem: Memory, a: np.ndarray, w: np.ndarray,
+                  bias: np.ndarray | None, mult: np.ndarray | None) -> np.ndarray:
+    if mult is None:
+        raise IsaError("gemm.row: scale (the per-channel multipliers) is required")
+    if g.out_bits not in (8, 32):
+        raise IsaError(f"gemm.row: out_bits must be 8 or 32, got {g.out_bits}")
+    acc = kmat.matmul(a, w, g.w_bits, g.k)
+    b = np.zeros(0, np.int32) if bias is None else np.ascontiguousarray(bias, np.int32)
+    if g.row_meta == NO_ADDR:
+        meta = np.zeros((0, 2), np.int32)
+    else:
+        meta = _sram(mem, g.core, g.row_meta, ROW_META_BYTES * g.m, np.int32).reshape(g.m, 2)
+    out = np.empty(acc.shape, np.int8 if g.out_bits == 8 else np.int32)
+    kwide.requant_rows(acc, b, np.ascontiguousarray(mult, np.int32), g.shift, meta,
+                       g.row_shift, g.out_bits, out)
+    return out
+
+
+def _wide_dtype(bits: int):
+    return np.int16 if bits == 16 else np.int32
+
+
+def _vec_wide(v: Vec, mem: Memory, f: VecFunc) -> np.ndarray:
+    """The wide functions' results (any dtype; QUANT_ROW's int8 rows then metadata)."""
+    c, r, cols = v.core, v.rows, v.cols
+    n = r * cols
+
+    def wide_in(addr: int, bits: int) -> np.ndarray:
+        return _sram(mem, c, addr, wide_bytes(bits) * n, _wide_dtype(bits)).reshape(r, cols)
+
+    def i32(addr: int) -> np.ndarray:
+        return _sram(mem, c, addr, 4 * n, np.int32).reshape(r, cols)
+
+    if f == VecFunc.ADD_WIDE:
+        out = np.empty((r, cols), _wide_dtype(v.p2))
+        kwide.add_wide(wide_in(v.src0, v.p2), i32(v.src1), v.p0, v.p1, v.p2, out)
+        return out
+    if f == VecFunc.RMSNORM_WIDE:
+        out = np.empty((r, cols), np.int32)
+        g = _sram(mem, c, v.src1, 2 * cols, np.int16)
+        kwide.rmsnorm_wide(wide_in(v.src0, v.p2), g, v.p0, v.p1, out)
+        return out
+    if f == VecFunc.QUANT_ROW:
+        q = np.empty((r, cols), np.int8)
+        meta = np.empty((r, 2), np.int32)
+        kwide.quant_row(i32(v.src0), q, meta)
+        return np.concatenate([q.reshape(-1).view(np.uint8), meta.reshape(-1).view(np.uint8)])
+    if f == VecFunc.SILU_MUL_WIDE:
+        out = np.empty((r, cols), np.int32)
+        kwide.silu_mul_wide(i32(v.src0), i32(v.src1), v.p0, v.p1, v.p2, v.p3, out)
+        return out
+    if f == VecFunc.FROM_F32_WIDE:
+        flat = np.empty(n, _wide_dtype(v.p2))
+        kwide.from_f32_wide(_sram(mem, c, v.src0, 4 * n, np.uint32), v.p0, v.p1, v.p2, flat)
+        return flat
+    raise IsaError(f"vec: unknown function {v.func}")  # pragma: no cover
+
+
 def _vec(v: Vec, mem: Memory) -> None:
     c = v.core
     r, cols = v.rows, v.cols
     n = r * cols
     f = VecFunc(v.func)
+    if f >= VecFunc.ADD_WIDE:
+        wide = np.ascontiguousarray(_vec_wide(v, mem, f))
+        mem.write(Space.SRAM, c, v.dst, wide.reshape(-1).view(np.uint8))
+        return
     out = np.empty((r, cols), np.int8)
     if f == VecFunc.COPY:
         out[:] = _sram(mem, c, v.src0, n).reshape(r, cols)
@@ -134,6 +220,10 @@ def _vec(v: Vec, mem: Memory) -> None:
         x = _sram(mem, c, v.src0, n).reshape(r, cols)
         g = _sram(mem, c, v.src1, 2 * cols, np.int16)
         kvec.rmsnorm(x, g, v.p0, v.p1, out)
+    elif f == VecFunc.LAYERNORM:
+        x = _sram(mem, c, v.src0, n).reshape(r, cols)
+        g = _sram(mem, c, v.src1, 2 * cols, np.int16)
+        kvec.layernorm(x, g, v.p0, v.p1, out)
     elif f == VecFunc.SILU_MUL:
         a = _sram(mem, c, v.src0, n).reshape(r, cols)
         b = _sram(mem, c, v.src1, n).reshape(r, cols)
@@ -203,15 +293,30 @@ def _attn(a: Attn, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
     dk = a.head_dim
     q = _sram(mem, a.core, a.q, a.q_len * a.heads * dk).reshape(a.q_len, a.heads, dk)
     width = a.kv_heads * dk
+    if kf.slide != vf.slide:
+        raise IsaError(f"attn: K format {kf} and V format {vf} have different windows")
     kreg = _region(mem, kf, a.k, a.cap, width, "attn")
-    k = kf.region_read(kreg, a.cap, width, 0, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+    # a sliding-window cache (ring): ctx and pos count from the first of its last ctx keys
+    first = kf.region_first(kreg, a.cap, a.ctx)
+    k = kf.region_read(kreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
     if kf == vf and a.k <= a.v < a.k + kreg.size:  # MLA: the latent cache is K and V
         v = k
     else:
         vreg = _region(mem, vf, a.v, a.cap, width, "attn")
-        v = vf.region_read(vreg, a.cap, width, 0, a.ctx).reshape(a.ctx, a.kv_heads, dk)
-    out = katt.attend(q, k, v, pos=a.pos, score_mult=a.score_mult, score_shift=a.score_shift,
-                      out_mult=a.out_mult, out_shift=a.out_shift)
+        if vf.region_first(vreg, a.cap, a.ctx) != first:
+            raise IsaError("attn: the K and V caches hold different positions")
+        v = vf.region_read(vreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+    kw = dict(score_mult=a.score_mult, score_shift=a.score_shift, out_mult=a.out_mult,
+              out_shift=a.out_shift)
+    w = kf.slide
+    if not w or a.pos + a.q_len <= w:  # every query sees all keys up to its own
+        out = katt.attend(q, k, v, pos=a.pos, **kw)
+    else:  # query i (position pos + i) sees the w positions up to its own
+        out = np.empty((a.q_len, a.heads, v.shape[2]), np.int8)
+        for i in range(a.q_len):
+            p = a.pos + i
+            lo = max(0, p - w + 1)
+            out[i:i + 1] = katt.attend(q[i:i + 1], k[lo:p + 1], v[lo:p + 1], pos=p - lo, **kw)
     mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
 
 

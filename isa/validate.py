@@ -6,7 +6,9 @@ instruction at fault and why; it returns None when the program is well-formed:
 - the core exists, and device-wide engines (COPY, H2D, D2H) are addressed as core 0;
 - enum fields hold members of their enum (Vec ``func``, Nop ``on``);
 - operand shapes make sense: Gemm ``w_bits`` is 2, 4 or 8 and ``k`` fills whole bytes,
-  Attn ``heads`` is a multiple of ``kv_heads`` and ``ctx >= 1``;
+  Attn ``heads`` is a multiple of ``kv_heads`` and ``ctx >= 1``; GemmRow has its
+  multipliers, ``out_bits`` 8 or 32 and, with row metadata, ``row_shift >= 17``; a wide
+  Vec function's ``p2`` (its wide operand's bits) is 16 or 32;
 - KV-format fields (``fmt`` and ``*_fmt``) index into ``program.formats``, and the entries
   they index name KV formats (:func:`isa.kv.parse`);
 - KV instructions address whole cache regions: ``cap >= 1`` (KvWrite, KvRead, Attn), and a
@@ -27,17 +29,22 @@ from isa import kv
 from isa.encoding import enum_choices, enum_values, field_enum
 from isa.errors import FormatError, ProgramError
 from isa.instructions import (
+    NO_ADDR,
     PER_CORE_ENGINES,
     Access,
     Attn,
     Gemm,
+    GemmRow,
     Instruction,
     KvRead,
     KvWrite,
     MemoryLayout,
     Program,
     Space,
+    Vec,
 )
+from isa.kernels.wide import MIN_ROW_SHIFT
+from isa.vecfuncs import vec_problem
 
 #: Gemm weight widths the matrix unit unpacks (bits per weight).
 GEMM_W_BITS = (2, 4, 8)
@@ -124,6 +131,18 @@ def _kv_problem(instr: Instruction, program: Program) -> str | None:
     return None
 
 
+def _gemm_row_problem(g: GemmRow) -> str | None:
+    if g.scale == NO_ADDR:
+        return "gemm.row needs scale (the per-channel multipliers)"
+    if g.out_bits not in (8, 32):
+        return f"out_bits must be 8 or 32, got {g.out_bits}"
+    if g.row_meta != NO_ADDR and g.row_shift < MIN_ROW_SHIFT:
+        return (f"row_shift must be >= {MIN_ROW_SHIFT} with row metadata (a row exponent "
+                f"of up to {MIN_ROW_SHIFT} must not make the shift negative), got "
+                f"{g.row_shift}")
+    return None
+
+
 def _instruction_problem(instr: Instruction, program: Program, layout: MemoryLayout) -> str | None:
     if not 0 <= instr.core < layout.num_cores:
         return f"core {instr.core} out of range (the layout has {layout.num_cores} cores)"
@@ -150,6 +169,14 @@ def _instruction_problem(instr: Instruction, program: Program, layout: MemoryLay
                 f"misaligned packed weights: w_bits {instr.w_bits} packs {per_byte} values "
                 f"per byte, so k must be a multiple of {per_byte} (k={instr.k})"
             )
+    if isinstance(instr, GemmRow):
+        problem = _gemm_row_problem(instr)
+        if problem is not None:
+            return problem
+    if isinstance(instr, Vec):
+        problem = vec_problem(instr.func, instr.p2)
+        if problem is not None:
+            return problem
     if isinstance(instr, Attn):
         if instr.kv_heads < 1 or instr.heads % instr.kv_heads:
             return f"heads ({instr.heads}) must be a multiple of kv_heads ({instr.kv_heads})"
@@ -187,6 +214,8 @@ class _Plan(NamedTuple):
     formats: tuple[str, ...]  # fields that index the format table
     gemm: bool
     attn: bool
+    gemm_row: bool
+    vec: bool
 
 
 _PLANS: dict[type, _Plan] = {}
@@ -205,6 +234,8 @@ def _plan(cls: type[Instruction]) -> _Plan:
             formats=tuple(f.name for f in fields if _is_format_index(f.name)),
             gemm=issubclass(cls, Gemm),
             attn=issubclass(cls, Attn),
+            gemm_row=issubclass(cls, GemmRow),
+            vec=issubclass(cls, Vec),
         )
     return plan
 
@@ -232,6 +263,10 @@ def _instruction_ok(instr: Instruction, program: Program, layout: MemoryLayout,
     if plan.attn:
         if instr.kv_heads < 1 or instr.heads % instr.kv_heads or instr.ctx < 1:
             return False
+    if plan.gemm_row and _gemm_row_problem(instr) is not None:
+        return False
+    if plan.vec and vec_problem(instr.func, instr.p2) is not None:
+        return False
     nformats = len(program.formats)
     for name in plan.formats:
         if not 0 <= getattr(instr, name) < nformats:

@@ -151,7 +151,10 @@ class NumericsOptions(_Frozen):
       project's English calibration passage) or ``random`` ids.
 
     The defaults are the scheme kvsim had before these options (one static int8 scale per
-    tensor); the presets in :data:`NUMERICS_PRESETS` name the recipes.
+    tensor); the presets in :data:`NUMERICS_PRESETS` name the recipes. The compiler builds
+    the int8 scheme and the wide pipeline (``int16``/``int32`` with ``act_scale = token``,
+    ``qkv_scale = static``), each with ``rotation`` ``none`` or ``residual``, and refuses
+    the rest by name (``models.compiler.numerics.numerics_problem``).
     """
 
     residual: ResidualWidth = "int8"

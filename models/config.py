@@ -1,8 +1,11 @@
 """LLM architecture configuration: validated, frozen, and the derived counts kvsim needs.
 
 A :class:`ModelConfig` describes one decoder-only transformer of the families kvsim
-supports: Llama, Qwen2, Mistral (grouped-query attention, SwiGLU MLP) and DeepSeek-V2
-(multi-head latent attention, MLA, and a mixture-of-experts MLP, MoE). Field names follow
+supports: Llama, Qwen2, Mistral (grouped-query attention, SwiGLU MLP), DeepSeek-V2
+(multi-head latent attention, MLA, and a mixture-of-experts MLP, MoE), Cohere2 (Command-R7B:
+sliding-window layers, parallel attention + MLP on one LayerNorm, logit scale) and EXAONE-4.0
+(per-layer attention types, QK RMSNorm, post-attention and post-MLP norms); the per-layer
+features are described in :mod:`models.layer_features`. Field names follow
 the Hugging Face ``config.json`` keys where those are clear, and say what they count where
 they are not (``num_layers`` for ``num_hidden_layers``, ``num_heads`` for
 ``num_attention_heads``).
@@ -34,6 +37,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from isa.errors import ConfigError
 
+from .layer_features import LayerType, check_layer_features
 from .schema import Frozen as _Frozen
 from .schema import validation_message
 
@@ -43,8 +47,8 @@ PRESET_PACKAGE = "models.presets"
 MAX_LAYERS = 1024
 MAX_EXPERTS = 4096
 
-Family = Literal["llama", "qwen2", "mistral", "deepseek_v2"]
-FAMILIES: tuple[str, ...] = ("llama", "qwen2", "mistral", "deepseek_v2")
+Family = Literal["llama", "qwen2", "mistral", "deepseek_v2", "cohere2", "exaone4"]
+FAMILIES: tuple[str, ...] = ("llama", "qwen2", "mistral", "deepseek_v2", "cohere2", "exaone4")
 
 #: What a tensor is, independent of the model family. The weight bit config maps a role to
 #: a bit width (:meth:`models.bits.WeightBits.bits_for`).
@@ -60,7 +64,7 @@ TensorRole = Literal[
     "router",  # MoE gate (expert scores)
     "head",  # LM head (the embedding matrix when tied)
     "embedding",  # token embedding (host side)
-    "norm",  # RMSNorm gammas
+    "norm",  # RMSNorm / LayerNorm gammas (also the QK norms)
     "bias",
 ]
 TensorKind = Literal["matrix", "vector"]
@@ -174,7 +178,8 @@ class ModelConfig(_Frozen):
     rope_theta: float = Field(gt=0, description="RoPE base of the inverse frequencies")
     rope_scaling: RopeScaling | None = None
     max_position_embeddings: int = Field(ge=1, description="longest context, tokens")
-    rms_norm_eps: float = Field(gt=0)
+    rms_norm_eps: float = Field(gt=0, description="epsilon of every norm (RMSNorm or "
+                                "LayerNorm, see norm_kind)")
     qkv_bias: bool = Field(default=False, description="q/k/v projections have a bias")
     o_bias: bool = Field(default=False, description="o projection has a bias (Llama)")
     tie_word_embeddings: bool = Field(default=False, description="LM head = embedding matrix")
@@ -199,6 +204,31 @@ class ModelConfig(_Frozen):
     topk_method: Literal["greedy", "group_limited_greedy"] = "greedy"
     n_group: int = Field(default=1, ge=1, description="expert groups (group_limited_greedy)")
     topk_group: int = Field(default=1, ge=1, description="groups kept per token")
+
+    # Per-layer attention and block variants (GQA only; see models.layer_features)
+    layer_types: tuple[LayerType, ...] | None = Field(
+        default=None, description="attention of each layer (None: every layer full)")
+    sliding_window: int | None = Field(
+        default=None, ge=1, description="tokens a sliding layer's query attends to, itself "
+        "included (HF sliding_window)")
+    rope_layers: Literal["all", "sliding"] = Field(
+        default="all", description="'sliding': full-attention layers have no positional "
+        "embedding (Cohere2; EXAONE-4.0 with sliding layers)")
+    norm_kind: Literal["rms", "layer"] = Field(
+        default="rms", description="'layer': LayerNorm (mean removed, gamma, no bias; Cohere)")
+    norm_position: Literal["pre", "post"] = Field(
+        default="pre", description="'post': norms after attention and after the MLP, "
+        "before each residual add (EXAONE-4.0)")
+    qk_norm: bool = Field(default=False, description="RMSNorm of each q and k head, "
+                          "before RoPE (EXAONE-4.0)")
+    parallel_block: bool = Field(default=False, description="attention and MLP read one "
+                                 "norm of the layer input, both added to it (Cohere)")
+    logit_scale: float = Field(default=1.0, gt=0, description="logits multiplied by it")
+
+    @model_validator(mode="after")
+    def _layer_features(self) -> ModelConfig:
+        check_layer_features(self)
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
@@ -301,6 +331,25 @@ class ModelConfig(_Frozen):
         self._check_layer(layer)
         return self.is_moe and layer >= (self.first_k_dense_replace or 0)
 
+    def layer_type(self, layer: int) -> LayerType:
+        """``"full_attention"`` or ``"sliding_attention"`` for layer ``layer``."""
+        self._check_layer(layer)
+        return "full_attention" if self.layer_types is None else self.layer_types[layer]
+
+    def layer_window(self, layer: int) -> int | None:
+        """Tokens layer ``layer``'s queries attend to, each itself included (None: all)."""
+        return self.sliding_window if self.layer_type(layer) == "sliding_attention" else None
+
+    def layer_has_rope(self, layer: int) -> bool:
+        """Whether layer ``layer`` rotates its queries and keys (RoPE)."""
+        return self.rope_layers == "all" or self.layer_type(layer) == "sliding_attention"
+
+    def kv_tokens(self, layer: int, context: int) -> int:
+        """Tokens layer ``layer``'s cache holds after ``context`` tokens: a sliding layer
+        keeps its last ``sliding_window``, a full layer all of them."""
+        window = self.layer_window(layer)
+        return context if window is None else min(window, context)
+
     @property
     def lm_head_tensor(self) -> str:
         """Name of the LM-head matrix: ``embed`` when tied, else ``lm_head``."""
@@ -338,7 +387,7 @@ class ModelConfig(_Frozen):
         self._check_layer(layer)
         p = f"layers.{layer}."
         h = self.hidden_size
-        specs = [_vec(p + "attn_norm", h, "norm")]
+        specs = [] if self.norm_position == "post" else [_vec(p + "attn_norm", h, "norm")]
         if self.is_mla:
             assert self.kv_lora_rank is not None and self.qk_rope_head_dim is not None
             assert self.qk_nope_head_dim is not None and self.v_head_dim is not None
@@ -375,6 +424,12 @@ class ModelConfig(_Frozen):
         specs.append(_mat(p + "o_proj", h, q_out, "output"))
         if self.o_bias:
             specs.append(_vec(p + "o_bias", h, "bias"))
+        if self.qk_norm:  # one gamma per head width, shared by the heads (EXAONE-4.0)
+            o = next(i for i, s in enumerate(specs) if s.name == p + "o_proj")
+            specs[o:o] = [_vec(p + "q_norm", self.head_dim, "norm"),
+                          _vec(p + "k_norm", self.head_dim, "norm")]
+        if self.norm_position == "post":
+            specs.append(_vec(p + "post_attn_norm", h, "norm"))
         return specs
 
     def _swiglu(self, prefix: str, inter: int) -> list[TensorSpec]:
@@ -396,6 +451,11 @@ class ModelConfig(_Frozen):
         self._check_layer(layer)
         p = f"layers.{layer}."
         specs = [_vec(p + "mlp_norm", self.hidden_size, "norm")]
+        if self.parallel_block:  # the MLP reads the attention's input norm
+            specs = []
+        elif self.norm_position == "post":
+            return self._swiglu(p, self.intermediate_size) + [
+                _vec(p + "post_mlp_norm", self.hidden_size, "norm")]
         if not self.layer_is_moe(layer):
             return specs + self._swiglu(p, self.intermediate_size)
         assert self.n_routed_experts is not None and self.moe_intermediate_size is not None

@@ -1,15 +1,23 @@
 """Import of Hugging Face ``config.json`` files into :class:`~models.config.ModelConfig`.
 
 Supported model types (``model_type``, or the first of ``architectures``): ``llama``,
-``qwen2``, ``mistral`` and ``deepseek_v2``. Keys that the HF configuration classes give a
-default (``num_key_value_heads``, ``rope_theta``, ...) take that default when absent, as
-``transformers`` does; keys without a safe default are required, and a file that lacks
-some gets one :class:`~isa.errors.ConfigError` listing all of them. Features kvsim does not
-model (another activation, MLP biases, sliding-window attention, other RoPE scalings,
-other MoE scoring) are rejected by name rather than silently ignored.
+``qwen2``, ``mistral``, ``deepseek_v2``, ``cohere2`` (Command-R7B) and ``exaone4``
+(EXAONE-4.0); the last two bring per-layer features (:mod:`models.layer_features`). Keys
+that the HF configuration classes give a default (``num_key_value_heads``, ``rope_theta``,
+...) take that default when absent, as ``transformers`` does; keys without a safe default
+are required, and a file that lacks some gets one :class:`~isa.errors.ConfigError` listing
+all of them. Features kvsim does not model (another activation, MLP biases, Qwen2/Mistral
+sliding windows, other RoPE scalings, other MoE scoring) are rejected by name rather than
+silently ignored.
 
 Sources for the defaults: ``LlamaConfig``, ``Qwen2Config``, ``MistralConfig`` in
-``transformers`` and ``DeepseekV2Config`` in DeepSeek-V2's ``configuration_deepseek.py``.
+``transformers``, ``DeepseekV2Config`` in DeepSeek-V2's ``configuration_deepseek.py``,
+``Cohere2Config`` and ``Exaone4Config`` in ``transformers`` 4.57.
+
+Cohere's ``position_embedding_type = "rope_gptj"`` rotates interleaved pairs of a head's
+dimensions; kvsim rotates the two halves (as Llama). The two agree once each q and k head's
+rows are permuted (even dimensions, then odd ones), which leaves every attention score
+unchanged; synthetic weights need no permutation, a loader of real Cohere weights would.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import Any
 from isa.errors import ConfigError
 
 from .config import ModelConfig, build_model
+from .layer_features import LAYER_TYPES, pattern_layer_types
 
 #: ``architectures`` entries and the model type each one means.
 ARCHITECTURES: dict[str, str] = {
@@ -28,8 +37,11 @@ ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "MistralForCausalLM": "mistral",
     "DeepseekV2ForCausalLM": "deepseek_v2",
+    "Cohere2ForCausalLM": "cohere2",
+    "Exaone4ForCausalLM": "exaone4",
 }
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("deepseek_v2", "llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("cohere2", "deepseek_v2", "exaone4", "llama",
+                                          "mistral", "qwen2")
 
 #: Keys every supported file must have (no safe default exists for them).
 REQUIRED_KEYS: tuple[str, ...] = (
@@ -52,9 +64,15 @@ MLA_REQUIRED_KEYS: tuple[str, ...] = (
 MOE_REQUIRED_KEYS: tuple[str, ...] = ("num_experts_per_tok", "moe_intermediate_size")
 
 #: ``max_position_embeddings`` default of each HF configuration class.
-_MAX_POSITIONS_DEFAULT = {"llama": 2048, "qwen2": 32768, "mistral": 4096 * 32, "deepseek_v2": 2048}
-_ROPE_THETA_DEFAULT = 10000.0  # all four classes
-_RMS_NORM_EPS_DEFAULT = 1e-6  # all four classes
+_MAX_POSITIONS_DEFAULT = {"llama": 2048, "qwen2": 32768, "mistral": 4096 * 32, "deepseek_v2": 2048,
+                          "cohere2": 8192, "exaone4": 2048}
+_ROPE_THETA_DEFAULT = 10000.0  # all six classes
+_RMS_NORM_EPS_DEFAULT = 1e-6  # the first four classes
+#: Cohere2Config / Exaone4Config defaults (transformers 4.57).
+_COHERE2_DEFAULTS = {"layer_norm_eps": 1e-5, "logit_scale": 0.0625, "sliding_window": 4096,
+                     "sliding_window_pattern": 4, "tie_word_embeddings": True}
+_EXAONE4_DEFAULTS = {"rms_norm_eps": 1e-5, "sliding_window": 4096,
+                     "sliding_window_pattern": 4, "tie_word_embeddings": False}
 _SUPPORTED_ROPE_SCALING = ("default", "linear", "llama3", "yarn")
 
 
@@ -134,6 +152,24 @@ def _unsupported(data: dict[str, Any], mtype: str) -> list[str]:
         max_pos = data.get("max_position_embeddings", _MAX_POSITIONS_DEFAULT["mistral"])
         if window is not None and window < max_pos:
             problems.append(f"sliding_window {window} (< max_position_embeddings {max_pos})")
+    if mtype in ("cohere2", "exaone4"):
+        if data.get("attention_bias"):
+            problems.append("attention_bias true")
+        if data.get("use_qk_norm"):
+            problems.append("use_qk_norm true (Cohere's per-head LayerNorm)")
+    if mtype == "cohere2":
+        if data.get("use_parallel_block", True) is not True:
+            problems.append("use_parallel_block false (Cohere2 blocks are parallel)")
+        if data.get("rotary_pct", 1.0) != 1.0:
+            problems.append(f"rotary_pct {data['rotary_pct']} (only 1.0)")
+        pe = data.get("position_embedding_type", "rope_gptj")
+        if pe != "rope_gptj":
+            problems.append(f"position_embedding_type {pe!r} (only 'rope_gptj')")
+        order = data.get("order_of_interleaved_layers", "local_attn_first")
+        if order != "local_attn_first":
+            problems.append(f"order_of_interleaved_layers {order!r} (only 'local_attn_first')")
+        if data.get("use_gated_activation", True) is not True:
+            problems.append("use_gated_activation false (only SwiGLU)")
     if mtype == "deepseek_v2":
         if data.get("attention_bias"):
             problems.append("attention_bias true")
@@ -145,6 +181,67 @@ def _unsupported(data: dict[str, Any], mtype: str) -> list[str]:
         if method not in ("greedy", "group_limited_greedy"):
             problems.append(f"topk_method {method!r} (only 'greedy', 'group_limited_greedy')")
     return problems
+
+
+def _layer_types(data: dict[str, Any], mtype: str, layers: int,
+                 where: str) -> tuple[list[str], int | None]:
+    """The layer types and sliding window of a Cohere2 / EXAONE-4.0 file: ``layer_types``
+    if given, else from ``sliding_window_pattern`` (an int: every n-th layer full; EXAONE's
+    string form, e.g. ``"LLLG"``: ``L`` sliding, ``G`` full, repeated); no window: all full."""
+    defaults = _COHERE2_DEFAULTS if mtype == "cohere2" else _EXAONE4_DEFAULTS
+    window = data.get("sliding_window", defaults["sliding_window"])
+    types = data.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or any(t not in LAYER_TYPES for t in types):
+            raise ConfigError(f"{where}: layer_types must be a list of "
+                              f"{' / '.join(LAYER_TYPES)}, got {types!r}")
+        if len(types) != layers:
+            raise ConfigError(f"{where}: layer_types has {len(types)} entries for "
+                              f"num_hidden_layers {layers}")
+    elif window is None:
+        types = ["full_attention"] * layers
+    else:
+        pattern = data.get("sliding_window_pattern", defaults["sliding_window_pattern"])
+        if isinstance(pattern, str) and pattern and set(pattern) <= {"L", "G"}:
+            types = ["sliding_attention" if pattern[i % len(pattern)] == "L"
+                     else "full_attention" for i in range(layers)]
+        elif type(pattern) is int and pattern >= 1:
+            types = list(pattern_layer_types(layers, pattern))
+        else:
+            raise ConfigError(f"{where}: sliding_window_pattern must be a positive integer "
+                              f"or a string of L and G, got {pattern!r}")
+    if "sliding_attention" not in types:
+        window = None  # a window no layer uses
+    elif type(window) is not int or window < 1:
+        raise ConfigError(f"{where}: sliding_window must be a positive integer, got "
+                          f"{window!r}")
+    return types, window
+
+
+def _family_features(data: dict[str, Any], mtype: str, layers: int,
+                     where: str) -> dict[str, Any]:
+    """The :class:`ModelConfig` fields of a Cohere2 or EXAONE-4.0 file's layer features."""
+    types, window = _layer_types(data, mtype, layers, where)
+    sliding = "sliding_attention" in types
+    out: dict[str, Any] = {"layer_types": tuple(types), "sliding_window": window}
+    if mtype == "cohere2":
+        # Cohere2Attention rotates only in sliding layers; CohereLayerNorm; parallel block
+        d = _COHERE2_DEFAULTS
+        out.update(rope_layers="sliding" if sliding else "all", norm_kind="layer",
+                   parallel_block=True,
+                   rms_norm_eps=data.get("layer_norm_eps", d["layer_norm_eps"]),
+                   logit_scale=data.get("logit_scale", d["logit_scale"]),
+                   tie_word_embeddings=bool(data.get("tie_word_embeddings",
+                                                     d["tie_word_embeddings"])))
+    else:
+        # Exaone4Attention: RoPE in every layer without sliding layers, else in the sliding
+        # ones only; q_norm/k_norm; post_attention_layernorm / post_feedforward_layernorm
+        d = _EXAONE4_DEFAULTS
+        out.update(rope_layers="sliding" if sliding else "all", norm_position="post",
+                   qk_norm=True, rms_norm_eps=data.get("rms_norm_eps", d["rms_norm_eps"]),
+                   tie_word_embeddings=bool(data.get("tie_word_embeddings",
+                                                     d["tie_word_embeddings"])))
+    return out
 
 
 def hf_config_to_model(
@@ -217,7 +314,9 @@ def hf_config_to_model(
                 )
             head_dim = hidden // heads
         out["head_dim"] = head_dim
-        if mtype == "qwen2":
+        if mtype in ("cohere2", "exaone4"):
+            out.update(_family_features(data, mtype, data["num_hidden_layers"], where))
+        elif mtype == "qwen2":
             out["qkv_bias"] = True  # Qwen2Attention: q/k/v Linear(bias=True), o bias=False
         elif data.get("attention_bias"):
             # LlamaAttention: attention_bias applies to q, k, v and o (MistralAttention has

@@ -19,7 +19,13 @@ DeepSeek-V2's ``modeling_deepseek.py``) term by term:
 - SwiGLU MLP ``down(silu(gate(x)) * up(x))``; MoE: softmax router scores, top-k experts
   (greedy or group-limited greedy), weights renormalised or scaled by
   ``routed_scaling_factor``, plus the shared experts; the first ``first_k_dense_replace``
-  layers are dense.
+  layers are dense;
+- the per-layer features of :mod:`models.layer_features` (Cohere2's ``modeling_cohere2.py``,
+  EXAONE-4.0's ``modeling_exaone4.py``): sliding-window layers (query ``p`` sees positions
+  ``> p - sliding_window``; the reference keeps every token and masks, which gives the same
+  result as keeping only the window), layers without RoPE, LayerNorm ``(x - mean) /
+  sqrt(var + eps) * gamma`` (no bias), QK RMSNorm per head before RoPE, post-attention and
+  post-MLP norms, the parallel block ``x + attn(n(x)) + mlp(n(x))`` and the logit scale.
 
 Everything is float32 (numpy matmul); positions and RoPE angles are computed in float64
 and rounded once.
@@ -135,6 +141,14 @@ def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     """``x / sqrt(mean(x^2, last axis) + eps) * gamma``, float32."""
     ms = np.mean(np.square(x), axis=-1, keepdims=True)
     return (x / np.sqrt(ms + np.float32(eps)) * gamma).astype(np.float32)
+
+
+def layer_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    """``(x - mean) / sqrt(var + eps) * gamma`` over the last axis, no bias (CohereLayerNorm),
+    float32."""
+    xc = x - np.mean(x, axis=-1, keepdims=True)
+    var = np.mean(np.square(xc), axis=-1, keepdims=True)
+    return (xc / np.sqrt(var + np.float32(eps)) * gamma).astype(np.float32)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -282,16 +296,31 @@ class ReferenceModel:
         self.last_routing = {}
         for i in range(c.num_layers):
             p = f"layers.{i}."
-            h = rms_norm(x, self._w(p + "attn_norm"), c.rms_norm_eps)
-            attn = self._mla(i, h, cos, sin) if c.is_mla else self._gqa(i, h, cos, sin)
-            x = (x + attn).astype(np.float32)
-            h = rms_norm(x, self._w(p + "mlp_norm"), c.rms_norm_eps)
-            mlp = self._moe(i, h) if c.layer_is_moe(i) else self._swiglu(p, h)
-            x = (x + mlp).astype(np.float32)
+            if c.parallel_block:  # Cohere: one norm, attention and MLP added together
+                h = self._norm(x, p + "attn_norm")
+                x = (x + self._gqa(i, h, cos, sin) + self._swiglu(p, h)).astype(np.float32)
+            elif c.norm_position == "post":  # EXAONE-4.0: norm each branch's output
+                attn = self._norm(self._gqa(i, x, cos, sin), p + "post_attn_norm")
+                x = (x + attn).astype(np.float32)
+                x = (x + self._norm(self._swiglu(p, x), p + "post_mlp_norm")).astype(np.float32)
+            else:
+                h = self._norm(x, p + "attn_norm")
+                attn = self._mla(i, h, cos, sin) if c.is_mla else self._gqa(i, h, cos, sin)
+                x = (x + attn).astype(np.float32)
+                h = self._norm(x, p + "mlp_norm")
+                mlp = self._moe(i, h) if c.layer_is_moe(i) else self._swiglu(p, h)
+                x = (x + mlp).astype(np.float32)
             hidden.append(x)
-        h = rms_norm(x, self._w("final_norm"), c.rms_norm_eps)
+        h = self._norm(x, "final_norm")
         logits = (h @ self._w(c.lm_head_tensor).T).astype(np.float32)
+        if c.logit_scale != 1.0:
+            logits = (logits * np.float32(c.logit_scale)).astype(np.float32)
         return (logits, hidden) if return_hidden else logits
+
+    def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
+        """The model's norm (RMSNorm, or LayerNorm for ``norm_kind = "layer"``)."""
+        fn = layer_norm if self.config.norm_kind == "layer" else rms_norm
+        return fn(x, self._w(name), self.config.rms_norm_eps)
 
     def forward(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
         """Append ``tokens`` after the cached ones; logits float32 ``(n, vocab_size)``."""
@@ -310,12 +339,17 @@ class ReferenceModel:
 
     # --- blocks -----------------------------------------------------------------------------
 
-    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                window: int | None = None) -> np.ndarray:
         """``q`` (n, H, dq), ``k`` (T, H, dq), ``v`` (T, H, dv), causal over the cache:
-        query ``i`` sits at position ``T - n + i``. Returns (n, H*dv)."""
+        query ``i`` sits at position ``T - n + i`` (and sees only the last ``window``
+        positions up to its own, if given). Returns (n, H*dv)."""
         n, t = q.shape[0], k.shape[0]
         scores = np.matmul(q.transpose(1, 0, 2), k.transpose(1, 2, 0)) * self._scale  # (H,n,T)
-        future = np.arange(t)[None, :] > (t - n + np.arange(n))[:, None]
+        qpos = (t - n + np.arange(n))[:, None]
+        future = np.arange(t)[None, :] > qpos
+        if window is not None:
+            future |= np.arange(t)[None, :] <= qpos - window
         scores = np.where(future[None], np.float32(-np.inf), scores)
         probs = softmax(scores, axis=-1)
         out = np.matmul(probs, v.transpose(1, 0, 2))  # (H, n, dv)
@@ -335,14 +369,18 @@ class ReferenceModel:
         q = self._linear(h, p + "q_proj", qb).reshape(n, c.num_heads, d)
         k = self._linear(h, p + "k_proj", kb).reshape(n, c.num_kv_heads, d)
         v = self._linear(h, p + "v_proj", vb)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        if c.qk_norm:  # EXAONE-4.0: RMSNorm of each head, before RoPE
+            q = rms_norm(q, self._w(p + "q_norm"), c.rms_norm_eps)
+            k = rms_norm(k, self._w(p + "k_norm"), c.rms_norm_eps)
+        if c.layer_has_rope(layer):
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
         cache = self._append(layer, key=k.reshape(n, -1), value=v)
         t = cache["key"].shape[0]
         group = c.num_heads // c.num_kv_heads
         keys = np.repeat(cache["key"].reshape(t, c.num_kv_heads, d), group, axis=1)
         values = np.repeat(cache["value"].reshape(t, c.num_kv_heads, d), group, axis=1)
-        out = self._attend(q, keys, values)
+        out = self._attend(q, keys, values, c.layer_window(layer))
         return self._linear(out, p + "o_proj", p + "o_bias" if c.o_bias else None)
 
     def _mla(self, layer: int, h: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

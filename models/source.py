@@ -49,6 +49,31 @@ def english_text() -> str:
     return resources.files("models").joinpath("data/english.txt").read_text(encoding="utf-8")
 
 
+def calibration_text() -> str:
+    """kvsim's calibration passage (``models/data/calibration.txt``, written for kvsim and
+    distinct from :func:`english_text`, so quality is never measured on the text the
+    static scales were fitted to)."""
+    from importlib import resources
+
+    return resources.files("models").joinpath("data/calibration.txt").read_text(
+        encoding="utf-8")
+
+
+def model_tokenizer(spec: dict[str, Any]):  # -> models.tokenizer.Tokenizer
+    """The tokenizer of the real weights a weight spec names (GGUF file, or the folder of
+    safetensors files)."""
+    kind = spec.get("kind")
+    if kind == "gguf":
+        from .gguf import gguf_tokenizer, open_gguf
+
+        return gguf_tokenizer(open_gguf(spec["path"]))
+    if kind == "safetensors":
+        from .tokenizer import tokenizer_from_folder
+
+        return tokenizer_from_folder(Path(spec["paths"][0]).parent)
+    raise ConfigError(f"weights of kind {kind!r} have no tokenizer")
+
+
 def embedded_model_path() -> Path:
     """The GGUF file of the embedded model, located without importing its package (the
     package's import needs dependencies kvsim does not install)."""

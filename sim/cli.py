@@ -364,6 +364,8 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_kv(args: argparse.Namespace, console: Console) -> int:
+    from collections import Counter
+
     from isa import kvformats
     from models.config import load_model
 
@@ -385,17 +387,22 @@ def cmd_kv(args: argparse.Namespace, console: Console) -> int:
         rows.append({"cache": name, "format": kvformats.to_text(fmt), "width": width,
                      "heads": heads, "bytes_per_layer": b, "bf16_bytes_per_layer": ref,
                      "bytes_per_token_per_layer": b / n, "compression_vs_bf16": ref / b})
-    total = model.num_layers * sum(r["bytes_per_layer"] for r in rows)
-    total_ref = model.num_layers * sum(r["bf16_bytes_per_layer"] for r in rows)
+    # a sliding-window layer holds only its last window of tokens (rows: a full layer)
+    held = [model.kv_tokens(layer, n) for layer in range(model.num_layers)]
+    total = sum(heads * fmt.bytes(t, width) for t in held for _, fmt, width, heads in caches)
+    total_ref = sum(heads * bf16.bytes(t, width) for t in held for _, _, width, heads in caches)
     out = {"model": model.name, "format": args.format, "context_tokens": n,
-           "layers": model.num_layers, "per_layer": rows, "total_bytes": total,
+           "layers": model.num_layers, "layers_by_tokens_held": dict(Counter(held)),
+           "per_layer": rows, "total_bytes": total,
            "bytes_per_token": total / n, "bf16_total_bytes": total_ref,
            "compression_vs_bf16": total_ref / total}
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
+    windowed = "" if len(set(held)) == 1 else (
+        "; " + ", ".join(f"{c} layers hold {t:,}" for t, c in Counter(held).items()))
     t = Table(title=f"{model.name}: KV cache {args.format} at {n:,} tokens "
-                    f"({model.num_layers} layers)")
+                    f"({model.num_layers} layers{windowed})")
     for col in ("cache", "format", "heads x width", "bytes per layer", "bytes/token/layer",
                 "vs bf16"):
         t.add_column(col, justify="right")

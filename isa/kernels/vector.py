@@ -76,6 +76,38 @@ def rmsnorm(x, gamma, eps_q, shift, out):
             out[i, j] = sat8(round_shift(v, shift))
 
 
+#: Fraction bits of LayerNorm's centred values: ``x - mean`` is kept in units of
+#: ``2**-LN_FRAC`` of the input's step (the mean is rarely an integer).
+LN_FRAC = 2
+
+
+@njit(cache=True)
+def layernorm(x, gamma, eps_q, shift, out):
+    """LayerNorm without bias (Cohere's) of int8 rows ``x[r, c]``: the centred values
+    ``xc = x * 2**LN_FRAC - rs(sum(x) * 2**LN_FRAC / c)`` (round half up), then RMSNorm's
+    steps on ``xc`` with ``eps_q * 2**(2 * LN_FRAC)`` (``eps_q`` in the input's units, as
+    for RMSNorm): ``sat8(rs(xc * gamma * floor(2**31 / rms), shift))``, so its parameters
+    are RMSNorm's. ``|xc| < 2**10``: every product fits int64."""
+    r, c = x.shape
+    for i in range(r):
+        tot = np.int64(0)
+        for j in range(c):
+            tot += np.int64(x[i, j])
+        mean = (tot * np.int64(2 << LN_FRAC) + np.int64(c)) // np.int64(2 * c)
+        ss = np.int64(0)
+        for j in range(c):
+            v = (np.int64(x[i, j]) << LN_FRAC) - mean
+            ss += v * v
+        ms = ((ss << (2 * RMS_Q)) // c) + (np.int64(eps_q) << (2 * LN_FRAC))
+        rms = isqrt(ms)
+        if rms < 1:
+            rms = np.int64(1)
+        inv = (np.int64(1) << _INV_BITS) // rms
+        for j in range(c):
+            v = ((np.int64(x[i, j]) << LN_FRAC) - mean) * np.int64(gamma[j]) * inv
+            out[i, j] = sat8(round_shift(v, shift))
+
+
 @njit(cache=True)
 def silu_mul(a, b, in_mult, in_shift, out_mult, out_shift, out):
     """SwiGLU ``silu(a) * b`` of int8 ``a``, ``b`` [r, c] into int8 ``out``."""

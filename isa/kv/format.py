@@ -21,6 +21,12 @@ Records (every record is zero-padded to a multiple of ``pad`` bytes):
   LSB-first (``ceil(G*bits/8)`` bytes: KIVI's "32/b codes per int32" along tokens); then
   ``W`` scales; then ``W`` zeros.
 
+A sliding-window layer's cache (``ring`` > 0) keeps only its last ``ring`` tokens: its
+records sit in a ring of ``ring`` slots (token ``t`` in slot ``t % ring``), and attention
+over it sees, for a query at position ``p``, the positions ``p - slide + 1 .. p``
+(:mod:`isa.kv.region`). Its header holds the token count and the first position the ring
+still holds; ring formats have no full-precision window, sinks, pages or per-channel groups.
+
 Scales are fp16/bf16 patterns; zeros are fp16/bf16 patterns (the group minimum: KIVI,
 QServe) or integer zero points (uint8/int8: QuantMLA). See :mod:`isa.kernels.kvquant` for
 the exact quantization rules.
@@ -45,6 +51,8 @@ FP_DTYPES = ("bf16", "fp16")
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "uint8": 1, "int8": 1, "none": 0}
 #: Bytes of a region header: the token count as a little-endian uint32.
 HEADER_COUNT_BYTES = 4
+#: Bytes of a ring region's header: the token count, then the first position it holds.
+RING_HEADER_BYTES = 8
 
 
 def align(n: int, pad: int) -> int:
@@ -81,6 +89,8 @@ class KVFormat:
     page: int = 0
     rope_width: int = 0
     rope_bits: int = 0
+    ring: int = 0
+    slide: int = 0
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -117,7 +127,7 @@ class KVFormat:
         if self.bits == 16:
             norm("window", 0)
             norm("sink", 0)
-        for attr in ("window", "sink", "page", "rope_width"):
+        for attr in ("window", "sink", "page", "rope_width", "ring", "slide"):
             if getattr(self, attr) < 0:
                 raise FormatError(f"KV format: {attr} must be >= 0, got {getattr(self, attr)}")
         if self.pad < 1:
@@ -125,6 +135,13 @@ class KVFormat:
         if self.page and (self.window or self.sink or self.axis == "channel"):
             raise FormatError("KV format: pages need a format without windows, sinks and "
                               "per-channel groups")
+        if self.ring or self.slide:
+            if not 1 <= self.slide <= self.ring:
+                raise FormatError(f"KV format: a sliding-window cache needs 1 <= slide <= "
+                                  f"ring, got slide {self.slide}, ring {self.ring}")
+            if self.window or self.sink or self.page or self.axis == "channel":
+                raise FormatError("KV format: a sliding-window cache (ring) needs a format "
+                                  "without windows, sinks, pages and per-channel groups")
         if self.rope_width:
             if self.axis != "token":
                 raise FormatError("KV format: a RoPE part needs per-token groups")
@@ -190,13 +207,21 @@ class KVFormat:
     def stateful(self) -> bool:
         """Whether where a token is stored depends on the cache length (a window or
         per-channel groups): such regions start with a header holding that length."""
-        return self.bits != 16 and (self.window > 0 or self.axis == "channel")
+        return self.ring > 0 or (self.bits != 16 and (self.window > 0 or self.axis == "channel"))
 
     @property
     def header_bytes(self) -> int:
-        """Bytes of a region's header: the token count, uint32 little-endian, padded to
-        ``pad`` (0 for formats whose layout does not depend on the length)."""
+        """Bytes of a region's header: the token count, uint32 little-endian (a ring's also
+        its first held position), padded to ``pad`` (0 for formats whose layout does not
+        depend on the length)."""
+        if self.ring:
+            return align(RING_HEADER_BYTES, self.pad)
         return align(HEADER_COUNT_BYTES, self.pad) if self.stateful else 0
+
+    def sliding(self, *, ring: int, slide: int) -> KVFormat:
+        """This format as a sliding-window layer's cache (see the module docstring)."""
+        kw = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "name"}
+        return KVFormat(**{**kw, "ring": ring, "slide": slide})
 
     # --- the codec (isa.kv.codec) ----------------------------------------------------------
 
@@ -264,6 +289,11 @@ class KVFormat:
         written. See :func:`isa.kv.region.write`."""
         return rg.write(self, buf, cap, pos, x)
 
+    def region_first(self, buf: np.ndarray, cap: int, keys: int) -> int:
+        """The first position of the last ``keys`` cached tokens of region ``buf`` (Attn
+        over a ring reads those); 0 for other formats, whose Attn reads from position 0."""
+        return rg.last_keys_first(self, buf, cap, keys)
+
     def region_read(self, buf: np.ndarray, cap: int, width: int, pos: int = 0,
                     tokens: int | None = None) -> np.ndarray:
         """KvRead / Attn: int8 ``[tokens, width]`` of positions ``pos ..`` of the cache in
@@ -310,6 +340,8 @@ class KVFormat:
             parts.append(f"pad{self.pad}")
         if self.page:
             parts.append(f"page{self.page}")
+        if self.ring:
+            parts += [f"ring{self.ring}", f"slide{self.slide}"]
         return ".".join(parts)
 
     def to_text(self) -> str:

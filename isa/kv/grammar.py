@@ -96,11 +96,13 @@ _SPEC_TOKENS = (
     (re.compile(r"pad(\d+)$"), "pad"),
     (re.compile(r"page(\d+)$"), "page"),
     (re.compile(r"rope(\d+)b(\d+)$"), "rope"),
+    (re.compile(r"ring(\d+)$"), "ring"),
+    (re.compile(r"slide(\d+)$"), "slide"),
 )
 SPEC_HELP = ("a spec like 'b4.channel.g32.asym.scale-fp16.zero-fp16.fp-fp16.window128' "
              "(tokens: b16|b8|b4|b2, token|channel|none, g<N>, sym|asym, scale-<fp16|bf16>, "
              "zero-<fp16|bf16|uint8|int8>, fp-<bf16|fp16>, window<N>, sink<N>, pad<N>, "
-             "page<N>, rope<N>b<M>)")
+             "page<N>, rope<N>b<M>, ring<N>, slide<N>)")
 
 
 def names() -> list[str]:

@@ -62,9 +62,15 @@ before. (Keeping the old block's scales instead would clamp the new tokens to th
 range.)
 
 Every token-to-slot mapping goes through :func:`_runs` (and :func:`_slot_span` for the
-quantized slots of a token range), so a region whose slots are reused in a ring (a cache
-that keeps only the last tokens, for sliding-window attention) changes those two functions
-and :func:`layout`, not the reads, writes and traffic built on them.
+quantized slots of a token range), so the reads, writes and traffic are built on them.
+
+Sliding-window caches (``fmt.ring`` > 0) reuse their slots in a ring: a region of ``R =
+min(cap, ring)`` record slots, token ``t`` in slot ``t % R`` (no sinks, no full-precision
+tail), after a header of the token count ``T`` and the first position ``F`` it holds
+(uint32 each; ``F >= T - R``). It holds positions ``F .. T-1``; reading an older one is an
+error, not stale data. A truncating write (``pos`` below ``T``) keeps what it held below
+``pos``; the positions it had overwritten stay lost. :func:`cache_bytes` counts the
+``min(T, R)`` records held.
 """
 
 from __future__ import annotations
@@ -131,7 +137,9 @@ def layout(fmt: KVFormat, cap: int, width: int) -> RegionLayout:
     fpb = fmt.fp_record_bytes(width)
     s = 0 if fmt.bits == 16 else min(fmt.sink, cap)
     rest = cap - s
-    if fmt.axis == "channel":
+    if fmt.ring:  # a ring of token records (sliding window): no sinks, no fp tail
+        unit, slots, ring = fmt.record_bytes(width), min(cap, fmt.ring), 0
+    elif fmt.axis == "channel":
         unit = fmt.block_bytes(width)
         slots = max(0, rest - fmt.window) // fmt.group
         ring = min(fmt.window + fmt.group - 1, rest)
@@ -156,6 +164,13 @@ def _runs(fmt: KVFormat, L: RegionLayout, T: int, t0: int, t1: int) -> list[Run]
     if t0 < min(t1, s):
         runs.append(("fp", t0, min(t1, s), L.sink_offset + t0 * L.fp_slot_bytes))
     a, b = max(t0, s), min(t1, qe)
+    if fmt.ring:  # slot t % R, split where the ring wraps
+        n = L.quant_slots
+        while a < b:
+            e = min(b, a + n - a % n)
+            runs.append(("quant", a, e, L.quant_offset + a % n * L.quant_slot_bytes))
+            a = e
+        return runs
     if a < b:
         if fmt.axis == "channel":
             off = L.quant_offset + (a - s) // fmt.group * L.quant_slot_bytes
@@ -270,6 +285,28 @@ def length(fmt: KVFormat, buf: np.ndarray) -> int | None:
     return int(b[0]) | int(b[1]) << 8 | int(b[2]) << 16 | int(b[3]) << 24
 
 
+def held_from(fmt: KVFormat, buf: np.ndarray, cap: int) -> int:
+    """The first position a region still holds (0 except for rings: header word 2)."""
+    if not fmt.ring:
+        return 0
+    first = int(np.asarray(buf).reshape(-1).view(np.uint8)[4:8].view("<u4")[0])
+    return max(first, length(fmt, buf) - min(cap, fmt.ring))
+
+
+def last_keys_first(fmt: KVFormat, buf: np.ndarray, cap: int, keys: int) -> int:
+    """The first of the last ``keys`` positions of a ring region's cache (what Attn over a
+    sliding-window cache reads); 0 for other formats. An error if the ring no longer holds
+    them all."""
+    if not fmt.ring:
+        return 0
+    T = length(fmt, buf)
+    first = T - keys
+    if keys < 1 or first < held_from(fmt, buf, cap):
+        raise FormatError(f"{fmt}: the last {keys} positions of a cache of {T} tokens are "
+                          f"not all held (it holds {held_from(fmt, buf, cap)}..{T - 1})")
+    return first
+
+
 def _checked(fmt: KVFormat, buf: np.ndarray, cap: int, width: int) -> RegionLayout:
     L = layout(fmt, cap, width)
     if buf.dtype != np.uint8 or buf.ndim != 1 or buf.size != L.nbytes:
@@ -350,7 +387,8 @@ def write(fmt: KVFormat, buf: np.ndarray, cap: int, pos: int,
     # (re-quantizing what it reads need not give its codes back).
     patches = []
     qo, qn = _q_end(fmt, T_old), _q_end(fmt, T_new)
-    clear = [(T_new, T_old)]
+    held = held_from(fmt, buf, cap)
+    clear = [(max(T_new, held), T_old)]
     if qo < qn:
         clear.append((qo, min(qn, T_old)))
     for a, b in clear:
@@ -358,7 +396,7 @@ def write(fmt: KVFormat, buf: np.ndarray, cap: int, pos: int,
             nb = _span_bytes(fmt, L, kind, a0, b0)
             buf[off:off + nb] = 0
             patches.append((off, nb))
-    span = _slot_span(fmt, L, pos, T_old) if fmt.stateful else None
+    span = _slot_span(fmt, L, pos, T_old) if fmt.stateful and not fmt.ring else None
     if span is not None:  # the slots of dropped and overwritten tokens
         off, nb = span
         buf[off:off + nb] = 0
@@ -366,7 +404,11 @@ def write(fmt: KVFormat, buf: np.ndarray, cap: int, pos: int,
     keep = (qo, min(qn, pos))  # kept tokens that leave the tail with this write
     for (a, _), vals in zip(ranges, values, strict=True):
         patches += _put(fmt, buf, L, T_new, a, vals, keep)
-    if fmt.stateful:
+    if fmt.ring:  # what it held below pos, then the new tokens
+        first = max(min(held, pos), T_new - L.quant_slots)
+        buf[:8] = np.array([T_new, first], "<u4").view(np.uint8)
+        patches.append((0, 8))
+    elif fmt.stateful:
         buf[:4] = np.array([T_new], "<u4").view(np.uint8)
         patches.append((0, 4))
     return patches
@@ -390,6 +432,9 @@ def read(fmt: KVFormat, buf: np.ndarray, cap: int, width: int, pos: int = 0,
     if pos < 0 or tokens < 0 or pos + tokens > min(T, cap):
         raise FormatError(f"{fmt}: tokens {pos}..{pos + tokens - 1} are not in a cache of "
                           f"{T} tokens (capacity {cap})")
+    if tokens and pos < held_from(fmt, buf, cap):
+        raise FormatError(f"{fmt}: tokens {pos}..{pos + tokens - 1} are no longer in the "
+                          f"sliding-window cache (it holds {held_from(fmt, buf, cap)}..{T - 1})")
     return _get(fmt, buf, L, T, pos, pos + tokens)
 
 
@@ -448,7 +493,8 @@ def cache_bytes(fmt: KVFormat, tokens: int, width: int) -> int:
     if tokens < 0:
         raise FormatError(f"{fmt}: token count must be >= 0, got {tokens}")
     L = layout(fmt, max(tokens, 1), width)
-    used = sum(_span_bytes(fmt, L, k, a, b) for k, a, b, _ in _runs(fmt, L, tokens, 0, tokens))
+    t0 = max(0, tokens - fmt.ring) if fmt.ring else 0  # a ring holds its last R tokens
+    used = sum(_span_bytes(fmt, L, k, a, b) for k, a, b, _ in _runs(fmt, L, tokens, t0, tokens))
     if fmt.page and tokens % fmt.page:
         used += (fmt.page - tokens % fmt.page) * fmt.record_bytes(width)
     return used

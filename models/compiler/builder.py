@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from isa.instructions import NO_ADDR, DmaLoad, Gemm, Instruction
+from isa.instructions import NO_ADDR, DmaLoad, Gemm, GemmRow, Instruction
 
 from .flags import FORWARD, Flags
 from .sram import SramOverflow, SramPlan
@@ -58,6 +58,10 @@ class Matrix:
     has_bias: bool
     requant: bool  # int8 output; else int32 (the LM head)
     shift: int
+    #: the wide pipeline: a GemmRow (per-row input factors) with ``out_bits`` output
+    gemm_row: bool = False
+    row_shift: int = 0
+    out_bits: int = 8
 
     @property
     def row_bytes(self) -> int:
@@ -152,9 +156,10 @@ class Builder:
 
     def gemm(self, c: int, mat: Matrix, rows: tuple[int, int], *, a: int, m: int, out: int,
              plan: SramPlan, first_wait: tuple[int, ...] = (),
-             last_signal: tuple[int, ...] = ()) -> None:
+             last_signal: tuple[int, ...] = (), row_meta: int = NO_ADDR) -> None:
         """``out[m, :] = a[m, k] @ W[r0:r1].T`` (row-major, ``r1 - r0`` columns) on core
-        ``c``, tile by tile through the two weight buffers."""
+        ``c``, tile by tile through the two weight buffers (GemmRow for a ``gemm_row``
+        matrix, with the input's per-row factors at ``row_meta``)."""
         r0, r1 = rows
         nrows = r1 - r0
         t = self.target
@@ -168,15 +173,17 @@ class Builder:
             scale = plan.take(4 * nrows, f"{mat.name} multipliers")
             self.load(c, mat.p_addr + 4 * mat.n + 4 * r0, scale, 4 * nrows, to="in_mxu")
             wait0 += (self.sem(c, "in_mxu"),)
-        elt = 1 if mat.requant else 4
+        elt = (4 if mat.out_bits == 32 else 1) if mat.gemm_row else (1 if mat.requant else 4)
         tiles = self.weight_tiles(mat, rows)
         done = self.prefetched.pop((c, mat.name, rows), 0)
         first_buf = (self.tiles[c] - done) % 2
         for i, (lo, hi) in enumerate(tiles):
             buf = (first_buf + i) % 2 if i < done else self.tile_load(c, mat, lo, hi)
             off = lo - r0
-            self.emit(Gemm(
-                core=c, m=m, k=mat.k, n=hi - lo, w_bits=mat.bits, a=a,
+            row = {"row_meta": row_meta, "row_shift": mat.row_shift,
+                   "out_bits": mat.out_bits} if mat.gemm_row else {}
+            self.emit((GemmRow if mat.gemm_row else Gemm)(
+                **row, core=c, m=m, k=mat.k, n=hi - lo, w_bits=mat.bits, a=a,
                 w=buf * t.tile_bytes, out=out + off * elt,
                 bias=NO_ADDR if bias == NO_ADDR else bias + 4 * off,
                 scale=NO_ADDR if scale == NO_ADDR else scale + 4 * off,

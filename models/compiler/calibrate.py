@@ -16,7 +16,15 @@ import numpy as np
 from isa.kernels.fixed import quantize_multiplier
 
 from ..config import ModelConfig
-from ..reference import apply_rope, rms_norm, rope_cos_sin, silu, softmax, softmax_scale
+from ..reference import (
+    apply_rope,
+    layer_norm,
+    rms_norm,
+    rope_cos_sin,
+    silu,
+    softmax,
+    softmax_scale,
+)
 from ..weights import QuantizedWeight, WeightSource, quantize_weight
 from .numerics import AddQ, AttnQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ
 
@@ -100,15 +108,29 @@ def calibration_tokens(cfg: ModelConfig, seed: int, n: int = CALIBRATION_TOKENS)
     return rng.integers(0, cfg.vocab_size, size=n)
 
 
-def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0) -> Numerics:
-    """Integer parameters of a dense GQA model (``bits_for(name) -> bits``)."""
+def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0,
+              tokens: np.ndarray | None = None) -> Numerics:
+    """Integer parameters of a dense GQA model (``bits_for(name) -> bits``) for the int8
+    scheme, from ``tokens`` (default: :func:`calibration_tokens`)."""
+    if tokens is None:
+        tokens = calibration_tokens(cfg, seed)
+    amax, qw, _ = activation_absmax(cfg, source, bits_for, tokens)
+    s = {k: _scale(v) for k, v in amax.items()}
+    return derive(cfg, source, bits_for, s, qw)
+
+
+def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: np.ndarray,
+                      ) -> tuple[dict[str, float], dict[str, QuantizedWeight], np.ndarray]:
+    """The largest magnitude of every activation tensor of a float forward pass over
+    ``tokens`` (weights quantized then dequantized), the quantized weights of the last
+    layer, and the final norm's output (float32 ``[tokens, hidden]``)."""
     if cfg.is_mla or cfg.is_moe:
         raise NotImplementedError(
             f"model {cfg.name or cfg.family!r}: functional (integer) simulation supports "
             "dense grouped-query-attention models; use sim.fidelity = 'timing' for MLA/MoE"
         )
-    tokens = calibration_tokens(cfg, seed)
     n = len(tokens)
+    normf = layer_norm if cfg.norm_kind == "layer" else rms_norm
     amax: dict[str, float] = {}
     qw: dict[str, QuantizedWeight] = {}
 
@@ -131,7 +153,9 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
     future = np.arange(n)[None, :] > np.arange(n)[:, None]
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
-        xn = rec(f"{i}.xn", rms_norm(x, source.tensor(p + "attn_norm"), cfg.rms_norm_eps))
+        post = cfg.norm_position == "post"  # EXAONE-4.0: no norm before the projections
+        xn = rec(f"{i}.xn", x if post else normf(x, source.tensor(p + "attn_norm"),
+                                                  cfg.rms_norm_eps))
         bq = (p + "q_bias", p + "k_bias", p + "v_bias") if cfg.qkv_bias else (None,) * 3
         q = lin(xn, p + "q_proj", bq[0]).reshape(n, H, hd)
         k = lin(xn, p + "k_proj", bq[1]).reshape(n, KV, hd)
@@ -139,28 +163,48 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
         # RoPE rotates channel pairs (j, j + hd/2): at any position a rotated value is at
         # most its pair's norm, so that norm (not the values at the calibration
         # positions) bounds the int8 range of q and k wherever they are used.
+        if cfg.qk_norm:  # the projections' outputs, then each head's RMSNorm
+            rec(f"{i}.qraw", q)
+            rec(f"{i}.kraw", k)
+            q = rms_norm(q, source.tensor(p + "q_norm"), cfg.rms_norm_eps)
+            k = rms_norm(k, source.tensor(p + "k_norm"), cfg.rms_norm_eps)
         rec(f"{i}.q", _pair_norm(q))
         rec(f"{i}.k", _pair_norm(k))
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        if cfg.layer_has_rope(i):
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+        masked = future
+        if cfg.layer_window(i) is not None:  # a sliding layer sees its last window
+            masked = future | (np.arange(n)[None, :] <= np.arange(n)[:, None]
+                               - cfg.layer_window(i))
         g = H // KV
         kk = np.repeat(k, g, axis=1)
         vv = np.repeat(v, g, axis=1)
         s = np.einsum("nhd,thd->hnt", q, kk) * scale
-        s = np.where(future[None], -np.inf, s)
+        s = np.where(masked[None], -np.inf, s)
         ao = np.einsum("hnt,thd->nhd", softmax(s, axis=-1), vv).reshape(n, H * hd)
         ao = rec(f"{i}.ao", ao.astype(np.float32))
         o = rec(f"{i}.o", lin(ao, p + "o_proj", p + "o_bias" if cfg.o_bias else None))
+        if post:
+            o = rec(f"{i}.on", rms_norm(o, source.tensor(p + "post_attn_norm"),
+                                        cfg.rms_norm_eps))
         x = rec(f"{i}.xm", (x + o).astype(np.float32))
-        xn2 = rec(f"{i}.xn2", rms_norm(x, source.tensor(p + "mlp_norm"), cfg.rms_norm_eps))
+        if post:
+            xn2 = rec(f"{i}.xn2", x)
+        elif cfg.parallel_block:  # the MLP reads the attention's norm of the layer input
+            xn2 = rec(f"{i}.xn2", xn)
+        else:
+            xn2 = rec(f"{i}.xn2", normf(x, source.tensor(p + "mlp_norm"), cfg.rms_norm_eps))
         gt = rec(f"{i}.gate", lin(xn2, p + "gate_proj"))
         up = rec(f"{i}.up", lin(xn2, p + "up_proj"))
         hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
         d = rec(f"{i}.down", lin(hh, p + "down_proj"))
+        if post:
+            d = rec(f"{i}.dn", rms_norm(d, source.tensor(p + "post_mlp_norm"),
+                                        cfg.rms_norm_eps))
         x = rec(f"x{i + 1}", (x + d).astype(np.float32))
-    rec("fn", rms_norm(x, source.tensor("final_norm"), cfg.rms_norm_eps))
-    s = {k: _scale(v) for k, v in amax.items()}
-    return derive(cfg, source, bits_for, s, qw)
+    fn = rec("fn", normf(x, source.tensor("final_norm"), cfg.rms_norm_eps))
+    return amax, qw, fn
 
 
 def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float],
@@ -181,30 +225,50 @@ def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float]
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
         L = LayerQ()
-        L.attn_norm = norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"], s[f"{i}.xn"], eps)
-        L.q = gemm_params(s[f"{i}.xn"], w(p + "q_proj"), s[f"{i}.q"],
+        post = cfg.norm_position == "post"
+        if not post:
+            L.attn_norm = norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
+                                      s[f"{i}.xn"], eps)
+        sq, sk = (f"{i}.qraw", f"{i}.kraw") if cfg.qk_norm else (f"{i}.q", f"{i}.k")
+        L.q = gemm_params(s[f"{i}.xn"], w(p + "q_proj"), s[sq],
                           bias(p + "q_bias", cfg.qkv_bias))
-        L.k = gemm_params(s[f"{i}.xn"], w(p + "k_proj"), s[f"{i}.k"],
+        L.k = gemm_params(s[f"{i}.xn"], w(p + "k_proj"), s[sk],
                           bias(p + "k_bias", cfg.qkv_bias))
+        if cfg.qk_norm:
+            L.q_norm = norm_params(source.tensor(p + "q_norm"), s[sq], s[f"{i}.q"], eps)
+            L.k_norm = norm_params(source.tensor(p + "k_norm"), s[sk], s[f"{i}.k"], eps)
         L.v = gemm_params(s[f"{i}.xn"], w(p + "v_proj"), s[f"{i}.v"],
                           bias(p + "v_bias", cfg.qkv_bias))
         L.attn = attn_params(s[f"{i}.q"], s[f"{i}.k"], s[f"{i}.v"], s[f"{i}.ao"],
                              softmax_scale(cfg))
         L.o = gemm_params(s[f"{i}.ao"], w(p + "o_proj"), s[f"{i}.o"],
                           bias(p + "o_bias", cfg.o_bias))
-        L.add1 = add_params(s[f"x{i}"], s[f"{i}.o"], s[f"{i}.xm"])
-        L.mlp_norm = norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"], s[f"{i}.xn2"],
-                                 eps)
+        o_out = f"{i}.on" if post else f"{i}.o"
+        L.add1 = add_params(s[f"x{i}"], s[o_out], s[f"{i}.xm"])
+        if post:
+            L.post_attn_norm = norm_params(source.tensor(p + "post_attn_norm"), s[f"{i}.o"],
+                                           s[o_out], eps)
+        elif cfg.parallel_block:  # the layer input's norm again (blocks/parallel.py)
+            L.mlp_norm = norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
+                                     s[f"{i}.xn2"], eps)
+        else:
+            L.mlp_norm = norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"],
+                                     s[f"{i}.xn2"], eps)
         L.gate = gemm_params(s[f"{i}.xn2"], w(p + "gate_proj"), s[f"{i}.gate"], None)
         L.up = gemm_params(s[f"{i}.xn2"], w(p + "up_proj"), s[f"{i}.up"], None)
         L.silu = silu_params(s[f"{i}.gate"], s[f"{i}.up"], s[f"{i}.h"])
         L.down = gemm_params(s[f"{i}.h"], w(p + "down_proj"), s[f"{i}.down"], None)
-        L.add2 = add_params(s[f"{i}.xm"], s[f"{i}.down"], s[f"x{i + 1}"])
+        d_out = f"{i}.dn" if post else f"{i}.down"
+        L.add2 = add_params(s[f"{i}.xm"], s[d_out], s[f"x{i + 1}"])
+        if post:
+            L.post_mlp_norm = norm_params(source.tensor(p + "post_mlp_norm"),
+                                          s[f"{i}.down"], s[d_out], eps)
         layers.append(L)
         qw = {k: v for k, v in qw.items() if not k.startswith(p)}  # keep memory bounded
     final = norm_params(source.tensor("final_norm"), s[f"x{cfg.num_layers}"], s["fn"], eps)
     head_w = w(cfg.lm_head_tensor)
     head = gemm_params(s["fn"], head_w, None, None)
-    row_scale = (s["fn"] * head_w.scales.astype(np.float64)).astype(np.float32)
+    row_scale = (s["fn"] * cfg.logit_scale
+                 * head_w.scales.astype(np.float64)).astype(np.float32)
     return Numerics(input_scale=s["x0"], layers=layers, final_norm=final, head=head,
                     head_row_scale=row_scale, scales=s, functional=True)

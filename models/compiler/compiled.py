@@ -26,19 +26,19 @@ from isa.instructions import MemoryLayout, Program
 from ..bits import BitConfig
 from ..config import ModelConfig
 from ..reference import rope_cos_sin
-from ..source import open_weights
 from ..weights import WeightSource, quantize_weight
 from . import kvm
 from .blocks.registry import ModelBlocks, blocks_for, probe_layers
 from .builder import CORE_MODES, Target
-from .calibrate import calibrate
+from .calibrate_wide import calibrate_for, device_weights
 from .dram import build_memory_map, dram_problem
 from .driver import lower_call
 from .errors import CompileError
 from .kvspec import KvCacheSpec
 from .lowering import Lowering
 from .memmap import MemoryMap
-from .numerics import GemmQ, Numerics
+from .numerics import GemmQ, Numerics, numerics_problem, residual_bits
+from .rotation import head_tensor
 from .sram import SramOverflow
 
 #: Weight tile buffer size: two of them per core double-buffer weight streaming (an
@@ -141,7 +141,9 @@ class CompiledModel:
         return self.big_tile_bytes if m <= self.big_tile_tokens else self.tile_bytes
 
     def weight_source(self) -> WeightSource:
-        return open_weights(self.model, self.weights)
+        """The float weights as the device and the host see them: rotated when the
+        numerics rotate the residual stream (the host's embedding table is then ``E R``)."""
+        return device_weights(self.model, self.weights, self.bits)
 
     def kv_caches(self, slot: int | None = None) -> list[KvCacheSpec]:
         """One spec per (slot, layer, component), of every slot or of ``slot``.
@@ -162,8 +164,9 @@ class CompiledModel:
         src = self.weight_source()
         nq = self.numerics
 
-        def gemm_entries(name: str, gq: GemmQ):
-            qw = quantize_weight(src.tensor(name), self.bits_for(name))
+        def gemm_entries(name: str, gq: GemmQ, values: np.ndarray | None = None):
+            qw = quantize_weight(src.tensor(name) if values is None else values,
+                                 self.bits_for(name))
             yield self.mm[f"w.{name}"].base, qw.data.reshape(-1)
             n = qw.n
             p = np.zeros(2 * n, np.int32)
@@ -178,9 +181,11 @@ class CompiledModel:
             for nm, gq in (("q_proj", L.q), ("k_proj", L.k), ("v_proj", L.v), ("o_proj", L.o),
                            ("gate_proj", L.gate), ("up_proj", L.up), ("down_proj", L.down)):
                 yield from gemm_entries(pre + nm, gq)
-            yield self.mm[f"p.{pre}attn_norm"].base, L.attn_norm.gamma.view(np.uint8)
-            yield self.mm[f"p.{pre}mlp_norm"].base, L.mlp_norm.gamma.view(np.uint8)
-        yield from gemm_entries(cfg.lm_head_tensor, nq.head)
+            for nm in ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm",
+                       "post_mlp_norm"):  # the norms this model's layers have
+                if f"p.{pre}{nm}" in self.mm:
+                    yield self.mm[f"p.{pre}{nm}"].base, getattr(L, nm).gamma.view(np.uint8)
+        yield from gemm_entries(cfg.lm_head_tensor, nq.head, head_tensor(src))
         yield self.mm["p.final_norm"].base, nq.final_norm.gamma.view(np.uint8)
         cos, sin = rope_tables(cfg, self.cap)
         yield self.mm["rope.cos"].base, cos.view(np.uint8).reshape(-1)
@@ -273,6 +278,9 @@ def compile_model(
     except KvsimError as err:
         raise CompileError(f"kv.format: {err}") from None
     # before any map of all the slots is built (a million slots would take minutes)
+    if (why := numerics_problem(bits.numerics,
+                                mla_or_moe=model.is_mla or model.is_moe)) is not None:
+        raise CompileError(f"bits.numerics: {why}")
     if (why := dram_problem(model, bits, kv, cap=cap, slots=slots, max_seq=max_seq,
                             dram_bytes=hw.dram_bytes, hw_name=hw.name)) is not None:
         raise CompileError(f"model {model.name!r} {why}")
@@ -288,11 +296,10 @@ def compile_model(
     mm = search.memory_map(m_tile)
     if (why := mm.too_big(hw.dram_bytes, hw.name)) is not None:
         raise CompileError(f"model {model.name!r} {why}")
-    numerics = Numerics.placeholder(model.num_layers)
+    numerics = Numerics.placeholder(model.num_layers, residual_bits(bits.numerics),
+                                    bits.numerics.rotation != "none")
     if functional:
-        numerics = calibrate(model, open_weights(model, weights),
-                             lambda name: bits.weights.bits_for(model.tensor_spec(name).role),
-                             seed=int(weights.get("seed", 0)))
+        numerics = calibrate_for(model, bits, device_weights(model, weights, bits), weights)
     cm = CompiledModel(model=model, bits=bits, kv=kv, hw=hw, core_mode=core_mode,
                        max_seq=max_seq, cap=cap, slots=slots, tile_bytes=tile_bytes,
                        m_tile=m_tile, mm=mm, numerics=numerics, weights=weights,
@@ -319,7 +326,8 @@ class _TileSearch:
         self.core_mode, self.max_seq, self.cap, self.slots = core_mode, max_seq, cap, slots
         self.blocks = blocks
         self.layers = probe_layers(model)
-        self.numerics = Numerics.placeholder(model.num_layers)
+        self.numerics = Numerics.placeholder(model.num_layers, residual_bits(bits.numerics),
+                                             bits.numerics.rotation != "none")
         self._maps: dict[int, MemoryMap] = {}
 
     def memory_map(self, m_tile: int) -> MemoryMap:

@@ -13,6 +13,7 @@ from .blocks.io import LAST_REGION, LOGITS_REGION
 from .blocks.registry import blocks_for
 from .builder import CORE_MODES
 from .memmap import MemoryMap, dram_shortfall
+from .numerics import residual_bits
 
 
 def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, slots: int,
@@ -39,12 +40,13 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
     blocks.attention.add_regions(mm, pair=pair, cap=cap, slots=slots, m_tile=m_tile)
     for mlp in blocks.mlps.values():
         mlp.add_regions(mm, m_tile=m_tile)
-    mm.add("act.x0", m_tile * h, "activations")
-    mm.add("act.x1", m_tile * h, "activations")
-    mm.add("act.xm", m_tile * h, "activations")
+    rb, hb = activation_bytes(bits)
+    mm.add("act.x0", rb * m_tile * h, "activations")
+    mm.add("act.x1", rb * m_tile * h, "activations")
+    mm.add("act.xm", rb * m_tile * h, "activations")
     mm.add("act.ao", m_tile * cfg.num_heads * cfg.head_dim, "activations")
     shared = (cfg.n_shared_experts or 0) * (cfg.moe_intermediate_size or 0)
-    mm.add("act.hb", m_tile * max(cfg.intermediate_size, shared), "activations")
+    mm.add("act.hb", hb * m_tile * max(cfg.intermediate_size, shared), "activations")
     mm.add("io.emb", 4 * max_seq * h, "host_io")
     mm.add("io.logits", 4 * cfg.vocab_size, "host_io")
     # scratch for on-device cache rearrangement (sim.cacheops): one cache's worth of int8
@@ -54,13 +56,22 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
     return mm
 
 
+def activation_bytes(bits: BitConfig) -> tuple[int, int]:
+    """Bytes per value of the residual stream and of the SwiGLU output in DRAM: (1, 1) for
+    the int8 scheme, (2 or 4, 4) for the wide pipeline (int32 SwiGLU outputs, quantized
+    per token by the down projection's core)."""
+    rb = residual_bits(bits.numerics) // 8
+    return rb, (4 if rb > 1 else 1)
+
+
 def batch_memory_map(build, *, max_tokens: int, max_seqs: int, hidden: int,
-                     vocab: int) -> MemoryMap:
+                     vocab: int, residual_bytes: int = 1) -> MemoryMap:
     """``build(max_seq)`` (the compiler's memory map for calls of up to ``max_seq``
     tokens) with ``max_tokens`` tokens of input, plus the gathered hidden states and the
-    logits of ``max_seqs`` sequences (a batched step: :func:`.driver.lower_step`)."""
+    logits of ``max_seqs`` sequences (a batched step: :func:`.driver.lower_step`);
+    ``residual_bytes``: bytes per hidden value (:func:`activation_bytes`)."""
     mm = build(max_tokens)
-    mm.add(LAST_REGION, max_seqs * hidden, "activations")
+    mm.add(LAST_REGION, max_seqs * hidden * residual_bytes, "activations")
     mm.add(LOGITS_REGION, 4 * max_seqs * vocab, "host_io")
     return mm
 

@@ -111,7 +111,7 @@ def lower_call(lw: Lowering, *, n: int, cache_size: int, slot: int = 0, host_in:
     if not all_logits:
         return _lower(lw, [StepSeq(slot, n, cache_size)], layers=layers, host_in=host_in,
                       host_out=host_out, one_call=True, name=name)
-    h = lw.model.hidden_size
+    h = lw.model.hidden_size * lw.numerics.residual_bytes  # bytes per hidden state
     if LAST_REGION not in lw.mm or LOGITS_REGION not in lw.mm:
         raise ConfigError(f"a call with all-position logits needs the regions "
                           f"{LAST_REGION!r} and {LOGITS_REGION!r} (batch_memory_map)")
@@ -148,9 +148,10 @@ def lower_step(lw: Lowering, seqs: Sequence[StepSeq | tuple], *,
     if outs and (LAST_REGION not in lw.mm or LOGITS_REGION not in lw.mm):
         raise ConfigError(f"a step with logits needs the regions {LAST_REGION!r} and "
                           f"{LOGITS_REGION!r} (batch_memory_map)")
-    if outs and len(outs) * cfg.hidden_size > lw.mm[LAST_REGION].size:
+    row = cfg.hidden_size * lw.numerics.residual_bytes  # bytes per hidden state
+    if outs and len(outs) * row > lw.mm[LAST_REGION].size:
         raise ConfigError(f"{len(outs)} sequences sample in this step; the memory map has "
-                          f"room for {lw.mm[LAST_REGION].size // cfg.hidden_size}")
+                          f"room for {lw.mm[LAST_REGION].size // row}")
     return _lower(lw, seqs, layers=layers, host_in=host_in, host_out=host_out,
                   one_call=False, name=name or _name(seqs))
 
@@ -197,7 +198,7 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
         t0 += m
     done = b.shared("logits")
     if one_call:  # the head reads the last token's hidden state where it is
-        x_last = xbuf[cur] + (m - 1) * h
+        x_last = xbuf[cur] + (m - 1) * h * lw.numerics.residual_bytes
         lw.memo.lower(b, ("head", x_last), lambda: stage_head(b, lw, x_last))
         b.emit(HostRead(src=lw.mm["io.logits"].base, dst=host_out, nbytes=4 * cfg.vocab_size,
                         wait=(done,) * sum(1 for c in lw.target.cores if head_rows_of(lw, c))))
@@ -210,7 +211,8 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
     stores = 0
     for r0 in range(0, n_out, per):
         r = min(per, n_out - r0)
-        stores += stage_head_rows(b, lw, lw.mm[LAST_REGION].base + r0 * h, r,
+        stores += stage_head_rows(b, lw, lw.mm[LAST_REGION].base
+                                  + r0 * h * lw.numerics.residual_bytes, r,
                                   logits + 4 * r0 * cfg.vocab_size)
     b.emit(HostRead(src=logits, dst=host_out, nbytes=4 * n_out * cfg.vocab_size,
                     wait=(done,) * stores))

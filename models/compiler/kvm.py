@@ -36,6 +36,19 @@ FILE_FORMAT = "kvsim-compiled-model"
 FILE_VERSION = 2
 
 
+
+#: Norms of the per-layer features (QK norm, post norms: models.layer_features), stored
+#: only for the models whose layers have them, so other models' files stay as they were.
+EXTRA_NORMS = ("q_norm", "k_norm", "post_attn_norm", "post_mlp_norm")
+
+
+def _layer_norms(cfg, layer: int) -> tuple[str, ...]:
+    """The norm entries of a layer's numerics in a file: attention and MLP norms, then the
+    extra ones its tensors have."""
+    have = {t.name for t in cfg.layer_tensors(layer)}
+    return ("attn_norm", "mlp_norm") + tuple(
+        f for f in EXTRA_NORMS if f"layers.{layer}.{f}" in have)
+
 def write(cm: CompiledModel, path: str | Path) -> None:
     """Write ``cm`` to ``path`` (atomically)."""
     from traces.io import atomic_write_bytes
@@ -91,7 +104,10 @@ def to_header(cm: CompiledModel) -> tuple[dict, dict[str, np.ndarray]]:
             arrays[f"{key}.mult"] = g.mult
         if g.bias is not None:
             arrays[f"{key}.bias"] = g.bias
-        return {"shift": g.shift}
+        d: dict[str, Any] = {"shift": g.shift}
+        if nq.wide:  # the wide pipeline's GemmRow fields
+            d.update(row_shift=g.row_shift, out_bits=g.out_bits)
+        return d
 
     def norm(key: str, n: NormQ) -> dict:
         if n.gamma is not None:
@@ -103,7 +119,7 @@ def to_header(cm: CompiledModel) -> tuple[dict, dict[str, np.ndarray]]:
         d: dict[str, Any] = {}
         for f in ("q", "k", "v", "o", "gate", "up", "down"):
             d[f] = gemm(f"{i}.{f}", getattr(L, f))
-        for f in ("attn_norm", "mlp_norm"):
+        for f in _layer_norms(cm.model, i):
             d[f] = norm(f"{i}.{f}", getattr(L, f))
         d["attn"] = vars(L.attn)
         d["add1"] = vars(L.add1)
@@ -117,6 +133,8 @@ def to_header(cm: CompiledModel) -> tuple[dict, dict[str, np.ndarray]]:
         "final_norm": norm("final_norm", nq.final_norm), "head": gemm("head", nq.head),
         "scales": nq.scales,
     }
+    if nq.wide or nq.rotated:
+        numerics.update(residual_bits=nq.residual_bits, rotated=nq.rotated)
     header = {
         "format": FILE_FORMAT, "version": FILE_VERSION,
         "model": cm.model.model_dump(mode="json"),
@@ -136,8 +154,9 @@ def fields_from_header(h: dict, arrays: dict[str, np.ndarray]) -> dict[str, Any]
         n = h["numerics"]
 
         def gemm(key: str, d: dict) -> GemmQ:
+            wide = {k: d[k] for k in ("row_shift", "out_bits") if k in d}
             return GemmQ(shift=d["shift"], mult=arrays.get(f"{key}.mult"),
-                         bias=arrays.get(f"{key}.bias"))
+                         bias=arrays.get(f"{key}.bias"), **wide)
 
         def norm(key: str, d: dict) -> NormQ:
             return NormQ(eps_q=d["eps_q"], shift=d["shift"], gamma=arrays.get(f"{key}.gamma"))
@@ -148,14 +167,17 @@ def fields_from_header(h: dict, arrays: dict[str, np.ndarray]) -> dict[str, Any]
                        silu=SiluQ(**d["silu"]))
             for f in ("q", "k", "v", "o", "gate", "up", "down"):
                 setattr(L, f, gemm(f"{i}.{f}", d[f]))
-            for f in ("attn_norm", "mlp_norm"):
-                setattr(L, f, norm(f"{i}.{f}", d[f]))
+            for f in ("attn_norm", "mlp_norm") + EXTRA_NORMS:
+                if f in d or f in ("attn_norm", "mlp_norm"):
+                    setattr(L, f, norm(f"{i}.{f}", d[f]))
             layers.append(L)
         numerics = Numerics(input_scale=n["input_scale"], layers=layers,
                             final_norm=norm("final_norm", n["final_norm"]),
                             head=gemm("head", n["head"]),
                             head_row_scale=arrays.get("head_row_scale"), scales=n["scales"],
-                            functional=n["functional"])
+                            functional=n["functional"],
+                            residual_bits=n.get("residual_bits", 8),
+                            rotated=n.get("rotated", False))
         _check_scalars(h)
         return dict(
             model=build_model(h["model"]), bits=build_bit_config(h["bits"]), kv=h["kv"],
@@ -226,7 +248,7 @@ def _check_numerics(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
         raise bad("functional", "is true for an MLA/MoE model (timing only)")
     for i, L in enumerate(nq.layers):
         for f in ("attn_norm", "q", "k", "v", "attn", "o", "add1", "mlp_norm", "gate", "up",
-                  "silu", "down", "add2"):
+                  "silu", "down", "add2") + EXTRA_NORMS:
             ints(f"layers[{i}].{f}", getattr(L, f))
     ints("final_norm", nq.final_norm)
     ints("head", nq.head)
@@ -242,14 +264,16 @@ def _check_numerics(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
             raise bad(key, f"must be {np.dtype(dtype)}[{n}], got {got}")
 
     h = cfg.hidden_size
+    names = {t.name for t in cfg.tensors()}
     for i in range(cfg.num_layers):
         for f, name in _GEMMS:
             n = cfg.tensor_spec(f"layers.{i}.{name}").shape[0]
             vector(f"{i}.{f}.mult", np.int32, n)
             if f"{i}.{f}.bias" in arrays:
                 vector(f"{i}.{f}.bias", np.int32, n)
-        vector(f"{i}.attn_norm.gamma", np.int16, h)
-        vector(f"{i}.mlp_norm.gamma", np.int16, h)
+        for f in _layer_norms(cfg, i):  # the gains of the norms the layer has
+            if f"layers.{i}.{f}" in names:
+                vector(f"{i}.{f}.gamma", np.int16, cfg.tensor_spec(f"layers.{i}.{f}").shape[0])
     vector("final_norm.gamma", np.int16, h)
     vector("head_row_scale", np.float32, cfg.vocab_size)
     for key in ("head.mult", "head.bias"):

@@ -77,12 +77,18 @@ class Lowering:
             has_bias = bias_name != name and bool(self.model.tensor_spec(bias_name))
         except ConfigError:
             has_bias = False
+        wide = self.numerics.wide
         return Matrix(name, n, k, self.weight_bits[name], self.mm[f"w.{name}"].base,
-                      self.mm[f"p.{name}"].base, has_bias, requant, gq.shift)
+                      self.mm[f"p.{name}"].base, has_bias, requant or wide, gq.shift,
+                      gemm_row=wide, row_shift=gq.row_shift, out_bits=gq.out_bits)
 
     @property
     def formats(self) -> tuple[str, ...]:
-        return (kvformats.to_text(self.k_fmt), kvformats.to_text(self.v_fmt))
+        """The programs' format table: K, V, then the attention block's extra formats
+        (a sliding-window model's ring formats)."""
+        extra = getattr(self.blocks.attention, "extra_formats", None)
+        more = tuple(kvformats.to_text(f) for f in extra(self)) if extra else ()
+        return (kvformats.to_text(self.k_fmt), kvformats.to_text(self.v_fmt)) + more
 
     def rows(self, n: int, c: int, unit: int = 16) -> tuple[int, int]:
         """Core ``c``'s contiguous share of ``n`` rows (whole ``unit``s)."""

@@ -15,6 +15,11 @@ meaning follows them:
   s_up / (s_out * 2**20)``
 - attention: ``score_mult * 2**-score_shift = s_q * s_k * softmax_scale * 2**20``,
   ``out_mult * 2**-out_shift = s_v / (s_out * 2**24)``
+
+The wide pipeline (``calibrate_wide.py``) reuses these records for its kernels
+(``isa.kernels.wide``): ``NormQ`` for RMSNORM_WIDE (int32 output), ``AddQ`` (``ma``,
+``shift``) for ADD_WIDE, ``SiluQ`` for SILU_MUL_WIDE, ``GemmQ`` with ``row_shift`` and
+``out_bits`` for GemmRow.
 """
 
 from __future__ import annotations
@@ -23,12 +28,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from isa.kernels.wide import ROW_FACTOR_Q
+
+#: The wide pipeline's GEMMs with int32 outputs (o/down: into the residual add; gate/up:
+#: into SwiGLU); q/k/v stay int8 (the KV cache). The LM head's logits are int32 too.
+WIDE_INT32_OUTPUTS = ("o", "gate", "up", "down")
+
 
 @dataclass
 class GemmQ:
     shift: int = 0
     mult: np.ndarray | None = None  # int32[n]; None: int32 output (LM head)
     bias: np.ndarray | None = None  # int32[n]
+    #: wide pipeline (``GemmRow``): the per-row shift base and the output width
+    row_shift: int = ROW_FACTOR_Q
+    out_bits: int = 8
 
 
 @dataclass
@@ -76,6 +90,11 @@ class LayerQ:
     silu: SiluQ = field(default_factory=SiluQ)
     down: GemmQ = field(default_factory=GemmQ)
     add2: AddQ = field(default_factory=AddQ)
+    # EXAONE-4.0 (blocks/postnorm.py): QK norms and the norms after attention and MLP
+    q_norm: NormQ = field(default_factory=NormQ)
+    k_norm: NormQ = field(default_factory=NormQ)
+    post_attn_norm: NormQ = field(default_factory=NormQ)
+    post_mlp_norm: NormQ = field(default_factory=NormQ)
 
 
 @dataclass
@@ -89,9 +108,62 @@ class Numerics:
     head_row_scale: np.ndarray | None = None  # float32[vocab]: logit = acc * row_scale
     scales: dict[str, float] = field(default_factory=dict)  # activation scales, for reports
     functional: bool = True
+    #: the representation (``BitConfig.numerics``): residual bits (8: the int8 scheme;
+    #: 16/32: the wide pipeline, which has per-token GEMM inputs), residual rotated
+    residual_bits: int = 8
+    rotated: bool = False
+
+    @property
+    def wide(self) -> bool:
+        """The wide pipeline (int16/int32 residual, per-token int8 GEMM inputs)."""
+        return self.residual_bits > 8
+
+    @property
+    def residual_bytes(self) -> int:
+        return self.residual_bits // 8
 
     @classmethod
-    def placeholder(cls, num_layers: int) -> Numerics:
-        """Scalars only (no arrays): enough to lower programs for timing-only runs."""
-        return cls(1.0, [LayerQ() for _ in range(num_layers)], NormQ(), GemmQ(),
-                   functional=False)
+    def placeholder(cls, num_layers: int, residual_bits: int = 8,
+                    rotated: bool = False) -> Numerics:
+        """Scalars only (no arrays): enough to lower programs for timing-only runs (the
+        same programs as the calibrated parameters give: output widths are structural)."""
+        layers = [LayerQ() for _ in range(num_layers)]
+        head = GemmQ()
+        if residual_bits > 8:
+            for L in layers:
+                for key in WIDE_INT32_OUTPUTS:
+                    getattr(L, key).out_bits = 32
+            head.out_bits = 32
+        return cls(1.0, layers, NormQ(), head, functional=False,
+                   residual_bits=residual_bits, rotated=rotated)
+
+
+def residual_bits(opts) -> int:
+    """Bits per residual value of the numerics options ``opts`` (``NumericsOptions``)."""
+    return {"int8": 8, "int16": 16, "int16e": 16, "int32": 32}[opts.residual]
+
+
+def numerics_problem(opts, *, mla_or_moe: bool) -> str | None:
+    """Why the compiler cannot build numerics options ``opts`` (a ``NumericsOptions``), or
+    None. Built: the int8 scheme (residual int8, static scales) and the wide pipeline
+    (residual int16/int32, per-token GEMM inputs, static q/k/v), each with or without the
+    offline residual rotation."""
+    if opts.residual == "int16e":
+        return ("residual = 'int16e' (a per-token exponent) is not implemented yet; use "
+                "'int16' or 'int32'")
+    if opts.rotation == "residual+down":
+        return ("rotation = 'residual+down' (the online down_proj Hadamard) is not "
+                "implemented yet; use 'residual' or 'none'")
+    if opts.qkv_scale != "static":
+        return "qkv_scale = 'token' is not implemented yet; use 'static'"
+    wide = opts.residual != "int8"
+    if wide and opts.act_scale != "token":
+        return (f"residual = {opts.residual!r} is built with act_scale = 'token' (per-token "
+                "GEMM inputs); static GEMM inputs on a wide residual are not implemented")
+    if not wide and opts.act_scale != "static":
+        return ("act_scale = 'token' is built with a wide residual (residual = 'int16' or "
+                "'int32'); the int8 residual keeps static scales")
+    if wide and mla_or_moe:
+        return ("the wide pipeline (residual int16/int32) is built for dense grouped-query-"
+                "attention models; use [bits.numerics] preset = 'static-int8' for MLA/MoE")
+    return None

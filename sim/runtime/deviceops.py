@@ -73,7 +73,8 @@ def step_compiled(cm: CompiledModel, dram_bytes: int, rows: int) -> CompiledMode
 
     mm = batch_memory_map(lambda _: copy.deepcopy(cm.mm), max_tokens=cm.max_seq,
                           max_seqs=rows, hidden=cm.model.hidden_size,
-                          vocab=cm.model.vocab_size)
+                          vocab=cm.model.vocab_size,
+                          residual_bytes=cm.numerics.residual_bytes)
     return dataclasses.replace(cm, mm=mm) if mm.total_bytes <= dram_bytes else None
 
 

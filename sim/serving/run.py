@@ -74,7 +74,7 @@ def compile_for_serving(model, bits, hw: HardwareConfig, *, kv: str, core_mode: 
         lambda n: build_memory_map(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
                                    max_seq=n, m_tile=cm.m_tile),
         max_tokens=max_seq, max_seqs=max_seqs, hidden=model.hidden_size,
-        vocab=model.vocab_size)
+        vocab=model.vocab_size, residual_bytes=cm.numerics.residual_bytes)
     cm = replace(cm, max_seq=max_seq, mm=mm, programs={})
     if cm.mm.total_bytes > hw.dram.capacity_bytes:
         raise CompileError(f"the model with its serving buffers needs "

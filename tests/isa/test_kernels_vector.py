@@ -88,6 +88,34 @@ def test_rmsnorm_is_close_to_float() -> None:
 
 
 @SETTINGS
+@given(mats(), st.integers(0, 2**27 - 1), st.integers(0, 50), st.data())
+def test_layernorm(x, eps_q, shift, data) -> None:
+    g = data.draw(hnp.arrays(np.int16, x.shape[1], elements=st.integers(-(2**15), 2**15 - 1)))
+    out = np.zeros(x.shape, np.int8)
+    vk.layernorm(x, g, eps_q, shift, out)
+    for i, row in enumerate(x.tolist()):
+        c = len(row)
+        mean = (sum(row) * 8 + c) // (2 * c)  # rs(sum * 4 / c): round half up
+        xc = [4 * v - mean for v in row]
+        ms = sum(v * v for v in xc) * 2**16 // c + 16 * eps_q
+        inv = 2**31 // max(1, math.isqrt(ms))
+        expected = [sat8(rs(v * int(gj) * inv, shift)) for v, gj in zip(xc, g, strict=True)]
+        assert out[i].tolist() == expected
+
+
+def test_layernorm_is_close_to_float() -> None:
+    rng = np.random.default_rng(0)
+    x = (rng.integers(-60, 60, (4, 512)) + 40).astype(np.int8)  # rows with a mean of ~40
+    g = np.full(512, 64, np.int16)
+    out = np.zeros_like(x)
+    vk.layernorm(x, g, 0, 24, out)  # out ~= 32 * (x - mean) / std, as for RMSNorm
+    xf = x.astype(np.float64)
+    xc = xf - xf.mean(axis=1, keepdims=True)
+    ref = 32 * xc / np.sqrt((xc**2).mean(axis=1, keepdims=True))
+    assert np.abs(out - np.clip(np.round(ref), -128, 127)).max() <= 1
+
+
+@SETTINGS
 @given(mats(), st.data())
 def test_silu_mul(a, data) -> None:
     b = data.draw(hnp.arrays(np.int8, a.shape, elements=I8))

@@ -8,12 +8,16 @@ from isa.errors import ConfigError
 from models.config import ModelConfig, TensorSpec, load_model, load_preset, preset_names
 
 
-def test_preset_names_list_all_five() -> None:
+def test_preset_names_list_all_nine() -> None:
     assert preset_names() == [
+        "command-r7b",
         "deepseek-v2-lite",
+        "exaone-4.0-1.2b",
         "llama-3.2-1b",
         "qwen2.5-0.5b",
         "tiny",
+        "tiny-cohere2",
+        "tiny-exaone4",
         "tiny-mla",
     ]
 

@@ -122,7 +122,8 @@ def test_missing_mla_and_moe_keys(tmp_path: Path) -> None:
 def test_unsupported_model_type_lists_supported(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError,
-        match="unsupported model_type 'gpt2'; supported: deepseek_v2, llama, mistral, qwen2",
+        match="unsupported model_type 'gpt2'; supported: cohere2, deepseek_v2, exaone4, "
+              "llama, mistral, qwen2",
     ):
         load_hf_config(_write(tmp_path, {**LLAMA_MIN, "model_type": "gpt2"}))
     with pytest.raises(ConfigError, match="unsupported architectures"):

@@ -15,14 +15,14 @@ the regions ``kv.s<slot>.l<layer>.k`` and ``.v``.
 from __future__ import annotations
 
 from isa.instructions import Attn, DmaStore, Engine, KvWrite, Nop, Vec, VecFunc
-from isa.kvformats import KVPair
+from isa.kvformats import KVFormat, KVPair
 
 from ...config import ModelConfig
 from ..builder import Builder
 from ..kvspec import KvCacheSpec
 from ..lowering import Lowering, TileSeq, kv_region
 from ..memmap import MemoryMap
-from ..ops import norm, proj_residual
+from ..ops import norm, proj_residual, residual_bytes, row_meta
 from ..sram import SramPlan
 
 
@@ -66,7 +66,41 @@ class GqaAttention:
         q = lw.numerics.layers[layer]
         _stage_attention(b, lw, layer, q, x, m, segs)
         # stage C reads no position: decode steps and prefill tiles of a size share it
-        lw.memo.lower(b, ("o", layer, x, m), lambda: _stage_o(b, lw, layer, q, x, m))
+        lw.memo.lower(b, ("o", layer, x, m), lambda: self.stage_o(b, lw, layer, q, x, m))
+
+    # --- per-layer hooks (a sliding-window variant overrides them: .sliding) -------------
+    def layer_formats(self, lw: Lowering, layer: int) -> tuple[KVFormat, KVFormat, int, int]:
+        """Layer ``layer``'s K and V formats and their indices in the program's table."""
+        return lw.k_fmt, lw.v_fmt, 0, 1
+
+    def key_span(self, lw: Lowering, layer: int, pos0: int, n: int) -> tuple[int, int]:
+        """``(first, keys)``: the cache positions ``first .. first+keys-1`` that ``n``
+        queries at ``pos0 ..`` attend to (all of the cache here)."""
+        return 0, pos0 + n
+
+    def rotates(self, layer: int) -> bool:
+        """Whether layer ``layer`` applies RoPE to its queries and keys."""
+        return True
+
+    def extra_formats(self, lw: Lowering) -> tuple[KVFormat, ...]:
+        """Formats the program's table lists after the K and V formats (none here)."""
+        return ()
+
+    def input_norm(self, b: Builder, lw: Lowering, c: int, plan: SramPlan, layer: int, q,
+                   xs: int, m: int) -> int:
+        """Normalise the layer input ``xs`` (loaded, on in_vpu) for the projections; the
+        VPU signals vpu_mxu. Returns the normalised buffer."""
+        return norm(b, lw, c, plan, f"layers.{layer}.attn_norm", q.attn_norm, xs, m,
+                    lw.model.hidden_size, to="vpu_mxu")
+
+    def head_norm_gains(self, b: Builder, lw: Lowering, c: int, plan: SramPlan,
+                        layer: int) -> dict[str, int] | None:
+        """Load the q and k head-norm gains (QK norm) and return their buffers, or None."""
+        return None
+
+    def stage_o(self, b: Builder, lw: Lowering, layer: int, q, x: int, m: int) -> None:
+        """O projection and residual add -> ``act.xm``."""
+        _stage_o(b, lw, layer, q, x, m)
 
 
 
@@ -99,11 +133,14 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
     h, hd = cfg.hidden_size, cfg.head_dim
     p = f"layers.{layer}."
     units = head_units(lw)
+    att = lw.blocks.attention  # per-layer formats, key spans and RoPE (GqaAttention hooks)
+    kf, vf, ki, vi = att.layer_formats(lw, layer)
+    rotates = att.rotates(layer)
     rot = hd
     cos = lw.mm["rope.cos"].base
     sin = lw.mm["rope.sin"].base
-    k_sub = lw.k_fmt.max_bytes(lw.cap, hd)
-    v_sub = lw.v_fmt.max_bytes(lw.cap, hd)
+    k_sub = kf.max_bytes(lw.cap, hd)
+    v_sub = vf.max_bytes(lw.cap, hd)
     kregs = [lw.mm[lw.kv_region(sq.slot, layer, "k")] for sq in segs]
     vregs = [lw.mm[lw.kv_region(sq.slot, layer, "v")] for sq in segs]
     mq = lw.matrix(p + "q_proj", q.q)
@@ -121,38 +158,53 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
             b.prefetch(c, mq, (ha0 * hd, hb0 * hd))
         else:
             b.prefetch(c, mk, (owned[0] * hd, (owned[0] + 1) * hd))
-        xs = plan.take(m * h, "layer input")
-        b.load(c, x, xs, m * h, to="in_vpu")
-        xn = norm(b, lw, c, plan, p + "attn_norm", q.attn_norm, xs, m, h, to="vpu_mxu")
+        rb = residual_bytes(lw)
+        xs = plan.take(rb * m * h, "layer input")
+        b.load(c, x, xs, rb * m * h, to="in_vpu")
+        xn = att.input_norm(b, lw, c, plan, layer, q, xs, m)
+        meta = row_meta(lw, xn, m, h)
         tab = plan.take(2 * m * rot, "RoPE tables")
         for sq in segs:  # per sequence: [cos | sin] of its positions
             t = tab + 2 * sq.off * rot
             b.load(c, cos + sq.pos0 * rot, t, sq.n * rot, to="in_vpu")
             b.load(c, sin + sq.pos0 * rot, t + sq.n * rot, sq.n * rot, to="in_vpu")
+        gains = att.head_norm_gains(b, lw, c, plan, layer)
         first = (b.sem(c, "vpu_mxu"),)
         vpu_ops: list[tuple[str, int, int, int]] = []  # (kind, buf, width, kv head)
         held[c] = []
         for j, ha, hb in units[c]:
             qb = plan.take(m * (hb - ha) * hd, f"q heads {ha}..{hb - 1}")
             b.gemm(c, mq, (ha * hd, hb * hd), a=xn, m=m, out=qb, plan=plan, first_wait=first,
-                   last_signal=(b.sem(c, "mxu_vpu"),))
+                   last_signal=(b.sem(c, "mxu_vpu"),), row_meta=meta)
             first = ()
             vpu_ops.append(("rope", qb, (hb - ha) * hd, j))
             held[c].append((j, ha, hb, qb, plan))
         for j in owned:
             kb = plan.take(m * hd, f"k head {j}")
             b.gemm(c, mk, (j * hd, (j + 1) * hd), a=xn, m=m, out=kb, plan=plan,
-                   first_wait=first, last_signal=(b.sem(c, "mxu_vpu"),))
+                   first_wait=first, last_signal=(b.sem(c, "mxu_vpu"),), row_meta=meta)
             first = ()
             vpu_ops.append(("k", kb, hd, j))
             vb = plan.take(m * hd, f"v head {j}")
             b.gemm(c, mv, (j * hd, (j + 1) * hd), a=xn, m=m, out=vb, plan=plan,
-                   last_signal=(b.sem(c, "mxu_vpu"),))
+                   last_signal=(b.sem(c, "mxu_vpu"),), row_meta=meta)
             vpu_ops.append(("v", vb, hd, j))
         tables_taken = False
         for kind, buf, width, j in vpu_ops:
             wait = (b.sem(c, "mxu_vpu"),)
-            if kind in ("rope", "k"):
+            if gains is not None and kind in ("rope", "k"):  # QK norm: each head, first
+                if not tables_taken:  # the tables' and the gains' loads, in their order
+                    wait += (b.sem(c, "in_vpu"),) * (2 * len(segs) + len(gains))
+                    tables_taken = True
+                nq = q.q_norm if kind == "rope" else q.k_norm
+                b.emit(Vec(core=c, func=VecFunc.RMSNORM, rows=m * width // hd, cols=hd,
+                           src0=buf, src1=gains["q" if kind == "rope" else "k"], dst=buf,
+                           p0=nq.eps_q, p1=nq.shift, wait=wait))
+                wait = ()
+            if kind == "rope" and not rotates:  # no RoPE: the q heads are ready as they are
+                b.emit(Nop(core=c, on=Engine.VPU, wait=wait))
+                continue
+            if kind in ("rope", "k") and rotates:
                 if not tables_taken:
                     wait += (b.sem(c, "in_vpu"),) * (2 * len(segs))
                     tables_taken = True
@@ -163,7 +215,7 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
                                wait=wait))
                     wait = ()
             if kind in ("k", "v"):
-                fmt, regs, sub = (0, kregs, k_sub) if kind == "k" else (1, vregs, v_sub)
+                fmt, regs, sub = (ki, kregs, k_sub) if kind == "k" else (vi, vregs, v_sub)
                 for sq, reg in zip(segs, regs, strict=True):
                     b.emit(KvWrite(core=c, fmt=fmt, tokens=sq.n, width=hd, pos=sq.pos0,
                                    cap=lw.cap, src=buf + sq.off * hd, dst=reg.base + j * sub,
@@ -189,13 +241,13 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
             outs.append((ob, ha, hb))
             w = (hb - ha) * hd
             for i, (sq, kreg, vreg) in enumerate(zip(segs, kregs, vregs, strict=True)):
-                ctx = sq.pos0 + sq.n
+                first, ctx = att.key_span(lw, layer, sq.pos0, sq.n)
                 b.emit(Attn(core=c, q_len=sq.n, ctx=ctx, heads=hb - ha, kv_heads=1,
-                            head_dim=hd, pos=sq.pos0, cap=lw.cap, k_fmt=0, v_fmt=1,
+                            head_dim=hd, pos=sq.pos0 - first, cap=lw.cap, k_fmt=ki, v_fmt=vi,
                             q=qb + sq.off * w, k=kreg.base + j * k_sub,
                             v=vreg.base + j * v_sub, out=ob + sq.off * w,
-                            k_nbytes=lw.k_fmt.read_bytes(0, ctx, hd),
-                            v_nbytes=lw.v_fmt.read_bytes(0, ctx, hd),
+                            k_nbytes=kf.read_bytes(first, ctx, hd),
+                            v_nbytes=vf.read_bytes(first, ctx, hd),
                             score_mult=q.attn.score_mult, score_shift=q.attn.score_shift,
                             out_mult=q.attn.out_mult, out_shift=q.attn.out_shift,
                             wait=wait,

@@ -18,16 +18,23 @@ from .dense import DenseMlp
 from .gqa import GqaAttention
 from .mla import MlaAttention
 from .moe import MoeMlp
+from .parallel import ParallelDenseMlp
+from .postnorm import PostNormAttention, PostNormDenseMlp
+from .sliding import SlidingGqaAttention
 
 #: attention kind -> block class
 ATTENTION: dict[str, Callable[[ModelConfig], AttentionBlock]] = {
     "gqa": GqaAttention,
     "mla": MlaAttention,
+    "sliding-gqa": SlidingGqaAttention,
+    "postnorm-gqa": PostNormAttention,
 }
 #: MLP kind -> block class
 MLP: dict[str, Callable[[ModelConfig], MlpBlock]] = {
     "dense": DenseMlp,
     "moe": MoeMlp,
+    "parallel-dense": ParallelDenseMlp,
+    "postnorm-dense": PostNormDenseMlp,
 }
 
 
@@ -39,9 +46,22 @@ class Features:
     mlp: tuple[str, ...]  # per layer
 
 
+def _attention_kind(cfg: ModelConfig) -> str:
+    if cfg.is_mla:
+        return "mla"
+    if cfg.norm_position == "post" or cfg.qk_norm:
+        return "postnorm-gqa"
+    layers = range(cfg.num_layers)
+    if any(cfg.layer_window(i) is not None or not cfg.layer_has_rope(i) for i in layers):
+        return "sliding-gqa"
+    return "gqa"
+
+
 def features(cfg: ModelConfig) -> Features:
-    return Features("mla" if cfg.is_mla else "gqa",
-                    tuple("moe" if cfg.layer_is_moe(i) else "dense"
+    dense = ("parallel-dense" if cfg.parallel_block
+             else "postnorm-dense" if cfg.norm_position == "post" else "dense")
+    return Features(_attention_kind(cfg),
+                    tuple("moe" if cfg.layer_is_moe(i) else dense
                           for i in range(cfg.num_layers)))
 
 

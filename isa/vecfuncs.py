@@ -1,0 +1,102 @@
+"""Vector-unit functions: their codes, operation counts and operand sizes.
+
+``Vec`` (``isa.instructions``) names one of these in its ``func`` field; the parameters
+``p0..p3`` are per-function (``isa.semantics`` lists them). The int8 functions work on
+``rows x cols`` int8 elements; the wide functions (the wide integer pipeline,
+``isa.kernels.wide``) read or write int16/int32 elements whose width is a parameter.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class VecFunc(IntEnum):
+    """Vector-unit functions. Parameters ``p0..p3`` are per-function (see ``isa.semantics``)."""
+
+    COPY = 0
+    ADD = 1  # residual add with rescale
+    RMSNORM = 2
+    SILU_MUL = 3  # SwiGLU: silu(src0) * src1
+    ROPE = 4
+    SOFTMAX = 5
+    REQUANT = 6  # int32 -> int8 with multiplier and shift
+    FROM_F32 = 7  # float32 input -> int8 (the input converter at the host boundary)
+    LAYERNORM = 8  # LayerNorm without bias (Cohere): RMSNorm of the mean-free row
+    # --- the wide pipeline (codes from 16 on) ----------------------------------------
+    ADD_WIDE = 16  # wide residual + int32 projection output -> wide residual
+    RMSNORM_WIDE = 17  # int16/int32 rows -> int32
+    QUANT_ROW = 18  # int32 -> int8 with one dynamic scale per row (+ row metadata)
+    SILU_MUL_WIDE = 19  # SwiGLU of int32 gate/up -> int32
+    FROM_F32_WIDE = 20  # float32 input -> int16/int32
+
+
+#: Integer ops per element of each vector function, for the vector unit's timing
+#: (an assumption of the model: count of multiply/add/shift/compare steps per element).
+#: The wide functions count their extra passes: RMSNORM_WIDE and QUANT_ROW find the row's
+#: largest magnitude first (+1 compare, +1 shift per element).
+VEC_OPS_PER_ELEMENT = {
+    VecFunc.COPY: 1,
+    VecFunc.ADD: 3,
+    VecFunc.RMSNORM: 6,
+    VecFunc.SILU_MUL: 8,
+    VecFunc.ROPE: 6,
+    VecFunc.SOFTMAX: 10,
+    VecFunc.REQUANT: 3,
+    VecFunc.FROM_F32: 3,
+    VecFunc.LAYERNORM: 8,  # RMSNorm's 6 plus the row sum and the subtraction of the mean
+    VecFunc.ADD_WIDE: 3,
+    VecFunc.RMSNORM_WIDE: 8,
+    VecFunc.QUANT_ROW: 4,
+    VecFunc.SILU_MUL_WIDE: 9,
+    VecFunc.FROM_F32_WIDE: 3,
+}
+
+#: Bytes of row metadata :data:`VecFunc.QUANT_ROW` writes after its int8 output, per row:
+#: two int32, the row factor and its exponent (``isa.kernels.wide.quant_row``).
+ROW_META_BYTES = 8
+#: Element widths (bits) of a wide residual operand (``p2`` of ADD_WIDE, RMSNORM_WIDE and
+#: FROM_F32_WIDE).
+WIDE_BITS = (16, 32)
+#: Functions whose ``p2`` is the width of their wide operand.
+_WIDTH_PARAM = (VecFunc.ADD_WIDE, VecFunc.RMSNORM_WIDE, VecFunc.FROM_F32_WIDE)
+
+
+def wide_bytes(bits: int) -> int:
+    """Bytes per element of a wide operand of ``bits`` (16 -> 2, 32 -> 4; else 4)."""
+    return 2 if bits == 16 else 4
+
+
+def vec_operand_bytes(func: int, rows: int, cols: int, p1: int,
+                      p2: int) -> tuple[int, int, int]:
+    """``(src0, src1, dst)`` bytes a ``Vec`` of ``func`` over ``rows x cols`` reads and
+    writes (src1 0: no second operand)."""
+    f = VecFunc(func)
+    n = rows * cols
+    if f in (VecFunc.REQUANT, VecFunc.FROM_F32):
+        return 4 * n, 0, n
+    if f in (VecFunc.ADD, VecFunc.SILU_MUL):
+        return n, n, n
+    if f in (VecFunc.RMSNORM, VecFunc.LAYERNORM):
+        return n, 2 * cols, n  # int16 gain per column
+    if f == VecFunc.ROPE:
+        return n, 2 * rows * max(p1, 0), n  # int16 cos and sin, rows x rot_dim/2 each
+    if f == VecFunc.ADD_WIDE:
+        return wide_bytes(p2) * n, 4 * n, wide_bytes(p2) * n
+    if f == VecFunc.RMSNORM_WIDE:
+        return wide_bytes(p2) * n, 2 * cols, 4 * n
+    if f == VecFunc.QUANT_ROW:
+        return 4 * n, 0, n + ROW_META_BYTES * rows
+    if f == VecFunc.SILU_MUL_WIDE:
+        return 4 * n, 4 * n, 4 * n
+    if f == VecFunc.FROM_F32_WIDE:
+        return 4 * n, 0, wide_bytes(p2) * n
+    return n, 0, n
+
+
+def vec_problem(func: int, p2: int) -> str | None:
+    """What is wrong with a ``Vec``'s parameters, if anything (the validator's check)."""
+    if func in _WIDTH_PARAM and p2 not in WIDE_BITS:
+        return (f"{VecFunc(func).name}: p2 (the wide operand's bits) must be one of "
+                f"{WIDE_BITS}, got {p2}")
+    return None

@@ -1,0 +1,125 @@
+"""Offline Hadamard rotation of the residual stream (``numerics.rotation = "residual"``).
+
+An orthogonal ``R`` (``hidden x hidden``) applied to the residual stream, ``x' = x R``,
+changes no float result of the model: RMSNorm is rotation-invariant (``rms(x R) =
+rms(x)``) once its gain is folded into the projections that read it, and every write into
+the stream is rotated with it. What it changes is the integer pipeline's view: the few
+outlier channels that set each token's int8 scale are spread over all channels (the
+QuaRot / SpinQuant observation; the vendor's 4-bit builds ship a rotated embedding table).
+
+With row vectors: ``embed' = E R`` (the host's embedding table), ``W' = W diag(g) R`` for
+q/k/v (``g`` = attn_norm's gain) and gate/up (mlp_norm's), ``W' = R^T W`` and ``b' = R^T b``
+for o_proj/down_proj, the LM head ``E_head diag(g_final) R`` (untied from the embedding
+table: the two differ once the final gain is folded), and every RMSNorm gain becomes 1.
+
+``R`` is a normalised Hadamard matrix: a Kronecker product of Sylvester's ``2**a`` and
+Paley's order-12 construction (hidden sizes ``2**a``, ``12 * 2**a`` and ``144 * 2**a``:
+576 = 144 x 4 for SmolLM2-135M).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from isa.errors import ConfigError
+
+from ..config import ModelConfig
+from ..weights import WeightSource
+
+#: Paley construction I needs a prime q = 3 mod 4; q = 11 gives order 12.
+_PALEY_Q = 11
+
+
+def _paley12() -> np.ndarray:
+    q = _PALEY_Q
+    squares = {(i * i) % q for i in range(1, q)}
+
+    def chi(a: int) -> int:
+        a %= q
+        return 0 if a == 0 else (1 if a in squares else -1)
+
+    jac = np.array([[chi(j - i) for j in range(q)] for i in range(q)], np.float64)
+    s = np.zeros((q + 1, q + 1))
+    s[0, 1:] = 1
+    s[1:, 0] = -1
+    s[1:, 1:] = jac
+    return np.eye(q + 1) + s
+
+
+@lru_cache(maxsize=4)
+def hadamard(n: int) -> np.ndarray:
+    """The orthonormal Hadamard matrix of order ``n`` (float64, ``H H^T = I``)."""
+    twelves, rest = 0, n
+    while rest % 12 == 0 and twelves < 2:
+        rest //= 12
+        twelves += 1
+    if n < 1 or rest & (rest - 1):
+        raise ConfigError(f"numerics.rotation: no Hadamard matrix of order {n} (kvsim builds "
+                          "orders 2**a, 12 * 2**a and 144 * 2**a); use rotation = 'none'")
+    h = np.ones((1, 1))
+    while h.shape[0] < rest:
+        h = np.block([[h, h], [h, -h]])
+    for _ in range(twelves):
+        h = np.kron(_paley12(), h)
+    return h / np.sqrt(n)
+
+
+def _split(name: str) -> tuple[str, str]:
+    """``layers.3.q_proj`` -> ``("layers.3.", "q_proj")``; globals -> ``("", name)``."""
+    if name.startswith("layers."):
+        head, _, leaf = name.rpartition(".")
+        return head + ".", leaf
+    return "", name
+
+
+_READS_ATTN_NORM = ("q_proj", "k_proj", "v_proj")
+_READS_MLP_NORM = ("gate_proj", "up_proj")
+_WRITES_STREAM = ("o_proj", "down_proj")
+_NORMS = ("attn_norm", "mlp_norm", "final_norm")
+#: Name of the rotated LM head when the model ties it to the embedding table.
+HEAD = "lm_head"
+
+
+class RotatedWeights:
+    """The float weights of ``source`` with the residual stream rotated (see the module
+    docstring); :meth:`head` is the LM head, which no longer equals the embedding table."""
+
+    def __init__(self, source: WeightSource):
+        self.source = source
+        self.config: ModelConfig = source.config
+        self.r = hadamard(self.config.hidden_size)
+
+    def tensor(self, name: str) -> np.ndarray:
+        src = self.source
+        pre, leaf = _split(name)
+        if leaf in _NORMS:
+            return np.ones(src.tensor(name).shape, np.float32)
+        if name == "embed":
+            return (src.tensor("embed").astype(np.float64) @ self.r).astype(np.float32)
+        if name == HEAD:
+            return self.head()
+        if leaf in _READS_ATTN_NORM or leaf in _READS_MLP_NORM:
+            g = src.tensor(pre + ("attn_norm" if leaf in _READS_ATTN_NORM else "mlp_norm"))
+            w = src.tensor(name).astype(np.float64) * g.astype(np.float64)[None, :]
+            return (w @ self.r).astype(np.float32)
+        if leaf in _WRITES_STREAM:
+            return (self.r.T @ src.tensor(name).astype(np.float64)).astype(np.float32)
+        if leaf == "o_bias":
+            return (src.tensor(name).astype(np.float64) @ self.r).astype(np.float32)
+        return src.tensor(name)
+
+    def head(self) -> np.ndarray:
+        """The LM head ``W diag(g_final) R`` (``W`` = the embedding table when tied)."""
+        cfg = self.config
+        w = self.source.tensor(cfg.lm_head_tensor).astype(np.float64)
+        g = self.source.tensor("final_norm").astype(np.float64)
+        return ((w * g[None, :]) @ self.r).astype(np.float32)
+
+
+def head_tensor(source: WeightSource) -> np.ndarray:
+    """The LM head's float weights as the device holds them."""
+    if isinstance(source, RotatedWeights):
+        return source.head()
+    return source.tensor(source.config.lm_head_tensor)
