@@ -71,6 +71,40 @@ class WeightSource(Protocol):
         ...
 
 
+class CachedWeights:
+    """``source`` with every tensor kept after its first read, up to ``budget_bytes`` in
+    all (tensors past the budget are read again each time). Compiling a real model reads
+    each matrix several times (calibration, integer parameters, the weight image), and a
+    GGUF tensor is dequantized, a rotated one multiplied, on every read. The arrays handed
+    out are read-only: a caller that wants to change one copies it."""
+
+    #: Default budget: a 135M-parameter model's float32 weights twice over (an assumption
+    #: that keeps a laptop's memory safe for larger models, which simply re-read).
+    BUDGET_BYTES = 1536 * 2**20
+
+    def __init__(self, source: WeightSource, budget_bytes: int = BUDGET_BYTES):
+        self.source = source
+        self.config = source.config
+        self.budget_bytes = budget_bytes
+        self.held_bytes = 0
+        self._kept: dict[str, np.ndarray] = {}
+
+    def tensor(self, name: str) -> np.ndarray:
+        arr = self._kept.get(name)
+        if arr is not None:
+            return arr
+        arr = self.source.tensor(name)
+        if self.held_bytes + arr.nbytes <= self.budget_bytes:
+            arr = np.array(arr, copy=True) if arr.flags.writeable is False else arr
+            arr.flags.writeable = False
+            self._kept[name] = arr
+            self.held_bytes += arr.nbytes
+        return arr
+
+    def __getattr__(self, name: str):  # e.g. RotatedWeights.head
+        return getattr(self.source, name)
+
+
 def _layer_of(name: str) -> int:
     """Layer index of a ``layers.<i>.`` name, -1 for global tensors."""
     if name.startswith("layers."):

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -29,7 +30,7 @@ from ..bits import BitConfig
 from ..config import ModelConfig
 from ..reference import softmax_scale
 from ..source import calibration_text, model_tokenizer, open_weights
-from ..weights import QuantizedWeight, WeightSource, quantize_weight
+from ..weights import CachedWeights, QuantizedWeight, WeightSource, quantize_weight
 from .calibrate import (
     GAMMA_MAX,
     INT8_MAX,
@@ -167,9 +168,22 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
 
 
 def device_weights(cfg: ModelConfig, spec: dict[str, Any], bits: BitConfig) -> WeightSource:
-    """The float weights the device computes with: rotated for ``rotation = residual``."""
-    source = open_weights(cfg, spec)
-    return RotatedWeights(source) if bits.numerics.rotation != "none" else source
+    """The float weights the device computes with: rotated for ``rotation = residual``.
+    The last model's weights are kept (:class:`CachedWeights`): its compile and its
+    launch (the weight image) read the same tensors."""
+    rotated = bits.numerics.rotation != "none"
+    key = (cfg.model_dump_json(), json.dumps(spec, sort_keys=True, default=repr), rotated)
+    if _LAST_WEIGHTS and _LAST_WEIGHTS[0] == key:
+        return _LAST_WEIGHTS[1]
+    source: WeightSource = CachedWeights(open_weights(cfg, spec))
+    if rotated:
+        source = CachedWeights(RotatedWeights(source))
+    _LAST_WEIGHTS[:] = [key, source]
+    return source
+
+
+#: ``[key, source]`` of the last :func:`device_weights` call (one model's weights kept).
+_LAST_WEIGHTS: list = []
 
 
 def calibration_ids(cfg: ModelConfig, spec: dict[str, Any], bits: BitConfig,

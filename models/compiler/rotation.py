@@ -26,7 +26,7 @@ import numpy as np
 from isa.errors import ConfigError
 
 from ..config import ModelConfig
-from ..weights import WeightSource
+from ..weights import CachedWeights, WeightSource
 
 #: Paley construction I needs a prime q = 3 mod 4; q = 11 gives order 12.
 _PALEY_Q = 11
@@ -90,6 +90,7 @@ class RotatedWeights:
         self.source = source
         self.config: ModelConfig = source.config
         self.r = hadamard(self.config.hidden_size)
+        self._head: np.ndarray | None = None
 
     def tensor(self, name: str) -> np.ndarray:
         src = self.source
@@ -112,14 +113,19 @@ class RotatedWeights:
 
     def head(self) -> np.ndarray:
         """The LM head ``W diag(g_final) R`` (``W`` = the embedding table when tied)."""
-        cfg = self.config
-        w = self.source.tensor(cfg.lm_head_tensor).astype(np.float64)
-        g = self.source.tensor("final_norm").astype(np.float64)
-        return ((w * g[None, :]) @ self.r).astype(np.float32)
+        if self._head is None:  # a vocabulary x hidden product: computed once
+            cfg = self.config
+            w = self.source.tensor(cfg.lm_head_tensor).astype(np.float64)
+            g = self.source.tensor("final_norm").astype(np.float64)
+            self._head = ((w * g[None, :]) @ self.r).astype(np.float32)
+            self._head.flags.writeable = False
+        return self._head
 
 
 def head_tensor(source: WeightSource) -> np.ndarray:
     """The LM head's float weights as the device holds them."""
+    if isinstance(source, CachedWeights):
+        source = source.source
     if isinstance(source, RotatedWeights):
         return source.head()
     return source.tensor(source.config.lm_head_tensor)
