@@ -165,9 +165,13 @@ _DEMANDS = (
     ("compute_s", "compute", "compute (busiest core, MXU + VPU)"),
     ("host_link_s", "host link", "host link (both directions)"),
     ("runtime_overhead_s", "runtime", "runtime overhead (per call)"),
+    ("program_launch_s", "fixed", "program launch (per program)"),
+    ("dispatch_s", "fixed", "instruction dispatch (busiest engine)"),
+    ("barrier_sync_s", "fixed", "cross-core barriers (most-waiting engine)"),
 )
 _CRITICAL_ROW = {"dram": "DRAM", "compute": "compute", "host_link": "host link",
-                 "runtime_overhead": "runtime"}
+                 "runtime_overhead": "runtime", "program_launch": "fixed",
+                 "dispatch": "fixed", "barrier_sync": "fixed"}
 
 
 def _phase_name(phase: str, row: dict[str, Any]) -> str:
@@ -183,18 +187,18 @@ def _breakdown(metrics: dict[str, Any]) -> go.Figure | None:
     phases = [p for p in tb if p != "decode"]  # per token reads better than the sum
     if not phases:
         return None
-    rows = ["elapsed", "DRAM", "compute", "host link", "runtime"]
+    rows = ["elapsed", "DRAM", "compute", "host link", "runtime", "fixed"]
     fig = go.Figure()
     for key, row, name in _DEMANDS:
         ys = [[_phase_name(p, tb[p]) for p in phases], [row] * len(phases)]
         fig.add_trace(go.Bar(
-            name=name, orientation="h", y=ys, x=[tb[p][key] * 1e3 for p in phases],
+            name=name, orientation="h", y=ys, x=[tb[p].get(key, 0.0) * 1e3 for p in phases],
             marker={"color": "#b0b0b0"} if key == "elapsed_s" else None,
             hovertemplate=f"{name}<br>%{{x:,.3f}} ms<extra></extra>"))
     for p in phases:  # each row's total at its end; the critical one marked
         crit = _CRITICAL_ROW[tb[p]["critical"]]
         for row in rows:
-            total = sum(tb[p][k] for k, r, _ in _DEMANDS if r == row) * 1e3
+            total = sum(tb[p].get(k, 0.0) for k, r, _ in _DEMANDS if r == row) * 1e3
             mark = " ◀ critical" if row == crit else ""
             fig.add_annotation(x=total, y=[_phase_name(p, tb[p]), row],
                                text=f" {total:,.2f} ms{mark}", showarrow=False,
