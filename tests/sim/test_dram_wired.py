@@ -188,3 +188,21 @@ def test_protocol_needs_a_timing_table():
 
     with pytest.raises(ConfigError, match=r"dram.*\[dram\.timing\]"):
         load_hardware("tiny", {"dram.model": "protocol"})
+
+
+# --- the calibration's parameters ------------------------------------------------------------
+
+
+def test_row_runs_give_each_reopen_count_once_and_the_fit_is_inside_its_bounds():
+    from sim.calibration import RUN_BOUNDS_BYTES, SRAM_BOUNDS_BYTES, run_lengths
+    from sim.dram_patterns import reopens_per_page
+    from sim.dram_timing import timing_from_config
+
+    runs = run_lengths()
+    assert runs == [2048, 1024, 704, 512, 416, 352, 320, 256]
+    counts = [reopens_per_page(timing_from_config(load_hardware(
+        "aries", {"dram.timing.row_run_bytes": r}).dram)) for r in runs]
+    assert counts == list(range(8))  # ceil(2048 / run) - 1
+    aries = load_hardware("aries")
+    assert RUN_BOUNDS_BYTES[0] <= aries.dram.timing.row_run_bytes <= RUN_BOUNDS_BYTES[1]
+    assert SRAM_BOUNDS_BYTES[0] <= aries.sram.bytes_per_core <= SRAM_BOUNDS_BYTES[1]
