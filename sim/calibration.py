@@ -30,6 +30,7 @@ per-call host overhead, as ``infer`` does), without the launch, so a fit takes m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from models.bits import build_bit_config
@@ -181,11 +182,9 @@ def fit(*, log=print) -> Fit:
 
 #: The models predicted with the fitted preset (not fitted: their published MLA100 figures,
 #: where there are any, are kept aside for checking), from their config.json.
-PREDICTED_MODELS = {
-    "llama-3.2-3b": "/work/shared/hf-configs/llama-3.2-3b.json",
-    "llama-3.1-8b": "/work/shared/hf-configs/llama-3.1-8b.json",
-    "qwen2.5-7b": "configs/models/qwen2.5-7b.json",
-}
+MODEL_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "models"
+PREDICTED_MODELS = {name: str(MODEL_CONFIGS / f"{name}.json")
+                    for name in ("llama-3.2-3b", "llama-3.1-8b", "qwen2.5-7b")}
 #: The preset as it was before the protocol model: one efficiency for DRAM, no fixed costs
 #: besides the per-call host overhead (for "which way did the predictions move").
 SINGLE_FACTOR = {"dram.model": "efficiency", "dram.efficiency": 0.68,
