@@ -41,12 +41,18 @@ class LoopResult:
 
 def eligible(dev) -> bool:
     """Whether ``dev``'s program runs can use the array loop: the lean kernel with no
-    other events pending, a PCIe host link and float bandwidths (the loop's rounding
-    equals Python's only for float divisors)."""
+    other events pending, a PCIe host link, float bandwidths (the loop's rounding
+    equals Python's only for float divisors), the efficiency DRAM model and no fixed
+    costs of dispatch, launch or barriers (the loop does not model them yet)."""
     env = dev.env
     if not isinstance(env, kernel.Environment) or env.pending:
         return False
     if dev.hw.host_link.kind != "pcie":
+        return False
+    if dev.hw.dram.model != "efficiency":  # the loop times chunks by the efficiency model
+        return False
+    c = dev.hw.cores  # nor does it pay the fixed costs of dispatch, launch and barriers
+    if c.dispatch_cycles or c.program_launch_ns or c.barrier_sync_ns:
         return False
     bws = [dev.link.bytes_per_s["h2d"], dev.link.bytes_per_s["d2h"],
            dev.srams[0].port_bytes_per_s]

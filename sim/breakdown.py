@@ -5,8 +5,11 @@ A resource's *demand* in a phase is the time it alone needs for that phase's wor
 DRAM bytes of a kind (``link_kind``: ``dram_read`` + ``dram_write``) over the effective
 DRAM bandwidth; compute, the busiest core's MXU + VPU busy time; host I/O, the busy time
 of the host link's two directions; runtime overhead, the per-call host cost
-(``hardware.host.call_overhead_ns``) times the calls. Resources overlap, so the demands
-do not add up to the elapsed time: the largest one bounds the phase from below and is
+(``hardware.host.call_overhead_ns``) times the calls. The device's fixed costs
+(``hardware.cores``) each have their own row: ``program_launch_s`` (every program's launch),
+``dispatch_s`` (instruction dispatch of the busiest engine queue) and ``barrier_sync_s``
+(cross-core synchronisations of the engine queue that waited most). Resources overlap,
+so the demands do not add up to the elapsed time: the largest one bounds the phase from below and is
 reported as ``critical``; ``elapsed_s`` minus it is time no single resource explains
 (latency, dependencies, imbalance).
 """
@@ -73,11 +76,19 @@ def call_rows(calls: Sequence[Labelled], kv_bytes_at: Callable[[int], int]) -> l
 def _demand(calls: Sequence[CallRecord], hw: HardwareConfig) -> dict[str, float]:
     kinds = dict.fromkeys(KINDS, 0)
     busy: dict[str, int] = {}
+    dispatch: dict[str, int] = {}
+    sync: dict[str, int] = {}
+    launch = 0
     for c in calls:
         for k, n in _dram_by_kind(c.stats).items():
             kinds[k] = kinds.get(k, 0) + n
         for k, v in c.stats.get("busy_ps", {}).items():
             busy[k] = busy.get(k, 0) + v
+        for k, v in c.stats.get("dispatch_ps", {}).items():
+            dispatch[k] = dispatch.get(k, 0) + v
+        for k, v in c.stats.get("sync_ps", {}).items():
+            sync[k] = sync.get(k, 0) + v
+        launch += c.stats.get("launch_ps", 0)
     per_core: dict[str, int] = {}
     for k, v in busy.items():
         block, _, engine = k.partition(".")
@@ -89,7 +100,14 @@ def _demand(calls: Sequence[CallRecord], hw: HardwareConfig) -> dict[str, float]
     out["host_link_s"] = sum(v for k, v in busy.items()
                              if k.split(".")[0] in ("pcie", "link")) / PS_PER_S
     out["runtime_overhead_s"] = len(calls) * hw.host.call_overhead_ns * 1e-9
+    out["program_launch_s"] = launch / PS_PER_S
+    out["dispatch_s"] = max(dispatch.values(), default=0) / PS_PER_S
+    out["barrier_sync_s"] = max(sync.values(), default=0) / PS_PER_S
     return out
+
+
+#: The fixed-cost rows of a phase (besides ``runtime_overhead_s``), in ``time_breakdown``.
+FIXED_COSTS = ("program_launch_s", "dispatch_s", "barrier_sync_s")
 
 
 def time_breakdown(calls: Sequence[Labelled], hw: HardwareConfig) -> dict[str, dict]:
@@ -103,7 +121,8 @@ def time_breakdown(calls: Sequence[Labelled], hw: HardwareConfig) -> dict[str, d
         d = _demand(recs, hw)
         groups = {"dram": sum(v for k, v in d.items() if k.startswith("dram_")),
                   "compute": d["compute_s"], "host_link": d["host_link_s"],
-                  "runtime_overhead": d["runtime_overhead_s"]}
+                  "runtime_overhead": d["runtime_overhead_s"],
+                  **{k[:-2]: d[k] for k in FIXED_COSTS}}
         elapsed = sum(r.end_ps - r.start_ps for r in recs) / PS_PER_S
         row = {"calls": len(recs), "elapsed_s": elapsed, **d,
                "critical": max(groups, key=lambda g: groups[g])}

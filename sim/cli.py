@@ -61,7 +61,7 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
     hw = build_hardware(resolve_hardware(tree))
     protocol = None
     if hw.dram.timing is not None:
-        from sim.dram_timing import protocol_summary
+        from sim.dram_patterns import protocol_summary
 
         protocol = protocol_summary(hw.dram)
     if args.json:
@@ -109,15 +109,13 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
             d.add_row(k, _fmt_bytes_per_s(v))
     console.print(d)
     if protocol is not None:
-        _print_dram_protocol(protocol, hw.dram.efficiency, console)
+        _print_dram_protocol(protocol, console)
     return 0
 
 
-def _print_dram_protocol(protocol, efficiency: float, console: Console) -> None:
+def _print_dram_protocol(protocol, console: Console) -> None:
     """The LPDDR4X protocol model's timing in cycles and its efficiency per access pattern."""
     from rich.markup import escape
-
-    from sim.dram_timing import ENGINE_NOTE
 
     c = Table(title=f"DRAM protocol timing, rounded to tCK = {protocol.tck_ps / 1000:.3f} ns")
     c.add_column("parameter")
@@ -136,7 +134,7 @@ def _print_dram_protocol(protocol, efficiency: float, console: Console) -> None:
                   _fmt_bytes_per_s(f.sustained_bytes_per_s), escape(f.description))
     console.print(p)
     console.print(f"refresh alone: tRFCab / tREFI = {protocol.refresh_loss:.4f} of the time")
-    console.print(f"[yellow]note[/yellow]: {ENGINE_NOTE} (dram.efficiency = {efficiency})")
+    console.print(f"[yellow]note[/yellow]: {protocol.note}")
 
 
 #: Short column names of the sensitivity table.
@@ -177,8 +175,8 @@ def cmd_hw_sensitivity(args: argparse.Namespace, console: Console) -> int:
         t.add_row(r.field, f"{r.base:g}", *cells, r.note)
     console.print(t)
     console.print("base: " + ", ".join(f"{k} = {_fmt_s(v)}" for k, v in res.base.items()))
-    console.print("\\[dram.timing] is not perturbed: the engine does not use it yet (its effect "
-                  "is on the protocol model, kvsim hw show)")
+    console.print("not perturbed: the fields of the DRAM model not in use (dram.efficiency "
+                  "under dram.model = protocol, \\[dram.timing] under efficiency)")
     return 0
 
 

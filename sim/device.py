@@ -54,6 +54,7 @@ from sim.components import ComputeCore, DmaEngine, Dram, HostLink, Sram, kernel
 from sim.hw import HardwareConfig
 from sim.memory import DeviceMemory
 from sim.stats import Stats
+from sim.units import cycles_to_ps, ns_to_ps
 from traces.recorder import Recorder
 
 UNMAPPED = "unmapped"
@@ -80,10 +81,27 @@ def static_roofline(program: Program, hw: HardwareConfig,
             dram += ins.total_bytes  # a 2-D transfer moves rows x nbytes, not its extent
         else:
             dram += sum(a.nbytes for a in ins.accesses() if a.space == Space.DRAM)
-    d = dram / hw.dram.effective_bytes_per_s
+    d = dram / hw.dram.bound_bytes_per_s
     c = program.ops() / hw.cores.peak_ops_per_s(precision)
     return {"dram_bytes": dram, "ops": program.ops(), "dram_bound_s": d,
             "compute_bound_s": c, "bound_s": max(d, c)}
+
+
+def cross_core_waits(program: Program) -> frozenset[int]:
+    """Indices of the instructions on a core's engine that wait on a flag some other core
+    signals: the cross-core synchronisations (layer and stage barriers of a multi-core
+    program), each of which costs ``cores.barrier_sync_ns``."""
+    producers: dict[int, set[int]] = defaultdict(set)
+    for ins in program.instructions:
+        if ins.engine in PER_CORE_ENGINES:
+            for f in ins.signal:
+                producers[f].add(ins.core)
+    out = []
+    for idx, ins in enumerate(program.instructions):
+        if ins.engine in PER_CORE_ENGINES and any(
+                producers.get(f, set()) - {ins.core} for f in ins.wait):
+            out.append(idx)
+    return frozenset(out)
 
 
 @dataclass(frozen=True)
@@ -175,6 +193,10 @@ class Device:
         self._index_regions()
         self._link_prefix = "pcie" if hw.host_link.kind == "pcie" else "host_copy"
         self._formats: dict[str, kvformats.KVFormat] = {}
+        # the fixed costs of hardware.cores, in ps
+        self._launch_ps = ns_to_ps(hw.cores.program_launch_ns)
+        self._dispatch_ps = cycles_to_ps(hw.cores.dispatch_cycles, hw.cores.clock_hz)
+        self._sync_ps = ns_to_ps(hw.cores.barrier_sync_ns)
 
     # --- memory map -------------------------------------------------------------------
     def default_layout(self) -> MemoryLayout:
@@ -241,8 +263,10 @@ class Device:
         for idx, ins in enumerate(program.instructions):
             eng = ins.engine
             queues[(eng, ins.core if eng in PER_CORE_ENGINES else 0)].append((idx, ins))
+        cross = cross_core_waits(program)
+        self.stats.launch_ps += self._launch_ps
         procs = [
-            self.env.process(self._engine(eng, core, items, flags, program))
+            self.env.process(self._engine(eng, core, items, flags, program, cross))
             for (eng, core), items in sorted(queues.items())
         ]
         self._blocked: dict[str, tuple[int, int]] = {}
@@ -285,7 +309,8 @@ class Device:
         )
         raise DeviceError(f"program {program.name!r} deadlocked: {blocked}") from None
 
-    def _engine(self, eng: Engine, core: int, items, flags, program: Program):
+    def _engine(self, eng: Engine, core: int, items, flags, program: Program,
+                cross: frozenset[int]):
         block, lane = engine_name(eng, core)
         who = f"{block}.{lane}"
         env = self.env
@@ -300,7 +325,14 @@ class Device:
         # compute-only instructions are timed here (the same single timeout as _timing
         # gives them) to save a generator per instruction
         compute = self.cores[core].duration_ps if eng in PER_CORE_ENGINES else None
+        dispatch_ps, sync_ps = self._dispatch_ps, self._sync_ps
+        if self._launch_ps:  # the program reaches every engine queue after its launch
+            yield env.timeout(self._launch_ps)
         for idx, ins in items:
+            if dispatch_ps and type(ins) is not Nop:
+                # fetch and decode, before (and overlapping) the wait for its flags
+                yield env.timeout(dispatch_ps)
+                stats.dispatch_ps[who] += dispatch_ps
             for f in ins.wait:
                 flag = flags[f]
                 if flag.level < 1:
@@ -309,6 +341,9 @@ class Device:
                     self._blocked.pop(who, None)
                 else:
                     yield flag.get(1)
+            if sync_ps and idx in cross:
+                yield env.timeout(sync_ps)
+                stats.sync_ps[who] += sync_ps
             start = env.now
             if compute is not None and type(ins) in _COMPUTE_ONLY:
                 dur = compute(ins, formats)

@@ -1,13 +1,15 @@
 """LPDDR4X protocol model: DRAM time per access from the JEDEC timing, not one efficiency.
 
-Not yet used by the engine (``sim/components/dram.py`` still moves bytes at
-``dram.efficiency`` of peak); this module is the standalone, tested model to wire in.
+The engine times every DMA chunk with it when ``dram.model = "protocol"`` (the ``aries``
+preset): ``sim/components/dram.py`` calls :data:`chunk_channels_ck` once per chunk.
 
-Address mapping (``dram.timing.address_mapping = "row:bank:column"``, an assumption): the
+Address mapping (``dram.timing.address_mapping``, an assumption): the
 channel is ``(addr // interleave_bytes) % channels`` as in ``sim/components/dram.py``; the
 channel-local address keeps the granules of that channel back to back, and splits as
 ``row | bank | column`` (high to low): one page (row) of ``page_bytes``, then the same
-columns of the next bank, and so on.
+columns of the next bank, and so on. ``"row:bank^row:column"`` hashes the bank: the bank
+bits XOR the low bits of the row, so strides of a whole number of bank sets spread over
+several banks instead of hitting one.
 
 Per channel the model tracks, in whole channel clock cycles (nCK, ``tCK = 2 / data rate``):
 the open row of each bank, the earliest ACTIVATE / column command / PRECHARGE per bank
@@ -22,23 +24,13 @@ the data of the open rows. The command bus is not modelled: an ACTIVATE and a co
 take 4 cycles each (two 2-cycle commands, JESD209-4 command truth table) and a piece of
 ``b >= 1`` bursts needs ``4 + 4b <= 8b`` cycles of it, never more than its data takes.
 
-Closed forms (``closed_form_efficiency``), in cycles, B = BL/2:
-- refresh stall per tREFI: close the rows (read: tRTP - B after the last READ's data; write:
-  WL + 1 + tWR), tRPab, tRFCab, reopen (tRCD);
-- lone sequential stream: ``1 - stall / tREFI`` = ``(1 - tRFCab/tREFI) x (1 - (close + tRPab +
-  tRCD) / (tREFI - tRFCab))``;
-- records each in its own row, b bursts each, on ``k`` banks in turn: one record per
-  ``max(b B, tRRD, tFAW / 4, row cycle / k)`` with row cycle ``max(tRAS, tRCD + (b-1) B +
-  to-precharge) + tRPpb``; a refresh adds ACTIVATE-to-PRECHARGE + tRPab + tRFCab minus one
-  record cycle;
-- reads and writes alternating every ``n`` bursts: ``2 n B / (2 n B + (tRTW - B) + (tWTR,gap
-  - B))`` with tRTW = RL + tDQSCK(max) + B - WL + tWPRE and tWTR,gap = WL + 1 + B + tWTR.
+The closed forms and the per-pattern summary are in :mod:`sim.dram_patterns`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
@@ -78,6 +70,8 @@ class LpddrTiming:
     wl_ck: int
     dqsck_ck: int
     wpre_ck: int
+    bank_xor: bool = False  # bank = (row index mod banks) XOR (row mod banks)
+    run_bytes: int = 0  # a row is reopened every run_bytes of a channel (0: never)
 
     @property
     def read_to_write_ck(self) -> int:
@@ -136,14 +130,15 @@ class LpddrTiming:
                          self.rp_ab_ck, self.ras_ck, self.rrd_ck, self.faw_ck, self.rfc_ab_ck,
                          self.refi_ck, self.rl_ck, self.wl_ck, self.read_to_write_ck,
                          self.write_to_read_ck, self.read_to_precharge_ck,
-                         self.write_to_precharge_ck], dtype=np.int64)
+                         self.write_to_precharge_ck, int(self.bank_xor),
+                         self.run_bytes or self.page_bytes], dtype=np.int64)
         v.setflags(write=False)
         return v
 
 
 (_P_CH, _P_GRAN, _P_BANKS, _P_PAGE, _P_BURST, _P_CCD, _P_RCD, _P_RPPB, _P_RPAB, _P_RAS,
  _P_RRD, _P_FAW, _P_RFC, _P_REFI, _P_RL, _P_WL, _P_RTW, _P_WTRG, _P_RTP2PRE,
- _P_WR2PRE) = range(20)
+ _P_WR2PRE, _P_XOR, _P_RUN) = range(22)
 
 
 def _min_cycles(ns: float, tck_ns: float) -> int:
@@ -170,7 +165,10 @@ def timing_from_config(dram: DramConfig) -> LpddrTiming:
         rfc_ab_ck=_min_cycles(t.trfc_ab_ns, tck_ns),
         refi_ck=math.floor(t.trefi_ns / tck_ns + 1e-9),  # a maximum interval: round down
         rl_ck=t.read_latency_ck, wl_ck=t.write_latency_ck,
-        dqsck_ck=_min_cycles(t.tdqsck_max_ns, tck_ns), wpre_ck=t.write_preamble_ck)
+        dqsck_ck=_min_cycles(t.tdqsck_max_ns, tck_ns), wpre_ck=t.write_preamble_ck,
+        bank_xor=t.address_mapping == "row:bank^row:column",
+        run_bytes=0 if t.row_run_bytes is None or t.row_run_bytes >= t.page_bytes
+        else t.row_run_bytes)
 
 
 # --- the per-chunk model -------------------------------------------------------------------
@@ -187,6 +185,7 @@ class ChannelState:
     scalars: np.ndarray  # (channels, 5): faw ring position, last ACT, bus free, last CAS,
     #                      direction of the last CAS (-1 none, 0 read, 1 write)
     next_ref: np.ndarray  # (channels,): when the next all-bank refresh is due
+    per_channel: np.ndarray  # (channels, 3): the last chunk's bytes, first CAS, end per channel
 
     @classmethod
     def fresh(cls, t: LpddrTiming) -> ChannelState:
@@ -200,7 +199,8 @@ class ChannelState:
                    pre_ok=np.full((c, b), _LONG_AGO_CK, dtype=np.int64),
                    cas_ok=np.full((c, b), _LONG_AGO_CK, dtype=np.int64),
                    faw=np.full((c, 4), _LONG_AGO_CK, dtype=np.int64), scalars=scalars,
-                   next_ref=np.full(c, t.refi_ck, dtype=np.int64))
+                   next_ref=np.full(c, t.refi_ck, dtype=np.int64),
+                   per_channel=np.zeros((c, 3), dtype=np.int64))
 
 
 @njit(cache=True)
@@ -229,11 +229,14 @@ def _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref):
 
 @njit(cache=True)
 def _chunk_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr, nbytes,
-                  is_write, t0):
+                  is_write, t0, per_ch):
     """Cycle at which the last data of ``[addr, addr + nbytes)`` has moved, for a request
-    that arrives at cycle ``t0``; updates the state arrays."""
+    that arrives at cycle ``t0``; updates the state arrays. ``per_ch`` (channels x 3,
+    int64) receives per channel the bytes moved, the first column command's cycle and the
+    cycle its last data has moved (bytes 0: untouched)."""
+    per_ch[:, 0] = 0
     chans, gran, page, bb, ccd = p[_P_CH], p[_P_GRAN], p[_P_PAGE], p[_P_BURST], p[_P_CCD]
-    banks = p[_P_BANKS]
+    banks, run = p[_P_BANKS], p[_P_RUN]
     w = 1 if is_write else 0
     end = addr + nbytes
     done_all = t0
@@ -242,15 +245,20 @@ def _chunk_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr, 
         g = a // gran
         c = g % chans
         ca = (g // chans) * gran + (a - g * gran)  # channel-local address
-        piece_end = min(end, (g + 1) * gran, a + (page - ca % page))
+        in_row = ca % page
+        piece_end = min(end, (g + 1) * gran, a + (page - in_row), a + (run - in_row % run))
         ca_end = ca + (piece_end - a)
         row_idx = ca // page
         bank = row_idx % banks
         row = row_idx // banks
+        if p[_P_XOR]:
+            bank ^= row % banks
         bursts = (ca_end - 1) // bb - ca // bb + 1
         start = max(t0, sc[c, 2])
         _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref)
-        if open_row[c, bank] != row:
+        # another master's access closed the row at a run boundary inside it
+        reopen = in_row % run == 0 and in_row != 0 and open_row[c, bank] == row
+        if open_row[c, bank] != row or reopen:
             act_min = max(act_ok[c, bank], t0)
             if open_row[c, bank] >= 0:  # close the other row first
                 act_min = max(act_min, max(pre_ok[c, bank], t0) + p[_P_RPPB])
@@ -278,6 +286,12 @@ def _chunk_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr, 
         done = t_last + (p[_P_WL] + 1 + ccd if w == 1 else p[_P_RL] + ccd)
         if done > done_all:
             done_all = done
+        if per_ch[c, 0] == 0:
+            per_ch[c, 1] = t_cas
+            per_ch[c, 2] = done
+        elif done > per_ch[c, 2]:
+            per_ch[c, 2] = done
+        per_ch[c, 0] += piece_end - a
         a = piece_end
     return done_all
 
@@ -295,20 +309,26 @@ def chunk_time_ps(state: ChannelState, addr: int, nbytes: int, is_write: bool, n
     t0 = math.ceil((now_ps - 1) / timing.tck_ps)
     end_ck = _chunk_end_ck(timing.vector, state.open_row, state.act_ok, state.pre_ok,
                            state.cas_ok, state.faw, state.scalars, state.next_ref, addr,
-                           nbytes, is_write, t0)
+                           nbytes, is_write, t0, state.per_channel)
     return max(now_ps, math.ceil(end_ck * timing.tck_ps - 1e-6))
 
 
 @njit(cache=True)
 def _stream_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addrs, sizes,
-                   writes):
+                   writes, per_ch):
     end = 0
     for i in range(addrs.shape[0]):
         e = _chunk_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addrs[i],
-                          sizes[i], writes[i] != 0, 0)
+                          sizes[i], writes[i] != 0, 0, per_ch)
         if e > end:
             end = e
     return end
+
+
+#: The per-chunk step for callers that keep their own state arrays (``sim/components/dram.py``
+#: and Numba code): ``(params, open_row, act_ok, pre_ok, cas_ok, faw, scalars, next_ref, addr,
+#: nbytes, is_write, t0_ck, per_channel) -> end cycle``, all int64 arrays and scalars.
+chunk_channels_ck = _chunk_end_ck
 
 
 # --- access patterns -----------------------------------------------------------------------
@@ -362,144 +382,10 @@ def stream_efficiency(pattern: AccessPattern, timing: LpddrTiming,
     state = ChannelState.fresh(timing)
     end_ck = _stream_end_ck(timing.vector, state.open_row, state.act_ok, state.pre_ok,
                             state.cas_ok, state.faw, state.scalars, state.next_ref, addrs,
-                            sizes, writes)
+                            sizes, writes, state.per_channel)
     touched = int(np.count_nonzero(state.scalars[:, 4] >= 0))
     return float(sizes.sum()) / (timing.bytes_per_ck * touched * end_ck)
 
 
-def refresh_loss(t: LpddrTiming) -> float:
-    """The share of time the channel spends in all-bank refresh: tRFCab / tREFI."""
-    return t.rfc_ab_ck / t.refi_ck
-
-
-def refresh_stall_ck(t: LpddrTiming, write: bool = False) -> int:
-    """Data-bus idle time per refresh of a busy channel: close the open rows after the last
-    column command's data, precharge-all, refresh, reopen."""
-    close = t.write_to_precharge_ck if write else t.read_to_precharge_ck
-    return close - t.ccd_ck + t.rp_ab_ck + t.rfc_ab_ck + t.rcd_ck
-
-
-def banks_in_turn(t: LpddrTiming, stride_bytes: int) -> int:
-    """How many banks records ``stride_bytes`` apart take turns on, when every record lands
-    on the same channel and in its own row (the closed form's condition)."""
-    stripe = t.granule_bytes * t.channels
-    per_channel = stride_bytes // t.channels
-    if stride_bytes % stripe or per_channel % t.page_bytes:
-        raise ValueError(f"stride_bytes {stride_bytes}: the closed form needs a multiple of "
-                         f"channels x interleave ({stripe} B) whose per-channel share is a "
-                         f"multiple of page_bytes ({t.page_bytes} B)")
-    step = (per_channel // t.page_bytes) % t.banks
-    return t.banks // math.gcd(t.banks, step)
-
-
-def act_to_precharge_ck(t: LpddrTiming, bursts: int, write: bool) -> int:
-    """ACTIVATE to the earliest PRECHARGE of a row that serves ``bursts`` bursts."""
-    to_pre = t.write_to_precharge_ck if write else t.read_to_precharge_ck
-    return max(t.ras_ck, t.rcd_ck + (bursts - 1) * t.ccd_ck + to_pre)
-
-
-def record_cycle_ck(t: LpddrTiming, bursts: int, write: bool, banks: int) -> float:
-    """Cycles per record when each record opens its own row: bus, tRRD, tFAW/4 and the row
-    cycle (ACTIVATE to PRECHARGE, then tRPpb) of one bank shared by ``banks`` banks."""
-    row_cycle = act_to_precharge_ck(t, bursts, write) + t.rp_pb_ck
-    return max(bursts * t.ccd_ck, t.rrd_ck, t.faw_ck / 4, row_cycle / banks)
-
-
-def record_refresh_stall_ck(t: LpddrTiming, bursts: int, write: bool, banks: int) -> float:
-    """Time a refresh adds to a stream of one-row records: the precharge-all waits for the
-    last row opened (ACTIVATE to PRECHARGE), then tRPab and tRFCab, and the next ACTIVATE
-    comes then instead of one record cycle after the last."""
-    return (act_to_precharge_ck(t, bursts, write) + t.rp_ab_ck + t.rfc_ab_ck
-            - record_cycle_ck(t, bursts, write, banks))
-
-
-def closed_form_efficiency(pattern: AccessPattern, t: LpddrTiming) -> float | None:
-    """The analytic sustained efficiency of a pattern (None when it has no closed form)."""
-    refresh = 1 - refresh_stall_ck(t, pattern.write) / t.refi_ck
-    if pattern.kind == "sequential":
-        return refresh
-    if pattern.kind == "records":
-        if pattern.record_bytes > t.granule_bytes or pattern.record_bytes % t.burst_bytes:
-            return None
-        try:
-            banks = banks_in_turn(t, pattern.stride_bytes)
-        except ValueError:
-            return None
-        bursts = pattern.record_bytes // t.burst_bytes
-        cycle = record_cycle_ck(t, bursts, pattern.write, banks)
-        stall = record_refresh_stall_ck(t, bursts, pattern.write, banks)
-        return (1 - stall / t.refi_ck) * pattern.record_bytes / (t.bytes_per_ck * cycle)
-    per_channel = pattern.switch_bytes // t.channels
-    if pattern.switch_bytes % (t.granule_bytes * t.channels) or per_channel % t.page_bytes:
-        return None
-    data = 2 * (per_channel // t.burst_bytes) * t.ccd_ck
-    turn = (t.read_to_write_ck - t.ccd_ck) + (t.write_to_read_ck - t.ccd_ck)
-    return refresh * data / (data + turn)
-
-
-def standard_patterns(dram: DramConfig) -> list[AccessPattern]:
-    """The access patterns the compiled programs make, sized for ``dram``."""
-    stripe = dram.interleave_bytes * dram.channels
-    return [
-        AccessPattern("weight_stream", "long sequential read (a weight matrix, DMA load)",
-                      "sequential"),
-        AccessPattern("kv_token_read", "one token's 64 B K record of each head: heads are "
-                      "4096 x 64 B apart ([head][token][dim] cache of 4096 int8 tokens)",
-                      "records", record_bytes=64, stride_bytes=4096 * 64, total_bytes=128 * KiB),
-        AccessPattern("kv_token_append", "the same records written (decode appends one token "
-                      "to every head)", "records", write=True, record_bytes=64,
-                      stride_bytes=4096 * 64, total_bytes=128 * KiB),
-        AccessPattern("activation_store", "strided write: a core's 1 KiB slice of each token "
-                      "row of an 8192-wide int8 activation (1/8 of the columns)", "records",
-                      write=True, record_bytes=1024, stride_bytes=8192, total_bytes=2 * MiB),
-        AccessPattern("mixed_rw", f"reads and writes alternating every {stripe * 8 // KiB} "
-                      "KiB (one page per channel) between two far-apart runs", "mixed",
-                      switch_bytes=stripe * 8),
-    ]
-
-
-@dataclass(frozen=True)
-class PatternFigures:
-    name: str
-    description: str
-    efficiency: float  # from the per-chunk model
-    closed_form: float | None
-    sustained_bytes_per_s: float  # efficiency x peak of the whole DRAM
-
-
-@dataclass(frozen=True)
-class ProtocolSummary:
-    cycles: dict[str, int]
-    tck_ps: float
-    refresh_loss: float
-    patterns: list[PatternFigures] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {"note": ENGINE_NOTE, "tck_ps": self.tck_ps, "timing_cycles": self.cycles,
-                "refresh_loss": self.refresh_loss,
-                "sustained_efficiency": {p.name: p.efficiency for p in self.patterns},
-                "closed_form_efficiency": {p.name: p.closed_form for p in self.patterns},
-                "sustained_bytes_per_s": {p.name: p.sustained_bytes_per_s
-                                          for p in self.patterns}}
-
-
-ENGINE_NOTE = ("the engine still moves bytes at dram.efficiency of peak; these efficiencies "
-               "come from the LPDDR4X protocol model and are not used until it is wired in")
-
-
-def protocol_summary(dram: DramConfig) -> ProtocolSummary:
-    """What the protocol model predicts for ``dram``, pattern by pattern."""
-    t = timing_from_config(dram)
-    out = []
-    for pat in standard_patterns(dram):
-        eff = stream_efficiency(pat, t)
-        out.append(PatternFigures(pat.name, pat.description, eff,
-                                  closed_form_efficiency(pat, t),
-                                  eff * dram.peak_bytes_per_s))
-    return ProtocolSummary(t.cycles(), t.tck_ps, refresh_loss(t), out)
-
-
-__all__ = ["AccessPattern", "ChannelState", "LpddrTiming", "ProtocolSummary", "ENGINE_NOTE",
-           "chunk_time_ps", "closed_form_efficiency", "protocol_summary", "refresh_loss",
-           "refresh_stall_ck", "standard_patterns", "stream_efficiency", "timing_from_config",
-]
+__all__ = ["AccessPattern", "ChannelState", "LpddrTiming", "chunk_channels_ck", "chunk_time_ps",
+           "stream_efficiency", "timing_from_config"]

@@ -32,13 +32,15 @@ class DramTimingConfig(Frozen):
     Times are the datasheet minimums in ns (``trefi_ns`` is the maximum average refresh
     interval); the protocol model (``sim/dram_timing.py``) rounds each to whole clock cycles of
     the channel clock (``data_rate_mtps / 2``). Latencies set in mode registers (RL, WL,
-    write preamble) are already in cycles. Not yet used by the engine: it still moves bytes at
-    ``dram.efficiency`` of peak.
+    write preamble) are already in cycles. The engine uses them when ``dram.model =
+    "protocol"``.
     """
 
-    address_mapping: Literal["row:bank:column"] = Field(
+    address_mapping: Literal["row:bank:column", "row:bank^row:column"] = Field(
         description="how a channel-local address splits into row, bank and column (high to "
-        "low bits); the channel bits sit at the interleave granule")
+        "low bits); the channel bits sit at the interleave granule. 'row:bank^row:column' "
+        "hashes the bank: bank bits XOR the low row bits, as controllers do to spread "
+        "power-of-two strides over the banks")
     banks_per_channel: int = Field(ge=1)
     page_bytes: int = Field(ge=32, description="row (page) size of one channel in bytes")
     burst_length: Literal[16, 32] = Field(description="beats per READ/WRITE command (BL)")
@@ -57,6 +59,12 @@ class DramTimingConfig(Frozen):
     read_latency_ck: int = Field(ge=1, description="RL: READ command to first data, cycles")
     write_latency_ck: int = Field(ge=1, description="WL: WRITE command to first data, cycles")
     write_preamble_ck: int = Field(ge=0, description="tWPRE: write DQS preamble, cycles")
+    row_run_bytes: int | None = Field(
+        None, ge=32, description="multi-master row interference (a controller property, "
+        "not JEDEC): an open row serves this many bytes of one stream before other "
+        "masters' accesses to the bank close it and it must be reopened (tRTP/tWR, tRPpb, "
+        "tRCD): runs from the row's start, so ceil(page_bytes / row_run_bytes) - 1 reopens "
+        "per row of a stream; None or >= page_bytes: never")
 
     @model_validator(mode="after")
     def _refresh_fits(self) -> DramTimingConfig:
@@ -72,22 +80,33 @@ class DramConfig(Frozen):
     channels: int = Field(ge=1)
     bus_width_bits_per_channel: int = Field(ge=1)
     data_rate_mtps: float = Field(gt=0, description="mega-transfers per second per pin")
-    efficiency: float = Field(gt=0, le=1, description="sustained / peak for streaming access")
+    model: Literal["protocol", "efficiency"] = Field(
+        "efficiency", description="how a DMA chunk is timed: 'protocol' from the LPDDR4X "
+        "timing in [dram.timing] (bank state, refresh, turnaround per channel), "
+        "'efficiency' at efficiency x peak per channel")
+    efficiency: float = Field(gt=0, le=1, description="sustained / peak for streaming access "
+                              "(dram.model = 'efficiency' only)")
     access_latency_ns: float = Field(ge=0)
     capacity_bytes: int = Field(ge=1)
     interleave_bytes: int = Field(ge=64, description="address interleave granule across channels")
     timing: DramTimingConfig | None = Field(
-        None, description="protocol timing for the LPDDR4X model (not yet used by the engine)")
+        None, description="protocol timing for the LPDDR4X model (dram.model = 'protocol')")
 
     @model_validator(mode="after")
     def _page_holds_granule(self) -> DramConfig:
         t = self.timing
         if t is None:
+            if self.model == "protocol":
+                raise ValueError("model = 'protocol' needs a [dram.timing] table (see the "
+                                 "aries preset), or set model = 'efficiency'")
             return self
         burst = t.burst_length * self.bus_width_bits_per_channel // 8
         if t.page_bytes % burst:
             raise ValueError(f"timing.page_bytes ({t.page_bytes}) must be a multiple of one "
                              f"burst ({burst} bytes = burst_length x bus width)")
+        if t.row_run_bytes is not None and t.row_run_bytes % burst:
+            raise ValueError(f"timing.row_run_bytes ({t.row_run_bytes}) must be a multiple "
+                             f"of one burst ({burst} bytes)")
         if self.interleave_bytes % burst:
             raise ValueError(f"interleave_bytes ({self.interleave_bytes}) must be a multiple "
                              f"of one burst ({burst} bytes)")
@@ -97,9 +116,30 @@ class DramConfig(Frozen):
     def peak_bytes_per_s(self) -> float:
         return self.channels * self.bus_width_bits_per_channel / 8 * self.data_rate_mtps * 1e6
 
+    @cached_property
+    def streaming_efficiency(self) -> float:
+        """Sustained / peak of a long sequential read stream: ``efficiency`` in the
+        efficiency model, the protocol model's closed form (refresh stalls) otherwise."""
+        if self.model == "efficiency":
+            return self.efficiency
+        from sim.dram_patterns import closed_form_efficiency
+        from sim.dram_timing import AccessPattern, timing_from_config
+
+        return closed_form_efficiency(AccessPattern("stream", "", "sequential"),
+                                      timing_from_config(self))
+
     @property
     def effective_bytes_per_s(self) -> float:
-        return self.peak_bytes_per_s * self.efficiency
+        """Sustained bandwidth of a long sequential read stream (all channels)."""
+        return self.peak_bytes_per_s * self.streaming_efficiency
+
+    @property
+    def bound_bytes_per_s(self) -> float:
+        """The bandwidth a roofline divides by: never exceeded by any access. The protocol
+        model can beat its long-stream figure on a burst shorter than one refresh
+        interval, so its bound is the peak."""
+        return self.effective_bytes_per_s if self.model == "efficiency" else \
+            self.peak_bytes_per_s
 
     @property
     def channel_effective_bytes_per_s(self) -> float:
@@ -215,7 +255,16 @@ class CoresConfig(Frozen):
         "keys like 'w8a8'"
     )
     vector_lanes: int = Field(ge=1, description="elementwise integer ops per cycle per core")
-    issue_latency_cycles: int = Field(ge=0, description="fixed cost of starting one instruction")
+    issue_latency_cycles: int = Field(ge=0, description="compute pipeline fill of one matrix "
+                                      "or vector instruction, cycles (part of its duration)")
+    dispatch_cycles: int = Field(0, ge=0, description="per instruction on every engine queue "
+                                 "(DMA, compute, host link; not the flag-joining nop): fetch "
+                                 "and decode before it waits for its flags, core cycles")
+    program_launch_ns: float = Field(0.0, ge=0, description="device cost of starting one "
+                                     "program (doorbell to the engines' first instruction)")
+    barrier_sync_ns: float = Field(0.0, ge=0, description="cost of one cross-core "
+                                   "synchronisation: paid by an instruction that waits on a "
+                                   "flag another core signals, once its flags are in")
 
     @field_validator("macs_per_cycle")
     @classmethod

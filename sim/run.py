@@ -62,7 +62,7 @@ def roofline_s(stats: dict, hw, precision: str) -> dict[str, float]:
     """Lower bound of a program: ``max(DRAM bytes / DRAM bandwidth, ops / peak ops)``."""
     t = stats.get("traffic", {})
     dram = t.get("dram_read", 0) + t.get("dram_write", 0)
-    d = dram / hw.dram.effective_bytes_per_s
+    d = dram / hw.dram.bound_bytes_per_s
     c = stats.get("ops", 0) / hw.cores.peak_ops_per_s(precision)
     return {"dram_bound_s": d, "compute_bound_s": c, "bound_s": max(d, c)}
 
@@ -226,7 +226,7 @@ def run_generate(cfg: RunConfig) -> RunResult:
             "decode_per_token": {k: v / max(1, len(decode_calls)) for k, v in
                                  roof_decode.items()},
             "bound_s": roof_prefill["bound_s"] + roof_decode["bound_s"],
-            "dram_bytes_per_s": hw.dram.effective_bytes_per_s,
+            "dram_bytes_per_s": hw.dram.bound_bytes_per_s,
             "peak_ops_per_s": hw.cores.peak_ops_per_s(precision),
         },
         "calls": call_rows(labelled, lambda n: kv_metrics(cm, n, hw)["bytes"]),

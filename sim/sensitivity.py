@@ -5,8 +5,8 @@ FILE``) once as given and twice per numeric hardware field, at ``(1 - f)`` and `
 times its value (integers rounded), through the sweep machinery (``sim.sweep.execute``: a
 local process pool or Dask). A perturbed value the hardware config rejects (out of range, not
 one of a fixed set) or that rounds back to the same integer is reported, not run. The
-``[dram.timing]`` fields are left out while the engine does not use them (they would move
-nothing); their effect is on the protocol model's efficiencies (``kvsim hw show``).
+DRAM model's unused fields are left out (they would move nothing): ``dram.efficiency``
+under ``dram.model = "protocol"``, the ``[dram.timing]`` table under ``"efficiency"``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from isa.errors import ConfigError
 from .config import resolve_hardware, set_field
 from .hw import build_hardware
 
-#: Hardware fields that are not numbers of the hardware, or not used by the engine yet.
-NOT_PERTURBED_PREFIXES = ("name", "description", "sources.", "assumptions.", "host_link.kind",
-                          "dram.timing.")
+#: Hardware fields that are not numbers of the hardware.
+NOT_PERTURBED_PREFIXES = ("name", "description", "sources.", "assumptions.", "host_link.kind")
+#: Fields the engine does not use, by ``dram.model``.
+UNUSED_BY_DRAM_MODEL = {"protocol": ("dram.efficiency",), "efficiency": ("dram.timing.",)}
 
 #: The figures the table reports, per workload kind.
 GENERATE_FIGURES = ("prefill.ttft_s", "decode.time_per_token_s")
@@ -98,10 +99,13 @@ def perturbations(tree: dict[str, Any], fraction: float,
     ``only``), with the values to run at, checked against the hardware config."""
     if not 0 < fraction < 1:
         raise ConfigError(f"--fraction: must be between 0 and 1, got {fraction}")
-    fields = _leaves(resolve_hardware(tree.get("hardware", {"preset": "aries"})))
+    resolved = resolve_hardware(tree.get("hardware", {"preset": "aries"}))
+    skip = NOT_PERTURBED_PREFIXES + UNUSED_BY_DRAM_MODEL[
+        build_hardware(resolved).dram.model]
+    fields = _leaves(resolved)
     out = []
     for path, value in fields.items():
-        if path.startswith(NOT_PERTURBED_PREFIXES) or path in NOT_PERTURBED_PREFIXES:
+        if path.startswith(skip) or path in skip:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue

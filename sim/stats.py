@@ -21,6 +21,11 @@ class Stats:
     by_kind: Counter = field(default_factory=Counter)  # kind -> bytes moved (any link)
     link_kind: Counter = field(default_factory=Counter)  # (link, kind) -> bytes
     busy_ps: Counter = field(default_factory=Counter)  # "core0.mxu" -> ps busy
+    # the fixed costs (hardware.cores): per engine queue, ps of instruction dispatch and of
+    # cross-core synchronisation; ps of program launch (once per program)
+    dispatch_ps: Counter = field(default_factory=Counter)
+    sync_ps: Counter = field(default_factory=Counter)
+    launch_ps: int = 0
     instructions: int = 0
     ops: int = 0
 
@@ -35,6 +40,9 @@ class Stats:
             "by_kind": dict(self.by_kind),
             "link_kind": dict(self.link_kind),
             "busy_ps": dict(self.busy_ps),
+            "dispatch_ps": dict(self.dispatch_ps),
+            "sync_ps": dict(self.sync_ps),
+            "launch_ps": self.launch_ps,
             "instructions": self.instructions,
             "ops": self.ops,
         }
@@ -43,9 +51,10 @@ class Stats:
     def delta(after: dict, before: dict) -> dict:
         """Difference of two snapshots (what happened between them)."""
         out = {}
-        for key in ("traffic", "by_kind", "link_kind", "busy_ps"):
+        for key in ("traffic", "by_kind", "link_kind", "busy_ps", "dispatch_ps", "sync_ps"):
             a, b = after[key], before[key]
             out[key] = {k: a[k] - b.get(k, 0) for k in a if a[k] - b.get(k, 0)}
+        out["launch_ps"] = after["launch_ps"] - before["launch_ps"]
         out["instructions"] = after["instructions"] - before["instructions"]
         out["ops"] = after["ops"] - before["ops"]
         return out

@@ -59,7 +59,9 @@ def _subset(tmp_path: Path, fresh: dict, names=FAST, **changes) -> Path:
     return out
 
 
-#: The moved figure of the DRAM-bound GEMV, about +1 % (a little less: fixed latencies).
+#: The moved figure of the DRAM-bound GEMV, about +1 %: a little less for the fixed
+#: latencies, a little more (+1.016 %) for the protocol model's timings rounded up to whole
+#: cycles of the 1 % longer clock.
 GEMV_MOVED = re.compile(r"gemv-aries\.toml: sim_time_s \(\+(0\.9\d\d|1\.0\d\d) %\)")
 
 
@@ -281,7 +283,7 @@ def test_assert_no_regression_passes_and_fails_naming_the_figures(tmp_path, fres
     with pytest.raises(AssertionError, match=GEMV_MOVED):
         assert_no_regression(baseline, sets=[ONE_PERCENT_SLOWER])
     assert assert_no_regression(baseline, sets=[ONE_PERCENT_SLOWER],
-                                tolerances={"sim_time_s": 0.01}).ok
+                                tolerances={"sim_time_s": 0.011}).ok
     with pytest.raises(RegressError):
         assert_no_regression(tmp_path / "missing.json")
 

@@ -33,15 +33,21 @@ _DEMANDS = (
     ("compute_s", "compute", "compute (busiest core, MXU + VPU)"),
     ("host_link_s", "host link", "host link (both directions)"),
     ("runtime_overhead_s", "runtime", "runtime overhead (per call)"),
+    ("program_launch_s", "fixed", "program launch (per program)"),
+    ("dispatch_s", "fixed", "instruction dispatch (busiest engine)"),
+    ("barrier_sync_s", "fixed", "cross-core barriers (most-waiting engine)"),
 )
 #: Colours of the demands (fixed: the critical path's bars come first in the figure, and
 #: plotly's colour cycle would otherwise give the two legends look-alike colours).
 _DEMAND_COLORS = {"elapsed_s": "#b0b0b0", "dram_weights_s": "#ef553b",
                   "dram_kv_cache_s": "#00cc96", "dram_activations_s": "#ab63fa",
                   "dram_host_io_s": "#ffa15a", "compute_s": "#19d3f3",
-                  "host_link_s": "#ff6692", "runtime_overhead_s": "#b6e880"}
+                  "host_link_s": "#ff6692", "runtime_overhead_s": "#b6e880",
+                  "program_launch_s": "#fecb52", "dispatch_s": "#8c564b",
+                  "barrier_sync_s": "#7f7f7f"}
 _CRITICAL_ROW = {"dram": "DRAM", "compute": "compute", "host_link": "host link",
-                 "runtime_overhead": "runtime"}
+                 "runtime_overhead": "runtime", "program_launch": "fixed",
+                 "dispatch": "fixed", "barrier_sync": "fixed"}
 
 
 def _phase_name(phase: str, row: dict[str, Any]) -> str:
@@ -80,7 +86,7 @@ def _demand_bar(tb: dict[str, Any], phases: list[str], key: str, row: str, name:
     return go.Bar(
         name=name, orientation="h", y=[[_phase_name(p, tb[p]) for p in phases],
                                        [row] * len(phases)],
-        x=[tb[p][key] * 1e3 for p in phases],
+        x=[tb[p].get(key, 0.0) * 1e3 for p in phases],
         marker={"color": _DEMAND_COLORS.get(key)},
         legendgroup="demand", legendgrouptitle_text="what each resource needed",
         hovertemplate=f"{name}<br>%{{x:,.3f}} ms<extra></extra>")
@@ -94,7 +100,7 @@ def run_breakdown(metrics: dict[str, Any], recorder: Recorder) -> go.Figure | No
     if not phases:
         return None
     path = _path_rows(metrics, recorder)
-    rows = ["elapsed", "critical path", "DRAM", "compute", "host link", "runtime"]
+    rows = ["elapsed", "critical path", "DRAM", "compute", "host link", "runtime", "fixed"]
     if not path:
         rows.remove("critical path")
     fig = go.Figure()
@@ -118,7 +124,7 @@ def run_breakdown(metrics: dict[str, Any], recorder: Recorder) -> go.Figure | No
             if row == "critical path":
                 total = sum(path.get(p, {}).values()) * 1e3
             else:
-                total = sum(tb[p][k] for k, r, _ in _DEMANDS if r == row) * 1e3
+                total = sum(tb[p].get(k, 0.0) for k, r, _ in _DEMANDS if r == row) * 1e3
             mark = " ◀ largest demand" if row == big else ""
             shown = f"{total:,.2f}" if total >= 1 else f"{total:.3g}"  # 3 digits below 1 ms
             fig.add_annotation(x=total, y=[_phase_name(p, tb[p]), row],
@@ -145,6 +151,9 @@ DEMANDS = (
     ("compute_s", "compute (busiest core, MXU + VPU)"),
     ("host_link_s", "host link (both directions)"),
     ("runtime_overhead_s", "runtime overhead (per call)"),
+    ("program_launch_s", "fixed: program launch"),
+    ("dispatch_s", "fixed: instruction dispatch"),
+    ("barrier_sync_s", "fixed: cross-core barriers"),
 )
 #: Phases of a sweep point shown, with their titles.
 SWEEP_PHASES = (("prefill", "prefill"), ("decode_per_token", "decode, per token"))

@@ -1,18 +1,28 @@
 """Device DRAM: ``channels`` independent channels, addresses interleaved across them.
 
-A transfer of ``n`` bytes at ``addr`` costs the access latency once (not holding any
-channel: requests are pipelined), then holds each channel it touches for the bytes that
-fall on it at the channel's effective bandwidth. Each channel serves its requests one at
-a time in arrival order (first come, first served): that is where concurrent transfers
-contend. A channel is kept as the time it next falls free, which gives the same schedule
-as a SimPy ``Resource`` of capacity 1 with one event per transfer instead of one process
-per channel burst.
+A transfer of ``n`` bytes at ``addr`` costs the access latency once (controller and
+interconnect; not holding any channel: requests are pipelined), then occupies each channel
+it touches. Each channel serves its requests one at a time in arrival order (first come,
+first served): that is where concurrent transfers contend. Two timing models
+(``dram.model``), both in :meth:`Dram.chunk_plan`, the one place a chunk is timed:
 
-Effective channel bandwidth = bus width x data rate x efficiency (``DramConfig``).
+- ``"efficiency"``: a channel is kept as the time it next falls free; the bytes on it take
+  ``ceil(bytes / (bus width x data rate x efficiency))``.
+- ``"protocol"``: the LPDDR4X protocol model (:func:`sim.dram_timing.chunk_channels_ck`,
+  Numba over plain arrays) keeps per channel the open row and timers of every bank, the
+  data bus, the direction of the last column command and the refresh phase: a chunk's
+  time comes from row hits and misses, tRCD/tRP/tRAS/tRRD/tFAW, read/write turnaround and
+  all-bank refresh, cycle by cycle of the channel clock but one call per chunk.
+
+Both give the same schedule under either event kernel: the state changes only when a
+chunk is planned, in event order.
 """
 
 from __future__ import annotations
 
+import math
+
+from sim.dram_timing import ChannelState, chunk_channels_ck, timing_from_config
 from sim.hw import DramConfig
 from sim.units import ns_to_ps, transfer_ps
 from traces.recorder import Recorder
@@ -44,6 +54,10 @@ def bytes_per_channel(addr: int, nbytes: int, granule: int, channels: int) -> li
     return out
 
 
+#: One channel's share of a planned chunk: (channel, bytes, start ps, end ps).
+ChannelSpan = tuple[int, int, int, int]
+
+
 class Dram:
     def __init__(self, env: AnyEnvironment, cfg: DramConfig, recorder: Recorder):
         self.env = env
@@ -56,12 +70,15 @@ class Dram:
         self.bytes_written = 0
         self._stripe = cfg.interleave_bytes * cfg.channels
         self._plans: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {}
+        self.protocol = cfg.model == "protocol"
+        if self.protocol:
+            self.timing = timing_from_config(cfg)
+            self.state = ChannelState.fresh(self.timing)
+            self._params = self.timing.vector
 
-    def chunk_plan(self, addr: int, nbytes: int) -> tuple[tuple[int, int, int], ...]:
-        """``(channel, bytes, busy ps)`` for each channel a transfer of ``nbytes`` at
-        ``addr`` touches, in channel order: the one place a DRAM transfer's time per
-        channel is computed. Memoized: it depends only on ``addr`` modulo the interleave
-        stripe and on ``nbytes``."""
+    def _efficiency_split(self, addr: int, nbytes: int) -> tuple[tuple[int, int, int], ...]:
+        """``(channel, bytes, busy ps)`` per channel touched; memoized on ``addr`` modulo
+        the interleave stripe and ``nbytes``."""
         key = (addr % self._stripe, nbytes)
         plan = self._plans.get(key)
         if plan is None:
@@ -74,6 +91,37 @@ class Dram:
                 (c, b, transfer_ps(b, bw)) for c, b in enumerate(split) if b
             )
         return plan
+
+    def chunk_plan(self, addr: int, nbytes: int, write: bool, now_ps: int) -> list[ChannelSpan]:
+        """Schedule a chunk of ``nbytes`` at ``addr`` that reaches the channels at
+        ``now_ps``: ``(channel, bytes, start ps, end ps)`` for each channel it touches, in
+        channel order. Commits the channels' state (their next free time, and in the
+        protocol model the banks, bus direction and refresh phase)."""
+        free = self.free_ps
+        out = []
+        if not self.protocol:
+            for c, b, dur in self._efficiency_split(addr, nbytes):
+                start = free[c]
+                if start < now_ps:
+                    start = now_ps
+                stop = start + dur
+                free[c] = stop
+                out.append((c, b, start, stop))
+            return out
+        st = self.state
+        tck = self.timing.tck_ps
+        # a time under 1 ps past a cycle edge counts as that edge (ps are rounded up)
+        t0 = math.ceil((now_ps - 1) / tck)
+        chunk_channels_ck(self._params, st.open_row, st.act_ok, st.pre_ok, st.cas_ok, st.faw,
+                          st.scalars, st.next_ref, addr, nbytes, write, t0, st.per_channel)
+        for c, (b, first, last) in enumerate(st.per_channel.tolist()):
+            if b:
+                start = max(now_ps, math.ceil(first * tck - 1e-6))
+                stop = max(start, math.ceil(last * tck - 1e-6))
+                if stop > free[c]:
+                    free[c] = stop
+                out.append((c, b, start, stop))
+        return out
 
     def access(self, addr: int, nbytes: int, *, write: bool):
         """Process generator: move ``nbytes`` at ``addr`` (use with ``yield from`` or
@@ -90,13 +138,7 @@ class Dram:
         rec = self.recorder
         moved = rec.wants("ops")
         spans = rec.wants("tiles")
-        free = self.free_ps
-        for c, b, dur in self.chunk_plan(addr, nbytes):
-            start = free[c]
-            if start < now:
-                start = now
-            stop = start + dur
-            free[c] = stop
+        for c, b, start, stop in self.chunk_plan(addr, nbytes, write, now):
             if stop > end:
                 end = stop
             if moved:

@@ -145,7 +145,8 @@ def test_dma_copy_reads_then_writes_each_chunk(env, log, recorder):
 
 
 def test_dram_stream_reaches_configured_effective_bandwidth(env, recorder):
-    aries = load_hardware("aries")
+    # the efficiency model (the protocol model's streams: tests/sim/test_dram_wired.py)
+    aries = load_hardware("aries", {"dram.model": "efficiency"})
     dram = Dram(env, aries.dram, recorder)
     sram = Sram(env, aries.sram, aries.cores.clock_hz, core=0)
     dma = DmaEngine(env, "core0", "dma_in", aries.dma, dram, sram, recorder)

@@ -7,14 +7,16 @@ import math
 import pytest
 
 from isa.errors import ConfigError
-from sim.dram_timing import (
-    AccessPattern,
-    ChannelState,
-    chunk_time_ps,
+from sim.dram_patterns import (
     closed_form_efficiency,
     protocol_summary,
     refresh_loss,
     refresh_stall_ck,
+)
+from sim.dram_timing import (
+    AccessPattern,
+    ChannelState,
+    chunk_time_ps,
     stream_efficiency,
     timing_from_config,
 )
@@ -24,9 +26,14 @@ from sim.units import KiB, MiB
 TCK_PS = 2e6 / 4167.0
 
 
+def _hw(**overrides):
+    """aries with the JEDEC-ideal schedule (no row interference between masters: the
+    formulas below are those of one stream alone) and ``overrides``."""
+    return load_hardware("aries", {"dram.timing.row_run_bytes": None, **overrides})
+
+
 def _timing(**overrides):
-    return timing_from_config(load_hardware("aries", {f"dram.timing.{k}": v
-                                                      for k, v in overrides.items()}).dram)
+    return timing_from_config(_hw(**{f"dram.timing.{k}": v for k, v in overrides.items()}).dram)
 
 
 def _ps(cycles: int) -> int:
@@ -180,13 +187,15 @@ def test_read_write_alternation_costs_both_turnarounds_per_pair():
     assert stream_efficiency(mixed, t) == pytest.approx(hand, abs=882 / 262144 + 1e-3)
 
 
-def test_summary_lists_every_pattern_and_says_the_engine_does_not_use_it():
-    s = protocol_summary(load_hardware("aries").dram)
+def test_summary_lists_every_pattern_and_says_which_model_the_engine_uses():
+    s = protocol_summary(_hw().dram)
     names = [p.name for p in s.patterns]
     assert names == ["weight_stream", "kv_token_read", "kv_token_append", "activation_store",
                      "mixed_rw"]
     js = s.to_json()
-    assert "dram.efficiency" in js["note"]
+    assert js["model"] == "protocol" and "times every DMA chunk" in js["note"]
+    off = protocol_summary(_hw(**{"dram.model": "efficiency"}).dram).to_json()
+    assert off["model"] == "efficiency" and "dram.efficiency of peak" in off["note"]
     assert js["sustained_efficiency"]["weight_stream"] == pytest.approx(1 - 882 / 8133,
                                                                         abs=882 / 262144)
 

@@ -44,11 +44,17 @@ from models.demo import demo_data, gemv_layer
 from sim import array_engine
 from sim.components import kernel, loopdefs
 from sim.device import Device
-from sim.hw import load_hardware
+from sim.hw import load_hardware, preset_dict
 from sim.runtime import Accelerator, Model
 from traces.recorder import Recorder
 
 TINY = load_hardware("tiny")
+#: tiny with the LPDDR4X protocol model (aries' timing on its 2 x8 channels: 16 B bursts)
+#: and every fixed cost of hardware.cores
+TINY_PROTOCOL = load_hardware("tiny", {
+    "dram.model": "protocol", "dram.timing": preset_dict("aries")["dram"]["timing"],
+    "dram.timing.row_run_bytes": 512, "cores.dispatch_cycles": 3,
+    "cores.program_launch_ns": 250.0, "cores.barrier_sync_ns": 40.0})
 ENGINES = ("simpy", "kernel", "fast")
 
 
@@ -63,6 +69,8 @@ def _state(dev: Device, rec: Recorder, runs: list) -> dict:
         "stats": dev.stats.snapshot(),
         "busy_order": list(dev.stats.busy_ps),
         "dram": (dev.dram.free_ps, dev.dram.bytes_read, dev.dram.bytes_written),
+        "dram_banks": ([a.tolist() for a in vars(dev.dram.state).values()]
+                       if dev.dram.protocol else None),
         "link": dev.link.free_ps,
         "ports": [s.port_free_ps for s in dev.srams],
     }
@@ -287,6 +295,14 @@ def test_random_programs_give_identical_timelines(progs):
     assert_same(TINY, progs)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(progs=st.lists(programs(), min_size=1, max_size=3))
+def test_random_programs_with_the_protocol_model_and_fixed_costs_are_identical(progs):
+    out = assert_same(TINY_PROTOCOL, progs)
+    assert out["dram_banks"] is not None
+
+
+
 # --- whole programs and model steps -------------------------------------------------------
 
 
@@ -345,6 +361,11 @@ def test_a_qwen_decode_step_is_identical():
     layout = cm.layout(host_bytes=hw.host.memory_bytes)
     out = assert_same(hw, [prog], layout=layout, level="ops")
     assert out["stats"]["instructions"] == len(prog) > 20_000
+    # aries: the protocol model's bank state and every fixed cost were exercised
+    assert hw.dram.model == "protocol" and out["dram_banks"] is not None
+    assert out["stats"]["sync_ps"] and out["stats"]["dispatch_ps"]
+    assert out["stats"]["launch_ps"] == round(hw.cores.program_launch_ns * 1000)  # one program
+
 
 
 # --- the recorder's byte bins (its multi-bin path is written for speed) -------------------

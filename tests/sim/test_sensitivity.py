@@ -55,11 +55,18 @@ def test_changes_are_those_of_separate_runs_and_out_of_range_values_are_named():
     assert (lanes.low, lanes.high) == (None, None) and "rounds back to 1" in lanes.note
 
 
-def test_every_numeric_field_but_the_unwired_dram_timing_is_perturbed():
+def test_every_numeric_field_the_dram_model_uses_is_perturbed():
     aries = copy.deepcopy(TREE)
     aries["hardware"] = {"preset": "aries"}
     fields = {p.field: p for p in perturbations(aries, 0.1)}
-    assert "dram.efficiency" in fields and "cores.macs_per_cycle.w8a8" in fields
+    # aries times DRAM with the protocol model: its timing is perturbed, the efficiency not
+    assert "dram.efficiency" not in fields and "cores.macs_per_cycle.w8a8" in fields
+    assert {"dram.timing.trcd_ns", "dram.timing.trfc_ab_ns", "cores.barrier_sync_ns",
+            "cores.dispatch_cycles", "cores.program_launch_ns"} <= set(fields)
+    assert fields["dram.timing.burst_length"].low is None  # BL 14 is not a burst length
+    aries["hardware"] = {"preset": "aries", "dram": {"model": "efficiency"}}
+    fields = {p.field: p for p in perturbations(aries, 0.1)}
+    assert "dram.efficiency" in fields
     assert not any(f.startswith("dram.timing.") for f in fields)
     assert fields["host_link.pcie.lanes"].low is None  # 7 is not a PCIe link width
     assert "host_link.pcie.lanes" in fields["host_link.pcie.lanes"].note
