@@ -177,6 +177,15 @@ NUMERICS_PRESETS: dict[str, NumericsOptions] = {
 }
 
 
+def default_numerics(real_weights: bool) -> NumericsOptions:
+    """The numerics a model gets when none are named: ``w8`` for a real checkpoint (its
+    massive activations collapse one static int8 scale per tensor: every logit rounds to
+    zero on SmolLM2-135M), ``static-int8`` for synthetic weights (which have none; the
+    timing presets' scheme). A published W8 build runs real weights, so
+    ``configs/validate-llama-3.2-1b.toml`` names ``w8`` explicitly."""
+    return NUMERICS_PRESETS["w8" if real_weights else "static-int8"]
+
+
 def build_numerics(data: dict[str, Any], *, where: str = "bits.numerics") -> NumericsOptions:
     """A preset (``preset`` key, optional) with field overrides; errors name the field."""
     data = dict(data)

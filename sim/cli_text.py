@@ -28,7 +28,8 @@ def _bit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-read", default="integer", choices=("integer", "dequant"),
                    help="how attention reads the cache (default integer)")
     p.add_argument("--numerics", default=None,
-                   help="numerics preset ([bits.numerics] preset: static-int8, w8, w4g32)")
+                   help="numerics preset ([bits.numerics] preset: static-int8, w8, w4g32; default: "
+                        "w8 for real weights, static-int8 for synthetic ones)")
     p.add_argument("--hw", default="aries", help="hardware preset (default aries)")
     p.add_argument("--allow-degenerate", action="store_true",
                    help="go on when the NPU's output is degenerate (all-zero, constant or "
@@ -37,9 +38,11 @@ def _bit_options(p: argparse.ArgumentParser) -> None:
 
 
 def _bits(args: argparse.Namespace):
-    from sim.quality import bit_config
+    from sim.quality import bit_config, source_of
 
-    return bit_config(args.bits, numerics=args.numerics, kv_read=args.kv_read)
+    real = source_of(args.model).real if args.numerics is None else True
+    return bit_config(args.bits, numerics=args.numerics, kv_read=args.kv_read,
+                      real_weights=real)
 
 
 def eval_tokens(model: str, text_file: str | None) -> tuple[object, list[int], str]:

@@ -10,7 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from isa.errors import ConfigError
-from models.bits import WEIGHT_BITS_PRESETS, BitConfig, build_numerics, weight_bits_preset
+from models.bits import (
+    WEIGHT_BITS_PRESETS,
+    BitConfig,
+    build_numerics,
+    default_numerics,
+    weight_bits_preset,
+)
 from models.compiler import CORE_MODES, HardwareTarget, compile_model
 from models.compiler.compiled import CompiledModel
 from models.quality import Quality, compare
@@ -52,13 +58,14 @@ def bits_label(bits: BitConfig) -> str:
 
 
 def bit_config(bits: str = "W8", *, numerics: str | None = None,
-               kv_read: str = "integer") -> BitConfig:
+               kv_read: str = "integer", real_weights: bool = True) -> BitConfig:
     """A :class:`BitConfig` from the names a command line gives: the weight-bit preset,
-    the numerics preset (None: the default options) and the KV read path."""
+    the numerics preset (None: :func:`models.bits.default_numerics` of the weights) and
+    the KV read path."""
     if kv_read not in ("integer", "dequant"):
         raise ConfigError(f"kv_read: {kv_read!r} is not one of integer, dequant")
-    opts = build_numerics({} if numerics is None else {"preset": numerics},
-                          where="numerics")
+    opts = (default_numerics(real_weights) if numerics is None
+            else build_numerics({"preset": numerics}, where="numerics"))
     return BitConfig(weights=weight_bits_preset(bits, where="bits"), numerics=opts,
                      kv_read=kv_read)
 

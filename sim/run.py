@@ -18,6 +18,7 @@ import numpy as np
 
 from isa import kvformats
 from isa.errors import KvsimError
+from models.bits import default_numerics
 from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.config import load_model
 from models.demo import demo_data, gemv_layer
@@ -80,6 +81,9 @@ def compile_for_run(cfg: RunConfig) -> CompiledModel:
     if m.safetensors:
         weights = {"kind": "safetensors", "paths": m.safetensors}
     bits = cfg.bits.bit_config(cfg.kv)
+    if not cfg.bits.numerics:  # none named: the default for these weights
+        bits = bits.model_copy(update={
+            "numerics": default_numerics(weights.get("kind") != "synthetic")})
     cap = cache_length(cfg)
     return compile_model(
         model, bits, HardwareTarget.from_hw(cfg.hardware), kv=cfg.kv.format,

@@ -60,14 +60,15 @@ def load(path: str | os.PathLike, model_config: ModelConfig | None = None, *,
         raise RuntimeApiError(f"load: path must be a compiled-model file (str or "
                               f"os.PathLike), got {type(path).__name__} {path!r}")
     if Path(path).suffix != ".kvm":
-        from models.bits import BitConfig
+        from models.bits import BitConfig, default_numerics
         from models.compiler import HardwareTarget, compile_model
 
         from ..quality import hardware_of, source_of, widest_core_mode
 
         hwc = hardware_of(hw or "aries")
         src = source_of(path)
-        cm = compile_model(src.config, BitConfig(), HardwareTarget.from_hw(hwc), kv="int8",
+        bits = BitConfig(numerics=default_numerics(src.real))
+        cm = compile_model(src.config, bits, HardwareTarget.from_hw(hwc), kv="int8",
                            core_mode=widest_core_mode(hwc), max_seq=max_seq, cap=cap,
                            functional=functional, weights=src.weight_spec())
         model = Model(cm, model_config)
