@@ -45,7 +45,12 @@ I_DIR2 = 9
 I_SRC2 = 10
 I_DST2 = 11
 I_N2 = 12
-I_FIELDS = 13
+I_FLAGS = 13  # FL_* bits
+I_FIELDS = 14
+
+# --- instruction flag bits (column I_FLAGS) ---------------------------------------------------
+FL_DISPATCH = 1  # pays the dispatch cost (every instruction but a Nop)
+FL_CROSS = 2  # waits on a flag another core signals (pays the barrier sync)
 
 # --- process types and fields --------------------------------------------------------------
 P_ENGINE = 0
@@ -99,6 +104,9 @@ S_E_WAIT = 1
 S_E_RESUMED_WAIT = 2
 S_E_TIMING = 3
 S_E_FINISH = 4
+S_E_LAUNCH = 7  # the program's launch, before the first instruction
+S_E_DISPATCHED = 8  # the instruction's dispatch is done: count it, then wait for flags
+S_E_SYNCED = 9  # the cross-core sync is done: count it, then begin the timing
 S_JOIN_INIT = 5
 S_JOIN_DONE = 6
 S_T_START = 10
