@@ -2,13 +2,15 @@
 
 A program becomes tables (one row per instruction: kind, precomputed duration, DMA
 engine, transfers; waits and signals as index lists; engine queues in the device's
-order), the DRAM timing of every distinct chunk comes from ``Dram.chunk_plan``, the loop
-runs, and its logs are replayed in order into what the generator processes would have
-changed: the stats (the same additions, so counters keep their key order), the recorder
-(the same calls in the same order), the components' state (DRAM channels, SRAM ports,
-link directions, the kernel's clock and insertion id) and, in functional mode, memory
-(``isa.semantics`` in the order instructions ended, which is the order the processes
-execute them: an instruction's bytes never influence timing).
+order; dispatch and cross-core bits), the DRAM timing of every distinct chunk is planned
+as ``Dram`` plans it in the efficiency model (the protocol model runs in the loop on the
+DRAM's own bank-state arrays, which it updates in place), the loop runs, and its logs are
+replayed in order into what the generator processes would have changed: the stats (the
+same additions, so counters keep their key order; the fixed costs of launch, dispatch and
+sync), the recorder (the same calls in the same order), the components' state (DRAM
+channels, SRAM ports, link directions, the kernel's clock and insertion id) and, in
+functional mode, memory (``isa.semantics`` in the order instructions ended, which is the
+order the processes execute them: an instruction's bytes never influence timing).
 
 :func:`eligible` says when a device can use it; otherwise the device runs the generator
 processes on the event kernel (the same timeline, more slowly).
