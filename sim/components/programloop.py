@@ -33,8 +33,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sim.dram_timing import chunk_channels_ck
-
 from . import loopdefs as lp
 
 
@@ -528,59 +526,20 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
             if st == lp.S_A_AFTER_LAT:
                 a = P[p, lp.F_A_ADDR]
                 n = P[p, lp.F_A_N]
-                end = now
+                # room for one log row per channel
+                if log_level >= 1 and nl + dram_free.shape[0] > logs.shape[0]:
+                    logs = lp.grow_to(logs, nl + dram_free.shape[0])
                 if protocol:
-                    # Dram.chunk_plan, protocol model: one call per chunk over the banks
-                    t0 = np.int64(np.ceil((now - 1) / tck_ps))
-                    chunk_channels_ck(d_params, d_open, d_act, d_pre, d_cas, d_faw, d_sc,
-                                      d_ref, a, n, P[p, lp.F_A_W] != 0, t0, d_per)
-                    for c in range(d_per.shape[0]):
-                        b = d_per[c, 0]
-                        if b == 0:
-                            continue
-                        s0 = np.int64(np.ceil(d_per[c, 1] * tck_ps - 1e-6))
-                        if s0 < now:
-                            s0 = now
-                        stop = np.int64(np.ceil(d_per[c, 2] * tck_ps - 1e-6))
-                        if stop < s0:
-                            stop = s0
-                        if stop > dram_free[c]:
-                            dram_free[c] = stop
-                        if stop > end:
-                            end = stop
-                        if log_level >= 1:
-                            if nl + 1 > logs.shape[0]:
-                                logs = lp.grow(logs)
-                            logs[nl, 0] = lp.LOG_DRAM
-                            logs[nl, 1] = c
-                            logs[nl, 2] = s0
-                            logs[nl, 3] = stop
-                            logs[nl, 4] = b
-                            logs[nl, 5] = P[p, lp.F_A_W]
-                            nl += 1
+                    end, nl = lp.protocol_access(now, a, n, P[p, lp.F_A_W], tck_ps, d_params,
+                                                 d_open, d_act, d_pre, d_cas, d_faw, d_sc,
+                                                 d_ref, d_per, dram_free, logs, nl, log_level)
                 else:
                     u = lp.plan_index(plan_keys, (a % stripe) * key_mul + n)
                     if u < 0:
                         raise RuntimeError("program loop: a DRAM access has no chunk plan")
-                    for k in range(plan_ptr[u], plan_ptr[u + 1]):
-                        c = plan_ch[k]
-                        s0 = dram_free[c]
-                        if s0 < now:
-                            s0 = now
-                        stop = s0 + plan_dur[k]
-                        dram_free[c] = stop
-                        if stop > end:
-                            end = stop
-                        if log_level >= 1:
-                            if nl + 1 > logs.shape[0]:
-                                logs = lp.grow(logs)
-                            logs[nl, 0] = lp.LOG_DRAM
-                            logs[nl, 1] = c
-                            logs[nl, 2] = s0
-                            logs[nl, 3] = stop
-                            logs[nl, 4] = plan_b[k]
-                            logs[nl, 5] = P[p, lp.F_A_W]
-                            nl += 1
+                    end, nl = lp.planned_access(now, u, P[p, lp.F_A_W], plan_ptr, plan_ch,
+                                                plan_b, plan_dur, dram_free, logs, nl,
+                                                log_level)
                 if end > now:
                     P[p, lp.F_STATE] = lp.S_A_DONE
                     hs = lp.hpush(heap, hs, end, lp.NORMAL, eid, lp.CB_RESUME, p)
