@@ -108,10 +108,11 @@ def run(dev, program: Program) -> LoopResult:
     rec = dev.recorder
     log_level = 2 if rec.wants("tiles") else 1 if rec.wants("ops") else 0
     env = dev.env
-    if dram.protocol:  # the loop updates the channel state arrays in place
+    if dram.protocol:  # the loop updates copies of the channel state arrays in place
         ds = dram.state
-        d_state = (dram.timing.vector, ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok, ds.faw,
-                   ds.scalars, ds.next_ref, ds.per_channel, float(dram.timing.tck_ps))
+        banks = [a.copy() for a in (ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok, ds.faw,
+                                    ds.scalars, ds.next_ref, ds.per_channel)]
+        d_state = (dram.timing.vector, *banks, float(dram.timing.tck_ps))
     else:
         z1, z2 = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
         d_state = (z1, z2, z2, z2, z2, z2, z2, z1, z2, 1.0)
@@ -135,6 +136,10 @@ def run(dev, program: Program) -> LoopResult:
     # the components' state and the kernel's clock
     env.advance(int(now), int(eid))
     dram.free_ps[:] = dram_free.tolist()
+    if dram.protocol:  # the bank state, written back only once the loop has returned
+        for dst, src in zip((ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok, ds.faw, ds.scalars,
+                             ds.next_ref, ds.per_channel), banks, strict=True):
+            dst[...] = src
     dram.bytes_read += int(d_read)
     dram.bytes_written += int(d_written)
     for c, s in enumerate(dev.srams):
