@@ -2,13 +2,15 @@
 
 A program becomes tables (one row per instruction: kind, precomputed duration, DMA
 engine, transfers; waits and signals as index lists; engine queues in the device's
-order), the DRAM timing of every distinct chunk comes from ``Dram.chunk_plan``, the loop
-runs, and its logs are replayed in order into what the generator processes would have
-changed: the stats (the same additions, so counters keep their key order), the recorder
-(the same calls in the same order), the components' state (DRAM channels, SRAM ports,
-link directions, the kernel's clock and insertion id) and, in functional mode, memory
-(``isa.semantics`` in the order instructions ended, which is the order the processes
-execute them: an instruction's bytes never influence timing).
+order; dispatch and cross-core bits), the DRAM timing of every distinct chunk is planned
+as ``Dram`` plans it in the efficiency model (the protocol model runs in the loop on the
+DRAM's own bank-state arrays, which it updates in place), the loop runs, and its logs are
+replayed in order into what the generator processes would have changed: the stats (the
+same additions, so counters keep their key order; the fixed costs of launch, dispatch and
+sync), the recorder (the same calls in the same order), the components' state (DRAM
+channels, SRAM ports, link directions, the kernel's clock and insertion id) and, in
+functional mode, memory (``isa.semantics`` in the order instructions ended, which is the
+order the processes execute them: an instruction's bytes never influence timing).
 
 :func:`eligible` says when a device can use it; otherwise the device runs the generator
 processes on the event kernel (the same timeline, more slowly).
@@ -25,7 +27,9 @@ from isa.instructions import Engine, Program
 from sim import program_tables
 from sim.components import kernel
 from sim.components import loopdefs as pl
+from sim.components.dram import bytes_per_channel
 from sim.components.programloop import run_program
+from sim.units import cycles_to_ps, ns_to_ps, transfer_ps
 
 _DIRECTIONS = ("load", "store", "copy", "read", "write")
 
@@ -41,18 +45,13 @@ class LoopResult:
 
 def eligible(dev) -> bool:
     """Whether ``dev``'s program runs can use the array loop: the lean kernel with no
-    other events pending, a PCIe host link, float bandwidths (the loop's rounding
-    equals Python's only for float divisors), the efficiency DRAM model and no fixed
-    costs of dispatch, launch or barriers (the loop does not model them yet)."""
+    other events pending, a PCIe host link and float bandwidths (the loop's rounding
+    equals Python's only for float divisors). Both DRAM models and the fixed costs of
+    dispatch, launch and barriers are modelled."""
     env = dev.env
     if not isinstance(env, kernel.Environment) or env.pending:
         return False
     if dev.hw.host_link.kind != "pcie":
-        return False
-    if dev.hw.dram.model != "efficiency":  # the loop times chunks by the efficiency model
-        return False
-    c = dev.hw.cores  # nor does it pay the fixed costs of dispatch, launch and barriers
-    if c.dispatch_cycles or c.program_launch_ns or c.barrier_sync_ns:
         return False
     bws = [dev.link.bytes_per_s["h2d"], dev.link.bytes_per_s["d2h"],
            dev.srams[0].port_bytes_per_s]
@@ -72,12 +71,12 @@ def run(dev, program: Program) -> LoopResult:
     tb = program_tables.build(program, dev.cores, dev.num_cores, dev.kinds_of)
     names = [engine_name(Engine(eng), core) for eng, core in tb.queues]
 
-    # DRAM timing of every distinct chunk, from the DRAM component
+    # efficiency model: the DRAM timing of every distinct chunk, as ``Dram`` plans it
     dram = dev.dram
     chunk = dev.hw.dma.chunk_bytes
     stripe = dram.cfg.interleave_bytes * dram.cfg.channels
     key_mul = chunk + 1
-    if len(tb.stream_base):
+    if len(tb.stream_base) and not dram.protocol:
         base, total = tb.stream_base, tb.stream_bytes
         counts = np.maximum(1, -(-total // chunk))
         first = np.cumsum(counts) - counts
@@ -89,8 +88,11 @@ def run(dev, program: Program) -> LoopResult:
         keys = np.zeros(0, np.int64)
     plan_ptr = np.zeros(len(keys) + 1, np.int64)
     plan_rows: list[tuple[int, int, int]] = []
+    bw = dram.channel_bytes_per_s
     for u, key in enumerate(keys.tolist()):
-        plan_rows.extend(dram.chunk_plan(key // key_mul, key % key_mul))
+        split = bytes_per_channel(key // key_mul, key % key_mul, dram.cfg.interleave_bytes,
+                                  dram.cfg.channels)
+        plan_rows.extend((c, b, transfer_ps(b, bw)) for c, b in enumerate(split) if b)
         plan_ptr[u + 1] = len(plan_rows)
     plan = np.asarray(plan_rows, np.int64).reshape(-1, 3)
 
@@ -106,21 +108,38 @@ def run(dev, program: Program) -> LoopResult:
     rec = dev.recorder
     log_level = 2 if rec.wants("tiles") else 1 if rec.wants("ops") else 0
     env = dev.env
+    if dram.protocol:  # the loop updates copies of the channel state arrays in place
+        ds = dram.state
+        banks = [a.copy() for a in (ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok, ds.faw,
+                                    ds.scalars, ds.next_ref, ds.per_channel)]
+        d_state = (dram.timing.vector, *banks, float(dram.timing.tck_ps))
+    else:
+        z1, z2 = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
+        d_state = (z1, z2, z2, z2, z2, z2, z2, z1, z2, 1.0)
+    cores_cfg = dev.hw.cores
+    launch_ps = ns_to_ps(cores_cfg.program_launch_ns)
+    dispatch_ps = cycles_to_ps(cores_cfg.dispatch_cycles, cores_cfg.clock_hz)
+    sync_ps = ns_to_ps(cores_cfg.barrier_sync_ns)
 
     (result, now, eid, d_read, d_written, done, nd, starts, nst, logs, nl, blocked,
-     pending) = run_program(
+     pending, counts) = run_program(
         env.now, env.insertion_id, tb.table, tb.w_ptr, tb.w_flag, tb.s_ptr, tb.s_flag,
         tb.q_ptr, tb.q_items, len(tb.flags), res_cap, res_setup,
         res_chunk, dram_free, dram.latency_ps, keys, plan_ptr, plan[:, 0].copy(),
         plan[:, 1].copy(), plan[:, 2].copy(), stripe, key_mul, port_free,
         float(dev.srams[0].port_bytes_per_s), link_free, link_bps, link.latency_ps,
-        link.cfg.chunk_bytes, log_level)
+        link.cfg.chunk_bytes, log_level, dram.protocol, *d_state, launch_ps, dispatch_ps,
+        sync_ps)
     if pending:
         raise RuntimeError(f"program {program.name!r}: {pending} events left scheduled")
 
     # the components' state and the kernel's clock
     env.advance(int(now), int(eid))
     dram.free_ps[:] = dram_free.tolist()
+    if dram.protocol:  # the bank state, written back only once the loop has returned
+        for dst, src in zip((ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok, ds.faw, ds.scalars,
+                             ds.next_ref, ds.per_channel), banks, strict=True):
+            dst[...] = src
     dram.bytes_read += int(d_read)
     dram.bytes_written += int(d_written)
     for c, s in enumerate(dev.srams):
@@ -131,6 +150,14 @@ def run(dev, program: Program) -> LoopResult:
     # per (link, kind) in the order each pair first occurs: every counter then gets the
     # same keys in the same order and the same totals
     st = dev.stats
+    st.launch_ps += launch_ps  # once per program, as Device.start adds it
+    # the fixed costs per engine queue, keys in the order the processes first add them
+    for col, order, counter, ps in ((0, 2, st.dispatch_ps, dispatch_ps),
+                                    (1, 3, st.sync_ps, sync_ps)):
+        qs = np.flatnonzero(counts[: len(names), order] >= 0)
+        for q in qs[np.argsort(counts[qs, order])].tolist():
+            block, lane = names[q]
+            counter[f"{block}.{lane}"] += int(counts[q, col]) * ps
     rank = np.full(len(instrs), -1, np.int64)
     rank[starts[:nst]] = np.arange(nst)
     r = rank[tb.add_ins]

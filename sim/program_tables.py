@@ -267,6 +267,28 @@ def build(program: Program, cores: list, num_cores: int, kinds_of) -> Tables:
     s_ptr = np.zeros(n + 1, np.int64)
     np.cumsum(sl, out=s_ptr[1:])
 
+    # fixed-cost bits: every instruction but a Nop is dispatched; an instruction on a core's
+    # engine that waits on a flag some other core's engine signals pays the barrier sync
+    # (``sim.device.cross_core_waits``)
+    table[:, pl.I_FLAGS] = np.where(code == _CODE[Nop], 0, pl.FL_DISPATCH)
+    per_core = eng <= _LAST_PER_CORE
+    nflags = len(flags)
+    if nflags and len(wflat):
+        sig_ins = np.repeat(np.arange(n, dtype=np.int64), sl)
+        sig_flag = dense[len(wflat):]
+        prod = per_core[sig_ins]
+        lo = np.full(nflags, np.iinfo(np.int64).max, np.int64)
+        hi = np.full(nflags, -1, np.int64)
+        np.minimum.at(lo, sig_flag[prod], core[sig_ins[prod]])
+        np.maximum.at(hi, sig_flag[prod], core[sig_ins[prod]])
+        wait_ins = np.repeat(np.arange(n, dtype=np.int64), wl)
+        wait_flag = dense[: len(wflat)]
+        wc = core[wait_ins]
+        other = (hi[wait_flag] >= 0) & ((lo[wait_flag] != wc) | (hi[wait_flag] != wc))
+        cross = np.zeros(n, bool)
+        cross[wait_ins[other & per_core[wait_ins]]] = True
+        table[cross, pl.I_FLAGS] |= pl.FL_CROSS
+
     if adds:
         add_ins, add_link, add_addr, add_bytes = (np.concatenate(c) for c in zip(*adds,
                                                                                    strict=True))

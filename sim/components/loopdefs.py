@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from sim.dram_timing import chunk_channels_ck
+
 URGENT = 0
 NORMAL = 1
 
@@ -45,7 +47,12 @@ I_DIR2 = 9
 I_SRC2 = 10
 I_DST2 = 11
 I_N2 = 12
-I_FIELDS = 13
+I_FLAGS = 13  # FL_* bits
+I_FIELDS = 14
+
+# --- instruction flag bits (column I_FLAGS) ---------------------------------------------------
+FL_DISPATCH = 1  # pays the dispatch cost (every instruction but a Nop)
+FL_CROSS = 2  # waits on a flag another core signals (pays the barrier sync)
 
 # --- process types and fields --------------------------------------------------------------
 P_ENGINE = 0
@@ -99,6 +106,9 @@ S_E_WAIT = 1
 S_E_RESUMED_WAIT = 2
 S_E_TIMING = 3
 S_E_FINISH = 4
+S_E_LAUNCH = 7  # the program's launch, before the first instruction
+S_E_DISPATCHED = 8  # the instruction's dispatch is done: count it, then wait for flags
+S_E_SYNCED = 9  # the cross-core sync is done: count it, then begin the timing
 S_JOIN_INIT = 5
 S_JOIN_DONE = 6
 S_T_START = 10
@@ -140,6 +150,14 @@ def grow(a: np.ndarray) -> np.ndarray:
     out = np.empty((a.shape[0] * 2, a.shape[1]), a.dtype)
     out[: a.shape[0]] = a
     return out
+
+
+@njit(cache=True)
+def grow_to(a: np.ndarray, rows: int) -> np.ndarray:
+    """``a`` doubled until it has at least ``rows`` rows."""
+    while a.shape[0] < rows:
+        a = grow(a)
+    return a
 
 
 @njit(cache=True)
@@ -217,3 +235,60 @@ def plan_index(keys: np.ndarray, key: int) -> int:
     if i >= keys.shape[0] or keys[i] != key:
         return -1
     return i
+
+
+@njit(cache=True)
+def _log_dram(logs: np.ndarray, nl: int, c: int, start: int, stop: int, nbytes: int,
+              write: int) -> int:
+    logs[nl, 0] = LOG_DRAM
+    logs[nl, 1] = c
+    logs[nl, 2] = start
+    logs[nl, 3] = stop
+    logs[nl, 4] = nbytes
+    logs[nl, 5] = write
+    return nl + 1
+
+
+@njit(cache=True)
+def protocol_access(now, addr, nbytes, write, tck_ps, params, open_row, act_ok, pre_ok,
+                    cas_ok, faw, scalars, next_ref, per_ch, dram_free, logs, nl, log_level):
+    """``Dram.chunk_plan`` and ``Dram.access`` after the latency, protocol model: one
+    :func:`sim.dram_timing.chunk_channels_ck` call over the channel state arrays (updated in
+    place), the same ps rounding; returns (when the last channel is done, logs used).
+    ``logs`` must have room for one row per channel."""
+    # a time under 1 ps past a cycle edge counts as that edge (ps are rounded up)
+    t0 = np.int64(np.ceil((now - 1) / tck_ps))
+    chunk_channels_ck(params, open_row, act_ok, pre_ok, cas_ok, faw, scalars, next_ref, addr,
+                      nbytes, write != 0, t0, per_ch)
+    end = now
+    for c in range(per_ch.shape[0]):
+        b = per_ch[c, 0]
+        if b == 0:
+            continue
+        start = max(now, np.int64(np.ceil(per_ch[c, 1] * tck_ps - 1e-6)))
+        stop = max(start, np.int64(np.ceil(per_ch[c, 2] * tck_ps - 1e-6)))
+        if stop > dram_free[c]:
+            dram_free[c] = stop
+        if stop > end:
+            end = stop
+        if log_level >= 1:
+            nl = _log_dram(logs, nl, c, start, stop, b, write)
+    return end, nl
+
+
+@njit(cache=True)
+def planned_access(now, u, write, plan_ptr, plan_ch, plan_b, plan_dur, dram_free, logs, nl,
+                   log_level):
+    """The same, efficiency model: plan ``u``'s channels in order, each from when it falls
+    free; ``logs`` must have room for one row per channel of the plan."""
+    end = now
+    for k in range(plan_ptr[u], plan_ptr[u + 1]):
+        c = plan_ch[k]
+        start = max(now, dram_free[c])
+        stop = start + plan_dur[k]
+        dram_free[c] = stop
+        if stop > end:
+            end = stop
+        if log_level >= 1:
+            nl = _log_dram(logs, nl, c, start, stop, plan_b[k], write)
+    return end, nl

@@ -16,9 +16,12 @@ updated at the same points of the same processes. The state machines mirror, lin
 - ``HostLink.transfer`` for ``kind = "pcie"``;
 - the kernel's ``Resource``, ``Container``, ``AllOf`` and process start/end events.
 
-Per-chunk DRAM timing is not computed here: ``Dram.chunk_plan`` computes it for every
-distinct ``(address modulo the interleave stripe, bytes)`` a program's chunks use (see
-:mod:`sim.components.program_arrays`), and the loop looks the plan up.
+DRAM chunks are timed as ``Dram.chunk_plan`` times them: in the protocol model by the
+same Numba step over the same channel state arrays, at the same point of the same
+process; in the efficiency model from plans precomputed for every distinct ``(address
+modulo the interleave stripe, bytes)`` a program's chunks use (:mod:`sim.array_engine`).
+The fixed costs (launch, dispatch, cross-core sync) are timeouts where
+``Device._engine`` yields them.
 
 The loop does not touch memory bytes or the recorder: it returns logs (instruction
 starts and ends, DRAM bursts, link chunks, DMA chunks) that the caller replays, in order,
@@ -42,17 +45,27 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
     plan_ch: np.ndarray, plan_b: np.ndarray, plan_dur: np.ndarray, stripe: int,
     key_mul: int, port_free: np.ndarray, port_bps: float, link_free: np.ndarray,
     link_bps: np.ndarray, link_lat: int, link_chunk: int, log_level: int,
+    protocol: bool, d_params: np.ndarray, d_open: np.ndarray, d_act: np.ndarray,
+    d_pre: np.ndarray, d_cas: np.ndarray, d_faw: np.ndarray, d_sc: np.ndarray,
+    d_ref: np.ndarray, d_per: np.ndarray, tck_ps: float, launch_ps: int, dispatch_ps: int,
+    sync_ps: int,
 ):
     """Runs one program from time ``now0`` with insertion ids from ``eid0``; updates
-    ``dram_free``, ``port_free`` and ``link_free`` in place.
+    ``dram_free``, ``port_free`` and ``link_free`` in place. With ``protocol`` the DRAM
+    chunks are timed by :func:`sim.dram_timing.chunk_channels_ck` over the channel state
+    arrays ``d_*`` (updated in place, as ``Dram.chunk_plan`` does), else by the plans.
+    ``launch_ps``, ``dispatch_ps`` and ``sync_ps`` are the fixed costs ``Device._engine``
+    pays (0: none).
 
     Returns ``(result, now, eid, dram_read, dram_written, done, ndone, starts, nstarts,
-    logs, nlogs, blocked, pending)``: ``done`` rows are ``(instruction, start, end)`` in the order
-    instructions ended, ``starts`` the non-compute instructions in the order their timing
-    began, ``logs`` rows the recorder's reports in order (level 0: none, 1: instruction
-    spans and bytes moved, 2: also chunk spans), ``blocked[q]`` = ``(instruction, flag)``
-    for each queue waiting on a flag it found empty, else ``-1``; ``pending``
-    the events left scheduled (none after a complete program).
+    logs, nlogs, blocked, pending, counts)``: ``done`` rows are ``(instruction, start,
+    end)`` in the order instructions ended, ``starts`` the non-compute instructions in the
+    order their timing began, ``logs`` rows the recorder's reports in order (level 0: none,
+    1: instruction spans and bytes moved, 2: also chunk spans), ``blocked[q]`` =
+    ``(instruction, flag)`` for each queue waiting on a flag it found empty, else ``-1``;
+    ``pending`` the events left scheduled (none after a complete program), ``counts[q]`` =
+    (dispatches done, syncs done, order of the first dispatch, order of the first sync; -1:
+    none).
     """
     nq = q_ptr.shape[0] - 1
     nres = res_cap.shape[0]
@@ -79,13 +92,17 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
     dram_read = 0
     dram_written = 0
     nports = port_free.shape[1]
+    counts = np.full((max(nq, 1), 4), -1, np.int64)
+    counts[:, :2] = 0
+    n_first_disp = 0
+    n_first_sync = 0
 
     # the engine processes, in queue order, then the join: each starts with an lp.URGENT event
     for q in range(nq):
         p = np_used
         np_used += 1
         P[p, lp.F_TYPE] = lp.P_ENGINE
-        P[p, lp.F_STATE] = lp.S_E_NEXT
+        P[p, lp.F_STATE] = lp.S_E_LAUNCH
         P[p, lp.F_Q] = q
         P[p, lp.F_POS] = q_ptr[q]
         P[p, lp.F_PARENT] = nq
@@ -164,14 +181,37 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 logs = lp.grow(logs)
             st = P[p, lp.F_STATE]
             # ---------------- engine: Device._engine --------------------------------------
+            if st == lp.S_E_LAUNCH:
+                P[p, lp.F_STATE] = lp.S_E_NEXT
+                if launch_ps:
+                    hs = lp.hpush(heap, hs, now + launch_ps, lp.NORMAL, eid, lp.CB_RESUME, p)
+                    eid += 1
+                    break
+                st = lp.S_E_NEXT
             if st == lp.S_E_NEXT:
                 q = P[p, lp.F_Q]
                 if P[p, lp.F_POS] >= q_ptr[q + 1]:
                     st = lp.S_END
                 else:
+                    i = q_items[P[p, lp.F_POS]]
+                    if dispatch_ps and ins[i, lp.I_FLAGS] & lp.FL_DISPATCH:
+                        P[p, lp.F_STATE] = lp.S_E_DISPATCHED
+                        hs = lp.hpush(heap, hs, now + dispatch_ps, lp.NORMAL, eid,
+                                      lp.CB_RESUME, p)
+                        eid += 1
+                        break
                     P[p, lp.F_WK] = 0
                     P[p, lp.F_STATE] = lp.S_E_WAIT
                     continue
+            if st == lp.S_E_DISPATCHED:
+                q = P[p, lp.F_Q]
+                if counts[q, 2] < 0:
+                    counts[q, 2] = n_first_disp
+                    n_first_disp += 1
+                counts[q, 0] += 1
+                P[p, lp.F_WK] = 0
+                P[p, lp.F_STATE] = lp.S_E_WAIT
+                continue
             if st == lp.S_E_RESUMED_WAIT:
                 blocked[P[p, lp.F_Q], 0] = -1
                 blocked[P[p, lp.F_Q], 1] = -1
@@ -212,6 +252,21 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                             hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, w)
                             eid += 1
                     break
+                if sync_ps and ins[i, lp.I_FLAGS] & lp.FL_CROSS:
+                    P[p, lp.F_STATE] = lp.S_E_SYNCED
+                    hs = lp.hpush(heap, hs, now + sync_ps, lp.NORMAL, eid, lp.CB_RESUME, p)
+                    eid += 1
+                    break
+                st = lp.S_E_TIMING
+            if st == lp.S_E_SYNCED:
+                q = P[p, lp.F_Q]
+                if counts[q, 3] < 0:
+                    counts[q, 3] = n_first_sync
+                    n_first_sync += 1
+                counts[q, 1] += 1
+                st = lp.S_E_TIMING
+            if st == lp.S_E_TIMING:
+                i = q_items[P[p, lp.F_POS]]
                 P[p, lp.F_ISTART] = now
                 ik = ins[i, lp.I_KIND]
                 if ik == lp.K_COMPUTE:
@@ -471,29 +526,20 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
             if st == lp.S_A_AFTER_LAT:
                 a = P[p, lp.F_A_ADDR]
                 n = P[p, lp.F_A_N]
-                end = now
-                u = lp.plan_index(plan_keys, (a % stripe) * key_mul + n)
-                if u < 0:
-                    raise RuntimeError("program loop: a DRAM access has no chunk plan")
-                for k in range(plan_ptr[u], plan_ptr[u + 1]):
-                    c = plan_ch[k]
-                    s0 = dram_free[c]
-                    if s0 < now:
-                        s0 = now
-                    stop = s0 + plan_dur[k]
-                    dram_free[c] = stop
-                    if stop > end:
-                        end = stop
-                    if log_level >= 1:
-                        if nl + 1 > logs.shape[0]:
-                            logs = lp.grow(logs)
-                        logs[nl, 0] = lp.LOG_DRAM
-                        logs[nl, 1] = c
-                        logs[nl, 2] = s0
-                        logs[nl, 3] = stop
-                        logs[nl, 4] = plan_b[k]
-                        logs[nl, 5] = P[p, lp.F_A_W]
-                        nl += 1
+                # room for one log row per channel
+                if log_level >= 1 and nl + dram_free.shape[0] > logs.shape[0]:
+                    logs = lp.grow_to(logs, nl + dram_free.shape[0])
+                if protocol:
+                    end, nl = lp.protocol_access(now, a, n, P[p, lp.F_A_W], tck_ps, d_params,
+                                                 d_open, d_act, d_pre, d_cas, d_faw, d_sc,
+                                                 d_ref, d_per, dram_free, logs, nl, log_level)
+                else:
+                    u = lp.plan_index(plan_keys, (a % stripe) * key_mul + n)
+                    if u < 0:
+                        raise RuntimeError("program loop: a DRAM access has no chunk plan")
+                    end, nl = lp.planned_access(now, u, P[p, lp.F_A_W], plan_ptr, plan_ch,
+                                                plan_b, plan_dur, dram_free, logs, nl,
+                                                log_level)
                 if end > now:
                     P[p, lp.F_STATE] = lp.S_A_DONE
                     hs = lp.hpush(heap, hs, end, lp.NORMAL, eid, lp.CB_RESUME, p)
@@ -563,4 +609,4 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
             raise RuntimeError("program loop: unknown process state")
 
     return (result, now, eid, dram_read, dram_written, done, nd, starts, nst, logs, nl,
-            blocked, hs)
+            blocked, hs, counts)

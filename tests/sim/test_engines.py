@@ -41,9 +41,9 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
 from models.demo import demo_data, gemv_layer
-from sim import array_engine
+from sim import array_engine, program_tables
 from sim.components import kernel, loopdefs
-from sim.device import Device
+from sim.device import Device, cross_core_waits
 from sim.hw import load_hardware, preset_dict
 from sim.runtime import Accelerator, Model
 from traces.recorder import Recorder
@@ -188,6 +188,69 @@ def test_a_deadlock_is_reported_the_same_way():
             Device(TINY, functional=False, engine=engine).run(prog, validate=False)
         msgs.append(str(info.value))
     assert msgs[0] == msgs[1] == msgs[2] and "deadlocked" in msgs[0]
+
+
+def test_fixed_costs_and_protocol_dram_on_hand_built_contention():
+    # cross-core flags (core 0 -> core 1 and back: barrier syncs), Nops (no dispatch),
+    # two DMAs on one channel, both PCIe directions and the copy engine, reads after
+    # writes on one bank (turnaround), on the protocol model with every fixed cost
+    out = assert_same(TINY_PROTOCOL, [Program((
+        DmaLoad(core=0, src=0, dst=0, nbytes=3000, signal=(1,)),
+        DmaLoad(core=1, src=512, dst=0, nbytes=1024),
+        Gemm(core=0, m=1, k=256, n=4, w_bits=8, a=0, w=0, out=4096, wait=(1,), signal=(2,)),
+        Vec(core=1, func=VecFunc.COPY, rows=1, cols=64, src0=0, dst=8192, wait=(2,),
+            signal=(3, 3)),
+        Nop(on=Engine.DMA_OUT, wait=(3,), signal=(4,)),
+        DmaStore(core=0, src=0, dst=700, nbytes=900, wait=(3,)),
+        HostWrite(src=0, dst=10_000, nbytes=5_000),
+        HostRead(src=0, dst=700, nbytes=2_000, wait=(4,)),
+        DmaCopy(src=0, dst=20_000, nbytes=4_000),
+    ))] * 2)
+    st_ = out["stats"]
+    # per program: the Vec waits on core 0, the Nop and the DmaStore on core 1 (40 ns each)
+    assert st_["sync_ps"] == {"core1.vpu": 2 * 40_000, "core0.dma_out": 4 * 40_000}
+    assert st_["launch_ps"] == 2 * 250_000
+    # the Nop pays no dispatch: one dispatch per program on either queue
+    assert st_["dispatch_ps"]["core0.dma_out"] == st_["dispatch_ps"]["core1.vpu"] > 0
+    assert out["dram_banks"] is not None
+
+
+def test_a_deadlock_after_dispatch_is_reported_the_same_way():
+    # the Gemm is dispatched (its cost counted) and then blocks on a flag nobody gives
+    prog = Program((Gemm(core=1, m=1, k=64, n=1, w_bits=8, a=0, w=0, out=128, wait=(9,)),
+                    DmaLoad(core=0, src=0, dst=0, nbytes=64, signal=(8,))), name="stuck")
+    out = assert_same(TINY_PROTOCOL, [prog])
+    assert "deadlocked" in out["runs"][0]
+    assert out["stats"]["dispatch_ps"]["core1.mxu"] > 0
+
+
+def test_the_fixed_cost_bits_are_the_devices():
+    hw = load_hardware("aries")
+    cm = compile_model(load_preset("qwen2.5-0.5b"), build_bit_config({}),
+                       HardwareTarget.from_hw(hw), max_seq=8, cap=320, functional=False)
+    prog = cm.program(tokens=1, cache_size=300)
+    dev = Device(hw, functional=False)
+    tb = program_tables.build(prog, dev.cores, dev.num_cores, dev.kinds_of)
+    bits = tb.table[:, loopdefs.I_FLAGS]
+    cross = np.flatnonzero(bits & loopdefs.FL_CROSS)
+    assert cross.tolist() == sorted(cross_core_waits(prog)) and len(cross) > 0
+    nops = np.asarray([isinstance(i, Nop) for i in prog.instructions])
+    assert ((bits & loopdefs.FL_DISPATCH) == 0).tolist() == nops.tolist()
+
+
+def test_aries_decode_steps_back_to_back_on_the_array_loop_match_the_kernel():
+    # the bank state, refresh phase and bus direction carry from one program to the next
+    hw = load_hardware("aries")
+    assert array_engine.eligible(Device(hw, functional=False))
+    cm = compile_model(load_preset("qwen2.5-0.5b"), build_bit_config({}),
+                       HardwareTarget.from_hw(hw), max_seq=8, cap=320, functional=False)
+    progs = [cm.program(tokens=1, cache_size=300), cm.program(tokens=1, cache_size=301)]
+    layout = cm.layout(host_bytes=hw.host.memory_bytes)
+    a = _run("kernel", hw, progs, layout=layout, level="off")
+    b = _run("fast", hw, progs, layout=layout, level="off")
+    assert a == b
+    first, second = a["runs"]
+    assert second.start_ps == first.end_ps and second.stats["sync_ps"]
 
 
 def test_an_unknown_engine_is_refused():
