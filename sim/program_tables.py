@@ -46,6 +46,31 @@ if {int(e) for e in PER_CORE_ENGINES} != set(range(_LAST_PER_CORE + 1)):
 _TYPES = (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead, Attn, KvWrite, KvRead, Gemm, Vec,
           Nop)
 _CODE = {t: k for k, t in enumerate(_TYPES)}
+#: Every concrete instruction type seen, numbered: a subclass (``GemmRow``, ``AttnDq``, ...)
+#: runs on its base's engine but may take its own time and ops, so shape keys include it.
+_TYPE_IDS: dict[type, int] = {}
+
+
+def _code_of(t: type) -> int:
+    """The code of instruction type ``t``: its own, or its nearest base's (a subclass is
+    registered on first sight)."""
+    code = _CODE.get(t)
+    if code is None:
+        base = next((b for b in t.__mro__ if b in _CODE), None)
+        if base is None:
+            raise KeyError(t)
+        code = _CODE[t] = _CODE[base]
+    return code
+
+
+def _type_ids(group: list) -> np.ndarray:
+    """One column: the id of each instruction's concrete type."""
+    ids = _TYPE_IDS
+    return _ints((ids.setdefault(type(i), len(ids)) for i in group), len(group))
+
+
+def _with_type(group: list, f: np.ndarray) -> np.ndarray:
+    return np.column_stack([f, _type_ids(group)])
 
 
 @dataclass
@@ -102,7 +127,7 @@ def build(program: Program, cores: list, num_cores: int, kinds_of) -> Tables:
     n = len(instrs)
     formats = program.formats
     try:
-        code = _ints(map(_CODE.__getitem__, map(type, instrs)), n)
+        code = _ints(map(_code_of, map(type, instrs)), n)
     except KeyError as err:
         raise DeviceError(f"no engine executes {err.args[0].__name__}") from None
     table = np.zeros((n, pl.I_FIELDS), np.int64)
@@ -169,9 +194,10 @@ def build(program: Program, cores: list, num_cores: int, kinds_of) -> Tables:
                             "k", "v", "k_nbytes", "v_nbytes"))
         eng[idx] = int(Attn.engine_kind)
         table[idx, pl.I_KIND] = pl.K_PAR
+        shape = _with_type(group, f[:, :7])
         table[idx, pl.I_DUR] = _per_shape(
-            group, f[:, :7], lambda i: cores[i.core].duration_ps(i, formats))
-        ops[idx] = _per_shape(group, f[:, 1:5], lambda i: i.ops())
+            group, shape, lambda i: cores[i.core].duration_ps(i, formats))
+        ops[idx] = _per_shape(group, shape, lambda i: i.ops())
         table[idx, pl.I_RES] = 2 * num_cores + f[:, 0]
         table[idx, pl.I_CORE] = f[:, 0]
         table[idx, pl.I_NSUB] = 2
@@ -226,13 +252,17 @@ def build(program: Program, cores: list, num_cores: int, kinds_of) -> Tables:
     idx, group = members(Gemm)
     if len(idx):
         f = _fields(group, ("core", "m", "k", "n", "w_bits"))
+        # the variants' own fields (group size, output width) enter their time and ops
+        extra = _ints(chain.from_iterable((getattr(i, "group", 0), getattr(i, "out_bits", 0))
+                                          for i in group), 2 * len(group)).reshape(-1, 2)
+        shape = _with_type(group, np.column_stack([f, extra]))
         eng[idx] = int(Gemm.engine_kind)
         table[idx, pl.I_DUR] = _per_shape(
-            group, f, lambda i: cores[i.core].duration_ps(i, formats))
-        ops[idx] = 2 * f[:, 1] * f[:, 2] * f[:, 3]
+            group, shape, lambda i: cores[i.core].duration_ps(i, formats))
+        ops[idx] = _per_shape(group, shape, lambda i: i.ops())
     idx, group = members(Vec)
     if len(idx):
-        f = _fields(group, ("core", "func", "rows", "cols"))
+        f = _fields(group, ("core", "func", "rows", "cols", "p1", "p2"))
         eng[idx] = int(Vec.engine_kind)
         table[idx, pl.I_DUR] = _per_shape(
             group, f, lambda i: cores[i.core].duration_ps(i, formats))
