@@ -23,6 +23,8 @@ from enum import IntEnum
 from functools import cached_property
 from typing import ClassVar, NamedTuple
 
+from .kernels.gemm_group import group_count, group_row_bytes
+
 NO_ADDR = 0xFFFF_FFFF_FFFF_FFFF
 
 
@@ -55,6 +57,7 @@ class Opcode(IntEnum):
     HOST_WRITE = 0x20
     HOST_READ = 0x21
     GEMM = 0x30
+    GEMM_GROUP = 0x31
     VEC = 0x40
     KV_WRITE = 0x50
     KV_READ = 0x51
@@ -342,12 +345,42 @@ class Gemm(Instruction):
         step = self.out_stride or row
         return (self.m - 1) * step + row if self.m else 0
 
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates of the matrix unit (the timing model's work count)."""
+        return self.m * self.k * self.n
+
     def ops(self) -> int:
-        return 2 * self.m * self.k * self.n
+        return 2 * self.macs
 
     @property
     def precision(self) -> str:
         return f"w{self.w_bits}a8"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmGroup(Gemm):
+    """:class:`Gemm` with group-wise asymmetric 4-bit weights (``w_bits`` = 4): each row
+    of ``w`` is a row image of codes, int16 group minima and uint8 group steps for groups
+    of ``group`` weights (:mod:`isa.kernels.gemm_group`), accumulated in int64. The
+    multipliers at ``scale`` must lie in ``[0, 2**24)``; without ``scale`` the output is
+    the int32-saturated accumulator plus bias. The matrix unit does 2 extra MACs per group
+    per output and the ``m*k`` additions of the activations' group sums.
+    """
+
+    opcode: ClassVar[Opcode] = Opcode.GEMM_GROUP
+    mnemonic: ClassVar[str] = "gemm.g"
+    engine_kind: ClassVar[Engine] = Engine.MXU
+    group: int = u16()
+
+    @property
+    def w_nbytes(self) -> int:
+        return group_row_bytes(self.k, self.group) * self.n
+
+    @property
+    def macs(self) -> int:
+        return (self.m * self.k * self.n + 2 * self.m * self.n * group_count(self.k, self.group)
+                + self.m * self.k)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -514,6 +547,7 @@ INSTRUCTION_TYPES: tuple[type[Instruction], ...] = (
     HostWrite,
     HostRead,
     Gemm,
+    GemmGroup,
     Vec,
     KvWrite,
     KvRead,

@@ -51,6 +51,7 @@ from .instructions import (
     DmaLoad,
     DmaStore,
     Gemm,
+    GemmGroup,
     HostRead,
     HostWrite,
     Instruction,
@@ -62,6 +63,7 @@ from .instructions import (
     VecFunc,
 )
 from .kernels import attention as katt
+from .kernels import gemm_group as kgg
 from .kernels import matrix as kmat
 from .kernels import softmax as ksm
 from .kernels import vector as kvec
@@ -105,9 +107,16 @@ def _gemm(g: Gemm, mem: Memory) -> None:
     w = mem.read(Space.SRAM, c, g.w, g.w_nbytes).reshape(g.n, -1)
     bias = None if g.bias == NO_ADDR else _sram(mem, c, g.bias, 4 * g.n, np.int32)
     mult = None if g.scale == NO_ADDR else _sram(mem, c, g.scale, 4 * g.n, np.int32)
-    if g.w_bits not in (4, 8):
+    if isinstance(g, GemmGroup):
+        try:
+            out = kgg.gemm_group(a, w, k=g.k, group=g.group, bias=bias, mult=mult,
+                                 shift=g.shift)
+        except ValueError as err:
+            raise IsaError(str(err)) from None
+    elif g.w_bits not in (4, 8):
         raise IsaError(f"gemm: w_bits {g.w_bits} is not supported (4 or 8)")
-    out = kmat.gemm(a, w, w_bits=g.w_bits, k=g.k, bias=bias, mult=mult, shift=g.shift)
+    else:
+        out = kmat.gemm(a, w, w_bits=g.w_bits, k=g.k, bias=bias, mult=mult, shift=g.shift)
     row = g.n * g.out_bytes_per_element
     step = g.out_stride or row
     flat = np.ascontiguousarray(out).reshape(g.m, -1).view(np.uint8)

@@ -6,6 +6,7 @@ instruction at fault and why; it returns None when the program is well-formed:
 - the core exists, and device-wide engines (COPY, H2D, D2H) are addressed as core 0;
 - enum fields hold members of their enum (Vec ``func``, Nop ``on``);
 - operand shapes make sense: Gemm ``w_bits`` is 2, 4 or 8 and ``k`` fills whole bytes,
+  GemmGroup has 4-bit weights, an even ``group >= 2`` and ``k <= 2**15``,
   Attn ``heads`` is a multiple of ``kv_heads`` and ``ctx >= 1``;
 - KV-format fields (``fmt`` and ``*_fmt``) index into ``program.formats``, and the entries
   they index name KV formats (:func:`isa.kv.parse`);
@@ -31,6 +32,7 @@ from isa.instructions import (
     Access,
     Attn,
     Gemm,
+    GemmGroup,
     Instruction,
     KvRead,
     KvWrite,
@@ -38,6 +40,7 @@ from isa.instructions import (
     Program,
     Space,
 )
+from isa.kernels.gemm_group import MAX_K as GEMM_GROUP_MAX_K
 
 #: Gemm weight widths the matrix unit unpacks (bits per weight).
 GEMM_W_BITS = (2, 4, 8)
@@ -124,6 +127,19 @@ def _kv_problem(instr: Instruction, program: Program) -> str | None:
     return None
 
 
+def _gemm_group_problem(g: GemmGroup) -> str | None:
+    """Shape rules of group-wise 4-bit weights (:mod:`isa.kernels.gemm_group`)."""
+    if g.w_bits != 4:
+        return f"gemm.g takes group-wise 4-bit weights: w_bits must be 4, got {g.w_bits}"
+    if g.group < 2 or g.group % 2:
+        return (f"group {g.group}: weight groups must hold an even number >= 2 of 4-bit "
+                "weights (whole bytes of codes)")
+    if g.k > GEMM_GROUP_MAX_K:
+        return (f"k {g.k} exceeds {GEMM_GROUP_MAX_K}: the int64 group accumulator of gemm.g "
+                "could overflow")
+    return None
+
+
 def _instruction_problem(instr: Instruction, program: Program, layout: MemoryLayout) -> str | None:
     if not 0 <= instr.core < layout.num_cores:
         return f"core {instr.core} out of range (the layout has {layout.num_cores} cores)"
@@ -150,6 +166,8 @@ def _instruction_problem(instr: Instruction, program: Program, layout: MemoryLay
                 f"misaligned packed weights: w_bits {instr.w_bits} packs {per_byte} values "
                 f"per byte, so k must be a multiple of {per_byte} (k={instr.k})"
             )
+        if isinstance(instr, GemmGroup) and (problem := _gemm_group_problem(instr)):
+            return problem
     if isinstance(instr, Attn):
         if instr.kv_heads < 1 or instr.heads % instr.kv_heads:
             return f"heads ({instr.heads}) must be a multiple of kv_heads ({instr.kv_heads})"
@@ -186,6 +204,7 @@ class _Plan(NamedTuple):
     enums: tuple[tuple[str, frozenset[int]], ...]  # (field, allowed values)
     formats: tuple[str, ...]  # fields that index the format table
     gemm: bool
+    gemm_group: bool
     attn: bool
 
 
@@ -204,6 +223,7 @@ def _plan(cls: type[Instruction]) -> _Plan:
                         if field_enum(f) is not None),
             formats=tuple(f.name for f in fields if _is_format_index(f.name)),
             gemm=issubclass(cls, Gemm),
+            gemm_group=issubclass(cls, GemmGroup),
             attn=issubclass(cls, Attn),
         )
     return plan
@@ -228,6 +248,8 @@ def _instruction_ok(instr: Instruction, program: Program, layout: MemoryLayout,
         return False
     if plan.gemm:
         if instr.w_bits not in GEMM_W_BITS or instr.k % (8 // instr.w_bits):
+            return False
+        if plan.gemm_group and _gemm_group_problem(instr) is not None:
             return False
     if plan.attn:
         if instr.kv_heads < 1 or instr.heads % instr.kv_heads or instr.ctx < 1:

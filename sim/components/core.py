@@ -3,7 +3,8 @@
 One instruction is one tile of work and one event. Durations (in core clock cycles,
 converted to picoseconds) are:
 
-- GEMM: ``issue + ceil(m*k*n / macs_per_cycle[w{bits}a8])``
+- GEMM: ``issue + ceil(macs / macs_per_cycle[w{bits}a8])``, ``macs = m*k*n`` (group-wise
+  4-bit weights, ``gemm.g``: ``+ 2*m*n*ceil(k/G) + m*k``, :attr:`GemmGroup.macs`)
 - attention: ``issue + ceil(2*q_len*ctx*head_dim*heads / macs_per_cycle[p])`` for the
   QK^T and PV products (``p`` = w16a16 when the cache format is 16-bit, else w8a8) plus
   the integer softmax on the vector lanes, ``ceil(q_len*ctx*heads*SOFTMAX_OPS / lanes)``
@@ -51,9 +52,8 @@ class ComputeCore:
         lanes = self.cfg.vector_lanes
         if isinstance(instr, Nop):
             return 0
-        if isinstance(instr, Gemm):
-            macs = instr.m * instr.k * instr.n
-            return issue + math.ceil(macs / self.macs_per_cycle(instr.precision))
+        if isinstance(instr, Gemm):  # GemmGroup: its extra group MACs are in .macs
+            return issue + math.ceil(instr.macs / self.macs_per_cycle(instr.precision))
         if isinstance(instr, Attn):
             wide = any(
                 i < len(formats) and is_16bit_format(formats[i])
