@@ -19,6 +19,8 @@ from ..config import ModelConfig
 from ..reference import apply_rope, rms_norm, rope_cos_sin, silu, softmax, softmax_scale
 from ..weights import QuantizedWeight, WeightSource, quantize_weight
 from .numerics import AddQ, AttnQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ
+from .wgroup import MULT_BITS as GROUP_MULT_BITS
+from .wgroup import GroupQuantizedWeight
 
 #: Headroom over the calibration maximum: inputs outside the calibration set can be
 #: larger, and a clipped int8 activation costs more than a coarser step (25 % is a
@@ -44,9 +46,11 @@ def _scale(absmax: float) -> float:
     return max(float(absmax), 1e-6) * MARGIN / INT8_MAX
 
 
-def gemm_params(s_in: float, qw: QuantizedWeight, s_out: float | None,
+def gemm_params(s_in: float, qw: QuantizedWeight | GroupQuantizedWeight, s_out: float | None,
                 bias: np.ndarray | None) -> GemmQ:
-    """Per-row multipliers with one shared shift (as large as int32 multipliers allow)."""
+    """Per-row multipliers with one shared shift (as large as int32 multipliers allow;
+    below ``2**24`` for group-wise weights, whose int64 accumulators need the room)."""
+    limit = 2**GROUP_MULT_BITS - 1 if isinstance(qw, GroupQuantizedWeight) else 2**31 - 1
     real = (s_in * qw.scales.astype(np.float64))
     b = None
     if bias is not None:
@@ -56,8 +60,8 @@ def gemm_params(s_in: float, qw: QuantizedWeight, s_out: float | None,
         return GemmQ(shift=0, mult=None, bias=b)
     ratio = real / s_out
     top = float(ratio.max())
-    shift = min(62, max(0, math.floor(math.log2((2**31 - 1) / top))))
-    mult = np.clip(np.rint(ratio * 2.0**shift), 0, 2**31 - 1).astype(np.int32)
+    shift = min(62, max(0, math.floor(math.log2(limit / top))))
+    mult = np.clip(np.rint(ratio * 2.0**shift), 0, limit).astype(np.int32)
     return GemmQ(shift=shift, mult=mult, bias=b)
 
 
@@ -100,8 +104,11 @@ def calibration_tokens(cfg: ModelConfig, seed: int, n: int = CALIBRATION_TOKENS)
     return rng.integers(0, cfg.vocab_size, size=n)
 
 
-def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0) -> Numerics:
-    """Integer parameters of a dense GQA model (``bits_for(name) -> bits``)."""
+def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0,
+              quantize=None) -> Numerics:
+    """Integer parameters of a dense GQA model (``bits_for(name) -> bits``; ``quantize(name)``
+    gives a matrix's quantized form, by default symmetric per channel at its bits)."""
+    quantize = quantize or (lambda name: quantize_weight(source.tensor(name), bits_for(name)))
     if cfg.is_mla or cfg.is_moe:
         raise NotImplementedError(
             f"model {cfg.name or cfg.family!r}: functional (integer) simulation supports "
@@ -118,7 +125,7 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
 
     def lin(x: np.ndarray, name: str, bias: str | None = None) -> np.ndarray:
         if name not in qw:
-            qw[name] = quantize_weight(source.tensor(name), bits_for(name))
+            qw[name] = quantize(name)
         y = x @ qw[name].dequantize().T
         if bias is not None:
             y = y + source.tensor(bias)
@@ -160,17 +167,18 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
         x = rec(f"x{i + 1}", (x + d).astype(np.float32))
     rec("fn", rms_norm(x, source.tensor("final_norm"), cfg.rms_norm_eps))
     s = {k: _scale(v) for k, v in amax.items()}
-    return derive(cfg, source, bits_for, s, qw)
+    return derive(cfg, source, bits_for, s, qw, quantize=quantize)
 
 
 def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float],
-           qw: dict[str, QuantizedWeight] | None = None) -> Numerics:
+           qw: dict[str, QuantizedWeight] | None = None, *, quantize=None) -> Numerics:
     """Integer parameters from the activation scales ``s``."""
     qw = dict(qw or {})
+    quantize = quantize or (lambda name: quantize_weight(source.tensor(name), bits_for(name)))
 
     def w(name: str) -> QuantizedWeight:
         if name not in qw:
-            qw[name] = quantize_weight(source.tensor(name), bits_for(name))
+            qw[name] = quantize(name)
         return qw[name]
 
     def bias(name: str, present: bool) -> np.ndarray | None:

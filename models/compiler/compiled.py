@@ -27,7 +27,7 @@ from ..bits import BitConfig
 from ..config import ModelConfig
 from ..reference import rope_cos_sin
 from ..source import open_weights
-from ..weights import WeightSource, quantize_weight
+from ..weights import WeightSource
 from . import kvm
 from .blocks.registry import ModelBlocks, blocks_for, probe_layers
 from .builder import CORE_MODES, Target
@@ -40,6 +40,7 @@ from .lowering import Lowering
 from .memmap import MemoryMap
 from .numerics import GemmQ, Numerics
 from .sram import SramOverflow
+from .wgroup import quantize_matrix, weight_group_size
 
 #: Weight tile buffer size: two of them per core double-buffer weight streaming (an
 #: assumption of the compiler: large enough that the per-tile DMA set-up is amortised).
@@ -154,7 +155,8 @@ class CompiledModel:
         nq = self.numerics
 
         def gemm_entries(name: str, gq: GemmQ):
-            qw = quantize_weight(src.tensor(name), self.bits_for(name))
+            qw = quantize_matrix(src.tensor(name), self.bits_for(name),
+                                 weight_group_size(self.bits))
             yield self.mm[f"w.{name}"].base, qw.data.reshape(-1)
             n = qw.n
             p = np.zeros(2 * n, np.int32)
@@ -220,7 +222,8 @@ def _lowering(model: ModelConfig, bits: BitConfig, kv: str, hw: HardwareTarget,
                     max_seq=max_seq, m_tile=m_tile, mm=mm, numerics=numerics,
                     target=Target(tuple(range(CORE_MODES[core_mode])), hw.sram_bytes,
                                   tile_bytes),
-                    blocks=blocks)
+                    blocks=blocks, weight_group=weight_group_size(bits),
+                    kv_read=bits.kv_read)
 
 
 def compile_model(
@@ -277,9 +280,15 @@ def compile_model(
         raise CompileError(f"model {model.name!r} {why}")
     numerics = Numerics.placeholder(model.num_layers)
     if functional:
-        numerics = calibrate(model, open_weights(model, weights),
-                             lambda name: bits.weights.bits_for(model.tensor_spec(name).role),
-                             seed=int(weights.get("seed", 0)))
+        src = open_weights(model, weights)
+
+        def bits_for(name: str) -> int:
+            return bits.weights.bits_for(model.tensor_spec(name).role)
+
+        group = weight_group_size(bits)
+        numerics = calibrate(model, src, bits_for, seed=int(weights.get("seed", 0)),
+                             quantize=lambda name: quantize_matrix(src.tensor(name),
+                                                                   bits_for(name), group))
     cm = CompiledModel(model=model, bits=bits, kv=kv, hw=hw, core_mode=core_mode,
                        max_seq=max_seq, cap=cap, slots=slots, tile_bytes=tile_bytes,
                        m_tile=m_tile, mm=mm, numerics=numerics, weights=weights,

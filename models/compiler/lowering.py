@@ -49,6 +49,10 @@ class Lowering:
     numerics: Numerics
     target: Target
     blocks: ModelBlocks
+    #: group size of the 4-bit matrices (``bits.numerics.weight_group``; 0 = per channel)
+    weight_group: int = 0
+    #: how attention reads the cache (``bits.kv_read``): ``integer`` or ``dequant``
+    kv_read: str = "integer"
 
     # --- names ------------------------------------------------------------------------
     def check_call(self, n: int, cache_size: int) -> None:
@@ -75,8 +79,10 @@ class Lowering:
             has_bias = bias_name != name and bool(self.model.tensor_spec(bias_name))
         except ConfigError:
             has_bias = False
-        return Matrix(name, n, k, self.weight_bits[name], self.mm[f"w.{name}"].base,
-                      self.mm[f"p.{name}"].base, has_bias, requant, gq.shift)
+        bits = self.weight_bits[name]
+        return Matrix(name, n, k, bits, self.mm[f"w.{name}"].base,
+                      self.mm[f"p.{name}"].base, has_bias, requant, gq.shift,
+                      group=self.weight_group if bits == 4 else 0)
 
     @property
     def formats(self) -> tuple[str, ...]:
