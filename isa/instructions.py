@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
@@ -62,6 +63,7 @@ class Opcode(IntEnum):
     KV_WRITE = 0x50
     KV_READ = 0x51
     ATTN = 0x60
+    ATTN_DQ = 0x61
 
 
 class VecFunc(IntEnum):
@@ -539,6 +541,43 @@ class Attn(Instruction):
         return 2 * 2 * self.q_len * self.ctx * self.head_dim * self.heads
 
 
+def f32_bits(value: float) -> int:
+    """The IEEE-754 binary32 pattern of ``value`` (for the ``*_f32`` fields of attn.dq)."""
+    return int(struct.unpack("<I", struct.pack("<f", value))[0])
+
+
+def f32_value(bits: int) -> float:
+    """The float a binary32 pattern holds."""
+    return float(struct.unpack("<f", struct.pack("<I", bits & 0xFFFF_FFFF))[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttnDq(Attn):
+    """Attention that dequantizes the cache on read: a vector-unit pass turns the K and V
+    codes of the first ``ctx`` tokens into fp16 (``fp16(v' * k_scale)``, ``v'`` the exact
+    dequantized int8-grid value of the stored code, :meth:`KVFormat.region_read_q24`),
+    the queries into fp16 (``fp16(q * q_scale)``), then fp16 attention with fp32
+    accumulation and a float softmax (``softmax(q.k * softmax_scale)``), and the output
+    back to int8 (``sat8(round_half_up(o * out_scale))``). The ``*_f32`` fields hold
+    binary32 patterns (:func:`f32_bits`); ``score_*``/``out_mult``/``out_shift`` are
+    unused. This is the read path academic INT2/INT4 KV methods assume; :class:`Attn`
+    consumes the cache as integers (what ARIES does).
+    """
+
+    opcode: ClassVar[Opcode] = Opcode.ATTN_DQ
+    mnemonic: ClassVar[str] = "attn.dq"
+    engine_kind: ClassVar[Engine] = Engine.MXU
+    q_scale_f32: int = u32()
+    k_scale_f32: int = u32()
+    v_scale_f32: int = u32()
+    softmax_scale_f32: int = u32()
+    out_scale_f32: int = u32()
+
+    #: the fields holding binary32 patterns (each must be a finite value > 0)
+    FLOAT_FIELDS: ClassVar[tuple[str, ...]] = (
+        "q_scale_f32", "k_scale_f32", "v_scale_f32", "softmax_scale_f32", "out_scale_f32")
+
+
 INSTRUCTION_TYPES: tuple[type[Instruction], ...] = (
     Nop,
     DmaLoad,
@@ -552,6 +591,7 @@ INSTRUCTION_TYPES: tuple[type[Instruction], ...] = (
     KvWrite,
     KvRead,
     Attn,
+    AttnDq,
 )
 BY_OPCODE: dict[int, type[Instruction]] = {t.opcode: t for t in INSTRUCTION_TYPES}
 BY_MNEMONIC: dict[str, type[Instruction]] = {t.mnemonic: t for t in INSTRUCTION_TYPES}

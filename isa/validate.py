@@ -7,7 +7,8 @@ instruction at fault and why; it returns None when the program is well-formed:
 - enum fields hold members of their enum (Vec ``func``, Nop ``on``);
 - operand shapes make sense: Gemm ``w_bits`` is 2, 4 or 8 and ``k`` fills whole bytes,
   GemmGroup has 4-bit weights, an even ``group >= 2`` and ``k <= 2**15``,
-  Attn ``heads`` is a multiple of ``kv_heads`` and ``ctx >= 1``;
+  Attn ``heads`` is a multiple of ``kv_heads`` and ``ctx >= 1``, AttnDq's float fields hold
+  finite values > 0;
 - KV-format fields (``fmt`` and ``*_fmt``) index into ``program.formats``, and the entries
   they index name KV formats (:func:`isa.kv.parse`);
 - KV instructions address whole cache regions: ``cap >= 1`` (KvWrite, KvRead, Attn), and a
@@ -20,6 +21,7 @@ instruction at fault and why; it returns None when the program is well-formed:
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from functools import lru_cache
 from typing import NamedTuple
@@ -31,6 +33,7 @@ from isa.instructions import (
     PER_CORE_ENGINES,
     Access,
     Attn,
+    AttnDq,
     Gemm,
     GemmGroup,
     Instruction,
@@ -39,6 +42,7 @@ from isa.instructions import (
     MemoryLayout,
     Program,
     Space,
+    f32_value,
 )
 from isa.kernels.gemm_group import MAX_K as GEMM_GROUP_MAX_K
 
@@ -140,6 +144,15 @@ def _gemm_group_problem(g: GemmGroup) -> str | None:
     return None
 
 
+def _attn_dq_problem(a: AttnDq) -> str | None:
+    """The float fields of attn.dq must hold finite values > 0."""
+    for name in AttnDq.FLOAT_FIELDS:
+        v = f32_value(getattr(a, name))
+        if not math.isfinite(v) or v <= 0:
+            return f"{name} holds {v} (binary32 {getattr(a, name):#010x}): must be finite and > 0"
+    return None
+
+
 def _instruction_problem(instr: Instruction, program: Program, layout: MemoryLayout) -> str | None:
     if not 0 <= instr.core < layout.num_cores:
         return f"core {instr.core} out of range (the layout has {layout.num_cores} cores)"
@@ -173,6 +186,8 @@ def _instruction_problem(instr: Instruction, program: Program, layout: MemoryLay
             return f"heads ({instr.heads}) must be a multiple of kv_heads ({instr.kv_heads})"
         if instr.ctx < 1:
             return f"ctx must be >= 1, got {instr.ctx}"
+        if isinstance(instr, AttnDq) and (problem := _attn_dq_problem(instr)):
+            return problem
 
     for f in instr.body_fields():
         if _is_format_index(f.name):
@@ -206,6 +221,7 @@ class _Plan(NamedTuple):
     gemm: bool
     gemm_group: bool
     attn: bool
+    attn_dq: bool
 
 
 _PLANS: dict[type, _Plan] = {}
@@ -225,6 +241,7 @@ def _plan(cls: type[Instruction]) -> _Plan:
             gemm=issubclass(cls, Gemm),
             gemm_group=issubclass(cls, GemmGroup),
             attn=issubclass(cls, Attn),
+            attn_dq=issubclass(cls, AttnDq),
         )
     return plan
 
@@ -253,6 +270,8 @@ def _instruction_ok(instr: Instruction, program: Program, layout: MemoryLayout,
             return False
     if plan.attn:
         if instr.kv_heads < 1 or instr.heads % instr.kv_heads or instr.ctx < 1:
+            return False
+        if plan.attn_dq and _attn_dq_problem(instr) is not None:
             return False
     nformats = len(program.formats)
     for name in plan.formats:

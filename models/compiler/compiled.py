@@ -253,6 +253,10 @@ def compile_model(
     problem = blocks.attention.kv_problem(kv)
     if problem:
         raise CompileError(f"kv.format: {problem}")
+    if bits.kv_read == "dequant" and blocks.attention.kind != "gqa":
+        raise CompileError(f"kv.read: the dequantize-on-read path is built for grouped-query "
+                           f"attention; {blocks.attention.kind} attention reads its cache "
+                           "as integers (kv.read = 'integer')")
     if max_seq < 1 or cap < max_seq:
         raise CompileError(f"max_sequence_length ({max_seq}) must be >= 1 and <= the cache "
                            f"length ({cap})")
