@@ -58,7 +58,7 @@ class Opcode(IntEnum):
     HOST_WRITE = 0x20
     HOST_READ = 0x21
     GEMM = 0x30
-    GEMM_GROUP = 0x31
+    GEMM_GROUP = 0x32
     VEC = 0x40
     KV_WRITE = 0x50
     KV_READ = 0x51
