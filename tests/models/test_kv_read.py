@@ -10,9 +10,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from isa.encoding import encode_program
 from isa.instructions import Attn, AttnDq
-from models.bits import BitConfig, build_bit_config
-from models.compiler import CompileError, HardwareTarget, compile_model
+from models.bits import W4V8, BitConfig, NumericsOptions, build_bit_config
+from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.config import load_preset
 from sim.device import Device
 from sim.hw import load_hardware
@@ -93,3 +94,18 @@ def test_dequant_read_of_an_mla_model_is_refused() -> None:
         compile_model(load_preset("tiny-mla"), BitConfig(kv_read="dequant"),
                       HardwareTarget.from_hw(TINY_HW), kv="int8", core_mode="single",
                       max_seq=16, cap=64, functional=False)
+
+
+def test_a_dequant_g32_compiled_model_file_round_trips(tmp_path) -> None:
+    """The read path and the weight groups travel in the compiled-model file: a loaded
+    model lowers the same programs (attn.dq scales and gemm.g rows included)."""
+    bits = BitConfig(weights=W4V8, numerics=NumericsOptions(weight_group="g32"),
+                     kv_read="dequant")
+    cm = compile_model(TINY, bits, HardwareTarget.from_hw(TINY_HW), kv="kivi-2",
+                       core_mode="single", max_seq=16, cap=64)
+    cm.save(tmp_path / "m.kvm")
+    back = CompiledModel.load(tmp_path / "m.kvm")
+    assert (back.bits.kv_read, back.bits.numerics.weight_group) == ("dequant", "g32")
+    for tokens, cache in ((1, 10), (12, 0)):
+        assert encode_program(back.program(tokens=tokens, cache_size=cache)) == \
+            encode_program(cm.program(tokens=tokens, cache_size=cache))
