@@ -114,24 +114,27 @@ def _rows_w4g(a, asum, w, k, group, out, lo, hi):
     m = a.shape[0]
     ng = asum.shape[1]
     cb = (k + 1) // 2
-    c = np.empty(k, np.int32)
+    c = np.zeros(2 * cb, np.int8)
     dd = np.empty(ng, np.int64)
     mm = np.empty(ng, np.int64)
     for n in range(lo, hi):
         row = w[n]
-        for j in range(k):
-            b = np.int32(row[j >> 1])
-            c[j] = (b & 15) if (j & 1) == 0 else (b >> 4)
+        for jb in range(cb):  # unpack without a branch per element (vectorizes)
+            c[2 * jb] = row[jb] & 15
+            c[2 * jb + 1] = row[jb] >> 4
         for g in range(ng):
             v = np.int32(row[cb + 2 * g]) | (np.int32(row[cb + 2 * g + 1]) << 8)
             mm[g] = np.int64(v - 65536 if v >= 32768 else v)
             dd[g] = np.int64(row[cb + 2 * ng + g])
         for i in range(m):
             acc = np.int64(0)
+            ai = a[i]
             for g in range(ng):
+                j0 = g * group
+                j1 = min(k, j0 + group)
                 p = np.int32(0)
-                for j in range(g * group, min(k, (g + 1) * group)):
-                    p = np.int32(p + np.int32(a[i, j]) * c[j])
+                for j in range(j0, j1):
+                    p = np.int32(p + np.int32(ai[j]) * np.int32(c[j]))
                 acc += dd[g] * np.int64(p) + mm[g] * asum[i, g]
             out[i, n] = acc
 
