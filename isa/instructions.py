@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
 from typing import ClassVar, NamedTuple
 
+from .kernels.gemm_group import group_count, group_row_bytes
 from .vecfuncs import ROW_META_BYTES, VEC_OPS_PER_ELEMENT, VecFunc, vec_operand_bytes
 
 NO_ADDR = 0xFFFF_FFFF_FFFF_FFFF
@@ -58,10 +60,12 @@ class Opcode(IntEnum):
     HOST_READ = 0x21
     GEMM = 0x30
     GEMM_ROW = 0x31
+    GEMM_GROUP = 0x32
     VEC = 0x40
     KV_WRITE = 0x50
     KV_READ = 0x51
     ATTN = 0x60
+    ATTN_DQ = 0x61
 
 
 class Access(NamedTuple):
@@ -319,8 +323,13 @@ class Gemm(Instruction):
         step = self.out_stride or row
         return (self.m - 1) * step + row if self.m else 0
 
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates of the matrix unit (the timing model's work count)."""
+        return self.m * self.k * self.n
+
     def ops(self) -> int:
-        return 2 * self.m * self.k * self.n
+        return 2 * self.macs
 
     @property
     def precision(self) -> str:
@@ -358,6 +367,31 @@ class GemmRow(Gemm):
     def ops(self) -> int:
         extra = 2 * self.m * self.n if self.row_meta != NO_ADDR else 0
         return super().ops() + extra
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmGroup(Gemm):
+    """:class:`Gemm` with group-wise asymmetric 4-bit weights (``w_bits`` = 4): each row
+    of ``w`` is a row image of codes, int16 group minima and uint8 group steps for groups
+    of ``group`` weights (:mod:`isa.kernels.gemm_group`), accumulated in int64. The
+    multipliers at ``scale`` must lie in ``[0, 2**24)``; without ``scale`` the output is
+    the int32-saturated accumulator plus bias. The matrix unit does 2 extra MACs per group
+    per output and the ``m*k`` additions of the activations' group sums.
+    """
+
+    opcode: ClassVar[Opcode] = Opcode.GEMM_GROUP
+    mnemonic: ClassVar[str] = "gemm.g"
+    engine_kind: ClassVar[Engine] = Engine.MXU
+    group: int = u16()
+
+    @property
+    def w_nbytes(self) -> int:
+        return group_row_bytes(self.k, self.group) * self.n
+
+    @property
+    def macs(self) -> int:
+        return (self.m * self.k * self.n + 2 * self.m * self.n * group_count(self.k, self.group)
+                + self.m * self.k)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -507,6 +541,43 @@ class Attn(Instruction):
         return 2 * 2 * self.q_len * self.ctx * self.head_dim * self.heads
 
 
+def f32_bits(value: float) -> int:
+    """The IEEE-754 binary32 pattern of ``value`` (for the ``*_f32`` fields of attn.dq)."""
+    return int(struct.unpack("<I", struct.pack("<f", value))[0])
+
+
+def f32_value(bits: int) -> float:
+    """The float a binary32 pattern holds."""
+    return float(struct.unpack("<f", struct.pack("<I", bits & 0xFFFF_FFFF))[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttnDq(Attn):
+    """Attention that dequantizes the cache on read: a vector-unit pass turns the K and V
+    codes of the first ``ctx`` tokens into fp16 (``fp16(v' * k_scale)``, ``v'`` the exact
+    dequantized int8-grid value of the stored code, :meth:`KVFormat.region_read_q24`),
+    the queries into fp16 (``fp16(q * q_scale)``), then fp16 attention with fp32
+    accumulation and a float softmax (``softmax(q.k * softmax_scale)``), and the output
+    back to int8 (``sat8(round_half_up(o * out_scale))``). The ``*_f32`` fields hold
+    binary32 patterns (:func:`f32_bits`); ``score_*``/``out_mult``/``out_shift`` are
+    unused. This is the read path academic INT2/INT4 KV methods assume; :class:`Attn`
+    consumes the cache as integers (what ARIES does).
+    """
+
+    opcode: ClassVar[Opcode] = Opcode.ATTN_DQ
+    mnemonic: ClassVar[str] = "attn.dq"
+    engine_kind: ClassVar[Engine] = Engine.MXU
+    q_scale_f32: int = u32()
+    k_scale_f32: int = u32()
+    v_scale_f32: int = u32()
+    softmax_scale_f32: int = u32()
+    out_scale_f32: int = u32()
+
+    #: the fields holding binary32 patterns (each must be a finite value > 0)
+    FLOAT_FIELDS: ClassVar[tuple[str, ...]] = (
+        "q_scale_f32", "k_scale_f32", "v_scale_f32", "softmax_scale_f32", "out_scale_f32")
+
+
 INSTRUCTION_TYPES: tuple[type[Instruction], ...] = (
     Nop,
     DmaLoad,
@@ -516,10 +587,12 @@ INSTRUCTION_TYPES: tuple[type[Instruction], ...] = (
     HostRead,
     Gemm,
     GemmRow,
+    GemmGroup,
     Vec,
     KvWrite,
     KvRead,
     Attn,
+    AttnDq,
 )
 BY_OPCODE: dict[int, type[Instruction]] = {t.opcode: t for t in INSTRUCTION_TYPES}
 BY_MNEMONIC: dict[str, type[Instruction]] = {t.mnemonic: t for t in INSTRUCTION_TYPES}

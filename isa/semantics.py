@@ -62,10 +62,12 @@ from .errors import IsaError
 from .instructions import (
     NO_ADDR,
     Attn,
+    AttnDq,
     DmaCopy,
     DmaLoad,
     DmaStore,
     Gemm,
+    GemmGroup,
     GemmRow,
     HostRead,
     HostWrite,
@@ -76,12 +78,16 @@ from .instructions import (
     Space,
     Vec,
     VecFunc,
+    f32_value,
 )
 from .kernels import attention as katt
+from .kernels import attention_fp as katf
+from .kernels import gemm_group as kgg
 from .kernels import matrix as kmat
 from .kernels import softmax as ksm
 from .kernels import vector as kvec
 from .kernels import wide as kwide
+from .kernels.fpbits import Q as Q24
 from .vecfuncs import ROW_META_BYTES, wide_bytes
 
 
@@ -123,9 +129,15 @@ def _gemm(g: Gemm, mem: Memory) -> None:
     w = mem.read(Space.SRAM, c, g.w, g.w_nbytes).reshape(g.n, -1)
     bias = None if g.bias == NO_ADDR else _sram(mem, c, g.bias, 4 * g.n, np.int32)
     mult = None if g.scale == NO_ADDR else _sram(mem, c, g.scale, 4 * g.n, np.int32)
-    if g.w_bits not in (4, 8):
+    if isinstance(g, GemmGroup):
+        try:
+            out = kgg.gemm_group(a, w, k=g.k, group=g.group, bias=bias, mult=mult,
+                                 shift=g.shift)
+        except ValueError as err:
+            raise IsaError(str(err)) from None
+    elif g.w_bits not in (4, 8):
         raise IsaError(f"gemm: w_bits {g.w_bits} is not supported (4 or 8)")
-    if isinstance(g, GemmRow):
+    elif isinstance(g, GemmRow):
         out = _gemm_row_out(g, mem, a, w, bias, mult)
     else:
         out = kmat.gemm(a, w, w_bits=g.w_bits, k=g.k, bias=bias, mult=mult, shift=g.shift)
@@ -298,6 +310,34 @@ def _attn(a: Attn, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
     mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
 
 
+def fp16_values(x: np.ndarray, scale: float) -> np.ndarray:
+    """The dequant pass: ``fp16(x * scale)`` (x in float64), as float32 arrays."""
+    return (np.asarray(x, np.float64) * scale).astype(np.float16).astype(np.float32)
+
+
+def _attn_dq(a: AttnDq, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
+    dk = a.head_dim
+    q = _sram(mem, a.core, a.q, a.q_len * a.heads * dk).reshape(a.q_len, a.heads, dk)
+    width = a.kv_heads * dk
+    grid = 2.0 ** -Q24  # Q24 int8-grid units -> int8-grid units
+    kreg = _region(mem, kf, a.k, a.cap, width, "attn.dq")
+    kq = kf.region_read_q24(kreg, a.cap, width, 0, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+    if kf == vf and a.k <= a.v < a.k + kreg.size:  # MLA: the latent cache is K and V
+        vq = kq
+    else:
+        vreg = _region(mem, vf, a.v, a.cap, width, "attn.dq")
+        vq = vf.region_read_q24(vreg, a.cap, width, 0, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+    try:
+        out = katf.attend_fp(fp16_values(q, f32_value(a.q_scale_f32)),
+                             fp16_values(kq, grid * f32_value(a.k_scale_f32)),
+                             fp16_values(vq, grid * f32_value(a.v_scale_f32)), pos=a.pos,
+                             scale=f32_value(a.softmax_scale_f32),
+                             out_scale=f32_value(a.out_scale_f32))
+    except ValueError as err:
+        raise IsaError(str(err)) from None
+    mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
+
+
 _FORMATS: dict[str, kv.KVFormat] = {}
 
 
@@ -334,6 +374,8 @@ def execute(instr: Instruction, mem: Memory, formats: tuple[str, ...] = ()) -> N
         _kv_write(instr, mem, _format(formats, instr.fmt))
     elif isinstance(instr, KvRead):
         _kv_read(instr, mem, _format(formats, instr.fmt))
+    elif isinstance(instr, AttnDq):
+        _attn_dq(instr, mem, _format(formats, instr.k_fmt), _format(formats, instr.v_fmt))
     elif isinstance(instr, Attn):
         _attn(instr, mem, _format(formats, instr.k_fmt), _format(formats, instr.v_fmt))
     else:

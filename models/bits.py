@@ -194,6 +194,9 @@ def build_numerics(data: dict[str, Any], *, where: str = "bits.numerics") -> Num
         raise ConfigError(validation_message(err, where)) from None
 
 
+_PROJECTIONS = ("query", "key", "value", "output", "up", "gate", "down", "head")
+
+
 class BitConfig(_Frozen):
     """Weight bits plus the names of the KV-cache formats.
 
@@ -211,6 +214,17 @@ class BitConfig(_Frozen):
     #: How attention consumes the cache: ``integer`` (the codes as integers, what ARIES
     #: has) or ``dequant`` (dequantized to fp16 on a vector unit, fp16 attention).
     kv_read: KvReadPath = "integer"
+
+    @model_validator(mode="after")
+    def _group_needs_4bit_weights(self) -> BitConfig:
+        # group-wise scales are a 4-bit weight scheme; 8-bit matrices of a mixed config stay
+        # per channel, but a config without a 4-bit matrix cannot mean it
+        group = self.numerics.weight_group
+        if group != "channel" and all(self.weights.bits_for(r) == 8 for r in _PROJECTIONS):
+            raise ValueError(f"numerics.weight_group {group!r} scales 4-bit weights in groups, "
+                             "but every projection of weights is 8-bit: set weight_group = "
+                             "'channel' or use 4-bit weights (e.g. weights = 'W4V8')")
+        return self
 
     @field_validator("weights", mode="before")
     @classmethod

@@ -29,7 +29,7 @@ from ..bits import BitConfig
 from ..config import ModelConfig
 from ..reference import softmax_scale
 from ..source import calibration_text, model_tokenizer, open_weights
-from ..weights import QuantizedWeight, WeightSource, quantize_weight
+from ..weights import QuantizedWeight, WeightSource
 from .calibrate import (
     GAMMA_MAX,
     INT8_MAX,
@@ -42,6 +42,7 @@ from .calibrate import (
 )
 from .numerics import AddQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ, residual_bits
 from .rotation import RotatedWeights, head_tensor
+from .wgroup import GroupQuantizedWeight, quantize_matrix, weight_group_size
 
 #: Bits of magnitude the int32 intermediates (gate/up, SwiGLU output) use at their static
 #: scale: the calibrated maximum x MARGIN maps to 2**22 (SILU_MUL_WIDE needs |up| < 2**23
@@ -107,16 +108,18 @@ def wide_silu_params(s_gate: float, s_up: float, s_out: float) -> SiluQ:
 
 
 def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str, float],
-                fn: np.ndarray, *, residual_bits: int, rotated: bool) -> Numerics:
+                fn: np.ndarray, *, residual_bits: int, rotated: bool,
+                group: int = 0) -> Numerics:
     """The wide pipeline's integer parameters from the calibration maxima ``amax`` (keys
-    of :func:`.calibrate.activation_absmax`) and the final norm's float output ``fn``."""
+    of :func:`.calibrate.activation_absmax`) and the final norm's float output ``fn``;
+    4-bit matrices are group-wise for ``group`` > 0 (:mod:`.wgroup`)."""
     qmax = 2 ** (residual_bits - 1) - 1
 
     def scale(key: str, top: float) -> float:
         return max(float(amax[key]), 1e-6) * MARGIN / top
 
-    def w(name: str) -> QuantizedWeight:
-        return quantize_weight(source.tensor(name), bits_for(name))
+    def w(name: str) -> QuantizedWeight | GroupQuantizedWeight:
+        return quantize_matrix(source.tensor(name), bits_for(name), group)
 
     def bias(name: str, present: bool) -> np.ndarray | None:
         return source.tensor(name) if present else None
@@ -156,7 +159,7 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
         L.add2 = wide_add_params(s[f"{i}.xm"], s[f"x{i + 1}"])
         layers.append(L)
     final, s_fn = wide_norm_params(source.tensor("final_norm"), s[f"x{cfg.num_layers}"], eps, h)
-    head_w = quantize_weight(head_tensor(source), bits_for(cfg.lm_head_tensor))
+    head_w = quantize_matrix(head_tensor(source), bits_for(cfg.lm_head_tensor), group)
     logits = fn.astype(np.float64) @ head_w.dequantize().astype(np.float64).T
     s["logits"] = max(float(np.abs(logits).max()), 1e-6) * MARGIN / 2.0**LOGITS_Q
     head = gemm_row_params(s_fn, head_w, s["logits"], None, rowed=True, out_bits=32)
@@ -190,12 +193,18 @@ def calibrate_for(cfg: ModelConfig, bits: BitConfig, source: WeightSource,
     def bits_for(name: str) -> int:
         return bits.weights.bits_for(cfg.tensor_spec(name).role)
 
+    group = weight_group_size(bits)
+
+    def quantize(name: str) -> QuantizedWeight | GroupQuantizedWeight:
+        return quantize_matrix(source.tensor(name), bits_for(name), group)
+
     tokens = calibration_ids(cfg, spec, bits, int(spec.get("seed", 0)))
     rb = residual_bits(bits.numerics)
     rotated = bits.numerics.rotation != "none"
     if rb == 8:
-        nq = calibrate(cfg, source, bits_for, tokens=tokens)
+        nq = calibrate(cfg, source, bits_for, tokens=tokens, quantize=quantize)
         nq.rotated = rotated
         return nq
-    amax, _, fn = activation_absmax(cfg, source, bits_for, tokens)
-    return derive_wide(cfg, source, bits_for, amax, fn, residual_bits=rb, rotated=rotated)
+    amax, _, fn = activation_absmax(cfg, source, bits_for, tokens, quantize=quantize)
+    return derive_wide(cfg, source, bits_for, amax, fn, residual_bits=rb, rotated=rotated,
+                       group=group)
