@@ -61,6 +61,7 @@ class Opcode(IntEnum):
     GEMM = 0x30
     GEMM_ROW = 0x31
     GEMM_GROUP = 0x32
+    GEMM_ROW_GROUP = 0x33
     VEC = 0x40
     KV_WRITE = 0x50
     KV_READ = 0x51
@@ -395,6 +396,20 @@ class GemmGroup(Gemm):
 
 
 @dataclass(frozen=True, kw_only=True)
+class GemmRowGroup(GemmRow, GemmGroup):
+    """:class:`GemmGroup` weights (group-wise 4-bit row images, int64 accumulator) with the
+    epilogue of :class:`GemmRow` (per-row input factors at ``row_meta``, int8 or int32
+    output): the wide pipeline's projections on 4-bit group-wise weights. The multipliers
+    at ``scale`` must lie in ``[0, 2**24)`` (``|acc * mult| < 2**62``); a static input
+    (``row_meta`` = :data:`NO_ADDR`) adds the bias to the int64 accumulator. Work: the
+    group MACs of :class:`GemmGroup` plus the row-factor multiply of :class:`GemmRow`.
+    """
+
+    opcode: ClassVar[Opcode] = Opcode.GEMM_ROW_GROUP
+    mnemonic: ClassVar[str] = "gemm.gr"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Vec(Instruction):
     """Vector-unit function ``func`` over ``rows x cols`` elements (int8, or int16/int32
     for the wide functions; see :class:`VecFunc` and ``isa.vecfuncs.vec_operand_bytes``;
@@ -588,6 +603,7 @@ INSTRUCTION_TYPES: tuple[type[Instruction], ...] = (
     Gemm,
     GemmRow,
     GemmGroup,
+    GemmRowGroup,
     Vec,
     KvWrite,
     KvRead,

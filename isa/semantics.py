@@ -34,7 +34,9 @@ FROM_F32_WIDE float32 src0 -> wide                       mult, shift, bits
 ============= ========================================== =================================
 
 ``GemmRow`` is a ``Gemm`` whose epilogue applies a per-row factor (``row_meta``, the pairs
-QUANT_ROW writes) and whose output is int8 or int32 (``out_bits``).
+QUANT_ROW writes) and whose output is int8 or int32 (``out_bits``); ``GemmRowGroup``
+(``gemm.gr``) is that epilogue over the int64 accumulators of ``GemmGroup``'s group-wise
+4-bit weights.
 
 KV caches (``KvWrite``, ``KvRead``, ``Attn``): each cache is a DRAM region of
 ``fmt.region_bytes(cap, width)`` bytes laid out as :mod:`isa.kv.region` describes (header
@@ -69,6 +71,7 @@ from .instructions import (
     Gemm,
     GemmGroup,
     GemmRow,
+    GemmRowGroup,
     HostRead,
     HostWrite,
     Instruction,
@@ -129,7 +132,9 @@ def _gemm(g: Gemm, mem: Memory) -> None:
     w = mem.read(Space.SRAM, c, g.w, g.w_nbytes).reshape(g.n, -1)
     bias = None if g.bias == NO_ADDR else _sram(mem, c, g.bias, 4 * g.n, np.int32)
     mult = None if g.scale == NO_ADDR else _sram(mem, c, g.scale, 4 * g.n, np.int32)
-    if isinstance(g, GemmGroup):
+    if isinstance(g, GemmRowGroup):
+        out = _gemm_row_group_out(g, mem, a, w, bias, mult)
+    elif isinstance(g, GemmGroup):
         try:
             out = kgg.gemm_group(a, w, k=g.k, group=g.group, bias=bias, mult=mult,
                                  shift=g.shift)
@@ -151,13 +156,32 @@ def _gemm(g: Gemm, mem: Memory) -> None:
             mem.write(Space.SRAM, c, g.out + i * step, flat[i])
 
 
-def _gemm_row_out(g: GemmRow, mem: Memory, a: np.ndarray, w: np.ndarray,
-                  bias: np.ndarray | None, mult: np.ndarray | None) -> np.ndarray:
+def _gemm_row_group_out(g: GemmRowGroup, mem: Memory, a: np.ndarray, w: np.ndarray,
+                        bias: np.ndarray | None, mult: np.ndarray | None) -> np.ndarray:
+    """gemm.gr: the int64 group accumulators through GemmRow's epilogue (a static input's
+    bias added in int64: the group accumulator is not an int32 register)."""
     if mult is None:
-        raise IsaError("gemm.row: scale (the per-channel multipliers) is required")
+        raise IsaError("gemm.gr: scale (the per-channel multipliers) is required")
+    try:
+        acc = kgg.group_accumulate(a, w, k=g.k, group=g.group)
+        mult = kgg.group_multipliers(mult, acc.shape[1])
+    except ValueError as err:
+        raise IsaError(str(err).replace("gemm.g:", "gemm.gr:")) from None
+    if bias is not None and g.row_meta == NO_ADDR:
+        acc = acc + bias.astype(np.int64)
+        bias = None
+    return _gemm_row_out(g, mem, a, w, bias, mult, acc)
+
+
+def _gemm_row_out(g: GemmRow, mem: Memory, a: np.ndarray, w: np.ndarray,
+                  bias: np.ndarray | None, mult: np.ndarray | None,
+                  acc: np.ndarray | None = None) -> np.ndarray:
+    if mult is None:
+        raise IsaError(f"{g.mnemonic}: scale (the per-channel multipliers) is required")
     if g.out_bits not in (8, 32):
-        raise IsaError(f"gemm.row: out_bits must be 8 or 32, got {g.out_bits}")
-    acc = kmat.matmul(a, w, g.w_bits, g.k)
+        raise IsaError(f"{g.mnemonic}: out_bits must be 8 or 32, got {g.out_bits}")
+    if acc is None:
+        acc = kmat.matmul(a, w, g.w_bits, g.k)
     b = np.zeros(0, np.int32) if bias is None else np.ascontiguousarray(bias, np.int32)
     if g.row_meta == NO_ADDR:
         meta = np.zeros((0, 2), np.int32)

@@ -185,20 +185,8 @@ def gemm_group(
     shift: int = 0,
 ) -> np.ndarray:
     """The ``gemm.g`` instruction: int8 ``[m, n]`` (with ``mult``) or int32 ``[m, n]``."""
-    if group < 1 or not 0 < k <= MAX_K:
-        raise ValueError(f"gemm.g: need group >= 1 and 0 < k <= {MAX_K}, got G={group}, k={k}")
-    a = np.ascontiguousarray(a, dtype=np.int8).reshape(-1, k)
-    wv = np.ascontiguousarray(w).view(np.uint8)
-    rb = group_row_bytes(k, group)
-    if wv.ndim != 2 or wv.shape[1] != rb:
-        raise ValueError(f"gemm.g: weight rows must be {rb} bytes for k={k}, G={group}, "
-                         f"got shape {wv.shape}")
-    n = wv.shape[0]
-    acc = np.empty((a.shape[0], n), np.int64)
-    if wv.nbytes >= PARALLEL_MIN_WEIGHT_BYTES and numba.get_num_threads() > 1:
-        gemm_w4g_par(a, wv, k, group, acc, numba.get_num_threads())
-    else:
-        gemm_w4g(a, wv, k, group, acc)
+    acc = group_accumulate(a, w, k=k, group=group)
+    n = acc.shape[1]
     b = np.zeros(0, np.int32) if bias is None else np.ascontiguousarray(bias, np.int32)
     if b.shape[0] not in (0, n):
         raise ValueError(f"gemm.g: bias must have {n} values, got {b.shape[0]}")
@@ -207,12 +195,37 @@ def gemm_group(
     requant = mult is not None
     mu = np.zeros(n, np.int32)
     if requant:
-        mu = np.ascontiguousarray(np.broadcast_to(np.asarray(mult, np.int32), (n,)))
-        if n and (int(mu.min()) < 0 or int(mu.max()) >= MULT_LIMIT):
-            raise ValueError(f"gemm.g: multipliers must lie in [0, 2**{MULT_BITS}) so the "
-                             f"int64 product cannot overflow, got {int(mu.min())}.."
-                             f"{int(mu.max())}")
+        mu = group_multipliers(mult, n)
     out8 = np.empty(acc.shape if requant else (0, 0), np.int8)
     out32 = np.empty((0, 0) if requant else acc.shape, np.int32)
     epilogue_wide(acc, b, mu, shift, requant, out8, out32)
     return out8 if requant else out32
+
+
+def group_accumulate(a: np.ndarray, w: np.ndarray, *, k: int, group: int) -> np.ndarray:
+    """The exact int64 accumulators ``[m, n]`` of int8 ``a`` ``[m, k]`` against the row
+    images ``w`` (``n`` rows of :func:`group_row_bytes`), before any epilogue."""
+    if group < 1 or not 0 < k <= MAX_K:
+        raise ValueError(f"gemm.g: need group >= 1 and 0 < k <= {MAX_K}, got G={group}, k={k}")
+    a = np.ascontiguousarray(a, dtype=np.int8).reshape(-1, k)
+    wv = np.ascontiguousarray(w).view(np.uint8)
+    rb = group_row_bytes(k, group)
+    if wv.ndim != 2 or wv.shape[1] != rb:
+        raise ValueError(f"gemm.g: weight rows must be {rb} bytes for k={k}, G={group}, "
+                         f"got shape {wv.shape}")
+    acc = np.empty((a.shape[0], wv.shape[0]), np.int64)
+    if wv.nbytes >= PARALLEL_MIN_WEIGHT_BYTES and numba.get_num_threads() > 1:
+        gemm_w4g_par(a, wv, k, group, acc, numba.get_num_threads())
+    else:
+        gemm_w4g(a, wv, k, group, acc)
+    return acc
+
+
+def group_multipliers(mult: np.ndarray, n: int) -> np.ndarray:
+    """``mult`` as int32 ``[n]``, refused unless every value lies in ``[0, MULT_LIMIT)``
+    (so that the int64 product with a group accumulator cannot overflow)."""
+    mu = np.ascontiguousarray(np.broadcast_to(np.asarray(mult, np.int32), (n,)))
+    if n and (int(mu.min()) < 0 or int(mu.max()) >= MULT_LIMIT):
+        raise ValueError(f"gemm.g: multipliers must lie in [0, 2**{MULT_BITS}) so the "
+                         f"int64 product cannot overflow, got {int(mu.min())}..{int(mu.max())}")
+    return mu

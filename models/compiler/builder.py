@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from isa.instructions import NO_ADDR, DmaLoad, Gemm, GemmGroup, GemmRow, Instruction
+from isa.instructions import NO_ADDR, DmaLoad, Gemm, GemmGroup, GemmRow, GemmRowGroup, Instruction
 from isa.kernels.gemm_group import group_row_bytes
 
 from .flags import FORWARD, Flags
@@ -70,6 +70,14 @@ class Matrix:
             return group_row_bytes(self.k, self.group)
         return (self.k * self.bits + 7) // 8
 
+
+
+def gemm_kind(mat: Matrix) -> tuple[type[Gemm], dict[str, int]]:
+    """The Gemm variant of ``mat`` and its group field: ``gemm.gr`` (per-row input factors
+    over group-wise 4-bit weights), ``gemm.row``, ``gemm.g`` or ``gemm``."""
+    if mat.gemm_row:
+        return (GemmRowGroup, {"group": mat.group}) if mat.group else (GemmRow, {})
+    return (GemmGroup, {"group": mat.group}) if mat.group else (Gemm, {})
 
 
 @dataclass
@@ -170,16 +178,9 @@ class Builder:
         for i, (lo, hi) in enumerate(tiles):
             buf = (first_buf + i) % 2 if i < done else self.tile_load(c, mat, lo, hi)
             off = lo - r0
-            if mat.gemm_row and mat.group:
-                raise ValueError(f"matrix {mat.name}: group-wise weights (gemm.g) with per-row "
-                                 "input factors (gemm.row) are not built")
+            kind, extra = gemm_kind(mat)
             if mat.gemm_row:
-                kind, extra = GemmRow, {"row_meta": row_meta, "row_shift": mat.row_shift,
-                                        "out_bits": mat.out_bits}
-            elif mat.group:
-                kind, extra = GemmGroup, {"group": mat.group}
-            else:
-                kind, extra = Gemm, {}
+                extra.update(row_meta=row_meta, row_shift=mat.row_shift, out_bits=mat.out_bits)
             self.emit(kind(
                 **extra, core=c, m=m, k=mat.k, n=hi - lo, w_bits=mat.bits, a=a,
                 w=buf * t.tile_bytes, out=out + off * elt,

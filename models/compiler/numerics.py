@@ -158,10 +158,6 @@ def numerics_problem(opts, *, mla_or_moe: bool) -> str | None:
     if not wide and opts.act_scale != "static":
         return ("act_scale = 'token' is built with a wide residual (residual = 'int16' or "
                 "'int32'); the int8 residual keeps static scales")
-    if wide and opts.weight_group != "channel":
-        return (f"weight_group = {opts.weight_group!r} (gemm.g) with the wide pipeline (per-row "
-                "input factors) is not implemented yet; use weight_group = 'channel' or "
-                "residual = 'int8'")
     if wide and mla_or_moe:
         return ("the wide pipeline (residual int16/int32) is built for dense grouped-query-"
                 "attention models; use [bits.numerics] preset = 'static-int8' for MLA/MoE")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from isa.errors import ConfigError
-from isa.instructions import Gemm, GemmGroup
+from isa.instructions import Gemm, GemmGroup, GemmRow, GemmRowGroup
 from isa.kernels.gemm_group import group_row_bytes, unpack_group_rows
 from models.bits import W4V8, BitConfig, NumericsOptions, build_bit_config
 from models.compiler import HardwareTarget, compile_model
@@ -117,6 +117,32 @@ def test_g32_functional_run_matches_timing_and_beats_per_channel_int4():
     t = _run_program(_tiny("g32", False), False, 12, 0)
     assert f.duration_ps == t.duration_ps and f.stats == t.stats
     cos = {g: float(np.mean(_decode_cosines(_tiny(g), same_weights=False)))
+           for g in ("channel", "g32")}
+    assert cos["g32"] > cos["channel"] + 0.02, cos
+
+
+def _tiny_wide(group: str, functional: bool = True):
+    """W4V8 on the wide pipeline (int16 residual, per-token GEMM inputs, no rotation)."""
+    num = NumericsOptions(weight_group=group, residual="int16", act_scale="token")
+    return compile_model(TINY, BitConfig(weights=W4V8, numerics=num),
+                         HardwareTarget.from_hw(TINY_HW), kv="int8", core_mode="single",
+                         max_seq=16, cap=64, functional=functional)
+
+
+def test_wide_pipeline_runs_g32_weights_through_gemm_gr():
+    """The wide pipeline's 4-bit matrices become gemm.gr (group weights, per-row input
+    factors), its 8-bit ones (v_proj, the head) stay gemm.row; functional and timing-only
+    runs agree; g32 beats per-channel int4 on the same pipeline."""
+    prog = _tiny_wide("g32", False).program(tokens=1, cache_size=10)
+    grouped = [i for i in prog if isinstance(i, GemmRowGroup)]
+    rows = [i for i in prog if type(i) is GemmRow]
+    assert grouped and all(i.group == 32 and i.w_bits == 4 for i in grouped)
+    assert rows and all(i.w_bits == 8 for i in rows)
+    assert not any(type(i) in (Gemm, GemmGroup) for i in prog)
+    f = _run_program(_tiny_wide("g32"), True, 12, 0)
+    t = _run_program(_tiny_wide("g32", False), False, 12, 0)
+    assert f.duration_ps == t.duration_ps and f.stats == t.stats
+    cos = {g: float(np.mean(_decode_cosines(_tiny_wide(g), same_weights=False)))
            for g in ("channel", "g32")}
     assert cos["g32"] > cos["channel"] + 0.02, cos
 
