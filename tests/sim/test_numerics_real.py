@@ -77,7 +77,9 @@ def test_w8_numerics_meet_the_teacher_forced_targets(run) -> None:
     src, tok, npu, _ = run
     ids = tok.encode(english_text())[:TEXT_TOKENS]
     assert len(ids) == TEXT_TOKENS
-    q = compare(reference_logits(src, ids), npu(ids), ids, model=src.name)
+    q = compare(reference_logits(src, ids), npu(ids), ids, model=src.name, real_weights=True,
+                bits="W8", numerics=NUMERICS_PRESETS["w8"].model_dump(), kv="int8",
+                kv_read="integer", hw="aries", prefill_s=0.0)
     print(f"w8 numerics, {q.tokens} tokens: top-1 {q.top1_agreement:.4f}, KL "
           f"{q.kl_mean:.4f}, perplexity {q.perplexity:.2f} (float {q.reference_perplexity:.2f})")
     assert q.degenerate is None
