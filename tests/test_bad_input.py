@@ -50,6 +50,7 @@ from isa.instructions import (
     DmaLoad,
     Gemm,
     GemmGroup,
+    GemmRowGroup,
     HostWrite,
     KvRead,
     MemoryLayout,
@@ -500,6 +501,11 @@ _validate("gemm.g with 8-bit weights", "w_bits must be 4",
           GemmGroup(m=1, k=64, n=64, w_bits=8, a=0, w=4096, out=16384, group=32))
 _validate("gemm.g odd group", "even number >= 2",
           GemmGroup(m=1, k=64, n=64, w_bits=4, a=0, w=4096, out=16384, group=3))
+_validate("gemm.gr without multipliers", "gemm.row needs scale",
+          GemmRowGroup(m=1, k=64, n=64, w_bits=4, a=0, w=4096, out=16384, group=32))
+_validate("gemm.gr with 8-bit weights", "w_bits must be 4",
+          GemmRowGroup(m=1, k=64, n=64, w_bits=8, a=0, w=4096, out=16384, group=32,
+                       scale=32768))
 _validate("attn.dq NaN scale", "k_scale_f32 holds nan",
           AttnDq(q_len=1, ctx=8, heads=2, kv_heads=2, head_dim=16, k_fmt=0, v_fmt=0, q=0,
                  k=0, v=4096, out=1024, k_nbytes=128, v_nbytes=128, q_scale_f32=f32_bits(1.0),
