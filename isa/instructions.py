@@ -12,129 +12,37 @@ assembly are derived from the dataclass and never drift from it.
 
 Address spaces: ``DRAM`` (device memory, global), ``SRAM`` (per core), ``HOST`` (host
 memory, reached over the host link). An address of :data:`NO_ADDR` means "no operand".
+
+The core definitions (spaces, engines, opcodes, field declarators, :class:`Instruction`)
+live in :mod:`isa.instr_base`, the matrix unit's GEMM family in :mod:`isa.instr_gemm`;
+this module re-exports both and holds the other instructions, programs and layouts.
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
+import struct
 from dataclasses import dataclass, field
-from enum import IntEnum
 from functools import cached_property
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
-from .vecfuncs import ROW_META_BYTES, VEC_OPS_PER_ELEMENT, VecFunc, vec_operand_bytes
-
-NO_ADDR = 0xFFFF_FFFF_FFFF_FFFF
-
-
-class Space(IntEnum):
-    DRAM = 0
-    SRAM = 1
-    HOST = 2
-
-
-class Engine(IntEnum):
-    """Engine kinds. Per-core kinds have one queue per core; device-wide kinds have one."""
-
-    DMA_IN = 0  # per core: DRAM -> SRAM
-    DMA_OUT = 1  # per core: SRAM -> DRAM
-    MXU = 2  # per core: matrix unit
-    VPU = 3  # per core: vector unit
-    COPY = 4  # device: DRAM -> DRAM copy engine
-    H2D = 5  # device: host -> device over the host link
-    D2H = 6  # device: device -> host over the host link
-
-
-PER_CORE_ENGINES = frozenset({Engine.DMA_IN, Engine.DMA_OUT, Engine.MXU, Engine.VPU})
-
-
-class Opcode(IntEnum):
-    NOP = 0x00
-    DMA_LOAD = 0x10
-    DMA_STORE = 0x11
-    DMA_COPY = 0x12
-    HOST_WRITE = 0x20
-    HOST_READ = 0x21
-    GEMM = 0x30
-    GEMM_ROW = 0x31
-    VEC = 0x40
-    KV_WRITE = 0x50
-    KV_READ = 0x51
-    ATTN = 0x60
-
-
-class Access(NamedTuple):
-    """A byte extent an instruction reads or writes."""
-
-    space: Space
-    core: int
-    addr: int
-    nbytes: int
-    write: bool
-    role: str
-
-
-def _field(fmt: str, default=dataclasses.MISSING, enum: type[IntEnum] | None = None):
-    meta = {"fmt": fmt} if enum is None else {"fmt": fmt, "enum": enum}
-    return field(default=default, metadata=meta)
-
-
-def u64(default=dataclasses.MISSING, enum=None):
-    return _field("Q", default, enum)
-
-
-def u32(default=dataclasses.MISSING, enum=None):
-    return _field("I", default, enum)
-
-
-def u16(default=dataclasses.MISSING, enum=None):
-    return _field("H", default, enum)
-
-
-def u8(default=dataclasses.MISSING, enum=None):
-    return _field("B", default, enum)
-
-
-def i32(default=dataclasses.MISSING, enum=None):
-    return _field("i", default, enum)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Instruction:
-    """Base of all instructions (never instantiated itself)."""
-
-    opcode: ClassVar[Opcode]
-    mnemonic: ClassVar[str]
-    engine_kind: ClassVar[Engine]
-
-    core: int = 0
-    wait: tuple[int, ...] = ()
-    signal: tuple[int, ...] = ()
-
-    @property
-    def engine(self) -> Engine:
-        return self.engine_kind
-
-    def accesses(self) -> list[Access]:
-        return []
-
-    def ops(self) -> int:
-        """Integer operations (for the roofline), 1 MAC = 2 ops."""
-        return 0
-
-    @classmethod
-    def body_fields(cls) -> list[dataclasses.Field]:
-        return [f for f in dataclasses.fields(cls) if f.name not in ("core", "wait", "signal")]
-
-    def replace(self, **changes) -> Instruction:
-        return dataclasses.replace(self, **changes)
-
-
-def _sram(core: int, addr: int, nbytes: int, write: bool, role: str) -> list[Access]:
-    if addr == NO_ADDR:
-        return []
-    return [Access(Space.SRAM, core, addr, nbytes, write, role)]
+from .instr_base import (
+    NO_ADDR,
+    PER_CORE_ENGINES,
+    Access,
+    Engine,
+    Instruction,
+    Opcode,
+    Space,
+    i32,
+    sram_access,
+    u8,
+    u16,
+    u32,
+    u64,
+)
+from .instr_gemm import Gemm, GemmGroup, GemmRow, GemmRowGroup
+from .vecfuncs import VEC_OPS_PER_ELEMENT, VecFunc, vec_operand_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,99 +176,6 @@ class HostRead(Instruction):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Gemm(Instruction):
-    """``out[m, n] = requant(a[m, k] @ w[k, n] + bias[n])`` on the matrix unit.
-
-    ``a`` is int8, row-major. ``w`` is stored output-channel-major (``n`` rows of ``k``
-    values): int8, or int4 packed two per byte with element ``2i`` in the low nibble.
-    ``bias`` (int32[n]) and ``scale`` (int32[n] multipliers) are optional (:data:`NO_ADDR`);
-    with a scale the int32 accumulator is requantized to int8 by ``(acc * scale[n])`` rounded
-    and shifted right by ``shift`` bits and saturated; without one the output is int32.
-    Output row ``i`` starts at ``out + i * out_stride`` (0 = packed rows of ``n``), so the
-    tiles of a wide matrix write their column blocks straight into one row-major output.
-    """
-
-    opcode: ClassVar[Opcode] = Opcode.GEMM
-    mnemonic: ClassVar[str] = "gemm"
-    engine_kind: ClassVar[Engine] = Engine.MXU
-    m: int = u32()
-    k: int = u32()
-    n: int = u32()
-    w_bits: int = u8()
-    a: int = u64()
-    w: int = u64()
-    out: int = u64()
-    bias: int = u64(default=NO_ADDR)
-    scale: int = u64(default=NO_ADDR)
-    shift: int = u8(default=0)
-    out_stride: int = u32(default=0)
-
-    @property
-    def out_bytes_per_element(self) -> int:
-        return 4 if self.scale == NO_ADDR else 1
-
-    @property
-    def w_nbytes(self) -> int:
-        return (self.k * self.w_bits + 7) // 8 * self.n
-
-    def accesses(self) -> list[Access]:
-        c = self.core
-        return (
-            _sram(c, self.a, self.m * self.k, False, "a")
-            + _sram(c, self.w, self.w_nbytes, False, "w")
-            + _sram(c, self.bias, 4 * self.n, False, "bias")
-            + _sram(c, self.scale, 4 * self.n, False, "scale")
-            + _sram(c, self.out, self.out_extent, True, "out")
-        )
-
-    @property
-    def out_extent(self) -> int:
-        row = self.n * self.out_bytes_per_element
-        step = self.out_stride or row
-        return (self.m - 1) * step + row if self.m else 0
-
-    def ops(self) -> int:
-        return 2 * self.m * self.k * self.n
-
-    @property
-    def precision(self) -> str:
-        return f"w{self.w_bits}a8"
-
-
-@dataclass(frozen=True, kw_only=True)
-class GemmRow(Gemm):
-    """:class:`Gemm` whose input rows carry their own dynamic scales (the wide pipeline's
-    per-token int8 activations) and whose output may stay int32.
-
-    ``row_meta`` (SRAM, ``m`` pairs of int32 ``(fa, p)`` written by ``Vec`` QUANT_ROW; or
-    :data:`NO_ADDR` for a static input) gives each input row's factor; the epilogue is
-    ``t = sat32(rs(acc * scale[n], shift))``, ``out = sat_b(rs(t * fa[i], row_shift - p[i])
-    + bias[n])`` (the bias in output units) for ``out_bits`` b = 8 or 32; a static input
-    adds the bias to ``acc`` as :class:`Gemm` does (``isa.kernels.wide.requant_rows``).
-    ``scale`` is required. One extra multiply and shift per output element over
-    :class:`Gemm` (counted in :meth:`ops`).
-    """
-
-    opcode: ClassVar[Opcode] = Opcode.GEMM_ROW
-    mnemonic: ClassVar[str] = "gemm.row"
-    row_meta: int = u64(default=NO_ADDR)
-    row_shift: int = u8(default=0)
-    out_bits: int = u8(default=8)
-
-    @property
-    def out_bytes_per_element(self) -> int:
-        return 4 if self.out_bits == 32 else 1
-
-    def accesses(self) -> list[Access]:
-        meta = _sram(self.core, self.row_meta, ROW_META_BYTES * self.m, False, "row_meta")
-        return super().accesses() + meta
-
-    def ops(self) -> int:
-        extra = 2 * self.m * self.n if self.row_meta != NO_ADDR else 0
-        return super().ops() + extra
-
-
-@dataclass(frozen=True, kw_only=True)
 class Vec(Instruction):
     """Vector-unit function ``func`` over ``rows x cols`` elements (int8, or int16/int32
     for the wide functions; see :class:`VecFunc` and ``isa.vecfuncs.vec_operand_bytes``;
@@ -389,9 +204,9 @@ class Vec(Instruction):
         c = self.core
         src0, src1, dst = vec_operand_bytes(self.func, self.rows, self.cols, self.p1, self.p2)
         return (
-            _sram(c, self.src0, src0, False, "src0")
-            + (_sram(c, self.src1, src1, False, "src1") if src1 else [])
-            + _sram(c, self.dst, dst, True, "dst")
+            sram_access(c, self.src0, src0, False, "src0")
+            + (sram_access(c, self.src1, src1, False, "src1") if src1 else [])
+            + sram_access(c, self.dst, dst, True, "dst")
         )
 
     def ops(self) -> int:
@@ -421,7 +236,7 @@ class KvWrite(Instruction):
     nbytes: int = u32()
 
     def accesses(self) -> list[Access]:
-        return _sram(self.core, self.src, self.tokens * self.width, False, "src") + [
+        return sram_access(self.core, self.src, self.tokens * self.width, False, "src") + [
             Access(Space.DRAM, 0, self.dst, self.nbytes, True, "dst")
         ]
 
@@ -448,7 +263,7 @@ class KvRead(Instruction):
     nbytes: int = u32()
 
     def accesses(self) -> list[Access]:
-        return [Access(Space.DRAM, 0, self.src, self.nbytes, False, "src")] + _sram(
+        return [Access(Space.DRAM, 0, self.src, self.nbytes, False, "src")] + sram_access(
             self.core, self.dst, self.tokens * self.width, True, "dst"
         )
 
@@ -496,15 +311,52 @@ class Attn(Instruction):
         c = self.core
         qn = self.q_len * self.heads * self.head_dim
         return (
-            _sram(c, self.q, qn, False, "q")
+            sram_access(c, self.q, qn, False, "q")
             + [Access(Space.DRAM, 0, self.k, self.k_nbytes, False, "k"),
                Access(Space.DRAM, 0, self.v, self.v_nbytes, False, "v")]
-            + _sram(c, self.out, qn, True, "out")
+            + sram_access(c, self.out, qn, True, "out")
         )
 
     def ops(self) -> int:
         # QK^T and PV: 2 matmuls of q_len x ctx x head_dim per head, 2 ops per MAC.
         return 2 * 2 * self.q_len * self.ctx * self.head_dim * self.heads
+
+
+def f32_bits(value: float) -> int:
+    """The IEEE-754 binary32 pattern of ``value`` (for the ``*_f32`` fields of attn.dq)."""
+    return int(struct.unpack("<I", struct.pack("<f", value))[0])
+
+
+def f32_value(bits: int) -> float:
+    """The float a binary32 pattern holds."""
+    return float(struct.unpack("<f", struct.pack("<I", bits & 0xFFFF_FFFF))[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttnDq(Attn):
+    """Attention that dequantizes the cache on read: a vector-unit pass turns the K and V
+    codes of the first ``ctx`` tokens into fp16 (``fp16(v' * k_scale)``, ``v'`` the exact
+    dequantized int8-grid value of the stored code, :meth:`KVFormat.region_read_q24`),
+    the queries into fp16 (``fp16(q * q_scale)``), then fp16 attention with fp32
+    accumulation and a float softmax (``softmax(q.k * softmax_scale)``), and the output
+    back to int8 (``sat8(round_half_up(o * out_scale))``). The ``*_f32`` fields hold
+    binary32 patterns (:func:`f32_bits`); ``score_*``/``out_mult``/``out_shift`` are
+    unused. This is the read path academic INT2/INT4 KV methods assume; :class:`Attn`
+    consumes the cache as integers (what ARIES does).
+    """
+
+    opcode: ClassVar[Opcode] = Opcode.ATTN_DQ
+    mnemonic: ClassVar[str] = "attn.dq"
+    engine_kind: ClassVar[Engine] = Engine.MXU
+    q_scale_f32: int = u32()
+    k_scale_f32: int = u32()
+    v_scale_f32: int = u32()
+    softmax_scale_f32: int = u32()
+    out_scale_f32: int = u32()
+
+    #: the fields holding binary32 patterns (each must be a finite value > 0)
+    FLOAT_FIELDS: ClassVar[tuple[str, ...]] = (
+        "q_scale_f32", "k_scale_f32", "v_scale_f32", "softmax_scale_f32", "out_scale_f32")
 
 
 INSTRUCTION_TYPES: tuple[type[Instruction], ...] = (
@@ -516,10 +368,13 @@ INSTRUCTION_TYPES: tuple[type[Instruction], ...] = (
     HostRead,
     Gemm,
     GemmRow,
+    GemmGroup,
+    GemmRowGroup,
     Vec,
     KvWrite,
     KvRead,
     Attn,
+    AttnDq,
 )
 BY_OPCODE: dict[int, type[Instruction]] = {t.opcode: t for t in INSTRUCTION_TYPES}
 BY_MNEMONIC: dict[str, type[Instruction]] = {t.mnemonic: t for t in INSTRUCTION_TYPES}
@@ -623,3 +478,15 @@ class MemoryLayout:
                 return r
             i -= 1
         return None
+
+
+#: The ISA's public names (the core definitions and the GEMM family are re-exported from
+#: :mod:`isa.instr_base` and :mod:`isa.instr_gemm`).
+__all__ = [
+    "Access", "Attn", "AttnDq", "BY_MNEMONIC", "BY_OPCODE", "DmaCopy", "DmaLoad", "DmaStore",
+    "Engine", "f32_bits", "f32_value", "Gemm", "GemmGroup", "GemmRow", "GemmRowGroup",
+    "HostRead", "HostWrite", "i32", "Instruction", "INSTRUCTION_TYPES", "KvRead", "KvWrite",
+    "MemoryLayout", "NO_ADDR", "Nop", "Opcode", "PER_CORE_ENGINES", "Program", "Region",
+    "Space", "sram_access", "u16", "u32", "u64", "u8", "Vec", "vec_operand_bytes",
+    "VEC_OPS_PER_ELEMENT", "VecFunc",
+]

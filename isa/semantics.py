@@ -35,7 +35,9 @@ FROM_F32_WIDE float32 src0 -> wide                       mult, shift, bits
 ============= ========================================== =================================
 
 ``GemmRow`` is a ``Gemm`` whose epilogue applies a per-row factor (``row_meta``, the pairs
-QUANT_ROW writes) and whose output is int8 or int32 (``out_bits``).
+QUANT_ROW writes) and whose output is int8 or int32 (``out_bits``); ``GemmRowGroup``
+(``gemm.gr``) is that epilogue over the int64 accumulators of ``GemmGroup``'s group-wise
+4-bit weights.
 
 KV caches (``KvWrite``, ``KvRead``, ``Attn``): each cache is a DRAM region of
 ``fmt.region_bytes(cap, width)`` bytes laid out as :mod:`isa.kv.region` describes (header
@@ -65,11 +67,14 @@ from .errors import IsaError
 from .instructions import (
     NO_ADDR,
     Attn,
+    AttnDq,
     DmaCopy,
     DmaLoad,
     DmaStore,
     Gemm,
+    GemmGroup,
     GemmRow,
+    GemmRowGroup,
     HostRead,
     HostWrite,
     Instruction,
@@ -79,12 +84,16 @@ from .instructions import (
     Space,
     Vec,
     VecFunc,
+    f32_value,
 )
 from .kernels import attention as katt
+from .kernels import attention_fp as katf
+from .kernels import gemm_group as kgg
 from .kernels import matrix as kmat
 from .kernels import softmax as ksm
 from .kernels import vector as kvec
 from .kernels import wide as kwide
+from .kernels.fpbits import Q as Q24
 from .vecfuncs import ROW_META_BYTES, wide_bytes
 
 
@@ -126,9 +135,17 @@ def _gemm(g: Gemm, mem: Memory) -> None:
     w = mem.read(Space.SRAM, c, g.w, g.w_nbytes).reshape(g.n, -1)
     bias = None if g.bias == NO_ADDR else _sram(mem, c, g.bias, 4 * g.n, np.int32)
     mult = None if g.scale == NO_ADDR else _sram(mem, c, g.scale, 4 * g.n, np.int32)
-    if g.w_bits not in (4, 8):
+    if isinstance(g, GemmRowGroup):
+        out = _gemm_row_group_out(g, mem, a, w, bias, mult)
+    elif isinstance(g, GemmGroup):
+        try:
+            out = kgg.gemm_group(a, w, k=g.k, group=g.group, bias=bias, mult=mult,
+                                 shift=g.shift)
+        except ValueError as err:
+            raise IsaError(str(err)) from None
+    elif g.w_bits not in (4, 8):
         raise IsaError(f"gemm: w_bits {g.w_bits} is not supported (4 or 8)")
-    if isinstance(g, GemmRow):
+    elif isinstance(g, GemmRow):
         out = _gemm_row_out(g, mem, a, w, bias, mult)
     else:
         out = kmat.gemm(a, w, w_bits=g.w_bits, k=g.k, bias=bias, mult=mult, shift=g.shift)
@@ -142,13 +159,32 @@ def _gemm(g: Gemm, mem: Memory) -> None:
             mem.write(Space.SRAM, c, g.out + i * step, flat[i])
 
 
-def _gemm_row_out(g: GemmRow, mem: Memory, a: np.ndarray, w: np.ndarray,
-                  bias: np.ndarray | None, mult: np.ndarray | None) -> np.ndarray:
+def _gemm_row_group_out(g: GemmRowGroup, mem: Memory, a: np.ndarray, w: np.ndarray,
+                        bias: np.ndarray | None, mult: np.ndarray | None) -> np.ndarray:
+    """gemm.gr: the int64 group accumulators through GemmRow's epilogue (a static input's
+    bias added in int64: the group accumulator is not an int32 register)."""
     if mult is None:
-        raise IsaError("gemm.row: scale (the per-channel multipliers) is required")
+        raise IsaError("gemm.gr: scale (the per-channel multipliers) is required")
+    try:
+        acc = kgg.group_accumulate(a, w, k=g.k, group=g.group)
+        mult = kgg.group_multipliers(mult, acc.shape[1])
+    except ValueError as err:
+        raise IsaError(str(err).replace("gemm.g:", "gemm.gr:")) from None
+    if bias is not None and g.row_meta == NO_ADDR:
+        acc = acc + bias.astype(np.int64)
+        bias = None
+    return _gemm_row_out(g, mem, a, w, bias, mult, acc)
+
+
+def _gemm_row_out(g: GemmRow, mem: Memory, a: np.ndarray, w: np.ndarray,
+                  bias: np.ndarray | None, mult: np.ndarray | None,
+                  acc: np.ndarray | None = None) -> np.ndarray:
+    if mult is None:
+        raise IsaError(f"{g.mnemonic}: scale (the per-channel multipliers) is required")
     if g.out_bits not in (8, 32):
-        raise IsaError(f"gemm.row: out_bits must be 8 or 32, got {g.out_bits}")
-    acc = kmat.matmul(a, w, g.w_bits, g.k)
+        raise IsaError(f"{g.mnemonic}: out_bits must be 8 or 32, got {g.out_bits}")
+    if acc is None:
+        acc = kmat.matmul(a, w, g.w_bits, g.k)
     b = np.zeros(0, np.int32) if bias is None else np.ascontiguousarray(bias, np.int32)
     if g.row_meta == NO_ADDR:
         meta = np.zeros((0, 2), np.int32)
@@ -320,6 +356,34 @@ def _attn(a: Attn, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
     mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
 
 
+def fp16_values(x: np.ndarray, scale: float) -> np.ndarray:
+    """The dequant pass: ``fp16(x * scale)`` (x in float64), as float32 arrays."""
+    return (np.asarray(x, np.float64) * scale).astype(np.float16).astype(np.float32)
+
+
+def _attn_dq(a: AttnDq, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
+    dk = a.head_dim
+    q = _sram(mem, a.core, a.q, a.q_len * a.heads * dk).reshape(a.q_len, a.heads, dk)
+    width = a.kv_heads * dk
+    grid = 2.0 ** -Q24  # Q24 int8-grid units -> int8-grid units
+    kreg = _region(mem, kf, a.k, a.cap, width, "attn.dq")
+    kq = kf.region_read_q24(kreg, a.cap, width, 0, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+    if kf == vf and a.k <= a.v < a.k + kreg.size:  # MLA: the latent cache is K and V
+        vq = kq
+    else:
+        vreg = _region(mem, vf, a.v, a.cap, width, "attn.dq")
+        vq = vf.region_read_q24(vreg, a.cap, width, 0, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+    try:
+        out = katf.attend_fp(fp16_values(q, f32_value(a.q_scale_f32)),
+                             fp16_values(kq, grid * f32_value(a.k_scale_f32)),
+                             fp16_values(vq, grid * f32_value(a.v_scale_f32)), pos=a.pos,
+                             scale=f32_value(a.softmax_scale_f32),
+                             out_scale=f32_value(a.out_scale_f32))
+    except ValueError as err:
+        raise IsaError(str(err)) from None
+    mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
+
+
 _FORMATS: dict[str, kv.KVFormat] = {}
 
 
@@ -356,6 +420,8 @@ def execute(instr: Instruction, mem: Memory, formats: tuple[str, ...] = ()) -> N
         _kv_write(instr, mem, _format(formats, instr.fmt))
     elif isinstance(instr, KvRead):
         _kv_read(instr, mem, _format(formats, instr.fmt))
+    elif isinstance(instr, AttnDq):
+        _attn_dq(instr, mem, _format(formats, instr.k_fmt), _format(formats, instr.v_fmt))
     elif isinstance(instr, Attn):
         _attn(instr, mem, _format(formats, instr.k_fmt), _format(formats, instr.v_fmt))
     else:

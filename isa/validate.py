@@ -8,7 +8,8 @@ instruction at fault and why; it returns None when the program is well-formed:
 - operand shapes make sense: Gemm ``w_bits`` is 2, 4 or 8 and ``k`` fills whole bytes,
   Attn ``heads`` is a multiple of ``kv_heads`` and ``ctx >= 1``; GemmRow has its
   multipliers, ``out_bits`` 8 or 32 and, with row metadata, ``row_shift >= 17``; a wide
-  Vec function's ``p2`` (its wide operand's bits) is 16 or 32;
+  Vec function's ``p2`` (its wide operand's bits) is 16 or 32; GemmGroup has 4-bit weights,
+  an even ``group >= 2`` and ``k <= 2**15``; AttnDq's float fields hold finite values > 0;
 - KV-format fields (``fmt`` and ``*_fmt``) index into ``program.formats``, and the entries
   they index name KV formats (:func:`isa.kv.parse`);
 - KV instructions address whole cache regions: ``cap >= 1`` (KvWrite, KvRead, Attn), and a
@@ -21,6 +22,7 @@ instruction at fault and why; it returns None when the program is well-formed:
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from functools import lru_cache
 from typing import NamedTuple
@@ -33,7 +35,9 @@ from isa.instructions import (
     PER_CORE_ENGINES,
     Access,
     Attn,
+    AttnDq,
     Gemm,
+    GemmGroup,
     GemmRow,
     Instruction,
     KvRead,
@@ -42,7 +46,9 @@ from isa.instructions import (
     Program,
     Space,
     Vec,
+    f32_value,
 )
+from isa.kernels.gemm_group import MAX_K as GEMM_GROUP_MAX_K
 from isa.kernels.wide import MIN_ROW_SHIFT
 from isa.vecfuncs import vec_problem
 
@@ -143,6 +149,28 @@ def _gemm_row_problem(g: GemmRow) -> str | None:
     return None
 
 
+def _gemm_group_problem(g: GemmGroup) -> str | None:
+    """Shape rules of group-wise 4-bit weights (:mod:`isa.kernels.gemm_group`)."""
+    if g.w_bits != 4:
+        return f"gemm.g takes group-wise 4-bit weights: w_bits must be 4, got {g.w_bits}"
+    if g.group < 2 or g.group % 2:
+        return (f"group {g.group}: weight groups must hold an even number >= 2 of 4-bit "
+                "weights (whole bytes of codes)")
+    if g.k > GEMM_GROUP_MAX_K:
+        return (f"k {g.k} exceeds {GEMM_GROUP_MAX_K}: the int64 group accumulator of gemm.g "
+                "could overflow")
+    return None
+
+
+def _attn_dq_problem(a: AttnDq) -> str | None:
+    """The float fields of attn.dq must hold finite values > 0."""
+    for name in AttnDq.FLOAT_FIELDS:
+        v = f32_value(getattr(a, name))
+        if not math.isfinite(v) or v <= 0:
+            return f"{name} holds {v} (binary32 {getattr(a, name):#010x}): must be finite and > 0"
+    return None
+
+
 def _instruction_problem(instr: Instruction, program: Program, layout: MemoryLayout) -> str | None:
     if not 0 <= instr.core < layout.num_cores:
         return f"core {instr.core} out of range (the layout has {layout.num_cores} cores)"
@@ -177,11 +205,15 @@ def _instruction_problem(instr: Instruction, program: Program, layout: MemoryLay
         problem = vec_problem(instr.func, instr.p2)
         if problem is not None:
             return problem
+    if isinstance(instr, GemmGroup) and (problem := _gemm_group_problem(instr)):
+        return problem
     if isinstance(instr, Attn):
         if instr.kv_heads < 1 or instr.heads % instr.kv_heads:
             return f"heads ({instr.heads}) must be a multiple of kv_heads ({instr.kv_heads})"
         if instr.ctx < 1:
             return f"ctx must be >= 1, got {instr.ctx}"
+        if isinstance(instr, AttnDq) and (problem := _attn_dq_problem(instr)):
+            return problem
 
     for f in instr.body_fields():
         if _is_format_index(f.name):
@@ -213,9 +245,11 @@ class _Plan(NamedTuple):
     enums: tuple[tuple[str, frozenset[int]], ...]  # (field, allowed values)
     formats: tuple[str, ...]  # fields that index the format table
     gemm: bool
+    gemm_group: bool
     attn: bool
     gemm_row: bool
     vec: bool
+    attn_dq: bool
 
 
 _PLANS: dict[type, _Plan] = {}
@@ -233,9 +267,11 @@ def _plan(cls: type[Instruction]) -> _Plan:
                         if field_enum(f) is not None),
             formats=tuple(f.name for f in fields if _is_format_index(f.name)),
             gemm=issubclass(cls, Gemm),
+            gemm_group=issubclass(cls, GemmGroup),
             attn=issubclass(cls, Attn),
             gemm_row=issubclass(cls, GemmRow),
             vec=issubclass(cls, Vec),
+            attn_dq=issubclass(cls, AttnDq),
         )
     return plan
 
@@ -260,8 +296,12 @@ def _instruction_ok(instr: Instruction, program: Program, layout: MemoryLayout,
     if plan.gemm:
         if instr.w_bits not in GEMM_W_BITS or instr.k % (8 // instr.w_bits):
             return False
+        if plan.gemm_group and _gemm_group_problem(instr) is not None:
+            return False
     if plan.attn:
         if instr.kv_heads < 1 or instr.heads % instr.kv_heads or instr.ctx < 1:
+            return False
+        if plan.attn_dq and _attn_dq_problem(instr) is not None:
             return False
     if plan.gemm_row and _gemm_row_problem(instr) is not None:
         return False

@@ -101,6 +101,7 @@ class BitsSection(_Section):
     @model_validator(mode="after")
     def _numerics_valid(self) -> BitsSection:
         self.numerics_options()  # a ConfigError naming bits.numerics.<field>
+        self.bit_config()  # weights and numerics together (a group needs 4-bit weights)
         return self
 
     def numerics_options(self) -> NumericsOptions:

@@ -45,9 +45,12 @@ from isa.errors import (
 )
 from isa.instructions import (
     Attn,
+    AttnDq,
     DmaCopy,
     DmaLoad,
     Gemm,
+    GemmGroup,
+    GemmRowGroup,
     HostWrite,
     KvRead,
     MemoryLayout,
@@ -55,6 +58,7 @@ from isa.instructions import (
     Program,
     Vec,
     VecFunc,
+    f32_bits,
 )
 from isa.validate import validate_program
 from models.bits import build_bit_config
@@ -195,6 +199,10 @@ _cfg("negative context", "workload.context_tokens: Input should be greater than 
      "workload.context_tokens=-1")
 _cfg("context past the model's positions", "workload.context_tokens: context_tokens 100000",
      "workload.context_tokens=100000")
+_cfg("weight group with only 8-bit weights", "numerics.weight_group 'g32' scales 4-bit weights",
+     "bits.numerics.weight_group='g32'")
+_cfg("dequant read of an MLA model", "kv.read: the dequantize-on-read path",
+     "model.preset='tiny-mla'", "kv.read='dequant'", exc=CompileError)
 _cfg("NaN DRAM efficiency", "hardware.dram.efficiency", "hardware.dram.efficiency=nan")
 _cfg("boolean prompt length", "workload.prompt_tokens: expected a number, got the boolean",
      "workload.prompt_tokens=true")
@@ -496,6 +504,21 @@ _validate("gemm w_bits 3", "w_bits must be one of (2, 4, 8), got 3",
           Gemm(m=1, k=64, n=64, w_bits=3, a=0, w=4096, out=8192))
 _validate("gemm misaligned 4-bit k", "misaligned packed weights",
           Gemm(m=1, k=63, n=64, w_bits=4, a=0, w=4096, out=8192))
+_validate("gemm.g with 8-bit weights", "w_bits must be 4",
+          GemmGroup(m=1, k=64, n=64, w_bits=8, a=0, w=4096, out=16384, group=32))
+_validate("gemm.g odd group", "even number >= 2",
+          GemmGroup(m=1, k=64, n=64, w_bits=4, a=0, w=4096, out=16384, group=3))
+_validate("gemm.gr without multipliers", "gemm.row needs scale",
+          GemmRowGroup(m=1, k=64, n=64, w_bits=4, a=0, w=4096, out=16384, group=32))
+_validate("gemm.gr with 8-bit weights", "w_bits must be 4",
+          GemmRowGroup(m=1, k=64, n=64, w_bits=8, a=0, w=4096, out=16384, group=32,
+                       scale=32768))
+_validate("attn.dq NaN scale", "k_scale_f32 holds nan",
+          AttnDq(q_len=1, ctx=8, heads=2, kv_heads=2, head_dim=16, k_fmt=0, v_fmt=0, q=0,
+                 k=0, v=4096, out=1024, k_nbytes=128, v_nbytes=128, q_scale_f32=f32_bits(1.0),
+                 k_scale_f32=f32_bits(float("nan")), v_scale_f32=f32_bits(1.0),
+                 softmax_scale_f32=f32_bits(0.25), out_scale_f32=f32_bits(1.0)),
+          formats=("int8",))
 _validate("attn heads", "heads (3) must be a multiple of kv_heads (2)",
           Attn(q_len=1, ctx=8, heads=3, kv_heads=2, head_dim=16, k_fmt=0, v_fmt=0, q=0,
                k=0, v=4096, out=1024, k_nbytes=128, v_nbytes=128), formats=("int8",))

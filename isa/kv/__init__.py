@@ -9,10 +9,12 @@
 Inputs are int8 values: on the device the K/V projections requantize to int8 (with the
 static per-tensor or per-channel scale the compiler chose) before :class:`~isa.KvWrite`, so
 every format quantizes int8 values, and every read gives int8 values back (the integer
-dequantization of :mod:`isa.kernels.kvquant`). Consequently the 16-bit formats (``bf16``,
-``fp16``) and full-precision tokens hold those int8 values exactly: they cost 2 bytes per
-value and lose nothing. (Attention over a bf16 cache thus reads the exact int8 grid back; a
-host edit that wrote a non-integer bf16 value reads back rounded half up and saturated.)
+dequantization of :mod:`isa.kernels.kvquant`; the dequantize-on-read path,
+:meth:`KVFormat.region_read_q24`, gives the exact dequantized values unrounded).
+Consequently the 16-bit formats (``bf16``, ``fp16``) and full-precision tokens hold those
+int8 values exactly: they cost 2 bytes per value and lose nothing. (Attention over a bf16
+cache thus reads the exact int8 grid back; a host edit that wrote a non-integer bf16 value
+reads back rounded half up and saturated.)
 """
 
 from .codec import KINDS, QuantizedKV

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import FormatError
+from ..kernels import kvdequant as kdq
 from ..kernels import kvquant as kq
 from ..kernels.fpbits import BF16, FP16
 
@@ -181,6 +182,32 @@ def dequantize(fmt: KVFormat, q: QuantizedKV) -> np.ndarray:
     return out
 
 
+def dequantize_q24(fmt: KVFormat, q: QuantizedKV) -> np.ndarray:
+    """int64 ``[tokens, width]`` exact dequantized values of a run in Q24 int8-grid units
+    (the dequantize-on-read path, :mod:`isa.kernels.kvdequant`); rounding them to the
+    nearest integer (half up) and saturating gives :func:`dequantize`."""
+    t, w = q.tokens, q.width
+    out = np.empty((t, w), np.int64)
+    if q.kind == "fp":
+        kdq.fp_bits_to_q24(q.fp, _FP_KIND[fmt.fp_dtype], out)
+        return out
+    if fmt.axis == "none":
+        return kdq.raw_int8_to_q24(q.codes)
+    sk = _FP_KIND[fmt.scale_dtype]
+    zk = _ZK[fmt.zero_dtype]
+    zeros = q.zeros if q.zeros is not None else np.zeros(q.scales.shape, np.int32)
+    if fmt.axis == "channel":
+        kdq.dequant_channels_q24(q.codes, fmt.group, fmt.bits, zk, sk, q.scales, zeros, out)
+    else:
+        wc = w - fmt.rope_width
+        kdq.dequant_tokens_q24(q.codes, 0, wc, fmt.group, fmt.bits, zk, sk, q.scales, zeros,
+                               0, out)
+        if fmt.rope_width:
+            kdq.dequant_tokens_q24(q.codes, wc, w, fmt.group, fmt.rope_bits, zk, sk,
+                                   q.scales, zeros, -(-wc // fmt.group), out)
+    return out
+
+
 def encode(fmt: KVFormat, x: np.ndarray, *, kind: str = "quant") -> np.ndarray:
     """``pack(quantize(x, kind=kind))``: the bytes of one run."""
     return pack(fmt, quantize(fmt, x, kind=kind))
@@ -190,3 +217,9 @@ def decode(fmt: KVFormat, buf: np.ndarray, tokens: int, width: int, *,
            kind: str = "quant") -> np.ndarray:
     """``dequantize(unpack(buf, ...))``: int8 ``[tokens, width]`` of one run."""
     return dequantize(fmt, unpack(fmt, buf, tokens, width, kind=kind))
+
+
+def decode_q24(fmt: KVFormat, buf: np.ndarray, tokens: int, width: int, *,
+               kind: str = "quant") -> np.ndarray:
+    """``dequantize_q24(unpack(buf, ...))``: int64 Q24 ``[tokens, width]`` of one run."""
+    return dequantize_q24(fmt, unpack(fmt, buf, tokens, width, kind=kind))

@@ -300,6 +300,13 @@ class KVFormat:
         region ``buf``. See :func:`isa.kv.region.read`."""
         return rg.read(self, buf, cap, width, pos, tokens)
 
+    def region_read_q24(self, buf: np.ndarray, cap: int, width: int, pos: int = 0,
+                        tokens: int | None = None) -> np.ndarray:
+        """attn.dq: the exact dequantized values of :meth:`region_read`'s tokens, int64
+        in Q24 units of the int8 grid (rounded half up and saturated they are
+        :meth:`region_read`'s int8 values)."""
+        return rg.read(self, buf, cap, width, pos, tokens, q24=True)
+
     def region_encode(self, x: np.ndarray, cap: int) -> np.ndarray:
         """A fresh region of ``cap`` tokens holding int8 ``x[T, width]``."""
         return rg.encode(self, x, cap)

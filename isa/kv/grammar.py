@@ -79,6 +79,11 @@ PAIRS: dict[str, KVPair] = {
     "qserve-kv4": KVPair(FORMATS["qserve-kv4"], FORMATS["qserve-kv4"]),
     "quantmla-c4r4": KVPair(FORMATS["quantmla-c4r4"], FORMATS["quantmla-c4r4"]),
     "quantmla-c2r4": KVPair(FORMATS["quantmla-c2r4"], FORMATS["quantmla-c2r4"]),
+    # per-token keys and values at 4 and 2 bits, both in KIVI's value format (G=32,
+    # asymmetric, fp16 scale and zero, R=128 fp16): the per-token-key baseline that KIVI
+    # compares its per-channel keys against
+    "tok4": KVPair(FORMATS["kivi-4.v"], FORMATS["kivi-4.v"]),
+    "tok2": KVPair(FORMATS["kivi-2.v"], FORMATS["kivi-2.v"]),
 }
 
 _BY_VALUE = {f: name for name, f in FORMATS.items()}

@@ -196,19 +196,20 @@ def _span_bytes(fmt: KVFormat, L: RegionLayout, kind: str, a: int, b: int) -> in
 
 
 def _get(fmt: KVFormat, buf: np.ndarray, L: RegionLayout, T: int, t0: int,
-         t1: int) -> np.ndarray:
-    out = np.empty((t1 - t0, L.width), np.int8)
+         t1: int, q24: bool = False) -> np.ndarray:
+    """int8 values of tokens ``[t0, t1)`` (``q24``: int64 Q24 values, unrounded)."""
+    out = np.empty((t1 - t0, L.width), np.int64 if q24 else np.int8)
+    decode = codec.decode_q24 if q24 else codec.decode
     for kind, a, b, off in _runs(fmt, L, T, t0, t1):
         nb = _span_bytes(fmt, L, kind, a, b)
         if kind == "quant" and fmt.axis == "channel":
             s, g = L.sink_slots, fmt.group
             first = s + (a - s) // g * g
             n = nb // L.quant_slot_bytes * g
-            vals = codec.decode(fmt, buf[off:off + nb], n, L.width, kind="quant")
+            vals = decode(fmt, buf[off:off + nb], n, L.width, kind="quant")
             out[a - t0:b - t0] = vals[a - first:b - first]
         else:
-            out[a - t0:b - t0] = codec.decode(fmt, buf[off:off + nb], b - a, L.width,
-                                              kind=kind)
+            out[a - t0:b - t0] = decode(fmt, buf[off:off + nb], b - a, L.width, kind=kind)
     return out
 
 
@@ -415,10 +416,11 @@ def write(fmt: KVFormat, buf: np.ndarray, cap: int, pos: int,
 
 
 def read(fmt: KVFormat, buf: np.ndarray, cap: int, width: int, pos: int = 0,
-         tokens: int | None = None) -> np.ndarray:
+         tokens: int | None = None, *, q24: bool = False) -> np.ndarray:
     """KvRead / Attn: int8 ``[tokens, width]`` of positions ``pos ..`` of the cache in
     region ``buf`` (``tokens`` defaults to the rest of the cached tokens; formats without a
-    header need it)."""
+    header need it). ``q24``: the exact dequantized values instead, int64 in Q24 units of
+    the int8 grid (the dequantize-on-read path, :func:`isa.kv.codec.dequantize_q24`)."""
     L = _checked(fmt, buf, cap, width)
     T = length(fmt, buf)
     if T is not None and T > cap:
@@ -435,7 +437,7 @@ def read(fmt: KVFormat, buf: np.ndarray, cap: int, width: int, pos: int = 0,
     if tokens and pos < held_from(fmt, buf, cap):
         raise FormatError(f"{fmt}: tokens {pos}..{pos + tokens - 1} are no longer in the "
                           f"sliding-window cache (it holds {held_from(fmt, buf, cap)}..{T - 1})")
-    return _get(fmt, buf, L, T, pos, pos + tokens)
+    return _get(fmt, buf, L, T, pos, pos + tokens, q24)
 
 
 def encode(fmt: KVFormat, x: np.ndarray, cap: int) -> np.ndarray:

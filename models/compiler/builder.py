@@ -13,7 +13,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from isa.instructions import NO_ADDR, DmaLoad, Gemm, GemmRow, Instruction
+from isa.instructions import NO_ADDR, DmaLoad, Gemm, GemmGroup, GemmRow, GemmRowGroup, Instruction
+from isa.kernels.gemm_group import group_row_bytes
 
 from .flags import FORWARD, Flags
 from .sram import SramOverflow, SramPlan
@@ -47,7 +48,8 @@ def split(n: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:
 @dataclass(frozen=True)
 class Matrix:
     """A weight matrix in DRAM: ``n`` rows of ``k`` values at ``bits``; its params region
-    holds ``bias`` (int32[n]) then ``mult`` (int32[n])."""
+    holds ``bias`` (int32[n]) then ``mult`` (int32[n]). ``group`` > 0: group-wise 4-bit
+    row images of ``gemm.g`` (:mod:`isa.kernels.gemm_group`)."""
 
     name: str
     n: int
@@ -62,11 +64,22 @@ class Matrix:
     gemm_row: bool = False
     row_shift: int = 0
     out_bits: int = 8
+    group: int = 0
 
     @property
     def row_bytes(self) -> int:
+        if self.group:
+            return group_row_bytes(self.k, self.group)
         return (self.k * self.bits + 7) // 8
 
+
+
+def gemm_kind(mat: Matrix) -> tuple[type[Gemm], dict[str, int]]:
+    """The Gemm variant of ``mat`` and its group field: ``gemm.gr`` (per-row input factors
+    over group-wise 4-bit weights), ``gemm.row``, ``gemm.g`` or ``gemm``."""
+    if mat.gemm_row:
+        return (GemmRowGroup, {"group": mat.group}) if mat.group else (GemmRow, {})
+    return (GemmGroup, {"group": mat.group}) if mat.group else (Gemm, {})
 
 
 @dataclass
@@ -180,10 +193,11 @@ class Builder:
         for i, (lo, hi) in enumerate(tiles):
             buf = (first_buf + i) % 2 if i < done else self.tile_load(c, mat, lo, hi)
             off = lo - r0
-            row = {"row_meta": row_meta, "row_shift": mat.row_shift,
-                   "out_bits": mat.out_bits} if mat.gemm_row else {}
-            self.emit((GemmRow if mat.gemm_row else Gemm)(
-                **row, core=c, m=m, k=mat.k, n=hi - lo, w_bits=mat.bits, a=a,
+            kind, extra = gemm_kind(mat)
+            if mat.gemm_row:
+                extra.update(row_meta=row_meta, row_shift=mat.row_shift, out_bits=mat.out_bits)
+            self.emit(kind(
+                **extra, core=c, m=m, k=mat.k, n=hi - lo, w_bits=mat.bits, a=a,
                 w=buf * t.tile_bytes, out=out + off * elt,
                 bias=NO_ADDR if bias == NO_ADDR else bias + 4 * off,
                 scale=NO_ADDR if scale == NO_ADDR else scale + 4 * off,

@@ -27,6 +27,8 @@ from ..reference import (
 )
 from ..weights import QuantizedWeight, WeightSource, quantize_weight
 from .numerics import AddQ, AttnQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ
+from .wgroup import MULT_BITS as GROUP_MULT_BITS
+from .wgroup import GroupQuantizedWeight
 
 #: Headroom over the calibration maximum: inputs outside the calibration set can be
 #: larger, and a clipped int8 activation costs more than a coarser step (25 % is a
@@ -52,9 +54,11 @@ def _scale(absmax: float) -> float:
     return max(float(absmax), 1e-6) * MARGIN / INT8_MAX
 
 
-def gemm_params(s_in: float, qw: QuantizedWeight, s_out: float | None,
+def gemm_params(s_in: float, qw: QuantizedWeight | GroupQuantizedWeight, s_out: float | None,
                 bias: np.ndarray | None) -> GemmQ:
-    """Per-row multipliers with one shared shift (as large as int32 multipliers allow)."""
+    """Per-row multipliers with one shared shift (as large as int32 multipliers allow;
+    below ``2**24`` for group-wise weights, whose int64 accumulators need the room)."""
+    limit = 2**GROUP_MULT_BITS - 1 if isinstance(qw, GroupQuantizedWeight) else 2**31 - 1
     real = (s_in * qw.scales.astype(np.float64))
     b = None
     if bias is not None:
@@ -64,8 +68,8 @@ def gemm_params(s_in: float, qw: QuantizedWeight, s_out: float | None,
         return GemmQ(shift=0, mult=None, bias=b)
     ratio = real / s_out
     top = float(ratio.max())
-    shift = min(62, max(0, math.floor(math.log2((2**31 - 1) / top))))
-    mult = np.clip(np.rint(ratio * 2.0**shift), 0, 2**31 - 1).astype(np.int32)
+    shift = min(62, max(0, math.floor(math.log2(limit / top))))
+    mult = np.clip(np.rint(ratio * 2.0**shift), 0, limit).astype(np.int32)
     return GemmQ(shift=shift, mult=mult, bias=b)
 
 
@@ -109,21 +113,25 @@ def calibration_tokens(cfg: ModelConfig, seed: int, n: int = CALIBRATION_TOKENS)
 
 
 def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0,
-              tokens: np.ndarray | None = None) -> Numerics:
+              tokens: np.ndarray | None = None, quantize=None) -> Numerics:
     """Integer parameters of a dense GQA model (``bits_for(name) -> bits``) for the int8
-    scheme, from ``tokens`` (default: :func:`calibration_tokens`)."""
+    scheme, from ``tokens`` (default: :func:`calibration_tokens`); ``quantize(name)`` gives a
+    matrix's quantized form, by default symmetric per channel at its bits."""
     if tokens is None:
         tokens = calibration_tokens(cfg, seed)
-    amax, qw, _ = activation_absmax(cfg, source, bits_for, tokens)
+    amax, qw, _ = activation_absmax(cfg, source, bits_for, tokens, quantize=quantize)
     s = {k: _scale(v) for k, v in amax.items()}
-    return derive(cfg, source, bits_for, s, qw)
+    return derive(cfg, source, bits_for, s, qw, quantize=quantize)
 
 
 def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: np.ndarray,
+                      *, quantize=None,
                       ) -> tuple[dict[str, float], dict[str, QuantizedWeight], np.ndarray]:
     """The largest magnitude of every activation tensor of a float forward pass over
-    ``tokens`` (weights quantized then dequantized), the quantized weights of the last
-    layer, and the final norm's output (float32 ``[tokens, hidden]``)."""
+    ``tokens`` (weights quantized by ``quantize(name)``, by default symmetric per channel at
+    their bits, then dequantized), the quantized weights of the last layer, and the final
+    norm's output (float32 ``[tokens, hidden]``)."""
+    quantize = quantize or (lambda name: quantize_weight(source.tensor(name), bits_for(name)))
     if cfg.is_mla or cfg.is_moe:
         raise NotImplementedError(
             f"model {cfg.name or cfg.family!r}: functional (integer) simulation supports "
@@ -140,7 +148,7 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
 
     def lin(x: np.ndarray, name: str, bias: str | None = None) -> np.ndarray:
         if name not in qw:
-            qw[name] = quantize_weight(source.tensor(name), bits_for(name))
+            qw[name] = quantize(name)
         y = x @ qw[name].dequantize().T
         if bias is not None:
             y = y + source.tensor(bias)
@@ -208,13 +216,14 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
 
 
 def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float],
-           qw: dict[str, QuantizedWeight] | None = None) -> Numerics:
+           qw: dict[str, QuantizedWeight] | None = None, *, quantize=None) -> Numerics:
     """Integer parameters from the activation scales ``s``."""
     qw = dict(qw or {})
+    quantize = quantize or (lambda name: quantize_weight(source.tensor(name), bits_for(name)))
 
     def w(name: str) -> QuantizedWeight:
         if name not in qw:
-            qw[name] = quantize_weight(source.tensor(name), bits_for(name))
+            qw[name] = quantize(name)
         return qw[name]
 
     def bias(name: str, present: bool) -> np.ndarray | None:

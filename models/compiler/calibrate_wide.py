@@ -30,7 +30,7 @@ from ..bits import BitConfig
 from ..config import ModelConfig
 from ..reference import softmax_scale
 from ..source import calibration_text, model_tokenizer, open_weights
-from ..weights import CachedWeights, QuantizedWeight, WeightSource, quantize_weight
+from ..weights import CachedWeights, QuantizedWeight, WeightSource
 from .calibrate import (
     GAMMA_MAX,
     INT8_MAX,
@@ -43,6 +43,7 @@ from .calibrate import (
 )
 from .numerics import AddQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ, residual_bits
 from .rotation import RotatedWeights, head_tensor
+from .wgroup import MULT_BITS, GroupQuantizedWeight, quantize_matrix, weight_group_size
 
 #: Bits of magnitude the int32 intermediates (gate/up, SwiGLU output) use at their static
 #: scale: the calibrated maximum x MARGIN maps to 2**22 (SILU_MUL_WIDE needs |up| < 2**23
@@ -69,21 +70,31 @@ def wide_norm_params(gamma: np.ndarray, s_in: float, eps: float,
     return NormQ(eps_q=eps_q, shift=shift, gamma=g), s_g * 2.0 ** (shift - 23)
 
 
-def gemm_row_params(s_in: float, qw: QuantizedWeight, s_out: float, bias: np.ndarray | None,
-                    *, rowed: bool, out_bits: int) -> GemmQ:
+#: The largest ``|D c + M|`` of a group-wise 4-bit weight (uint8 D, uint4 c, int16 M).
+GROUP_WEIGHT_MAX = 255 * 15 + 32768
+
+
+def gemm_row_params(s_in: float, qw: QuantizedWeight | GroupQuantizedWeight, s_out: float,
+                    bias: np.ndarray | None, *, rowed: bool, out_bits: int) -> GemmQ:
     """GemmRow parameters (``isa.kernels.wide.requant_rows``): ``mult[n] * 2**-S =
     s_in * s_w[n] / s_out``; with per-row inputs (factor ``fa * 2**(p - 22)``) the shift
-    splits into ``shift`` (keeps ``acc * mult`` inside int32) and ``row_shift``."""
+    splits into ``shift`` (keeps ``acc * mult`` inside int32) and ``row_shift``. Group-wise
+    weights (``gemm.gr``): multipliers below ``2**24`` (their int64 accumulators need the
+    room) and the accumulator bound of their integer weights ``D c + M``."""
+    grouped = isinstance(qw, GroupQuantizedWeight)
+    limit = 2**MULT_BITS - 1 if grouped else INT32_MAX
     real = s_in * qw.scales.astype(np.float64)
     ratio = real / s_out
     top = float(ratio.max()) or 1.0
-    s_total = min(62, math.floor(math.log2(INT32_MAX / top)))
-    mult = np.clip(np.rint(ratio * 2.0**s_total), 0, INT32_MAX).astype(np.int32)
+    s_total = min(62, math.floor(math.log2(limit / top)))
+    mult = np.clip(np.rint(ratio * 2.0**s_total), 0, limit).astype(np.int32)
     if not rowed:
         b = None if bias is None else np.clip(np.rint(bias / real), -INT32_MAX - 1,
                                               INT32_MAX).astype(np.int32)
         return GemmQ(shift=max(0, s_total), mult=mult, bias=b, out_bits=out_bits)
-    acc_bits = (INT8_MAX * INT8_MAX * qw.k).bit_length()  # |acc| bound of int8 x int8
+    # |acc| bound: int8 activations times int8 weights, or times |D c + M| of group weights
+    acc_max = 128 * GROUP_WEIGHT_MAX * qw.k if grouped else INT8_MAX * INT8_MAX * qw.k
+    acc_bits = acc_max.bit_length()
     sh1 = max(0, min(acc_bits, s_total + ROW_FACTOR_Q - MIN_ROW_SHIFT))
     sh1 = max(sh1, s_total + ROW_FACTOR_Q - 62)  # a tiny ratio: keep row_shift <= 62
     row_shift = s_total - sh1 + ROW_FACTOR_Q
@@ -108,16 +119,18 @@ def wide_silu_params(s_gate: float, s_up: float, s_out: float) -> SiluQ:
 
 
 def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str, float],
-                fn: np.ndarray, *, residual_bits: int, rotated: bool) -> Numerics:
+                fn: np.ndarray, *, residual_bits: int, rotated: bool,
+                group: int = 0) -> Numerics:
     """The wide pipeline's integer parameters from the calibration maxima ``amax`` (keys
-    of :func:`.calibrate.activation_absmax`) and the final norm's float output ``fn``."""
+    of :func:`.calibrate.activation_absmax`) and the final norm's float output ``fn``;
+    4-bit matrices are group-wise for ``group`` > 0 (:mod:`.wgroup`)."""
     qmax = 2 ** (residual_bits - 1) - 1
 
     def scale(key: str, top: float) -> float:
         return max(float(amax[key]), 1e-6) * MARGIN / top
 
-    def w(name: str) -> QuantizedWeight:
-        return quantize_weight(source.tensor(name), bits_for(name))
+    def w(name: str) -> QuantizedWeight | GroupQuantizedWeight:
+        return quantize_matrix(source.tensor(name), bits_for(name), group)
 
     def bias(name: str, present: bool) -> np.ndarray | None:
         return source.tensor(name) if present else None
@@ -157,7 +170,7 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
         L.add2 = wide_add_params(s[f"{i}.xm"], s[f"x{i + 1}"])
         layers.append(L)
     final, s_fn = wide_norm_params(source.tensor("final_norm"), s[f"x{cfg.num_layers}"], eps, h)
-    head_w = quantize_weight(head_tensor(source), bits_for(cfg.lm_head_tensor))
+    head_w = quantize_matrix(head_tensor(source), bits_for(cfg.lm_head_tensor), group)
     logits = fn.astype(np.float64) @ head_w.dequantize().astype(np.float64).T
     s["logits"] = max(float(np.abs(logits).max()), 1e-6) * MARGIN / 2.0**LOGITS_Q
     head = gemm_row_params(s_fn, head_w, s["logits"], None, rowed=True, out_bits=32)
@@ -204,12 +217,18 @@ def calibrate_for(cfg: ModelConfig, bits: BitConfig, source: WeightSource,
     def bits_for(name: str) -> int:
         return bits.weights.bits_for(cfg.tensor_spec(name).role)
 
+    group = weight_group_size(bits)
+
+    def quantize(name: str) -> QuantizedWeight | GroupQuantizedWeight:
+        return quantize_matrix(source.tensor(name), bits_for(name), group)
+
     tokens = calibration_ids(cfg, spec, bits, int(spec.get("seed", 0)))
     rb = residual_bits(bits.numerics)
     rotated = bits.numerics.rotation != "none"
     if rb == 8:
-        nq = calibrate(cfg, source, bits_for, tokens=tokens)
+        nq = calibrate(cfg, source, bits_for, tokens=tokens, quantize=quantize)
         nq.rotated = rotated
         return nq
-    amax, _, fn = activation_absmax(cfg, source, bits_for, tokens)
-    return derive_wide(cfg, source, bits_for, amax, fn, residual_bits=rb, rotated=rotated)
+    amax, _, fn = activation_absmax(cfg, source, bits_for, tokens, quantize=quantize)
+    return derive_wide(cfg, source, bits_for, amax, fn, residual_bits=rb, rotated=rotated,
+                       group=group)

@@ -26,7 +26,7 @@ from isa.instructions import MemoryLayout, Program
 from ..bits import BitConfig
 from ..config import ModelConfig
 from ..reference import rope_cos_sin
-from ..weights import WeightSource, quantize_weight
+from ..weights import WeightSource
 from . import kvm
 from .blocks.registry import ModelBlocks, blocks_for, probe_layers
 from .builder import CORE_MODES, Target
@@ -40,6 +40,7 @@ from .memmap import MemoryMap
 from .numerics import GemmQ, Numerics, numerics_problem, residual_bits
 from .rotation import head_tensor
 from .sram import SramOverflow
+from .wgroup import quantize_matrix, weight_group_size
 
 #: Weight tile buffer size: two of them per core double-buffer weight streaming (an
 #: assumption of the compiler: large enough that the per-tile DMA set-up is amortised).
@@ -165,8 +166,8 @@ class CompiledModel:
         nq = self.numerics
 
         def gemm_entries(name: str, gq: GemmQ, values: np.ndarray | None = None):
-            qw = quantize_weight(src.tensor(name) if values is None else values,
-                                 self.bits_for(name))
+            qw = quantize_matrix(src.tensor(name) if values is None else values,
+                                 self.bits_for(name), weight_group_size(self.bits))
             yield self.mm[f"w.{name}"].base, qw.data.reshape(-1)
             n = qw.n
             p = np.zeros(2 * n, np.int32)
@@ -234,7 +235,8 @@ def _lowering(model: ModelConfig, bits: BitConfig, kv: str, hw: HardwareTarget,
                     max_seq=max_seq, m_tile=m_tile, mm=mm, numerics=numerics,
                     target=Target(tuple(range(CORE_MODES[core_mode])), hw.sram_bytes,
                                   tile_bytes),
-                    blocks=blocks)
+                    blocks=blocks, weight_group=weight_group_size(bits),
+                    kv_read=bits.kv_read)
 
 
 def compile_model(
@@ -268,6 +270,10 @@ def compile_model(
     problem = blocks.attention.kv_problem(kv)
     if problem:
         raise CompileError(f"kv.format: {problem}")
+    if bits.kv_read == "dequant" and blocks.attention.kind != "gqa":
+        raise CompileError(f"kv.read: the dequantize-on-read path is built for grouped-query "
+                           f"attention; {blocks.attention.kind} attention reads its cache "
+                           "as integers (kv.read = 'integer')")
     if max_seq < 1 or cap < max_seq:
         raise CompileError(f"max_sequence_length ({max_seq}) must be >= 1 and <= the cache "
                            f"length ({cap})")

@@ -14,6 +14,7 @@ from .blocks.registry import blocks_for
 from .builder import CORE_MODES
 from .memmap import MemoryMap, dram_shortfall
 from .numerics import residual_bits
+from .wgroup import weight_group_size, weight_row_bytes
 
 
 def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, slots: int,
@@ -23,13 +24,14 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
     mm = MemoryMap()
     pair = kvformats.pair(kv)
     blocks = blocks_for(cfg)
+    group = weight_group_size(bits)
     for spec in cfg.tensors():
         if spec.kind == "matrix":
             if spec.name == "embed" and not cfg.tie_word_embeddings:
                 continue  # the embedding runs on the host
             n, k = spec.shape
             wbits = bits.weights.bits_for(spec.role)
-            mm.add(f"w.{spec.name}", n * ((k * wbits + 7) // 8), "weights")
+            mm.add(f"w.{spec.name}", n * weight_row_bytes(k, wbits, group), "weights")
             mm.add(f"p.{spec.name}", 8 * n, "weights")
         elif spec.role == "norm":
             mm.add(f"p.{spec.name}", 2 * spec.shape[0], "weights")

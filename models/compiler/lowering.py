@@ -51,6 +51,10 @@ class Lowering:
     blocks: ModelBlocks
     #: the blocks lowered so far and what they emitted (the driver replays repeats)
     memo: BlockMemo = field(default_factory=BlockMemo, compare=False, repr=False)
+    #: group size of the 4-bit matrices (``bits.numerics.weight_group``; 0 = per channel)
+    weight_group: int = 0
+    #: how attention reads the cache (``bits.kv_read``): ``integer`` or ``dequant``
+    kv_read: str = "integer"
 
     # --- names ------------------------------------------------------------------------
     def check_call(self, n: int, cache_size: int) -> None:
@@ -78,9 +82,11 @@ class Lowering:
         except ConfigError:
             has_bias = False
         wide = self.numerics.wide
-        return Matrix(name, n, k, self.weight_bits[name], self.mm[f"w.{name}"].base,
+        bits = self.weight_bits[name]
+        return Matrix(name, n, k, bits, self.mm[f"w.{name}"].base,
                       self.mm[f"p.{name}"].base, has_bias, requant or wide, gq.shift,
-                      gemm_row=wide, row_shift=gq.row_shift, out_bits=gq.out_bits)
+                      gemm_row=wide, row_shift=gq.row_shift, out_bits=gq.out_bits,
+                      group=self.weight_group if bits == 4 else 0)
 
     @property
     def formats(self) -> tuple[str, ...]:

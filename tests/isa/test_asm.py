@@ -140,7 +140,7 @@ ATTN = (
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("gemmm m=1", r"unknown mnemonic 'gemmm' \(known: attn, dma.copy"),
+        ("gemmm m=1", r"unknown mnemonic 'gemmm' \(known: attn, attn.dq, dma.copy"),
         ("nop on=vpu color=red", r"nop: unknown field 'color' \(fields: core, wait, signal, on\)"),
         ("vec func=add rows=1 cols=1", "vec: missing required field(s) src0, dst"),
         ("nop on=vpu core=1x", r"nop: bad number '1x' \(expected decimal or 0x hex\)"),

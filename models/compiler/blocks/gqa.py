@@ -14,14 +14,17 @@ the regions ``kv.s<slot>.l<layer>.k`` and ``.v``.
 
 from __future__ import annotations
 
-from isa.instructions import Attn, DmaStore, Engine, KvWrite, Nop, Vec, VecFunc
+from isa.instructions import Attn, AttnDq, DmaStore, Engine, KvWrite, Nop, Vec, VecFunc, f32_bits
 from isa.kvformats import KVFormat, KVPair
 
 from ...config import ModelConfig
+from ...reference import softmax_scale
 from ..builder import Builder
+from ..errors import CompileError
 from ..kvspec import KvCacheSpec
 from ..lowering import Lowering, TileSeq, kv_region
 from ..memmap import MemoryMap
+from ..numerics import AttnQ
 from ..ops import norm, proj_residual, residual_bytes, row_meta
 from ..sram import SramPlan
 
@@ -242,22 +245,41 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
             w = (hb - ha) * hd
             for i, (sq, kreg, vreg) in enumerate(zip(segs, kregs, vregs, strict=True)):
                 first, ctx = att.key_span(lw, layer, sq.pos0, sq.n)
-                b.emit(Attn(core=c, q_len=sq.n, ctx=ctx, heads=hb - ha, kv_heads=1,
-                            head_dim=hd, pos=sq.pos0 - first, cap=lw.cap, k_fmt=ki, v_fmt=vi,
-                            q=qb + sq.off * w, k=kreg.base + j * k_sub,
-                            v=vreg.base + j * v_sub, out=ob + sq.off * w,
-                            k_nbytes=kf.read_bytes(first, ctx, hd),
-                            v_nbytes=vf.read_bytes(first, ctx, hd),
-                            score_mult=q.attn.score_mult, score_shift=q.attn.score_shift,
-                            out_mult=q.attn.out_mult, out_shift=q.attn.out_shift,
-                            wait=wait,
-                            signal=(b.sem(c, "mxu_out"),) if i == len(segs) - 1 else ()))
+                b.emit(attention_instruction(
+                    lw, layer, q.attn, core=c, q_len=sq.n, ctx=ctx, heads=hb - ha, kv_heads=1,
+                    head_dim=hd, pos=sq.pos0 - first, cap=lw.cap, k_fmt=ki, v_fmt=vi,
+                    q=qb + sq.off * w, k=kreg.base + j * k_sub, v=vreg.base + j * v_sub,
+                    out=ob + sq.off * w, k_nbytes=kf.read_bytes(first, ctx, hd),
+                    v_nbytes=vf.read_bytes(first, ctx, hd), wait=wait,
+                    signal=(b.sem(c, "mxu_out"),) if i == len(segs) - 1 else ()))
                 wait = ()
         for idx, (ob, ha, hb) in enumerate(outs):
             last = idx == len(outs) - 1
             b.emit(DmaStore(core=c, src=ob, dst=ao + ha * hd, nbytes=(hb - ha) * hd,
                             rows=m, dst_stride=qh, wait=(b.sem(c, "mxu_out"),),
                             signal=b.barrier() if last else ()))
+
+
+def attention_instruction(lw: Lowering, layer: int, aq: AttnQ, **fields) -> Attn:
+    """The attention of one KV head over the cache, by the read path (``bits.kv_read``):
+    ``integer`` -> :class:`Attn` with the layer's fixed-point factors; ``dequant`` ->
+    :class:`AttnDq` with the static scales of q, k, v and the attention output (1.0 in a
+    timing-only compile, whose numerics are placeholders) and the model's softmax scale."""
+    if lw.kv_read == "dequant" and lw.model.layer_window(layer) is not None:
+        raise CompileError(f"layer {layer}: kv.read = 'dequant' over a sliding-window cache "
+                           "(a ring) is not built; use kv.read = 'integer'")
+    if lw.kv_read != "dequant":
+        return Attn(**fields, score_mult=aq.score_mult, score_shift=aq.score_shift,
+                    out_mult=aq.out_mult, out_shift=aq.out_shift)
+    scales = lw.numerics.scales
+
+    def scale(name: str) -> float:
+        return float(scales.get(f"{layer}.{name}", 1.0))
+
+    return AttnDq(**fields, q_scale_f32=f32_bits(scale("q")), k_scale_f32=f32_bits(scale("k")),
+                  v_scale_f32=f32_bits(scale("v")),
+                  softmax_scale_f32=f32_bits(softmax_scale(lw.model)),
+                  out_scale_f32=f32_bits(1.0 / scale("ao")))
 
 
 def _stage_o(b: Builder, lw: Lowering, layer: int, q, x: int, m: int) -> None:

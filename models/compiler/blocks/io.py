@@ -8,11 +8,11 @@ batched step gathers the sampling tokens' hidden states into ``act.last`` after 
 
 from __future__ import annotations
 
-from isa.instructions import NO_ADDR, DmaCopy, DmaStore, Engine, Gemm, GemmRow, Nop, Vec, VecFunc
+from isa.instructions import NO_ADDR, DmaCopy, DmaStore, Engine, Nop, Vec, VecFunc
 from isa.kernels.fixed import quantize_multiplier
 from isa.vecfuncs import ROW_META_BYTES
 
-from ..builder import Builder, split
+from ..builder import Builder, gemm_kind, split
 from ..lowering import Lowering
 from ..ops import norm, residual_bytes, row_meta
 from ..sram import SramPlan
@@ -153,12 +153,13 @@ def stage_head_rows(b: Builder, lw: Lowering, x: int, r: int, out: int) -> int:
                           w=buf * t.tile_bytes, out=obuf[i % 2], bias=NO_ADDR,
                           shift=mh.shift, out_stride=4 * (hi - lo) if r > 1 else 0, wait=wait,
                           signal=(b.sem(c, f"free{buf}"), b.sem(c, "mxu_out")))
+            kind, extra = gemm_kind(mh)
             if mh.gemm_row:
-                b.emit(GemmRow(**common, scale=scale + 4 * (lo - r0),
-                               row_meta=row_meta(lw, xn, r, h), row_shift=mh.row_shift,
-                               out_bits=32))
+                b.emit(kind(**common, **extra, scale=scale + 4 * (lo - r0),
+                            row_meta=row_meta(lw, xn, r, h), row_shift=mh.row_shift,
+                            out_bits=32))
             else:
-                b.emit(Gemm(**common, scale=NO_ADDR))
+                b.emit(kind(**common, **extra, scale=NO_ADDR))
             last = i == len(tiles) - 1
             b.emit(DmaStore(core=c, src=obuf[i % 2], dst=out + 4 * lo, nbytes=4 * (hi - lo),
                             rows=r, dst_stride=4 * vocab, wait=(b.sem(c, "mxu_out"),),

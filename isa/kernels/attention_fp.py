@@ -1,0 +1,106 @@
+"""fp16 attention of the dequantize-on-read path (``attn.dq``): fp16 operands, fp32
+accumulation, a float softmax, int8 output.
+
+Operands arrive as float32 arrays holding fp16 values (the vector unit's dequant pass
+rounds them, :mod:`isa.semantics`). For query ``i`` (position ``pos + i``), head ``h``
+(KV head ``h // (H/KH)``), over the tokens ``t < n_i = min(ctx, pos + i + 1)``:
+
+    s_t = fp32(sum_d q[i, h, d] * k[t, kvh, d]) * scale     (fp32, d in order)
+    e_t = exp(s_t - max_t s_t),  Z = sum_t e_t                (fp32, t in order)
+    o_d = (sum_t e_t * v[t, kvh, d]) / Z                      (fp32)
+    out = sat8(floor(o_d * out_scale + 1/2))
+
+Every sum runs in a fixed order in one thread per (query, head), so results do not depend
+on the thread count.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+#: Below this many multiply-accumulates the kernel stays on one thread.
+PARALLEL_MIN_MACS = 1 << 20
+
+
+@njit(cache=True)
+def _attend_fp_range(q, k, v, pos, scale, out_scale, out, lo, hi):
+    L, H, dk = q.shape
+    T, KH, dv = v.shape
+    group = H // KH
+    e = np.empty(T, np.float32)
+    for job in range(lo, hi):
+        i = job // H
+        h = job % H
+        kh = h // group
+        n = min(T, pos + i + 1)
+        if n <= 0:
+            for d in range(dv):
+                out[i, h, d] = 0
+            continue
+        m = np.float32(-np.inf)
+        for t in range(n):
+            acc = np.float32(0.0)
+            for d in range(dk):
+                acc = np.float32(acc + q[i, h, d] * k[t, kh, d])
+            acc = np.float32(acc * scale)
+            e[t] = acc
+            if acc > m:
+                m = acc
+        z = np.float32(0.0)
+        for t in range(n):
+            e[t] = np.float32(np.exp(np.float32(e[t] - m)))
+            z = np.float32(z + e[t])
+        for d in range(dv):
+            o = np.float32(0.0)
+            for t in range(n):
+                o = np.float32(o + e[t] * v[t, kh, d])
+            x = np.floor(np.float32(o / z) * out_scale + np.float32(0.5))
+            if not x >= -128.0:  # NaN reads as -128 only if it ever occurs; see attend_fp
+                x = -128.0
+            if x > 127.0:
+                x = 127.0
+            out[i, h, d] = np.int8(x)
+
+
+@njit(cache=True)
+def attention_fp(q, k, v, pos, scale, out_scale, out):
+    """q float32[L, H, Dk], k float32[T, KH, Dk], v float32[T, KH, Dv] -> int8 out."""
+    _attend_fp_range(q, k, v, pos, scale, out_scale, out, 0, q.shape[0] * q.shape[1])
+
+
+@njit(cache=True, parallel=True)
+def attention_fp_par(q, k, v, pos, scale, out_scale, out, chunks):
+    """:func:`attention_fp` with the (query, head) pairs split over threads."""
+    jobs = q.shape[0] * q.shape[1]
+    step = (jobs + chunks - 1) // chunks
+    for c in prange(chunks):
+        _attend_fp_range(q, k, v, pos, scale, out_scale, out, c * step,
+                         min(jobs, (c + 1) * step))
+
+
+def attend_fp(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, pos: int, scale: float,
+              out_scale: float) -> np.ndarray:
+    """Checked wrapper of :func:`attention_fp`; int8 ``[L, H, Dv]``. Non-finite operands
+    are refused (a NaN would otherwise pass as a number)."""
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+        raise ValueError("attn.dq: q, k, v must be 3-D [tokens, heads, dim]")
+    L, H, dk = q.shape
+    T, KH, dk2 = k.shape
+    if dk2 != dk or v.shape[:2] != (T, KH) or KH == 0 or H % KH or pos < 0:
+        raise ValueError(f"attn.dq: shapes q{q.shape} k{k.shape} v{v.shape} (pos {pos}) "
+                         "do not match")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not np.all(np.isfinite(x)):
+            raise ValueError(f"attn.dq: {name} holds non-finite values after the fp16 "
+                             "conversion (a scale too large for fp16?)")
+    q, k, v = (np.ascontiguousarray(x, np.float32) for x in (q, k, v))
+    out = np.empty((L, H, v.shape[2]), np.int8)
+    args = (q, k, v, pos, np.float32(scale), np.float32(out_scale), out)
+    threads = numba.get_num_threads()
+    if L * H * T * (dk + v.shape[2]) >= PARALLEL_MIN_MACS and threads > 1 and L * H > 1:
+        attention_fp_par(*args, min(threads, L * H))
+    else:
+        attention_fp(*args)
+    return out
