@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from typing import Any
@@ -213,7 +214,27 @@ def calibration_ids(cfg: ModelConfig, spec: dict[str, Any], bits: BitConfig,
 
 def calibrate_for(cfg: ModelConfig, bits: BitConfig, source: WeightSource,
                   spec: dict[str, Any]) -> Numerics:
-    """The integer parameters of ``bits.numerics`` (int8 scheme or wide pipeline)."""
+    """The integer parameters of ``bits.numerics`` (int8 scheme or wide pipeline). They
+    depend on the model, its weights, the weight bits and the numerics only (not on the KV
+    format or the read path), so the last few are kept: compiling one model in several KV
+    formats calibrates it once. Each caller gets its own copy."""
+    key = (cfg.model_dump_json(), json.dumps(spec, sort_keys=True, default=repr),
+           bits.weights.model_dump_json(), bits.numerics.model_dump_json())
+    for k, nq in _CALIBRATED:
+        if k == key:
+            return copy.deepcopy(nq)
+    nq = _calibrate_for(cfg, bits, source, spec)
+    _CALIBRATED[:] = [*_CALIBRATED[-(_CALIBRATED_KEPT - 1):], (key, copy.deepcopy(nq))]
+    return nq
+
+
+#: (key, numerics) of the last :data:`_CALIBRATED_KEPT` calibrations (:func:`calibrate_for`).
+_CALIBRATED: list = []
+_CALIBRATED_KEPT = 4
+
+
+def _calibrate_for(cfg: ModelConfig, bits: BitConfig, source: WeightSource,
+                   spec: dict[str, Any]) -> Numerics:
     def bits_for(name: str) -> int:
         return bits.weights.bits_for(cfg.tensor_spec(name).role)
 

@@ -64,10 +64,6 @@ def test_the_guard_fires_on_the_old_numerics_of_a_real_model(smol_ids) -> None:
         evaluate(EMBEDDED_MODEL, smol_ids, bits=bits)
 
 
-@pytest.mark.xfail(raises=DegenerateOutput, strict=True,
-                   reason="the w8 numerics are named but not yet implemented by the compiler "
-                          "on this branch (they land with the integer-numerics work): remove "
-                          "this mark when they do")
 def test_the_guard_stays_quiet_on_the_w8_numerics(smol_ids) -> None:
     q = evaluate(EMBEDDED_MODEL, smol_ids, bits=bit_config("W8", numerics="w8"))
     assert q.degenerate is None

@@ -5,17 +5,10 @@ grouped per token."""
 
 from __future__ import annotations
 
-import pytest
-
-from models.quality import DegenerateOutput
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
 from sim.quality import quality_table
 
 
-@pytest.mark.xfail(raises=DegenerateOutput, strict=True,
-                   reason="needs the w8 numerics implemented by the compiler (the integer-"
-                          "numerics work); today every logit of SmolLM2 is zero: remove this "
-                          "mark when they land")
 def test_more_bits_less_damage_and_per_channel_keys_win() -> None:
     src = resolve_model(EMBEDDED_MODEL)
     ids = src.tokenizer().encode(english_text())[:256]

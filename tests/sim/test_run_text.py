@@ -68,9 +68,6 @@ def test_allow_degenerate_records_it_with_the_texts(tmp_path) -> None:
     assert t["degenerate"].startswith("NPU logits of the prompt: ")
 
 
-@pytest.mark.xfail(strict=True, reason="needs the w8 numerics implemented by the compiler "
-                   "(the integer-numerics work); today the guard stops this run: remove "
-                   "this mark when they land")
 def test_the_real_model_config_continues_its_prompt_as_the_reference_does(tmp_path) -> None:
     assert main(["run", str(CONFIG), "--out", str(tmp_path), "-q", "--set",
                  "outputs.trace=off"]) == 0
