@@ -86,7 +86,7 @@ def test_run_help_lists_the_sections_with_an_example(capsys):
     for section in ("hardware", "model", "bits", "kv", "compile", "workload", "sim",
                     "outputs"):
         assert f"  [{section}]" in out
-    assert "prompt_tokens, output_tokens" in out
+    assert "context_tokens, prompt_tokens, prompt, chat, output_tokens" in out
     assert "a sweep file: [base]" in out and "[serving]" in out
     assert 'example' in out and 'format = "kivi-4"' in out
 
@@ -95,7 +95,8 @@ def test_run_help_lists_the_sections_with_an_example(capsys):
     ("[hardware]\npcie = 3\n", "hardware.pcie: unknown key (did you mean 'host_link.pcie'?), "
      "valid keys here: name, description, dram, sram, dma, host_link, cores, host"),
     ("[workload]\nprompt_token = 3\n", "workload.prompt_token: unknown key (did you mean "
-     "'prompt_tokens'?), valid keys here: kind, prompt_tokens, output_tokens"),
+     "'prompt_tokens'?), valid keys here: kind, context_tokens, prompt_tokens, prompt, chat, "
+     "output_tokens"),
     ("[wrkload]\nprompt_tokens = 3\n", "wrkload: unknown key (did you mean 'workload'?), "
      "valid keys here: hardware, model, bits, kv, compile, workload, sim, outputs"),
     ("[kv]\nzzz = 3\n", "kv.zzz: unknown key, valid keys here: format"),

@@ -63,7 +63,7 @@ CASES = [
      "compile.cache_length: 4 tokens cannot hold the 11 tokens"),
     ("beyond the model's positions", "", ["model.preset=qwen2.5-0.5b", "hardware.preset=aries",
                                           "workload.prompt_tokens=40000"],
-     "workload.prompt_tokens: 40000 + output_tokens 4 - 1 = 40003 tokens exceed"),
+     "workload.prompt_tokens: prompt_tokens 40000 + output_tokens 4 - 1 = 40003 tokens exceed"),
     ("model larger than DRAM", "", ["model.preset=llama-3.2-1b"],
      "hardware.dram.capacity_bytes: model 'llama-3.2-1b'"),
     ("bad trace level", "", ["outputs.trace=everything"],
