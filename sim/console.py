@@ -12,5 +12,9 @@ LOG_WIDTH = 160
 
 
 def make_console() -> Console:
-    """A terminal's own width; :data:`LOG_WIDTH` columns when stdout is not a terminal."""
-    return Console() if sys.stdout.isatty() else Console(width=LOG_WIDTH)
+    """A terminal's own width; :data:`LOG_WIDTH` columns when stdout is not a terminal.
+    No emoji codes: kvsim's texts have colons in them (``row:bank:column`` would print a
+    bank emoji)."""
+    if sys.stdout.isatty():
+        return Console(emoji=False)
+    return Console(width=LOG_WIDTH, emoji=False)
