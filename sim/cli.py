@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from isa.errors import ConfigError, KvsimError
@@ -182,6 +183,14 @@ def cmd_hw_sensitivity(args: argparse.Namespace, console: Console) -> int:
 
 def print_run_summary(metrics: dict, paths: dict, console: Console) -> None:
     console.print(f"[bold]kvsim run[/bold]: {metrics['scenario']}")
+    text = metrics.get("text")
+    if text:  # a prompt text through the NPU: what it wrote, beside the float reference
+        diff = text.get("first_difference")
+        console.print(f"prompt: {escape(repr(text.get('prompt')))}\n"
+                      f"NPU:       {escape(repr(text.get('generated_text')))}\n"
+                      f"reference: {escape(repr(text.get('reference_text')))}\n"
+                      + ("identical to the reference" if diff is None
+                         else f"first difference at generated token {diff}"))
     t = Table(show_header=False)
     t.add_column("figure")
     t.add_column("value", justify="right")
