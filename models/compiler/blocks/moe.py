@@ -57,7 +57,9 @@ class MoeMlp:
     def add_regions(self, mm: MemoryMap, *, m_tile: int) -> None:
         cfg = self.cfg
         assert cfg.n_routed_experts is not None and cfg.moe_intermediate_size is not None
-        mm.add("act.router", m_tile * cfg.n_routed_experts, "activations")
+        # router scores, then (Qwen2-MoE) the shared expert's gate logit of each token
+        mm.add("act.router", m_tile * (cfg.n_routed_experts + cfg.shared_expert_gate),
+               "activations")
         # one routed partial sum per core that runs experts (at most one per core)
         contributors = min(max(CORE_MODES.values()), cfg.n_routed_experts)
         mm.add("act.moe", contributors * m_tile * cfg.hidden_size, "activations")
@@ -137,8 +139,7 @@ def _runs(tokens: list[int]) -> list[tuple[int, int, int]]:
 
 
 def _shared_width(cfg: ModelConfig) -> int:
-    assert cfg.moe_intermediate_size is not None
-    return (cfg.n_shared_experts or 0) * cfg.moe_intermediate_size
+    return cfg.shared_expert_width
 
 
 def _expert_cores(lw: Lowering, layer: int, pos0: int, m: int,
@@ -198,13 +199,21 @@ def _stage_moe_experts(b: Builder, lw: Lowering, layer: int, q, m: int, pos0: in
         first = (b.sem(c, "vpu_mxu"),)
         if c == router_core:
             rt = plan.take(m * ne, "router scores")
+            gated = cfg.shared_expert_gate
             b.gemm(c, mr, (0, ne), a=xn, m=m, out=rt, plan=plan, first_wait=first,
-                   last_signal=(b.sem(c, "mxu_vpu"),))
+                   last_signal=() if gated else (b.sem(c, "mxu_vpu"),))
             first = ()
+            if gated:  # Qwen2-MoE's shared-expert gate logit, one per token
+                sg = plan.take(m, "shared expert gate logits")
+                b.gemm(c, lw.matrix(p + "shared_gate", q.gate), (0, 1), a=xn, m=m, out=sg,
+                       plan=plan, last_signal=(b.sem(c, "mxu_vpu"),))
             b.emit(Vec(core=c, func=VecFunc.SOFTMAX, rows=m, cols=ne, src0=rt, dst=rt,
                        p0=1, wait=(b.sem(c, "mxu_vpu"),), signal=(b.sem(c, "vpu_out"),)))
             b.emit(DmaStore(core=c, src=rt, dst=lw.mm["act.router"].base, nbytes=m * ne,
                             wait=(b.sem(c, "vpu_out"),)))
+            if gated:
+                b.emit(DmaStore(core=c, src=sg, dst=lw.mm["act.router"].base + lw.m_tile * ne,
+                                nbytes=m))
         if s1 > s0:
             w = s1 - s0
             g = plan.take(m * w, "shared gate output")
