@@ -20,7 +20,11 @@ ROPE       src0, cos then sin int16[rows, p1/2] at src1  head_dim, rot_dim
 SOFTMAX    row softmax, int8 probabilities (Q7)        mult, shift, out_shift
 REQUANT    int32 src0 -> int8                          mult, shift
 FROM_F32   float32 src0 -> int8, ``x * p0 / 2**p1``    mult, shift
+TOPK_GATE  router logits -> int32 (id, Q24 weight) x k   mult, shift, k, flags
 ========== =========================================== ==================================
+
+TOPK_GATE (:mod:`isa.kernels.moe`) writes ``8 * k`` bytes per row at ``dst``: the routing
+table of a MoE layer.
 
 The wide functions (``isa.kernels.wide``; "wide" = int16 or int32 as ``p2`` says):
 
@@ -90,6 +94,7 @@ from .kernels import attention as katt
 from .kernels import attention_fp as katf
 from .kernels import gemm_group as kgg
 from .kernels import matrix as kmat
+from .kernels import moe as kmoe
 from .kernels import softmax as ksm
 from .kernels import vector as kvec
 from .kernels import wide as kwide
@@ -282,6 +287,12 @@ def _vec(v: Vec, mem: Memory) -> None:
         flat = np.empty(n, np.int8)
         kvec.from_f32(bits, v.p0, v.p1, flat)
         out = flat.reshape(r, cols)
+    elif f == VecFunc.TOPK_GATE:
+        x = _sram(mem, c, v.src0, n).reshape(r, cols)
+        table = np.empty((r, 2 * v.p2), np.int32)
+        kmoe.topk_gate_rows(x, v.p0, v.p1, v.p2, v.p3, table)
+        mem.write(Space.SRAM, c, v.dst, table.reshape(-1).view(np.uint8))
+        return
     else:  # pragma: no cover - the validator rejects unknown functions
         raise IsaError(f"vec: unknown function {v.func}")
     mem.write(Space.SRAM, c, v.dst, out.reshape(-1).view(np.uint8))
