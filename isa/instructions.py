@@ -95,6 +95,36 @@ class DmaLoad(Instruction):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DmaLoadIndexed(DmaLoad):
+    """A :class:`DmaLoad` whose source is entry ``i`` of a table of ``count`` equal blocks
+    ``stride`` bytes apart from ``src``: ``i`` is the int32 at SRAM ``index`` of the same
+    core (a routing table a TOPK_GATE wrote), read when the load runs; an ``i`` outside
+    ``0 .. count-1`` is an error.
+
+    Timing does not depend on ``i``: every engine times it as the :class:`DmaLoad` of entry
+    0 (same bytes, rows and strides, so the same DRAM channels, banks and row switches up
+    to the constant offset ``i * stride``), so a program takes the same cycles whatever the
+    table holds, and a timing-only run (no data) takes the cycles of a functional one.
+    """
+
+    opcode: ClassVar[Opcode] = Opcode.DMA_LOAD_INDEXED
+    mnemonic: ClassVar[str] = "dma.load.ix"
+    index: int = u64()
+    stride: int = u64()
+    count: int = u32(default=1)
+
+    def accesses(self) -> list[Access]:
+        span = (max(self.count, 1) - 1) * self.stride
+        return [
+            Access(Space.DRAM, 0, self.src,
+                   span + _rows_extent(self.nbytes, self.rows, self.src_stride), False, "src"),
+            Access(Space.SRAM, self.core, self.index, 4, False, "index"),
+            Access(Space.SRAM, self.core, self.dst,
+                   _rows_extent(self.nbytes, self.rows, self.dst_stride), True, "dst"),
+        ]
+
+
+@dataclass(frozen=True, kw_only=True)
 class DmaStore(Instruction):
     """SRAM of ``core`` -> DRAM, 2-D like :class:`DmaLoad`."""
 
@@ -362,6 +392,7 @@ class AttnDq(Attn):
 INSTRUCTION_TYPES: tuple[type[Instruction], ...] = (
     Nop,
     DmaLoad,
+    DmaLoadIndexed,
     DmaStore,
     DmaCopy,
     HostWrite,
@@ -483,7 +514,8 @@ class MemoryLayout:
 #: The ISA's public names (the core definitions and the GEMM family are re-exported from
 #: :mod:`isa.instr_base` and :mod:`isa.instr_gemm`).
 __all__ = [
-    "Access", "Attn", "AttnDq", "BY_MNEMONIC", "BY_OPCODE", "DmaCopy", "DmaLoad", "DmaStore",
+    "Access", "Attn", "AttnDq", "BY_MNEMONIC", "BY_OPCODE", "DmaCopy", "DmaLoad", "DmaLoadIndexed",
+    "DmaStore",
     "Engine", "f32_bits", "f32_value", "Gemm", "GemmGroup", "GemmRow", "GemmRowGroup",
     "HostRead", "HostWrite", "i32", "Instruction", "INSTRUCTION_TYPES", "KvRead", "KvWrite",
     "MemoryLayout", "NO_ADDR", "Nop", "Opcode", "PER_CORE_ENGINES", "Program", "Region",

@@ -74,6 +74,7 @@ from .instructions import (
     AttnDq,
     DmaCopy,
     DmaLoad,
+    DmaLoadIndexed,
     DmaStore,
     Gemm,
     GemmGroup,
@@ -108,17 +109,27 @@ class Memory(Protocol):
     def write(self, space: Space, core: int, addr: int, data: np.ndarray) -> None: ...
 
 
-def _copy(mem: Memory, src_space: Space, dst_space: Space, instr) -> None:
+def _entry(mem: Memory, instr: DmaLoadIndexed) -> int:
+    """The table entry a :class:`DmaLoadIndexed` reads: the int32 at its ``index``."""
+    i = int(_sram(mem, instr.core, instr.index, 4, np.int32)[0])
+    if not 0 <= i < instr.count:
+        raise IsaError(f"dma.load.ix: index {i} (SRAM 0x{instr.index:x} of core "
+                       f"{instr.core}) outside the table's entries 0..{instr.count - 1}")
+    return i
+
+
+def _copy(mem: Memory, src_space: Space, dst_space: Space, instr, offset: int = 0) -> None:
+    """Copy ``instr``'s blocks, its source ``offset`` bytes further on."""
     rows = getattr(instr, "rows", 1)
     n = instr.nbytes
     s_step = getattr(instr, "src_stride", 0) or n
     d_step = getattr(instr, "dst_stride", 0) or n
     if rows == 1 or (s_step == n and d_step == n):
         mem.write(dst_space, instr.core, instr.dst,
-                  mem.read(src_space, instr.core, instr.src, n * rows))
+                  mem.read(src_space, instr.core, instr.src + offset, n * rows))
         return
     for r in range(rows):
-        data = mem.read(src_space, instr.core, instr.src + r * s_step, n)
+        data = mem.read(src_space, instr.core, instr.src + offset + r * s_step, n)
         mem.write(dst_space, instr.core, instr.dst + r * d_step, data)
 
 
@@ -413,7 +424,9 @@ def execute(instr: Instruction, mem: Memory, formats: tuple[str, ...] = ()) -> N
     """Apply ``instr``'s effect to ``mem``."""
     if isinstance(instr, Nop):
         return
-    if isinstance(instr, DmaLoad):
+    if isinstance(instr, DmaLoadIndexed):
+        _copy(mem, Space.DRAM, Space.SRAM, instr, offset=_entry(mem, instr) * instr.stride)
+    elif isinstance(instr, DmaLoad):
         _copy(mem, Space.DRAM, Space.SRAM, instr)
     elif isinstance(instr, DmaStore):
         _copy(mem, Space.SRAM, Space.DRAM, instr)
