@@ -1,11 +1,12 @@
-"""The mixture-of-experts MLP (DeepSeek-V2 style: routed experts and shared experts), for
-timing-only simulation.
+"""The mixture-of-experts MLP (routed experts and shared experts: DeepSeek-V2, Qwen2-MoE,
+Mixtral), for timing-only simulation.
 
 MLP: layers below ``first_k_dense_replace`` use the dense stages D and E of the GQA
 lowering. A MoE layer runs
 
 - D' (every core): MLP RMSNorm; the router GEMM (``n_routed_experts`` scores) and a
-  softmax on the last core; a slice of the shared experts' gate/up rows and SwiGLU to
+  softmax on the last core (with Qwen2-MoE's ``shared_expert_gate``, also the gate's
+  one-column GEMM, its logits stored after the scores in ``act.router``); a slice of the shared experts' gate/up rows and SwiGLU to
   ``act.hb``; the routed experts. The experts are chosen deterministically for timing
   (:func:`routed_experts`: a hash of the layer and the token's cache position picks
   ``num_experts_per_tok`` distinct experts), so a decode step reads only its token's
@@ -24,7 +25,8 @@ tile fitted at one position fits at every position; :func:`..registry.probe_laye
 tile fit lower one layer of each kind instead of the whole model.
 
 Timing-only shortcuts: the router's scores are computed and stored but the experts come
-from :func:`routed_experts`, and the routing weights are not applied (plain ADDs).
+from :func:`routed_experts`, and neither the routing weights nor the shared expert's gate
+are applied (plain ADDs).
 """
 
 from __future__ import annotations
