@@ -5,16 +5,16 @@ MLP: layers below ``first_k_dense_replace`` use the dense stages D and E of the 
 lowering. A MoE layer runs
 
 - D' (every core): MLP RMSNorm; the router GEMM (``n_routed_experts`` scores) and a
-  softmax on the last core (with Qwen2-MoE's ``shared_expert_gate``, also the gate's
-  one-column GEMM, its logits stored after the scores in ``act.router``); a slice of the shared experts' gate/up rows and SwiGLU to
-  ``act.hb``; the routed experts. The experts are chosen deterministically for timing
-  (:func:`routed_experts`: a hash of the layer and the token's cache position picks
-  ``num_experts_per_tok`` distinct experts), so a decode step reads only its token's
-  experts' weights and a tile of tokens the union of its tokens' experts. Active experts
-  go round-robin to the cores (most tokens first); each is a whole SwiGLU (gate, up, down)
-  over the tokens routed to it (GEMM ``m`` = its token count): their rows are gathered
-  from the normed input with vector copies, and the outputs scatter-added into the core's
-  partial sum, which goes to ``act.moe``.
+  softmax on the last core (with Qwen2-MoE's ``shared_expert_gate``, also the gate's one-
+  column GEMM, its logits stored after the scores in ``act.router``); a slice of the
+  shared experts' gate/up rows and SwiGLU to ``act.hb``; the routed experts. The experts
+  are chosen deterministically for timing (:func:`routed_experts`: a hash of the layer and
+  the token's cache position picks ``num_experts_per_tok`` distinct experts), so a decode
+  step reads only its token's experts' weights and a tile of tokens the union of its
+  tokens' experts. Active experts go round-robin to the cores (most tokens first); each is
+  a whole SwiGLU (gate, up, down) over the tokens routed to it (GEMM ``m`` = its token
+  count): their rows are gathered from the normed input with vector copies, and the
+  outputs scatter-added into the core's partial sum, which goes to ``act.moe``.
 - E' (every core, an output-column slice): the shared experts' down projection slice,
   plus the residual, plus every core's routed partial sum (vector ADDs) -> the next
   layer's input.
