@@ -38,6 +38,7 @@ class Opcode(IntEnum):
     DMA_LOAD = 0x10
     DMA_STORE = 0x11
     DMA_COPY = 0x12
+    DMA_LOAD_INDEXED = 0x13
     HOST_WRITE = 0x20
     HOST_READ = 0x21
     GEMM = 0x30

@@ -14,8 +14,9 @@ Address spaces: ``DRAM`` (device memory, global), ``SRAM`` (per core), ``HOST`` 
 memory, reached over the host link). An address of :data:`NO_ADDR` means "no operand".
 
 The core definitions (spaces, engines, opcodes, field declarators, :class:`Instruction`)
-live in :mod:`isa.instr_base`, the matrix unit's GEMM family in :mod:`isa.instr_gemm`;
-this module re-exports both and holds the other instructions, programs and layouts.
+live in :mod:`isa.instr_base`, the matrix unit's GEMM family in :mod:`isa.instr_gemm`, the
+DMA instructions in :mod:`isa.instr_dma`; this module re-exports them and holds the other
+instructions, programs and layouts.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .instr_base import (
     u32,
     u64,
 )
+from .instr_dma import DmaCopy, DmaLoad, DmaLoadIndexed, DmaStore
 from .instr_gemm import Gemm, GemmGroup, GemmRow, GemmRowGroup
 from .vecfuncs import VEC_OPS_PER_ELEMENT, VecFunc, vec_operand_bytes
 
@@ -57,86 +59,6 @@ class Nop(Instruction):
     @property
     def engine(self) -> Engine:
         return Engine(self.on)
-
-
-def _rows_extent(nbytes: int, rows: int, stride: int) -> int:
-    """Bytes spanned by ``rows`` blocks of ``nbytes`` placed ``stride`` apart (0 = packed)."""
-    step = stride or nbytes
-    return (rows - 1) * step + nbytes if rows else 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class DmaLoad(Instruction):
-    """DRAM -> SRAM of ``core``: ``rows`` blocks of ``nbytes`` (a 2-D transfer); block
-    ``r`` goes from ``src + r*src_stride`` to ``dst + r*dst_stride`` (a stride of 0 means
-    ``nbytes``, i.e. contiguous)."""
-
-    opcode: ClassVar[Opcode] = Opcode.DMA_LOAD
-    mnemonic: ClassVar[str] = "dma.load"
-    engine_kind: ClassVar[Engine] = Engine.DMA_IN
-    src: int = u64()
-    dst: int = u64()
-    nbytes: int = u32()
-    rows: int = u32(default=1)
-    src_stride: int = u32(default=0)
-    dst_stride: int = u32(default=0)
-
-    @property
-    def total_bytes(self) -> int:
-        return self.nbytes * self.rows
-
-    def accesses(self) -> list[Access]:
-        return [
-            Access(Space.DRAM, 0, self.src,
-                   _rows_extent(self.nbytes, self.rows, self.src_stride), False, "src"),
-            Access(Space.SRAM, self.core, self.dst,
-                   _rows_extent(self.nbytes, self.rows, self.dst_stride), True, "dst"),
-        ]
-
-
-@dataclass(frozen=True, kw_only=True)
-class DmaStore(Instruction):
-    """SRAM of ``core`` -> DRAM, 2-D like :class:`DmaLoad`."""
-
-    opcode: ClassVar[Opcode] = Opcode.DMA_STORE
-    mnemonic: ClassVar[str] = "dma.store"
-    engine_kind: ClassVar[Engine] = Engine.DMA_OUT
-    src: int = u64()
-    dst: int = u64()
-    nbytes: int = u32()
-    rows: int = u32(default=1)
-    src_stride: int = u32(default=0)
-    dst_stride: int = u32(default=0)
-
-    @property
-    def total_bytes(self) -> int:
-        return self.nbytes * self.rows
-
-    def accesses(self) -> list[Access]:
-        return [
-            Access(Space.SRAM, self.core, self.src,
-                   _rows_extent(self.nbytes, self.rows, self.src_stride), False, "src"),
-            Access(Space.DRAM, 0, self.dst,
-                   _rows_extent(self.nbytes, self.rows, self.dst_stride), True, "dst"),
-        ]
-
-
-@dataclass(frozen=True, kw_only=True)
-class DmaCopy(Instruction):
-    """DRAM -> DRAM on the device-wide copy engine (cache compaction, moves)."""
-
-    opcode: ClassVar[Opcode] = Opcode.DMA_COPY
-    mnemonic: ClassVar[str] = "dma.copy"
-    engine_kind: ClassVar[Engine] = Engine.COPY
-    src: int = u64()
-    dst: int = u64()
-    nbytes: int = u32()
-
-    def accesses(self) -> list[Access]:
-        return [
-            Access(Space.DRAM, 0, self.src, self.nbytes, False, "src"),
-            Access(Space.DRAM, 0, self.dst, self.nbytes, True, "dst"),
-        ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -362,6 +284,7 @@ class AttnDq(Attn):
 INSTRUCTION_TYPES: tuple[type[Instruction], ...] = (
     Nop,
     DmaLoad,
+    DmaLoadIndexed,
     DmaStore,
     DmaCopy,
     HostWrite,
@@ -483,7 +406,8 @@ class MemoryLayout:
 #: The ISA's public names (the core definitions and the GEMM family are re-exported from
 #: :mod:`isa.instr_base` and :mod:`isa.instr_gemm`).
 __all__ = [
-    "Access", "Attn", "AttnDq", "BY_MNEMONIC", "BY_OPCODE", "DmaCopy", "DmaLoad", "DmaStore",
+    "Access", "Attn", "AttnDq", "BY_MNEMONIC", "BY_OPCODE", "DmaCopy", "DmaLoad", "DmaLoadIndexed",
+    "DmaStore",
     "Engine", "f32_bits", "f32_value", "Gemm", "GemmGroup", "GemmRow", "GemmRowGroup",
     "HostRead", "HostWrite", "i32", "Instruction", "INSTRUCTION_TYPES", "KvRead", "KvWrite",
     "MemoryLayout", "NO_ADDR", "Nop", "Opcode", "PER_CORE_ENGINES", "Program", "Region",

@@ -20,7 +20,11 @@ ROPE       src0, cos then sin int16[rows, p1/2] at src1  head_dim, rot_dim
 SOFTMAX    row softmax, int8 probabilities (Q7)        mult, shift, out_shift
 REQUANT    int32 src0 -> int8                          mult, shift
 FROM_F32   float32 src0 -> int8, ``x * p0 / 2**p1``    mult, shift
+TOPK_GATE  router logits -> int32 (id, Q24 weight) x k   mult, shift, k, flags
 ========== =========================================== ==================================
+
+TOPK_GATE (:mod:`isa.kernels.moe`) writes ``8 * k`` bytes per row at ``dst``: the routing
+table of a MoE layer.
 
 The wide functions (``isa.kernels.wide``; "wide" = int16 or int32 as ``p2`` says):
 
@@ -70,6 +74,7 @@ from .instructions import (
     AttnDq,
     DmaCopy,
     DmaLoad,
+    DmaLoadIndexed,
     DmaStore,
     Gemm,
     GemmGroup,
@@ -90,6 +95,7 @@ from .kernels import attention as katt
 from .kernels import attention_fp as katf
 from .kernels import gemm_group as kgg
 from .kernels import matrix as kmat
+from .kernels import moe as kmoe
 from .kernels import softmax as ksm
 from .kernels import vector as kvec
 from .kernels import wide as kwide
@@ -103,17 +109,27 @@ class Memory(Protocol):
     def write(self, space: Space, core: int, addr: int, data: np.ndarray) -> None: ...
 
 
-def _copy(mem: Memory, src_space: Space, dst_space: Space, instr) -> None:
+def _entry(mem: Memory, instr: DmaLoadIndexed) -> int:
+    """The table entry a :class:`DmaLoadIndexed` reads: the int32 at its ``index``."""
+    i = int(_sram(mem, instr.core, instr.index, 4, np.int32)[0])
+    if not 0 <= i < instr.count:
+        raise IsaError(f"dma.load.ix: index {i} (SRAM 0x{instr.index:x} of core "
+                       f"{instr.core}) outside the table's entries 0..{instr.count - 1}")
+    return i
+
+
+def _copy(mem: Memory, src_space: Space, dst_space: Space, instr, offset: int = 0) -> None:
+    """Copy ``instr``'s blocks, its source ``offset`` bytes further on."""
     rows = getattr(instr, "rows", 1)
     n = instr.nbytes
     s_step = getattr(instr, "src_stride", 0) or n
     d_step = getattr(instr, "dst_stride", 0) or n
     if rows == 1 or (s_step == n and d_step == n):
         mem.write(dst_space, instr.core, instr.dst,
-                  mem.read(src_space, instr.core, instr.src, n * rows))
+                  mem.read(src_space, instr.core, instr.src + offset, n * rows))
         return
     for r in range(rows):
-        data = mem.read(src_space, instr.core, instr.src + r * s_step, n)
+        data = mem.read(src_space, instr.core, instr.src + offset + r * s_step, n)
         mem.write(dst_space, instr.core, instr.dst + r * d_step, data)
 
 
@@ -282,6 +298,12 @@ def _vec(v: Vec, mem: Memory) -> None:
         flat = np.empty(n, np.int8)
         kvec.from_f32(bits, v.p0, v.p1, flat)
         out = flat.reshape(r, cols)
+    elif f == VecFunc.TOPK_GATE:
+        x = _sram(mem, c, v.src0, n).reshape(r, cols)
+        table = np.empty((r, 2 * v.p2), np.int32)
+        kmoe.topk_gate_rows(x, v.p0, v.p1, v.p2, v.p3, table)
+        mem.write(Space.SRAM, c, v.dst, table.reshape(-1).view(np.uint8))
+        return
     else:  # pragma: no cover - the validator rejects unknown functions
         raise IsaError(f"vec: unknown function {v.func}")
     mem.write(Space.SRAM, c, v.dst, out.reshape(-1).view(np.uint8))
@@ -402,7 +424,9 @@ def execute(instr: Instruction, mem: Memory, formats: tuple[str, ...] = ()) -> N
     """Apply ``instr``'s effect to ``mem``."""
     if isinstance(instr, Nop):
         return
-    if isinstance(instr, DmaLoad):
+    if isinstance(instr, DmaLoadIndexed):
+        _copy(mem, Space.DRAM, Space.SRAM, instr, offset=_entry(mem, instr) * instr.stride)
+    elif isinstance(instr, DmaLoad):
         _copy(mem, Space.DRAM, Space.SRAM, instr)
     elif isinstance(instr, DmaStore):
         _copy(mem, Space.SRAM, Space.DRAM, instr)

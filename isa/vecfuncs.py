@@ -23,6 +23,7 @@ class VecFunc(IntEnum):
     REQUANT = 6  # int32 -> int8 with multiplier and shift
     FROM_F32 = 7  # float32 input -> int8 (the input converter at the host boundary)
     LAYERNORM = 8  # LayerNorm without bias (Cohere): RMSNorm of the mean-free row
+    TOPK_GATE = 9  # MoE router: int8 logits -> top-k (expert id, Q24 weight) int32 pairs
     # --- the wide pipeline (codes from 16 on) ----------------------------------------
     ADD_WIDE = 16  # wide residual + int32 projection output -> wide residual
     RMSNORM_WIDE = 17  # int16/int32 rows -> int32
@@ -45,6 +46,8 @@ VEC_OPS_PER_ELEMENT = {
     VecFunc.REQUANT: 3,
     VecFunc.FROM_F32: 3,
     VecFunc.LAYERNORM: 8,  # RMSNorm's 6 plus the row sum and the subtraction of the mean
+    # SOFTMAX's 10 plus a compare and a select per element for the top-k selection
+    VecFunc.TOPK_GATE: 12,
     VecFunc.ADD_WIDE: 3,
     VecFunc.RMSNORM_WIDE: 8,
     VecFunc.QUANT_ROW: 4,
@@ -55,6 +58,10 @@ VEC_OPS_PER_ELEMENT = {
 #: Bytes of row metadata :data:`VecFunc.QUANT_ROW` writes after its int8 output, per row:
 #: two int32, the row factor and its exponent (``isa.kernels.wide.quant_row``).
 ROW_META_BYTES = 8
+#: Bytes of one routing-table entry TOPK_GATE writes (int32 expert id, int32 Q24 weight;
+#: ``isa.kernels.moe``) and the largest k it takes (an assumption; see there).
+TOPK_ENTRY_BYTES = 8
+MAX_TOPK = 16
 #: Element widths (bits) of a wide residual operand (``p2`` of ADD_WIDE, RMSNORM_WIDE and
 #: FROM_F32_WIDE).
 WIDE_BITS = (16, 32)
@@ -91,12 +98,20 @@ def vec_operand_bytes(func: int, rows: int, cols: int, p1: int,
         return 4 * n, 4 * n, 4 * n
     if f == VecFunc.FROM_F32_WIDE:
         return 4 * n, 0, wide_bytes(p2) * n
+    if f == VecFunc.TOPK_GATE:
+        return n, 0, TOPK_ENTRY_BYTES * rows * max(p2, 0)  # p2 = k entries per row
     return n, 0, n
 
 
-def vec_problem(func: int, p2: int) -> str | None:
-    """What is wrong with a ``Vec``'s parameters, if anything (the validator's check)."""
+def vec_problem(func: int, p2: int, cols: int | None = None) -> str | None:
+    """What is wrong with a ``Vec``'s parameters, if anything (the validator's check;
+    ``cols``: the row width, for the functions whose parameters it bounds)."""
     if func in _WIDTH_PARAM and p2 not in WIDE_BITS:
         return (f"{VecFunc(func).name}: p2 (the wide operand's bits) must be one of "
                 f"{WIDE_BITS}, got {p2}")
+    if func == VecFunc.TOPK_GATE:
+        top = MAX_TOPK if cols is None else min(MAX_TOPK, cols)
+        if not 1 <= p2 <= top:
+            return (f"TOPK_GATE: p2 (k, the experts chosen per row) must be in 1..{top} "
+                    f"(at most cols and {MAX_TOPK}), got {p2}")
     return None

@@ -47,8 +47,13 @@ PRESET_PACKAGE = "models.presets"
 MAX_LAYERS = 1024
 MAX_EXPERTS = 4096
 
-Family = Literal["llama", "qwen2", "mistral", "deepseek_v2", "cohere2", "exaone4"]
-FAMILIES: tuple[str, ...] = ("llama", "qwen2", "mistral", "deepseek_v2", "cohere2", "exaone4")
+Family = Literal["llama", "qwen2", "mistral", "deepseek_v2", "cohere2", "exaone4",
+                 "qwen2_moe", "mixtral"]
+FAMILIES: tuple[str, ...] = ("llama", "qwen2", "mistral", "deepseek_v2", "cohere2", "exaone4",
+                             "qwen2_moe", "mixtral")
+#: Families with a mixture-of-experts MLP: DeepSeek-V2 (MLA attention), Qwen2-MoE and
+#: Mixtral (grouped-query attention).
+MOE_FAMILIES: tuple[str, ...] = ("deepseek_v2", "qwen2_moe", "mixtral")
 
 #: What a tensor is, independent of the model family. The weight bit config maps a role to
 #: a bit width (:meth:`models.bits.WeightBits.bits_for`).
@@ -191,7 +196,7 @@ class ModelConfig(_Frozen):
     qk_nope_head_dim: int | None = Field(default=None, ge=1, description="per-head key, no RoPE")
     v_head_dim: int | None = Field(default=None, ge=1, description="per-head value width")
 
-    # MoE (DeepSeek-V2 routed + shared experts)
+    # MoE (routed + shared experts: DeepSeek-V2, Qwen2-MoE, Mixtral)
     n_routed_experts: int | None = Field(default=None, ge=1, le=MAX_EXPERTS)
     num_experts_per_tok: int | None = Field(default=None, ge=1, description="top-k routing")
     n_shared_experts: int | None = Field(default=None, ge=0)
@@ -204,6 +209,16 @@ class ModelConfig(_Frozen):
     topk_method: Literal["greedy", "group_limited_greedy"] = "greedy"
     n_group: int = Field(default=1, ge=1, description="expert groups (group_limited_greedy)")
     topk_group: int = Field(default=1, ge=1, description="groups kept per token")
+    shared_expert_intermediate_size: int | None = Field(
+        default=None, ge=1, description="width of the one shared expert (Qwen2-MoE); None: "
+        "n_shared_experts * moe_intermediate_size (DeepSeek-V2)")
+    shared_expert_gate: bool = Field(
+        default=False, description="the shared expert's output is scaled by "
+        "sigmoid(shared_gate . x), a per-token scalar (Qwen2-MoE)")
+    decoder_sparse_step: int = Field(
+        default=1, ge=1, description="layer i is MoE only if (i + 1) % step == 0 (Qwen2-MoE)")
+    mlp_only_layers: tuple[int, ...] = Field(
+        default=(), description="layers that keep a dense MLP (Qwen2-MoE)")
 
     # Per-layer attention and block variants (GQA only; see models.layer_features)
     layer_types: tuple[LayerType, ...] | None = Field(
@@ -280,8 +295,9 @@ class ModelConfig(_Frozen):
             )
         set_moe = [k for k, v in moe.items() if v is not None]
         if set_moe:
-            if self.family != "deepseek_v2":
-                raise ValueError(f"{set_moe[0]}: MoE needs family 'deepseek_v2'")
+            if self.family not in MOE_FAMILIES:
+                raise ValueError(f"{set_moe[0]}: MoE needs a family of "
+                                 f"{', '.join(MOE_FAMILIES)}, not {self.family!r}")
             if len(set_moe) != len(moe):
                 missing = [k for k in moe if k not in set_moe]
                 raise ValueError(f"{', '.join(missing)}: MoE needs all of {', '.join(moe)}")
@@ -304,9 +320,22 @@ class ModelConfig(_Frozen):
                 )
             if self.topk_group > self.n_group:
                 raise ValueError(f"topk_group: {self.topk_group} exceeds n_group {self.n_group}")
-        elif self.n_shared_experts or self.first_k_dense_replace:
+            bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
+            if bad:
+                raise ValueError(f"mlp_only_layers: layer {bad[0]} out of range "
+                                 f"0..{self.num_layers - 1}")
+            if self.shared_expert_intermediate_size is not None and self.n_shared_experts != 1:
+                raise ValueError("shared_expert_intermediate_size: is the width of one shared "
+                                 "expert; set n_shared_experts = 1")
+            if self.shared_expert_gate and not self.n_shared_experts:
+                raise ValueError("shared_expert_gate: needs a shared expert (n_shared_experts)")
+        elif (self.n_shared_experts or self.first_k_dense_replace or self.mlp_only_layers
+              or self.shared_expert_intermediate_size or self.shared_expert_gate
+              or self.decoder_sparse_step != 1):
             raise ValueError(
-                "n_shared_experts/first_k_dense_replace: need n_routed_experts (MoE) too"
+                "n_shared_experts/first_k_dense_replace/mlp_only_layers/decoder_sparse_step/"
+                "shared_expert_intermediate_size/shared_expert_gate: need n_routed_experts "
+                "(MoE) too"
             )
         return self
 
@@ -327,9 +356,20 @@ class ModelConfig(_Frozen):
             raise ConfigError(f"layer {layer} out of range 0..{self.num_layers - 1}")
 
     def layer_is_moe(self, layer: int) -> bool:
-        """True if layer ``layer`` (0-based) has routed experts instead of a dense MLP."""
+        """True if layer ``layer`` (0-based) has routed experts instead of a dense MLP: from
+        ``first_k_dense_replace`` on (DeepSeek-V2), every ``decoder_sparse_step``-th layer
+        not in ``mlp_only_layers`` (Qwen2MoeDecoderLayer's rule)."""
         self._check_layer(layer)
-        return self.is_moe and layer >= (self.first_k_dense_replace or 0)
+        return (self.is_moe and layer >= (self.first_k_dense_replace or 0)
+                and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def shared_expert_width(self) -> int:
+        """Intermediate width of the fused shared experts (0: none)."""
+        if self.shared_expert_intermediate_size is not None:
+            return self.shared_expert_intermediate_size
+        return (self.n_shared_experts or 0) * (self.moe_intermediate_size or 0)
 
     def layer_type(self, layer: int) -> LayerType:
         """``"full_attention"`` or ``"sliding_attention"`` for layer ``layer``."""
@@ -446,7 +486,8 @@ class ModelConfig(_Frozen):
         Dense: ``gate_proj``, ``up_proj``, ``down_proj``. MoE: ``router`` (expert scores),
         ``experts.<e>.{gate,up,down}_proj`` for each routed expert and, if any shared
         experts, one SwiGLU ``shared.{gate,up,down}_proj`` of width
-        ``n_shared_experts * moe_intermediate_size`` (as DeepSeek-V2 fuses them).
+        :attr:`shared_expert_width` (as DeepSeek-V2 fuses them) and, with
+        ``shared_expert_gate``, its gate row ``shared_gate`` (1 x hidden, Qwen2-MoE).
         """
         self._check_layer(layer)
         p = f"layers.{layer}."
@@ -463,7 +504,9 @@ class ModelConfig(_Frozen):
         for e in range(self.n_routed_experts):
             specs += self._swiglu(f"{p}experts.{e}.", self.moe_intermediate_size)
         if self.n_shared_experts:
-            specs += self._swiglu(p + "shared.", self.n_shared_experts * self.moe_intermediate_size)
+            specs += self._swiglu(p + "shared.", self.shared_expert_width)
+        if self.shared_expert_gate:
+            specs.append(_mat(p + "shared_gate", 1, self.hidden_size, "router"))
         return specs
 
     def layer_tensors(self, layer: int) -> list[TensorSpec]:

@@ -1,8 +1,10 @@
 """Import of Hugging Face ``config.json`` files into :class:`~models.config.ModelConfig`.
 
 Supported model types (``model_type``, or the first of ``architectures``): ``llama``,
-``qwen2``, ``mistral``, ``deepseek_v2``, ``cohere2`` (Command-R7B) and ``exaone4``
-(EXAONE-4.0); the last two bring per-layer features (:mod:`models.layer_features`). Keys
+``qwen2``, ``mistral``, ``deepseek_v2``, ``cohere2`` (Command-R7B), ``exaone4``
+(EXAONE-4.0), ``qwen2_moe`` (Qwen1.5-MoE, Qwen2-MoE) and ``mixtral``; Cohere2 and EXAONE-4.0
+bring per-layer features (:mod:`models.layer_features`), the last two a mixture-of-experts
+MLP beside grouped-query attention. Keys
 that the HF configuration classes give a default (``num_key_value_heads``, ``rope_theta``,
 ...) take that default when absent, as ``transformers`` does; keys without a safe default
 are required, and a file that lacks some gets one :class:`~isa.errors.ConfigError` listing
@@ -12,7 +14,8 @@ silently ignored.
 
 Sources for the defaults: ``LlamaConfig``, ``Qwen2Config``, ``MistralConfig`` in
 ``transformers``, ``DeepseekV2Config`` in DeepSeek-V2's ``configuration_deepseek.py``,
-``Cohere2Config`` and ``Exaone4Config`` in ``transformers`` 4.57.
+``Cohere2Config``, ``Exaone4Config``, ``Qwen2MoeConfig`` and ``MixtralConfig`` in
+``transformers`` 4.57.
 
 Cohere's ``position_embedding_type = "rope_gptj"`` rotates interleaved pairs of a head's
 dimensions; kvsim rotates the two halves (as Llama). The two agree once each q and k head's
@@ -39,9 +42,11 @@ ARCHITECTURES: dict[str, str] = {
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "Cohere2ForCausalLM": "cohere2",
     "Exaone4ForCausalLM": "exaone4",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "MixtralForCausalLM": "mixtral",
 }
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("cohere2", "deepseek_v2", "exaone4", "llama",
-                                          "mistral", "qwen2")
+                                          "mistral", "mixtral", "qwen2", "qwen2_moe")
 
 #: Keys every supported file must have (no safe default exists for them).
 REQUIRED_KEYS: tuple[str, ...] = (
@@ -65,9 +70,18 @@ MOE_REQUIRED_KEYS: tuple[str, ...] = ("num_experts_per_tok", "moe_intermediate_s
 
 #: ``max_position_embeddings`` default of each HF configuration class.
 _MAX_POSITIONS_DEFAULT = {"llama": 2048, "qwen2": 32768, "mistral": 4096 * 32, "deepseek_v2": 2048,
-                          "cohere2": 8192, "exaone4": 2048}
-_ROPE_THETA_DEFAULT = 10000.0  # all six classes
-_RMS_NORM_EPS_DEFAULT = 1e-6  # the first four classes
+                          "cohere2": 8192, "exaone4": 2048, "qwen2_moe": 32768,
+                          "mixtral": 4096 * 32}
+_ROPE_THETA_DEFAULT = 10000.0  # all classes but MixtralConfig
+_RMS_NORM_EPS_DEFAULT = 1e-6  # LlamaConfig, Qwen2Config, MistralConfig, DeepseekV2Config,
+# Qwen2MoeConfig
+#: MixtralConfig defaults (transformers 4.57) that differ from the ones above.
+_MIXTRAL_DEFAULTS = {"rope_theta": 1e6, "rms_norm_eps": 1e-5, "num_key_value_heads": 8,
+                     "num_local_experts": 8, "num_experts_per_tok": 2}
+#: Qwen2MoeConfig defaults (transformers 4.57) of its MoE keys (Qwen1.5-MoE-A2.7B's sizes).
+_QWEN2_MOE_DEFAULTS = {"num_key_value_heads": 16, "num_experts": 60, "num_experts_per_tok": 4,
+                       "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+                       "decoder_sparse_step": 1, "norm_topk_prob": False}
 #: Cohere2Config / Exaone4Config defaults (transformers 4.57).
 _COHERE2_DEFAULTS = {"layer_norm_eps": 1e-5, "logit_scale": 0.0625, "sliding_window": 4096,
                      "sliding_window_pattern": 4, "tie_word_embeddings": True}
@@ -145,11 +159,13 @@ def _unsupported(data: dict[str, Any], mtype: str) -> list[str]:
         problems.append(f"hidden_act {act!r} (only 'silu', i.e. SwiGLU)")
     if data.get("mlp_bias"):
         problems.append("mlp_bias true")
-    if mtype == "qwen2" and data.get("use_sliding_window"):
+    if mtype in ("qwen2", "qwen2_moe") and data.get("use_sliding_window"):
         problems.append("use_sliding_window true")
-    if mtype == "mistral":
+    if mtype == "qwen2_moe" and data.get("qkv_bias") is False:
+        problems.append("qkv_bias false (Qwen2MoeAttention has q/k/v biases)")
+    if mtype in ("mistral", "mixtral"):
         window = data.get("sliding_window")
-        max_pos = data.get("max_position_embeddings", _MAX_POSITIONS_DEFAULT["mistral"])
+        max_pos = data.get("max_position_embeddings", _MAX_POSITIONS_DEFAULT[mtype])
         if window is not None and window < max_pos:
             problems.append(f"sliding_window {window} (< max_position_embeddings {max_pos})")
     if mtype in ("cohere2", "exaone4"):
@@ -244,6 +260,45 @@ def _family_features(data: dict[str, Any], mtype: str, layers: int,
     return out
 
 
+def _gqa_moe_fields(data: dict[str, Any], mtype: str) -> dict[str, Any]:
+    """The MoE fields of a Qwen2-MoE or Mixtral file (empty: a Qwen2-MoE file with
+    ``num_experts`` 0, dense in every layer).
+
+    Routing as the HF modeling files do it (``modeling_qwen2_moe.py``,
+    ``modeling_mixtral.py``, transformers 4.57): softmax over all experts' router logits,
+    the top ``num_experts_per_tok``; Qwen2-MoE renormalises them only with
+    ``norm_topk_prob``, Mixtral always (its softmax over the top-k logits is the same
+    thing), neither scales them. Qwen2-MoE adds one shared expert of width
+    ``shared_expert_intermediate_size`` scaled by ``sigmoid(shared_expert_gate(x))``; its
+    layer ``i`` is sparse iff ``i`` is not in ``mlp_only_layers`` and
+    ``(i + 1) % decoder_sparse_step == 0``. Mixtral has no shared expert."""
+    if mtype == "mixtral":
+        d = _MIXTRAL_DEFAULTS
+        return {"n_routed_experts": data.get("num_local_experts", d["num_local_experts"]),
+                "num_experts_per_tok": data.get("num_experts_per_tok",
+                                                d["num_experts_per_tok"]),
+                "moe_intermediate_size": data["intermediate_size"],
+                "n_shared_experts": 0, "norm_topk_prob": True}
+    d = _QWEN2_MOE_DEFAULTS
+    experts = data.get("num_experts", d["num_experts"])
+    if experts == 0:
+        return {}
+    shared = data.get("shared_expert_intermediate_size", d["shared_expert_intermediate_size"])
+    out: dict[str, Any] = {
+        "n_routed_experts": experts,
+        "num_experts_per_tok": data.get("num_experts_per_tok", d["num_experts_per_tok"]),
+        "moe_intermediate_size": data.get("moe_intermediate_size", d["moe_intermediate_size"]),
+        "norm_topk_prob": bool(data.get("norm_topk_prob", d["norm_topk_prob"])),
+        "decoder_sparse_step": data.get("decoder_sparse_step", d["decoder_sparse_step"]),
+        "mlp_only_layers": tuple(data.get("mlp_only_layers") or ()),
+        "n_shared_experts": 0,
+    }
+    if shared:  # a shared expert and its sigmoid gate
+        out.update(n_shared_experts=1, shared_expert_intermediate_size=shared,
+                   shared_expert_gate=True)
+    return out
+
+
 def hf_config_to_model(
     data: dict[str, Any], *, name: str = "", where: str = "config.json"
 ) -> ModelConfig:
@@ -267,22 +322,27 @@ def hf_config_to_model(
 
     heads = data["num_attention_heads"]
     hidden = data["hidden_size"]
+    kv_default = {"mixtral": _MIXTRAL_DEFAULTS,
+                  "qwen2_moe": _QWEN2_MOE_DEFAULTS}.get(mtype, {}).get("num_key_value_heads",
+                                                                     heads)
+    mixtral = _MIXTRAL_DEFAULTS if mtype == "mixtral" else {}
     out: dict[str, Any] = {
         "name": name,
         "family": mtype,
         "num_layers": data["num_hidden_layers"],
         "hidden_size": hidden,
         "num_heads": heads,
-        "num_kv_heads": (heads if data.get("num_key_value_heads") is None
+        "num_kv_heads": (kv_default if data.get("num_key_value_heads") is None
                          else data["num_key_value_heads"]),
         "intermediate_size": data["intermediate_size"],
         "vocab_size": data["vocab_size"],
-        "rope_theta": data.get("rope_theta", _ROPE_THETA_DEFAULT),
+        "rope_theta": data.get("rope_theta", mixtral.get("rope_theta", _ROPE_THETA_DEFAULT)),
         "rope_scaling": _rope_scaling(data.get("rope_scaling"), where),
         "max_position_embeddings": data.get(
             "max_position_embeddings", _MAX_POSITIONS_DEFAULT[mtype]
         ),
-        "rms_norm_eps": data.get("rms_norm_eps", _RMS_NORM_EPS_DEFAULT),
+        "rms_norm_eps": data.get("rms_norm_eps",
+                                 mixtral.get("rms_norm_eps", _RMS_NORM_EPS_DEFAULT)),
         "tie_word_embeddings": bool(data.get("tie_word_embeddings", False)),
     }
     if mtype == "deepseek_v2":
@@ -316,12 +376,14 @@ def hf_config_to_model(
         out["head_dim"] = head_dim
         if mtype in ("cohere2", "exaone4"):
             out.update(_family_features(data, mtype, data["num_hidden_layers"], where))
-        elif mtype == "qwen2":
-            out["qkv_bias"] = True  # Qwen2Attention: q/k/v Linear(bias=True), o bias=False
+        elif mtype in ("qwen2", "qwen2_moe"):
+            out["qkv_bias"] = True  # Qwen2(Moe)Attention: q/k/v Linear(bias=True), o no bias
         elif data.get("attention_bias"):
             # LlamaAttention: attention_bias applies to q, k, v and o (MistralAttention has
             # no such key; its projections never have a bias).
             out["qkv_bias"] = out["o_bias"] = mtype == "llama"
+        if mtype in ("qwen2_moe", "mixtral"):
+            out.update(_gqa_moe_fields(data, mtype))
     return build_model(out, where=f"{where}: model")
 
 

@@ -16,7 +16,8 @@ DeepSeek-V2's ``modeling_deepseek.py``) term by term:
   decoupled RoPE key (``qk_rope_head_dim``); per-head keys and values are expanded from
   the latent by ``k_b_proj`` and ``v_b_proj``; queries come from ``q_proj`` or from the
   ``q_a_proj -> q_a_norm -> q_b_proj`` low-rank path;
-- SwiGLU MLP ``down(silu(gate(x)) * up(x))``; MoE: softmax router scores, top-k experts
+- SwiGLU MLP ``down(silu(gate(x)) * up(x))``; MoE (:meth:`ReferenceModel.route` for the
+  DeepSeek-V2, Qwen2-MoE and Mixtral variants): softmax router scores, top-k experts
   (greedy or group-limited greedy), weights renormalised or scaled by
   ``routed_scaling_factor``, plus the shared experts; the first ``first_k_dense_replace``
   layers are dense;
@@ -416,7 +417,13 @@ class ReferenceModel:
     def route(self, layer: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """MoE routing of normed hidden states ``h`` (n, hidden) in layer ``layer``:
         expert ids int ``(n, top_k)`` (best first; ties to the lower id) and their weights
-        float32 ``(n, top_k)``, per DeepSeek-V2's ``MoEGate``."""
+        float32 ``(n, top_k)``: softmax over every expert's router logit, the top
+        ``num_experts_per_tok``, then (DeepSeek-V2's ``MoEGate``) renormalised when
+        ``norm_topk_prob`` and top_k > 1, else scaled by ``routed_scaling_factor``;
+        Qwen2-MoE (``Qwen2MoeSparseMoeBlock``) renormalises when ``norm_topk_prob`` at
+        any top_k and never scales; Mixtral (``MixtralSparseMoeBlock``) always
+        renormalises (its import sets ``norm_topk_prob``), which equals its softmax over
+        the top-k logits."""
         c = self.config
         assert c.n_routed_experts is not None and c.num_experts_per_tok is not None
         k = c.num_experts_per_tok
@@ -432,7 +439,10 @@ class ReferenceModel:
             select = np.where(mask, scores, np.float32(0))
         ids = np.argsort(-select, axis=-1, kind="stable")[:, :k]
         weights = np.take_along_axis(select, ids, axis=-1)
-        if k > 1 and c.norm_topk_prob:
+        if c.family != "deepseek_v2":
+            if c.norm_topk_prob:
+                weights = weights / weights.sum(axis=-1, keepdims=True)
+        elif k > 1 and c.norm_topk_prob:
             weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
         else:
             weights = weights * np.float32(c.routed_scaling_factor)
@@ -449,5 +459,9 @@ class ReferenceModel:
             y = self._swiglu(f"{p}experts.{int(e)}.", h[rows])
             out[rows] += y * weights[rows, slot][:, None]
         if c.n_shared_experts:
-            out += self._swiglu(p + "shared.", h)
+            shared = self._swiglu(p + "shared.", h)
+            if c.shared_expert_gate:  # Qwen2-MoE: sigmoid(shared_expert_gate(x)) * expert(x)
+                gate = self._linear(h, p + "shared_gate")
+                shared = shared / (np.float32(1) + np.exp(-gate))
+            out += shared
         return out.astype(np.float32)

@@ -335,9 +335,16 @@ _GLOBAL_HF = {"embed": "model.embed_tokens.weight", "final_norm": "model.norm.we
               "lm_head": "lm_head.weight"}  # fmt: skip
 
 
-def hf_tensor_name(name: str) -> str:
+#: Mixtral's names of an expert's SwiGLU matrices (``MixtralBlockSparseTop2MLP``: w1 gate,
+#: w3 up, w2 down).
+_MIXTRAL_EXPERT_HF = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+def hf_tensor_name(name: str, *, family: str = "deepseek_v2") -> str:
     """The Hugging Face tensor holding kvsim tensor ``name`` (MLA's ``k_b_proj`` and
-    ``v_b_proj`` are the two halves of each head's rows of ``kv_b_proj``)."""
+    ``v_b_proj`` are the two halves of each head's rows of ``kv_b_proj``). ``family``
+    picks the MoE names: DeepSeek-V2 ``mlp.shared_experts``, Qwen2-MoE
+    ``mlp.shared_expert`` and ``mlp.shared_expert_gate``, Mixtral ``block_sparse_moe``."""
     if name in _GLOBAL_HF:
         return _GLOBAL_HF[name]
     parts = name.split(".", 2)
@@ -345,12 +352,20 @@ def hf_tensor_name(name: str) -> str:
         raise ConfigError(f"{name!r} is not a kvsim tensor name")
     _, layer, rest = parts
     prefix = f"model.layers.{layer}."
+    if family == "mixtral" and (rest == "router" or rest.startswith("experts.")):
+        if rest == "router":
+            return prefix + "block_sparse_moe.gate.weight"
+        _, e, mat = rest.split(".")
+        return f"{prefix}block_sparse_moe.experts.{e}.{_MIXTRAL_EXPERT_HF[mat]}.weight"
     if rest in _ATTN_HF:
         return prefix + _ATTN_HF[rest]
     if rest.startswith("experts."):
         return prefix + "mlp." + rest + ".weight"
+    if rest == "shared_gate":
+        return prefix + "mlp.shared_expert_gate.weight"
     if rest.startswith("shared."):
-        return prefix + "mlp.shared_experts." + rest.split(".", 1)[1] + ".weight"
+        shared = "shared_expert." if family == "qwen2_moe" else "shared_experts."
+        return prefix + "mlp." + shared + rest.split(".", 1)[1] + ".weight"
     return prefix + "mlp." + rest + ".weight"  # gate_proj, up_proj, down_proj
 
 
@@ -381,7 +396,7 @@ class SafetensorsWeights:
             self._check(spec)
 
     def _check(self, spec: TensorSpec) -> None:
-        hf = hf_tensor_name(spec.name)
+        hf = hf_tensor_name(spec.name, family=self.config.family)
         if hf not in self._where:
             raise ConfigError(f"weights: no tensor {hf!r} (for {spec.name!r}) in the "
                               f"safetensors files")
@@ -408,7 +423,7 @@ class SafetensorsWeights:
     def tensor(self, name: str) -> np.ndarray:
         """Tensor ``name`` as float32 of its spec's shape."""
         spec = self.config.tensor_spec(name)
-        hf = hf_tensor_name(name)
+        hf = hf_tensor_name(name, family=self.config.family)
         path, h = self._where[hf]
         arr = _read_float(h, path, hf)
         leaf = name.rsplit(".", 1)[-1]

@@ -47,7 +47,7 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
     mm.add("act.x1", rb * m_tile * h, "activations")
     mm.add("act.xm", rb * m_tile * h, "activations")
     mm.add("act.ao", m_tile * cfg.num_heads * cfg.head_dim, "activations")
-    shared = (cfg.n_shared_experts or 0) * (cfg.moe_intermediate_size or 0)
+    shared = cfg.shared_expert_width
     mm.add("act.hb", hb * m_tile * max(cfg.intermediate_size, shared), "activations")
     mm.add("io.emb", 4 * max_seq * h, "host_io")
     mm.add("io.logits", 4 * cfg.vocab_size, "host_io")

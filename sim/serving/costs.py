@@ -271,8 +271,9 @@ class StepCostModel:
             return None
         if cfg.is_moe:
             first = cfg.first_k_dense_replace or 0
-            if L - first <= MOE_PROBE_LAYERS + 1:
-                return None
+            if L - first <= MOE_PROBE_LAYERS + 1 or not all(
+                    cfg.layer_is_moe(i) for i in range(first, L)):
+                return None  # few layers, or dense layers between MoE ones (Qwen2-MoE)
             dense = tuple(range(first))
             return dense + (first,), dense + tuple(range(first, first + MOE_PROBE_LAYERS + 1))
         return (0,), (0, 1)

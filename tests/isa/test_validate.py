@@ -280,9 +280,9 @@ def test_gemm_weight_packing(changes, reason) -> None:
 
 
 def test_vec_func_must_be_a_vec_func() -> None:
-    err = fails([Vec(func=9, rows=1, cols=8, src0=0, dst=0x40)])
+    err = fails([Vec(func=15, rows=1, cols=8, src0=0, dst=0x40)])
     assert err.index == 0
-    assert "func 9 is not a valid VecFunc" in err.reason
+    assert "func 15 is not a valid VecFunc" in err.reason
 
 
 def test_nop_engine_must_be_an_engine() -> None:

@@ -8,17 +8,21 @@ from isa.errors import ConfigError
 from models.config import ModelConfig, TensorSpec, load_model, load_preset, preset_names
 
 
-def test_preset_names_list_all_nine() -> None:
+def test_preset_names_list_all_thirteen() -> None:
     assert preset_names() == [
         "command-r7b",
         "deepseek-v2-lite",
         "exaone-4.0-1.2b",
         "llama-3.2-1b",
+        "mixtral-8x7b",
+        "qwen1.5-moe-a2.7b",
         "qwen2.5-0.5b",
         "tiny",
         "tiny-cohere2",
         "tiny-exaone4",
+        "tiny-mixtral",
         "tiny-mla",
+        "tiny-qwen2-moe",
     ]
 
 
@@ -143,7 +147,8 @@ def test_tensor_specs_mla_moe() -> None:
         ({"bogus": 1}, r"model\.bogus: unknown key"),
         ({"family": "gpt2"}, r"model\.family: Input should be"),
         ({"kv_lora_rank": 8}, r"model\.kv_lora_rank: MLA fields need family 'deepseek_v2'"),
-        ({"n_routed_experts": 4}, r"n_routed_experts: MoE needs family 'deepseek_v2'"),
+        ({"n_routed_experts": 4},
+         r"n_routed_experts: MoE needs a family of deepseek_v2, qwen2_moe, mixtral, not 'qwen2'"),
         (
             {"rope_scaling": {"type": "yarn", "factor": 2, "original_max_position_embeddings": 8}},
             r"model\.rope_scaling: 'yarn' is implemented for family 'deepseek_v2' only",

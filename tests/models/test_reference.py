@@ -64,11 +64,14 @@ VARIANTS: dict[str, dict] = {
         "n_shared_experts": 0,
         "routed_scaling_factor": 2.0,
     },
+    "tiny-qwen2-moe": {},
+    "tiny-mixtral": {},
 }
 
 
 def _config(variant: str) -> ModelConfig:
-    base = "tiny-mla" if variant.startswith("tiny-mla") else "tiny"
+    base = ("tiny-mla" if variant.startswith("tiny-mla")
+            else variant if variant in ("tiny-qwen2-moe", "tiny-mixtral") else "tiny")
     return load_model(base, VARIANTS[variant])
 
 

@@ -1,19 +1,20 @@
-"""The mixture-of-experts MLP (DeepSeek-V2 style: routed experts and shared experts), for
-timing-only simulation.
+"""The mixture-of-experts MLP (routed experts and shared experts: DeepSeek-V2, Qwen2-MoE,
+Mixtral), for timing-only simulation.
 
 MLP: layers below ``first_k_dense_replace`` use the dense stages D and E of the GQA
 lowering. A MoE layer runs
 
 - D' (every core): MLP RMSNorm; the router GEMM (``n_routed_experts`` scores) and a
-  softmax on the last core; a slice of the shared experts' gate/up rows and SwiGLU to
-  ``act.hb``; the routed experts. The experts are chosen deterministically for timing
-  (:func:`routed_experts`: a hash of the layer and the token's cache position picks
-  ``num_experts_per_tok`` distinct experts), so a decode step reads only its token's
-  experts' weights and a tile of tokens the union of its tokens' experts. Active experts
-  go round-robin to the cores (most tokens first); each is a whole SwiGLU (gate, up, down)
-  over the tokens routed to it (GEMM ``m`` = its token count): their rows are gathered
-  from the normed input with vector copies, and the outputs scatter-added into the core's
-  partial sum, which goes to ``act.moe``.
+  softmax on the last core (with Qwen2-MoE's ``shared_expert_gate``, also the gate's one-
+  column GEMM, its logits stored after the scores in ``act.router``); a slice of the
+  shared experts' gate/up rows and SwiGLU to ``act.hb``; the routed experts. The experts
+  are chosen deterministically for timing (:func:`routed_experts`: a hash of the layer and
+  the token's cache position picks ``num_experts_per_tok`` distinct experts), so a decode
+  step reads only its token's experts' weights and a tile of tokens the union of its
+  tokens' experts. Active experts go round-robin to the cores (most tokens first); each is
+  a whole SwiGLU (gate, up, down) over the tokens routed to it (GEMM ``m`` = its token
+  count): their rows are gathered from the normed input with vector copies, and the
+  outputs scatter-added into the core's partial sum, which goes to ``act.moe``.
 - E' (every core, an output-column slice): the shared experts' down projection slice,
   plus the residual, plus every core's routed partial sum (vector ADDs) -> the next
   layer's input.
@@ -24,7 +25,8 @@ tile fitted at one position fits at every position; :func:`..registry.probe_laye
 tile fit lower one layer of each kind instead of the whole model.
 
 Timing-only shortcuts: the router's scores are computed and stored but the experts come
-from :func:`routed_experts`, and the routing weights are not applied (plain ADDs).
+from :func:`routed_experts`, and neither the routing weights nor the shared expert's gate
+are applied (plain ADDs).
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ class MoeMlp:
     def add_regions(self, mm: MemoryMap, *, m_tile: int) -> None:
         cfg = self.cfg
         assert cfg.n_routed_experts is not None and cfg.moe_intermediate_size is not None
-        mm.add("act.router", m_tile * cfg.n_routed_experts, "activations")
+        # router scores, then (Qwen2-MoE) the shared expert's gate logit of each token
+        mm.add("act.router", m_tile * (cfg.n_routed_experts + cfg.shared_expert_gate),
+               "activations")
         # one routed partial sum per core that runs experts (at most one per core)
         contributors = min(max(CORE_MODES.values()), cfg.n_routed_experts)
         mm.add("act.moe", contributors * m_tile * cfg.hidden_size, "activations")
@@ -137,8 +141,7 @@ def _runs(tokens: list[int]) -> list[tuple[int, int, int]]:
 
 
 def _shared_width(cfg: ModelConfig) -> int:
-    assert cfg.moe_intermediate_size is not None
-    return (cfg.n_shared_experts or 0) * cfg.moe_intermediate_size
+    return cfg.shared_expert_width
 
 
 def _expert_cores(lw: Lowering, layer: int, pos0: int, m: int,
@@ -198,13 +201,21 @@ def _stage_moe_experts(b: Builder, lw: Lowering, layer: int, q, m: int, pos0: in
         first = (b.sem(c, "vpu_mxu"),)
         if c == router_core:
             rt = plan.take(m * ne, "router scores")
+            gated = cfg.shared_expert_gate
             b.gemm(c, mr, (0, ne), a=xn, m=m, out=rt, plan=plan, first_wait=first,
-                   last_signal=(b.sem(c, "mxu_vpu"),))
+                   last_signal=() if gated else (b.sem(c, "mxu_vpu"),))
             first = ()
+            if gated:  # Qwen2-MoE's shared-expert gate logit, one per token
+                sg = plan.take(m, "shared expert gate logits")
+                b.gemm(c, lw.matrix(p + "shared_gate", q.gate), (0, 1), a=xn, m=m, out=sg,
+                       plan=plan, last_signal=(b.sem(c, "mxu_vpu"),))
             b.emit(Vec(core=c, func=VecFunc.SOFTMAX, rows=m, cols=ne, src0=rt, dst=rt,
                        p0=1, wait=(b.sem(c, "mxu_vpu"),), signal=(b.sem(c, "vpu_out"),)))
             b.emit(DmaStore(core=c, src=rt, dst=lw.mm["act.router"].base, nbytes=m * ne,
                             wait=(b.sem(c, "vpu_out"),)))
+            if gated:
+                b.emit(DmaStore(core=c, src=sg, dst=lw.mm["act.router"].base + lw.m_tile * ne,
+                                nbytes=m))
         if s1 > s0:
             w = s1 - s0
             g = plan.take(m * w, "shared gate output")
