@@ -262,6 +262,7 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
     t0 = time.perf_counter()
     sim = ServingSim(requests, chips=s.chips, scheduler=sched, geometry=geo,
                      step_cost=cost.step_ps, swap_cost=SwapCost(cm, hw), router=s.router,
+                     plan_cost=cost.plan_ps if c.mode == "grid" else None,
                      on_finish=None if progress is None else progress.advance)
     try:
         sim.run()
