@@ -256,6 +256,7 @@ class StepCostModel:
         self.cache_path: Path | None = None
         self._direct_cache: dict[tuple, int] = {}
         self._pre_memo: dict[tuple[int, int], float] = {}
+        self._run_memo: dict[tuple[int, int], tuple[tuple[float, ...], int]] = {}
         if mode == "grid":
             self._load_or_build(jobs or max(1, min(8, os.cpu_count() or 1)),
                                 cache_dir, progress)
@@ -357,6 +358,7 @@ class StepCostModel:
     def _fit(self, meas: dict[tuple, int]) -> None:
         s = self.spec
         self._pre_memo = {}
+        self._run_memo: dict[tuple[int, int], tuple[tuple[float, ...], int]] = {}
         self.logits = Line(tuple(map(float, s.logits_n)),
                            tuple(float(meas[("logits", n)]) for n in s.logits_n))
         self.io = Line(tuple(map(float, s.io_tokens)),
@@ -459,23 +461,45 @@ class StepCostModel:
         fill = dec_k
         cur: list[tuple[int, int]] = []
         for n, p in pre:
-            done = 0
-            while done < n:
-                k = min(n - done, mt - fill)
+            if fill:  # its first part joins the open tile
+                k = min(n, mt - fill)
                 if k == 1:
                     dec_k += 1
-                    dec_ctx += p + done + 1
+                    dec_ctx += p + 1
                 else:
-                    cur.append((k, p + done))
-                done += k
+                    cur.append((k, p))
                 fill += k
                 if fill == mt:
                     t += self._tile(dec_k, dec_ctx, cur, fill)
                     dec_k = dec_ctx = fill = 0
                     cur = []
+                n -= k
+                p += k
+                if not n:
+                    continue
+            full, rest = self._run(n, p)  # the tiles it fills alone, then its rest
+            for v in full:
+                t += v
+            if rest == 1:
+                dec_k, dec_ctx, fill = 1, p + n, 1
+            elif rest:
+                cur, fill = [(rest, p + n - rest)], rest
         if fill:
             t += self._tile(dec_k, dec_ctx, cur, fill)
         return int(round(t))
+
+    def _run(self, n: int, p: int) -> tuple[tuple[float, ...], int]:
+        """A piece of ``n`` tokens at position ``p`` that starts a tile: the times of the
+        whole tiles it fills alone (in order) and the tokens left for the next tile
+        (memoized; the same values :meth:`_tile` gives those tiles)."""
+        key = (n, p)
+        v = self._run_memo.get(key)
+        if v is None:
+            mt = self.m_tile
+            full = tuple(self._tile(1, q + 1, [], 1) if mt == 1 else self._tile(0, 0, [(mt, q)], mt)
+                         for q in range(p, p + n - mt + 1, mt))
+            v = self._run_memo[key] = (full, n % mt)
+        return v
 
     def plan_ps(self, plan) -> int:
         """The grid model's time of a scheduled step (a :class:`.scheduler.StepPlan`)."""

@@ -267,9 +267,11 @@ class Scheduler:
         for r, nd in compress(zip(running, needs, strict=True), needs):
             r.blocks += nd
         plan.items.extend(zip(running, ns, strict=True))
-        ones = [n == 1 for n in ns]
-        plan.dec_pos.extend(compress(cs, ones))
-        plan.pieces.extend((n, c) for n, c in zip(ns, cs, strict=True) if n != 1)
+        if total == len(ns) and min(ns) == 1:  # every one decodes a token (the usual case)
+            plan.dec_pos.extend(cs)
+        else:
+            plan.dec_pos.extend(compress(cs, [n == 1 for n in ns]))
+            plan.pieces.extend((n, c) for n, c in zip(ns, cs, strict=True) if n != 1)
         plan.logits += len(running)
         return budget - total
 
