@@ -88,6 +88,7 @@ class StepPlan:
     dec_pos: list[int] = field(default_factory=list)
     pieces: list[tuple[int, int]] = field(default_factory=list)
     logits: int = 0
+    decoding: int = 0  # leading items known to decode one token each and sample
 
     def seqs(self, slots: int = 1) -> list[StepSeq]:
         """The step as the device runs it: decoding sequences first, then prompt chunks
@@ -269,9 +270,15 @@ class Scheduler:
         plan.items.extend(zip(running, ns, strict=True))
         if total == len(ns) and min(ns) == 1:  # every one decodes a token (the usual case)
             plan.dec_pos.extend(cs)
+            plan.decoding = len(ns)
         else:
             plan.dec_pos.extend(compress(cs, [n == 1 for n in ns]))
             plan.pieces.extend((n, c) for n, c in zip(ns, cs, strict=True) if n != 1)
+            k = len(ns)  # the newest admitted may still be prefilling: the rest decode
+            while k and ns[k - 1] != 1:
+                k -= 1
+            if k and max(ns[:k]) == 1 == min(ns[:k]):
+                plan.decoding = k
         plan.logits += len(running)
         return budget - total
 
@@ -317,42 +324,61 @@ class Scheduler:
     def complete(self, plan: StepPlan, now_ps: int) -> list[Request]:
         """Account the step's tokens (it ended at ``now_ps``); returns the requests that
         finished."""
-        finished = []
-        running = self.running
-        for req, n in plan.items:
+        finished: list[Request] = []
+        items = plan.items
+        k = plan.decoding
+        for req, _ in items[:k] if k else ():
+            # one new token each, its last known: it samples (and sampled before)
             a = req.computed
-            b = a + n
-            hw = req.high_water
-            p = req.prompt_tokens
-            if a >= hw:  # all new work (the usual case)
-                if a >= p:
-                    req.decode_computed += n
-                elif b <= p:
-                    req.prompt_computed += n
-                else:
-                    req.prompt_computed += p - a
-                    req.decode_computed += b - p
-                req.high_water = b
-            else:  # recomputes tokens it had before a preemption
-                again = min(b, hw) - a
-                req.recomputed_tokens += again
-                if b > hw:
-                    req.prompt_computed += max(0, min(b, p) - hw)
-                    req.decode_computed += max(0, b - max(hw, p))
-                    req.high_water = b
-            req.computed = b
-            if b == p + req.generated:
-                req.generated += 1
-                req.token_ps.append(now_ps)
-                if req.first_token_ps is None:
-                    req.first_token_ps = now_ps
-                if req.generated >= req.output_tokens:
-                    req.state = "finished"
-                    req.finish_ps = now_ps
-                    self.free += req.blocks
-                    req.blocks = 0
-                    running.remove(req)
-                    self.unfinished -= 1
-                    finished.append(req)
+            if a < req.high_water or a < req.prompt_tokens:
+                self._account(req, 1, now_ps, finished)
+                continue
+            req.decode_computed += 1
+            req.high_water = req.computed = a + 1
+            g = req.generated = req.generated + 1
+            req.token_ps.append(now_ps)
+            if g >= req.output_tokens:
+                self._finish(req, now_ps, finished)
+        for req, n in items[k:] if k else items:
+            self._account(req, n, now_ps, finished)
         plan.sampled = plan.logits  # those that computed their last known token
         return finished
+
+    def _account(self, req: Request, n: int, now_ps: int, finished: list[Request]) -> None:
+        """One item of a completed step: ``n`` tokens of ``req`` computed."""
+        a = req.computed
+        b = a + n
+        hw = req.high_water
+        p = req.prompt_tokens
+        if a >= hw:  # all new work (the usual case)
+            if a >= p:
+                req.decode_computed += n
+            elif b <= p:
+                req.prompt_computed += n
+            else:
+                req.prompt_computed += p - a
+                req.decode_computed += b - p
+            req.high_water = b
+        else:  # recomputes tokens it had before a preemption
+            req.recomputed_tokens += min(b, hw) - a
+            if b > hw:
+                req.prompt_computed += max(0, min(b, p) - hw)
+                req.decode_computed += max(0, b - max(hw, p))
+                req.high_water = b
+        req.computed = b
+        if b == p + req.generated:
+            req.generated += 1
+            req.token_ps.append(now_ps)
+            if req.first_token_ps is None:
+                req.first_token_ps = now_ps
+            if req.generated >= req.output_tokens:
+                self._finish(req, now_ps, finished)
+
+    def _finish(self, req: Request, now_ps: int, finished: list[Request]) -> None:
+        req.state = "finished"
+        req.finish_ps = now_ps
+        self.free += req.blocks
+        req.blocks = 0
+        self.running.remove(req)
+        self.unfinished -= 1
+        finished.append(req)
