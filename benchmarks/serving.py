@@ -3,7 +3,9 @@ output tokens, all at once, on one ARIES chip (Qwen2.5-0.5B W8, configs/serving-
 with the step-cost grid warm (already built and cached) and, with ``--cold``, built afresh.
 
 Prints the wall time (total and its parts: compile, step-cost model, simulation), the
-simulated figures, and the peak memory of the process (``ru_maxrss``).
+requests simulated per second of wall and of processor time (the serving loop alone),
+the grid's build time (wall; with ``--cold`` also the processor time of its workers),
+the simulated figures, and the peak memory of the process (``ru_maxrss``).
 
     python benchmarks/serving.py [--kv int8] [--requests 1000] [--cold] [--json]
     python benchmarks/serving.py --validate 8   # and the grid's error on 8 of the run's steps
@@ -54,13 +56,19 @@ def main() -> int:
         result = run_serving(cfg, progress=ph)
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     m = result.metrics
     s = m["serving"]
+    sim_wall, sim_cpu = m["wall_s"]["simulation"], m["cpu_s"]["simulation"]
     out = {
         "scenario": m["scenario"], "wall_s": wall, "wall_parts_s": m["wall_s"],
         "peak_memory_bytes": peak, "grid_cached": m["cost_model"]["cache_hit"],
         "grid_points": m["cost_model"]["grid_points"],
-        "grid_build_s": m["cost_model"]["build_s"], "steps": s["steps"],
+        "grid_build_s": m["cost_model"]["build_s"],
+        "grid_workers_cpu_s": kids.ru_utime + kids.ru_stime if args.cold else None,
+        "simulated_requests_per_wall_s": s["requests"] / sim_wall if sim_wall else 0.0,
+        "simulated_requests_per_cpu_s": s["requests"] / sim_cpu if sim_cpu else 0.0,
+        "steps": s["steps"],
         "simulated_s": s["duration_s"], "output_tokens_per_s": s["output_tokens_per_s"],
         "ttft_s_p50": s["ttft_s_p50"], "tpot_s_p50": s["tpot_s_p50"],
         "num_preemptions": s["num_preemptions"],
@@ -74,6 +82,11 @@ def main() -> int:
     print(f"wall time: {wall:.1f} s (compile {m['wall_s']['compile']:.1f} s, step-cost model "
           f"{m['wall_s']['cost_model']:.1f} s{' (cached)' if out['grid_cached'] else ''}, "
           f"simulation {m['wall_s']['simulation']:.1f} s), {s['steps']:,} steps")
+    print(f"serving loop: {out['simulated_requests_per_wall_s']:,.0f} requests/s of wall time, "
+          f"{out['simulated_requests_per_cpu_s']:,.0f} of processor time ({sim_cpu:.2f} s)")
+    if args.cold:
+        print(f"cold grid: {out['grid_points']} points in {out['grid_build_s']:.1f} s "
+              f"(workers' processor time {out['grid_workers_cpu_s']:.1f} s)")
     print(f"peak memory: {peak / 2**20:,.0f} MiB")
     print(f"simulated: {s['duration_s']:,.1f} s, {s['output_tokens_per_s']:,.1f} output "
           f"tokens/s, TTFT p50 {s['ttft_s_p50']:.2f} s, TPOT p50 "

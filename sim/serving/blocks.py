@@ -62,6 +62,11 @@ class KvGeometry:
                              f"({self.max_tokens}) of this geometry")
         return int(self._blocks[tokens])
 
+    def block_table(self) -> list[int]:
+        """Blocks of a sequence of ``n`` cached tokens for ``n = 0 .. max_tokens`` (a list:
+        the scheduler's per-step lookups)."""
+        return self._blocks.tolist()
+
     @property
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.block_tokens

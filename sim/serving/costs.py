@@ -255,6 +255,8 @@ class StepCostModel:
         self.cache_hit = False
         self.cache_path: Path | None = None
         self._direct_cache: dict[tuple, int] = {}
+        self._pre_memo: dict[tuple[int, int], float] = {}
+        self._run_memo: dict[tuple[int, int], tuple[tuple[float, ...], int]] = {}
         if mode == "grid":
             self._load_or_build(jobs or max(1, min(8, os.cpu_count() or 1)),
                                 cache_dir, progress)
@@ -356,6 +358,8 @@ class StepCostModel:
 
     def _fit(self, meas: dict[tuple, int]) -> None:
         s = self.spec
+        self._pre_memo = {}
+        self._run_memo: dict[tuple[int, int], tuple[tuple[float, ...], int]] = {}
         self.logits = Line(tuple(map(float, s.logits_n)),
                            tuple(float(meas[("logits", n)]) for n in s.logits_n))
         self.io = Line(tuple(map(float, s.io_tokens)),
@@ -412,17 +416,95 @@ class StepCostModel:
                 dec_k += 1
                 dec_ctx += sq.pos0 + 1
             else:
-                pre.append(sq)
+                pre.append((sq.n, sq.pos0))
+        return self._tile(dec_k, dec_ctx, pre, m)
+
+    def _pre(self, n: int, pos: int) -> float:
+        """``prefill(n, pos)``, memoized (a pure function of the grid)."""
+        key = (n, pos)
+        v = self._pre_memo.get(key)
+        if v is None:
+            v = self._pre_memo[key] = self.prefill(n, pos)
+        return v
+
+    def _tile(self, dec_k: int, dec_ctx: int, pre: list[tuple[int, int]], m: int) -> float:
+        """A tile of ``m`` tokens: ``dec_k`` one-token pieces whose contexts sum to
+        ``dec_ctx`` and the longer pieces ``pre`` (tokens, first position)."""
         if not pre:
             return self.decode(dec_k, dec_ctx / dec_k)
         if dec_k == 0 and len(pre) == 1:
-            return self.prefill(pre[0].n, pre[0].pos0)
-        t = self.prefill(m, 0)
+            return self._pre(*pre[0])
+        t = self._pre(m, 0)
         if dec_k:
-            t += self.decode(dec_k, dec_ctx / dec_k) - self.prefill(dec_k, 0)
-        for sq in pre:
-            t += self.prefill(sq.n, sq.pos0) - self.prefill(sq.n, 0)
+            t += self.decode(dec_k, dec_ctx / dec_k) - self._pre(dec_k, 0)
+        for n, p in pre:
+            t += self._pre(n, p) - self._pre(n, 0)
         return t
+
+    def batch_ps(self, dec_pos: Sequence[int], pre: Sequence[tuple[int, int]],
+                 sampled: int) -> int:
+        """:meth:`model_ps` of a step given as its decoding sequences' cache positions
+        ``dec_pos`` (one token each, first), its longer pieces ``pre`` (tokens, cache
+        position; after them) and how many sequences sample: the same tiles and the
+        same arithmetic in the same order, without building the step's sequences."""
+        mt = self.m_tile
+        m = len(dec_pos)
+        for n, _ in pre:
+            m += n
+        t = self.io(m) + self.head_ps(sampled)
+        nd = len(dec_pos)
+        i = 0
+        while nd - i >= mt:  # tiles of decoding sequences only
+            t += self.decode(mt, (sum(dec_pos[i:i + mt]) + mt) / mt)
+            i += mt
+        dec_k = nd - i  # the rest of them open the first tile of the longer pieces
+        dec_ctx = sum(dec_pos[i:]) + dec_k
+        fill = dec_k
+        cur: list[tuple[int, int]] = []
+        for n, p in pre:
+            if fill:  # its first part joins the open tile
+                k = min(n, mt - fill)
+                if k == 1:
+                    dec_k += 1
+                    dec_ctx += p + 1
+                else:
+                    cur.append((k, p))
+                fill += k
+                if fill == mt:
+                    t += self._tile(dec_k, dec_ctx, cur, fill)
+                    dec_k = dec_ctx = fill = 0
+                    cur = []
+                n -= k
+                p += k
+                if not n:
+                    continue
+            full, rest = self._run(n, p)  # the tiles it fills alone, then its rest
+            for v in full:
+                t += v
+            if rest == 1:
+                dec_k, dec_ctx, fill = 1, p + n, 1
+            elif rest:
+                cur, fill = [(rest, p + n - rest)], rest
+        if fill:
+            t += self._tile(dec_k, dec_ctx, cur, fill)
+        return int(round(t))
+
+    def _run(self, n: int, p: int) -> tuple[tuple[float, ...], int]:
+        """A piece of ``n`` tokens at position ``p`` that starts a tile: the times of the
+        whole tiles it fills alone (in order) and the tokens left for the next tile
+        (memoized; the same values :meth:`_tile` gives those tiles)."""
+        key = (n, p)
+        v = self._run_memo.get(key)
+        if v is None:
+            mt = self.m_tile
+            full = tuple(self._tile(1, q + 1, [], 1) if mt == 1 else self._tile(0, 0, [(mt, q)], mt)
+                         for q in range(p, p + n - mt + 1, mt))
+            v = self._run_memo[key] = (full, n % mt)
+        return v
+
+    def plan_ps(self, plan) -> int:
+        """The grid model's time of a scheduled step (a :class:`.scheduler.StepPlan`)."""
+        return self.batch_ps(plan.dec_pos, plan.pieces, plan.logits)
 
     def head_ps(self, n_out: int) -> float:
         if n_out <= 0:

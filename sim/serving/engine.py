@@ -11,6 +11,7 @@ requests; ties to the lowest chip).
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -25,6 +26,7 @@ from .scheduler import Request, Scheduler, SchedulerConfig, StepPlan
 Router = Literal["round_robin", "least_loaded"]
 StepCost = Callable[[list[StepSeq]], int]
 SwapCost = Callable[[str, int], int]  # ("out" | "in", bytes) -> picoseconds
+PlanCost = Callable[[StepPlan], int]  # the same time as StepCost of the plan's sequences
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,8 @@ class ServingSim:
     def __init__(self, requests: Sequence[Request], *, chips: int,
                  scheduler: SchedulerConfig, geometry: KvGeometry, step_cost: StepCost,
                  swap_cost: SwapCost | None = None, router: Router = "round_robin",
-                 slots: int = 1, on_finish: Callable[[int], None] | None = None):
+                 slots: int = 1, on_finish: Callable[[int], None] | None = None,
+                 plan_cost: PlanCost | None = None):
         if chips < 1:
             raise ValueError(f"chips must be >= 1, got {chips}")
         if router not in ("round_robin", "least_loaded"):
@@ -77,6 +80,9 @@ class ServingSim:
         self.requests = sorted(requests, key=lambda r: (r.arrival_ps, r.rid))
         self.chips = [Chip(i, Scheduler(scheduler, geometry)) for i in range(chips)]
         self.step_cost = step_cost
+        #: The step's time straight from its plan (no sequences built); it must equal
+        #: ``step_cost(plan.seqs(slots))`` (:meth:`.costs.StepCostModel.plan_ps` does).
+        self.plan_cost = plan_cost
         self.swap_cost = swap_cost
         self.router = router
         self.slots = slots
@@ -125,7 +131,8 @@ class ServingSim:
                                    f"(KV pool of {sched.geo.num_blocks} blocks)")
             start = env.now
             swap = self._swap_ps(plan)
-            dur = swap + self.step_cost(plan.seqs(self.slots))
+            dur = swap + (self.plan_cost(plan) if self.plan_cost is not None
+                          else self.step_cost(plan.seqs(self.slots)))
             yield env.timeout(dur)
             chip.busy_ps += dur
             finished = len(sched.complete(plan, env.now))
@@ -148,16 +155,17 @@ class ServingSim:
     def _record(self, chip: Chip, plan: StepPlan, start: int, end: int,
                 swap: int) -> StepRecord:
         s = chip.scheduler
-        dec = sum(1 for _, n in plan.items if n == 1)
+        items = plan.items
+        dec = len(plan.dec_pos)  # the one-token items (plan.tokens without a pass over them)
+        tokens = dec + sum([n for n, _ in plan.pieces])
         return StepRecord(
             chip=chip.index, index=plan.index, start_ps=start, end_ps=end, swap_ps=swap,
-            tokens=plan.tokens, decode_seqs=dec, prefill_tokens=plan.tokens - dec,
-            sampled=sum(1 for r, _ in plan.items if r.token_ps and r.token_ps[-1] == end),
+            tokens=tokens, decode_seqs=dec, prefill_tokens=tokens - dec, sampled=plan.sampled,
             preempted=tuple(r.rid for r in plan.preempted),
             swapped_in=tuple(r.rid for r in plan.swapped_in),
             swap_out_bytes=plan.swap_out_bytes, swap_in_bytes=plan.swap_in_bytes,
             used_blocks=s.used_blocks, running=len(s.running), waiting=len(s.waiting),
-            swapped=len(s.swapped), items=tuple((r.rid, n) for r, n in plan.items))
+            swapped=len(s.swapped), items=tuple([(r.rid, n) for r, n in items]))
 
     def run(self) -> None:
         env = self.env
@@ -166,7 +174,16 @@ class ServingSim:
         env.process(self._arrivals())
         for c in self.chips:
             env.process(self._engine(c))
-        env.run(until=self.done)
+        # the loop allocates short-lived lists and tuples by the million, and each time
+        # the cycle collector would re-scan every live request (about a tenth of the
+        # loop's time): it is paused for the loop and runs again after it
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            env.run(until=self.done)
+        finally:
+            if was_enabled:
+                gc.enable()
         lost = [r.rid for r in self.requests if r.state != "finished"]
         if lost:
             raise RuntimeError(f"requests {lost[:10]} did not finish")

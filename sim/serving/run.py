@@ -260,14 +260,17 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
     if progress is not None:
         progress.start("serve requests", total=len(requests))
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     sim = ServingSim(requests, chips=s.chips, scheduler=sched, geometry=geo,
                      step_cost=cost.step_ps, swap_cost=SwapCost(cm, hw), router=s.router,
+                     plan_cost=cost.plan_ps if c.mode == "grid" else None,
                      on_finish=None if progress is None else progress.advance)
     try:
         sim.run()
     except ValueError as err:  # a request that cannot fit the KV pool
         raise ConfigError(f"serving: {err}") from None
     sim_s = time.perf_counter() - t0
+    sim_cpu_s = time.process_time() - cpu0
     steps = [chip.steps for chip in sim.chips]
     serving = serving_metrics(requests, steps, geo)
     cost_info = cost.describe()
@@ -287,6 +290,8 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
                      "max_step_tokens": cm.max_seq},
         "wall_s": {"total": time.perf_counter() - t_start, "compile": compile_s,
                    "cost_model": cost_s, "simulation": sim_s},
+        # processor time of this process (a shared machine's wall time is not the code's)
+        "cpu_s": {"simulation": sim_cpu_s},
     }
     return ServeResult(cfg, metrics, requests, steps, geo, cost)
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import accumulate, compress
+from operator import sub
 from typing import Literal
 
 from models.compiler.driver import StepSeq
@@ -35,7 +37,7 @@ from .blocks import KvGeometry
 Preemption = Literal["recompute", "swap"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     """One request and what happened to it (times in picoseconds)."""
 
@@ -81,6 +83,12 @@ class StepPlan:
     swapped_in: list[Request] = field(default_factory=list)
     swap_out_bytes: int = 0
     swap_in_bytes: int = 0
+    sampled: int = 0  # sequences that sampled a token (set when the step completes)
+    # what the step's time depends on, gathered while scheduling (:meth:`batch`)
+    dec_pos: list[int] = field(default_factory=list)
+    pieces: list[tuple[int, int]] = field(default_factory=list)
+    logits: int = 0
+    decoding: int = 0  # leading items known to decode one token each and sample
 
     def seqs(self, slots: int = 1) -> list[StepSeq]:
         """The step as the device runs it: decoding sequences first, then prompt chunks
@@ -90,6 +98,24 @@ class StepPlan:
         pre = [(r, n) for r, n in self.items if n != 1]
         return [StepSeq(r.rid % slots, n, r.computed, r.computed + n == r.known, r.rid + 1)
                 for r, n in dec + pre]
+
+    def batch(self) -> tuple[list[int], list[tuple[int, int]], int]:
+        """The step as :meth:`seqs` gives it, reduced to what its time depends on: the
+        cache positions of the one-token sequences (first, in order), the longer ones as
+        (tokens, cache position) after them, and how many sequences sample. The scheduler
+        gathers the same as ``dec_pos``, ``pieces`` and ``logits`` while it plans."""
+        dec: list[int] = []
+        pre: list[tuple[int, int]] = []
+        sampled = 0
+        for r, n in self.items:
+            c = r.computed
+            if n == 1:
+                dec.append(c)
+            else:
+                pre.append((n, c))
+            if c + n == r.prompt_tokens + r.generated:
+                sampled += 1
+        return dec, pre, sampled
 
     @property
     def tokens(self) -> int:
@@ -129,6 +155,7 @@ class Scheduler:
         self._admissions = 0
         self.num_preemptions = 0
         self.unfinished = 0
+        self._blk = geometry.block_table()  # blocks held by n cached tokens, n = 0, 1, ...
 
     # --- queues ---------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -154,22 +181,36 @@ class Scheduler:
         cfg, geo = self.cfg, self.geo
         budget = cfg.max_num_batched_tokens
         plan = StepPlan(self.steps, [])
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = min(req.known - req.computed, budget)
-            while True:
-                need = geo.blocks(req.computed + n) - req.blocks
-                if need <= self.free:
-                    break
-                victim = self.running.pop()
+        blk = self._blk
+        running = self.running
+        items = plan.items
+        dec_pos = plan.dec_pos
+        left = self._all_running(plan, budget)
+        i = len(running) if left is not None else 0
+        budget = left if left is not None else budget
+        while i < len(running) and budget > 0:
+            req = running[i]
+            c = req.computed
+            full = req.prompt_tokens + req.generated - c  # the tokens it knows, not computed
+            n = full if full <= budget else budget
+            need = blk[c + n] - req.blocks
+            while need > self.free:
+                victim = running.pop()
                 self._preempt(victim, plan)
                 if victim is req:
                     break
+                need = blk[c + n] - req.blocks
             if req.state != "running":
                 break
-            self._take(req, need)
-            plan.items.append((req, n))
+            self.free -= need
+            req.blocks += need
+            items.append((req, n))
+            if n == 1:
+                dec_pos.append(c)
+            else:
+                plan.pieces.append((n, c))
+            if n == full:  # it computes its last known token: it samples
+                plan.logits += 1
             budget -= n
             i += 1
         if not plan.preempted:
@@ -204,6 +245,43 @@ class Scheduler:
         self.steps += 1
         return plan
 
+    def _all_running(self, plan: StepPlan, budget: int) -> int | None:
+        """Step 1 at once when it is simple: every running request gets all the tokens it
+        knows within ``budget`` and no request's blocks fail (every prefix of the blocks
+        they take fits the free ones), which is what the loop in :meth:`schedule` would
+        do; returns the budget left, or None (nothing changed) to take that loop."""
+        running = self.running
+        if not running:
+            return budget
+        known = [r.prompt_tokens + r.generated for r in running]
+        cs = [r.computed for r in running]
+        ns = list(map(sub, known, cs))
+        total = sum(ns)
+        if total > budget:
+            return None
+        blk = self._blk
+        needs = [blk[k] - r.blocks for k, r in zip(known, running, strict=True)]
+        taken = list(accumulate(needs))
+        if max(taken) > self.free:
+            return None
+        self.free -= taken[-1]
+        for r, nd in compress(zip(running, needs, strict=True), needs):
+            r.blocks += nd
+        plan.items.extend(zip(running, ns, strict=True))
+        if total == len(ns) and min(ns) == 1:  # every one decodes a token (the usual case)
+            plan.dec_pos.extend(cs)
+            plan.decoding = len(ns)
+        else:
+            plan.dec_pos.extend(compress(cs, [n == 1 for n in ns]))
+            plan.pieces.extend((n, c) for n, c in zip(ns, cs, strict=True) if n != 1)
+            k = len(ns)  # the newest admitted may still be prefilling: the rest decode
+            while k and ns[k - 1] != 1:
+                k -= 1
+            if k and max(ns[:k]) == 1 == min(ns[:k]):
+                plan.decoding = k
+        plan.logits += len(running)
+        return budget - total
+
     def _take(self, req: Request, blocks: int) -> None:
         self.free -= blocks
         req.blocks += blocks
@@ -215,6 +293,13 @@ class Scheduler:
         self._take(req, blocks)
         self.running.append(req)
         plan.items.append((req, n))
+        c = req.computed
+        if n == 1:
+            plan.dec_pos.append(c)
+        else:
+            plan.pieces.append((n, c))
+        if c + n == req.prompt_tokens + req.generated:
+            plan.logits += 1
 
     def _preempt(self, req: Request, plan: StepPlan) -> None:
         self.free += req.blocks
@@ -239,28 +324,61 @@ class Scheduler:
     def complete(self, plan: StepPlan, now_ps: int) -> list[Request]:
         """Account the step's tokens (it ended at ``now_ps``); returns the requests that
         finished."""
-        finished = []
-        for req, n in plan.items:
-            a, b = req.computed, req.computed + n
-            again = max(0, min(b, req.high_water) - a)
-            new_a = max(a, req.high_water)
-            req.recomputed_tokens += again
-            if b > new_a:
-                req.prompt_computed += max(0, min(b, req.prompt_tokens) - new_a)
-                req.decode_computed += max(0, b - max(new_a, req.prompt_tokens))
-            req.high_water = max(req.high_water, b)
-            req.computed = b
-            if req.computed == req.known:
-                req.generated += 1
-                req.token_ps.append(now_ps)
-                if req.first_token_ps is None:
-                    req.first_token_ps = now_ps
-                if req.done:
-                    req.state = "finished"
-                    req.finish_ps = now_ps
-                    self.free += req.blocks
-                    req.blocks = 0
-                    self.running.remove(req)
-                    self.unfinished -= 1
-                    finished.append(req)
+        finished: list[Request] = []
+        items = plan.items
+        k = plan.decoding
+        for req, _ in items[:k] if k else ():
+            # one new token each, its last known: it samples (and sampled before)
+            a = req.computed
+            if a < req.high_water or a < req.prompt_tokens:
+                self._account(req, 1, now_ps, finished)
+                continue
+            req.decode_computed += 1
+            req.high_water = req.computed = a + 1
+            g = req.generated = req.generated + 1
+            req.token_ps.append(now_ps)
+            if g >= req.output_tokens:
+                self._finish(req, now_ps, finished)
+        for req, n in items[k:] if k else items:
+            self._account(req, n, now_ps, finished)
+        plan.sampled = plan.logits  # those that computed their last known token
         return finished
+
+    def _account(self, req: Request, n: int, now_ps: int, finished: list[Request]) -> None:
+        """One item of a completed step: ``n`` tokens of ``req`` computed."""
+        a = req.computed
+        b = a + n
+        hw = req.high_water
+        p = req.prompt_tokens
+        if a >= hw:  # all new work (the usual case)
+            if a >= p:
+                req.decode_computed += n
+            elif b <= p:
+                req.prompt_computed += n
+            else:
+                req.prompt_computed += p - a
+                req.decode_computed += b - p
+            req.high_water = b
+        else:  # recomputes tokens it had before a preemption
+            req.recomputed_tokens += min(b, hw) - a
+            if b > hw:
+                req.prompt_computed += max(0, min(b, p) - hw)
+                req.decode_computed += max(0, b - max(hw, p))
+                req.high_water = b
+        req.computed = b
+        if b == p + req.generated:
+            req.generated += 1
+            req.token_ps.append(now_ps)
+            if req.first_token_ps is None:
+                req.first_token_ps = now_ps
+            if req.generated >= req.output_tokens:
+                self._finish(req, now_ps, finished)
+
+    def _finish(self, req: Request, now_ps: int, finished: list[Request]) -> None:
+        req.state = "finished"
+        req.finish_ps = now_ps
+        self.free += req.blocks
+        req.blocks = 0
+        self.running.remove(req)
+        self.unfinished -= 1
+        finished.append(req)

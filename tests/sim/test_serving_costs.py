@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from functools import cache
 
+import numpy as np
 import pytest
 
 from isa import kvformats
@@ -20,7 +21,10 @@ from sim.serving.blocks import kv_geometry
 from sim.serving.cli import main as serve_main
 from sim.serving.config import build_serve_config
 from sim.serving.costs import GridSpec, StepCostModel
+from sim.serving.engine import ServingSim
 from sim.serving.run import SwapCost, compile_for_serving, run_serving, write_serving_outputs
+from sim.serving.scheduler import SchedulerConfig
+from sim.serving.workload import make_requests
 
 HOST = 1 << 26
 
@@ -204,3 +208,46 @@ def test_serve_cli(tmp_path, capsys):
     assert (tmp_path / "o" / "metrics.json").is_file()
     assert serve_main(["--set", "serving.chips=0", "-q"]) == 2
     assert "serving.chips" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_plan_cost_is_the_grid_model_of_the_plans_sequences(tmp_path, preemption):
+    # the serving loop costs a step from its plan (positions gathered while scheduling);
+    # that must be the grid model of the step's sequences, exactly, on every step of a run
+    # with preemptions, prompt chunks cut by the budget and mixed tiles
+    cfg = _tiny_serve(tmp_path, kv_budget_bytes=60 * 512, max_num_batched_tokens=50,
+                      preemption=preemption)
+    result = run_serving(cfg)
+    cost = result.cost
+    checked = []
+
+    def plan_cost(plan) -> int:
+        assert (plan.dec_pos, plan.pieces, plan.logits) == plan.batch()
+        t = cost.plan_ps(plan)
+        assert t == cost.model_ps(plan.seqs())
+        checked.append(len(plan.items))
+        return t
+
+    s = cfg.serving
+    sim = ServingSim(make_requests(s.workload), chips=1, geometry=result.geometry,
+                     step_cost=cost.step_ps, swap_cost=SwapCost(cost.cm, cost.hw),
+                     plan_cost=plan_cost,
+                     scheduler=SchedulerConfig(max_num_seqs=s.max_num_seqs,
+                                               max_num_batched_tokens=50,
+                                               preemption=preemption))
+    sim.run()
+    assert len(checked) == result.metrics["serving"]["steps"]
+    assert sum(r.preemptions for r in sim.requests) > 0
+    assert [vars(x) for x in sim.chips[0].steps] == [vars(x) for x in result.steps[0]]
+
+    # and on shapes that cut pieces at every offset of a tile (one-token rests included)
+    rng = np.random.default_rng(0)
+    mt, cap = cost.m_tile, cost.cm.cap
+    for _ in range(300):
+        dec = [int(p) for p in rng.integers(0, cap - 1, rng.integers(0, 3 * mt))]
+        pieces = [(int(n), int(rng.integers(0, cap - n + 1))) for n in
+                  rng.integers(2, min(2 * mt + 2, cap) + 1, rng.integers(0 if dec else 1, 4))]
+        seqs = [StepSeq(0, 1, p, bool(i % 2), i + 1) for i, p in enumerate(dec)]
+        seqs += [StepSeq(0, n, p, bool(i % 3), 99 + i) for i, (n, p) in enumerate(pieces)]
+        logits = sum(s.logits for s in seqs)
+        assert cost.batch_ps(dec, pieces, logits) == cost.model_ps(seqs), (dec, pieces)
