@@ -270,7 +270,7 @@ def compile_model(
     problem = blocks.attention.kv_problem(kv)
     if problem:
         raise CompileError(f"kv.format: {problem}")
-    if bits.kv_read == "dequant" and blocks.attention.kind != "gqa":
+    if bits.kv_read == "dequant" and blocks.attention.kind not in ("gqa", "sliding-gqa"):
         raise CompileError(f"kv.read: the dequantize-on-read path is built for grouped-query "
                            f"attention; {blocks.attention.kind} attention reads its cache "
                            "as integers (kv.read = 'integer')")
