@@ -215,10 +215,11 @@ def _vec_wide(v: Vec, mem: Memory, f: VecFunc) -> np.ndarray:
         out = np.empty((r, cols), _wide_dtype(v.p2))
         kwide.add_wide(wide_in(v.src0, v.p2), i32(v.src1), v.p0, v.p1, v.p2, out)
         return out
-    if f == VecFunc.RMSNORM_WIDE:
+    if f in (VecFunc.RMSNORM_WIDE, VecFunc.LAYERNORM_WIDE):
         out = np.empty((r, cols), np.int32)
         g = _sram(mem, c, v.src1, 2 * cols, np.int16)
-        kwide.rmsnorm_wide(wide_in(v.src0, v.p2), g, v.p0, v.p1, out)
+        norm = kwide.rmsnorm_wide if f == VecFunc.RMSNORM_WIDE else kwide.layernorm_wide
+        norm(wide_in(v.src0, v.p2), g, v.p0, v.p1, out)
         return out
     if f == VecFunc.QUANT_ROW:
         q = np.empty((r, cols), np.int8)

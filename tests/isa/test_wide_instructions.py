@@ -100,3 +100,21 @@ def test_wide_add_executes_the_kernel() -> None:
 def test_validator_names_the_fault(ins, reason: str) -> None:
     with pytest.raises(ProgramError, match=reason.replace("(", r"\(").replace(")", r"\)")):
         validate_program(Program(instructions=(ins,)), LAYOUT)
+
+
+def test_wide_layernorm_executes_the_kernel_and_sizes_its_operands() -> None:
+    v = Vec(func=VecFunc.LAYERNORM_WIDE, rows=1, cols=4, src0=0, src1=0x100, dst=0x200,
+            p0=0, p1=20, p2=16)
+    assert [(a.role, a.nbytes) for a in v.accesses()] == [
+        ("src0", 8), ("src1", 8), ("dst", 16)]
+    assert v.ops() == 4 * 10  # RMSNORM_WIDE's 8 per element, + the row sum and the mean
+    x = np.array([[1000, -2000, 3000, 30000]], np.int16)
+    g = np.full(4, 16384, np.int16)
+    mem = Mem()
+    mem.put(0, x)
+    mem.put(0x100, g)
+    execute(v, mem)
+    expect = np.empty((1, 4), np.int32)
+    wide.layernorm_wide(x, g, 0, 20, expect)
+    assert mem.get(0x200, 4, np.int32).tolist() == expect[0].tolist()
+    assert abs(int(expect[0].sum())) <= 4  # mean-free
