@@ -159,8 +159,12 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
         L.o = gemm_row_params(s[f"{i}.ao"], w(p + "o_proj"), s[f"{i}.xm"],
                               bias(p + "o_bias", cfg.o_bias), rowed=False, out_bits=32)
         L.add1 = wide_add_params(s[f"x{i}"], s[f"{i}.xm"])
-        L.mlp_norm, s_xn2 = wide_norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"], eps,
-                                             h)
+        if cfg.parallel_block:  # the layer input's norm again (blocks/parallel.py)
+            L.mlp_norm, s_xn2 = wide_norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
+                                                 eps, h)
+        else:
+            L.mlp_norm, s_xn2 = wide_norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"],
+                                                 eps, h)
         L.gate = gemm_row_params(s_xn2, w(p + "gate_proj"), s[f"{i}.gate"], None, rowed=True,
                                  out_bits=32)
         L.up = gemm_row_params(s_xn2, w(p + "up_proj"), s[f"{i}.up"], None, rowed=True,
@@ -175,7 +179,7 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
     logits = fn.astype(np.float64) @ head_w.dequantize().astype(np.float64).T
     s["logits"] = max(float(np.abs(logits).max()), 1e-6) * MARGIN / 2.0**LOGITS_Q
     head = gemm_row_params(s_fn, head_w, s["logits"], None, rowed=True, out_bits=32)
-    row_scale = np.full(cfg.vocab_size, s["logits"], np.float32)
+    row_scale = np.full(cfg.vocab_size, s["logits"] * cfg.logit_scale, np.float32)
     return Numerics(input_scale=s["x0"], layers=layers, final_norm=final, head=head,
                     head_row_scale=row_scale, scales=s, functional=True,
                     residual_bits=residual_bits, rotated=rotated)

@@ -9,7 +9,6 @@ from isa.instructions import NO_ADDR, DmaStore, Engine, Nop, Vec, VecFunc
 from isa.vecfuncs import ROW_META_BYTES
 
 from .builder import Builder
-from .errors import CompileError
 from .lowering import Lowering
 from .sram import SramPlan
 
@@ -29,16 +28,15 @@ def norm(b: Builder, lw: Lowering, c: int, plan: SramPlan, norm: str, nq, x: int
          width: int, *, to: str) -> int:
     """Load the gain of ``norm`` and RMS-normalise ``x`` (already loaded, signalled on
     in_vpu) into a new buffer (LayerNorm for ``norm_kind = "layer"``); the VPU signals
-    ``to``. Wide pipeline: RMSNORM_WIDE of the int16/int32 rows into int32, then QUANT_ROW
-    into int8 with per-row factors (:func:`row_meta`)."""
+    ``to``. Wide pipeline: RMSNORM_WIDE (LAYERNORM_WIDE) of the int16/int32 rows into
+    int32, then QUANT_ROW into int8 with per-row factors (:func:`row_meta`)."""
     gamma = plan.take(2 * width, f"{norm} gain")
     b.load(c, lw.mm[f"p.{norm}"].base, gamma, 2 * width, to="in_vpu")
     if lw.numerics.wide:
-        if lw.model.norm_kind == "layer":
-            raise CompileError(f"{norm}: LayerNorm models (Cohere) have no wide-pipeline "
-                               "norm yet; use [bits.numerics] preset = \"static-int8\"")
+        layer = lw.model.norm_kind == "layer"  # LayerNorm models (Cohere): LAYERNORM_WIDE
         wide = plan.take(4 * m * width, f"{norm} int32 output")
-        b.emit(Vec(core=c, func=VecFunc.RMSNORM_WIDE, rows=m, cols=width, src0=x, src1=gamma,
+        b.emit(Vec(core=c, func=VecFunc.LAYERNORM_WIDE if layer else VecFunc.RMSNORM_WIDE,
+                   rows=m, cols=width, src0=x, src1=gamma,
                    dst=wide, p0=nq.eps_q, p1=nq.shift, p2=lw.numerics.residual_bits,
                    wait=(b.sem(c, "in_vpu"),) * 2))
         out = plan.take(m * width + ROW_META_BYTES * m, f"{norm} output")
