@@ -221,10 +221,11 @@ def _vec_wide(v: Vec, mem: Memory, f: VecFunc) -> np.ndarray:
         norm = kwide.rmsnorm_wide if f == VecFunc.RMSNORM_WIDE else kwide.layernorm_wide
         norm(wide_in(v.src0, v.p2), g, v.p0, v.p1, out)
         return out
-    if f == VecFunc.QUANT_ROW:
+    if f in (VecFunc.QUANT_ROW, VecFunc.QUANT_ROW_WIDE):
         q = np.empty((r, cols), np.int8)
         meta = np.empty((r, 2), np.int32)
-        kwide.quant_row(i32(v.src0), q, meta)
+        kwide.quant_row(i32(v.src0) if f == VecFunc.QUANT_ROW else wide_in(v.src0, v.p2), q,
+                        meta)
         return np.concatenate([q.reshape(-1).view(np.uint8), meta.reshape(-1).view(np.uint8)])
     if f == VecFunc.SILU_MUL_WIDE:
         out = np.empty((r, cols), np.int32)

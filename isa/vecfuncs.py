@@ -31,6 +31,8 @@ class VecFunc(IntEnum):
     FROM_F32_WIDE = 20  # float32 input -> int16/int32
     # --- the wide pipeline for LayerNorm models ----------------------------------------
     LAYERNORM_WIDE = 21  # int16/int32 rows -> int32 LayerNorm without bias (Cohere)
+    # --- the wide pipeline for post-norm blocks (EXAONE-4.0: no norm before projections)
+    QUANT_ROW_WIDE = 22  # int16/int32 rows -> int8 with one dynamic scale per row (+ meta)
 
 
 #: Integer ops per element of each vector function, for the vector unit's timing
@@ -54,6 +56,7 @@ VEC_OPS_PER_ELEMENT = {
     VecFunc.FROM_F32_WIDE: 3,
     # RMSNORM_WIDE's 8 plus the row sum and the subtraction of the mean
     VecFunc.LAYERNORM_WIDE: 10,
+    VecFunc.QUANT_ROW_WIDE: 4,  # QUANT_ROW's steps on a wide operand
 }
 
 #: Bytes of row metadata :data:`VecFunc.QUANT_ROW` writes after its int8 output, per row:
@@ -64,7 +67,7 @@ ROW_META_BYTES = 8
 WIDE_BITS = (16, 32)
 #: Functions whose ``p2`` is the width of their wide operand.
 _WIDTH_PARAM = (VecFunc.ADD_WIDE, VecFunc.RMSNORM_WIDE, VecFunc.FROM_F32_WIDE,
-                VecFunc.LAYERNORM_WIDE)
+                VecFunc.LAYERNORM_WIDE, VecFunc.QUANT_ROW_WIDE)
 
 
 def wide_bytes(bits: int) -> int:
@@ -92,6 +95,8 @@ def vec_operand_bytes(func: int, rows: int, cols: int, p1: int,
         return wide_bytes(p2) * n, 2 * cols, 4 * n
     if f == VecFunc.QUANT_ROW:
         return 4 * n, 0, n + ROW_META_BYTES * rows
+    if f == VecFunc.QUANT_ROW_WIDE:
+        return wide_bytes(p2) * n, 0, n + ROW_META_BYTES * rows
     if f == VecFunc.SILU_MUL_WIDE:
         return 4 * n, 4 * n, 4 * n
     if f == VecFunc.FROM_F32_WIDE:

@@ -51,6 +51,22 @@ def norm(b: Builder, lw: Lowering, c: int, plan: SramPlan, norm: str, nq, x: int
     return out
 
 
+def unnormed(b: Builder, lw: Lowering, c: int, plan: SramPlan, x: int, m: int, width: int,
+             *, to: str, what: str) -> int:
+    """The input of projections that read the residual stream without a norm (EXAONE-4.0's
+    post-norm blocks), ``x`` loaded and signalled on in_vpu; the VPU signals ``to``. The
+    int8 scheme: ``x`` as it is (a VPU no-op). Wide pipeline: QUANT_ROW_WIDE of the
+    int16/int32 rows into int8 with per-row factors (:func:`row_meta`)."""
+    if lw.numerics.wide:
+        out = plan.take(m * width + ROW_META_BYTES * m, f"{what} (per-token int8)")
+        b.emit(Vec(core=c, func=VecFunc.QUANT_ROW_WIDE, rows=m, cols=width, src0=x, dst=out,
+                   p2=lw.numerics.residual_bits, wait=(b.sem(c, "in_vpu"),),
+                   signal=(b.sem(c, to),)))
+        return out
+    b.emit(Nop(core=c, on=Engine.VPU, wait=(b.sem(c, "in_vpu"),), signal=(b.sem(c, to),)))
+    return x
+
+
 def proj_residual(b: Builder, lw: Lowering, mat, add, *, m: int, src: int, k: int,
                   resid: int, dst: int, what: tuple[str, str],
                   int32_input: bool = False) -> None:

@@ -237,3 +237,16 @@ def test_layernorm_wide_is_the_float_layernorm() -> None:
     xc = x[0].astype(np.float64) - x[0].mean()
     expect = xc / math.sqrt((xc**2).mean()) * 16384 * 2.0 ** (23 - 20)
     assert np.abs(a[0] - expect).max() <= 2e-3 * np.abs(expect).max()
+
+
+@SETTINGS
+@given(wide_mats(np.int16))
+def test_quant_row_of_an_int16_residual(w: np.ndarray) -> None:
+    """QUANT_ROW_WIDE runs :func:`quant_row` on int16 rows (a post-norm block's unnormalised
+    residual): the same formula, bit for bit."""
+    out = np.empty(w.shape, np.int8)
+    meta = np.empty((w.shape[0], 2), np.int32)
+    wide.quant_row(w, out, meta)
+    for i, row in enumerate(w.tolist()):
+        q, fa, p = ref_quant_row(row)
+        assert out[i].tolist() == q and meta[i].tolist() == [fa, p]

@@ -118,3 +118,18 @@ def test_wide_layernorm_executes_the_kernel_and_sizes_its_operands() -> None:
     wide.layernorm_wide(x, g, 0, 20, expect)
     assert mem.get(0x200, 4, np.int32).tolist() == expect[0].tolist()
     assert abs(int(expect[0].sum())) <= 4  # mean-free
+
+
+def test_wide_quant_row_reads_an_int16_operand() -> None:
+    v = Vec(func=VecFunc.QUANT_ROW_WIDE, rows=2, cols=4, src0=0, dst=0x200, p2=16)
+    assert [(a.role, a.nbytes) for a in v.accesses()] == [
+        ("src0", 16), ("dst", 8 + 2 * ROW_META_BYTES)]
+    x = np.array([[1000, -2000, 3000, 30000], [1, 2, -3, 0]], np.int16)
+    mem = Mem()
+    mem.put(0, x)
+    execute(v, mem)
+    q = np.empty((2, 4), np.int8)
+    meta = np.empty((2, 2), np.int32)
+    wide.quant_row(x, q, meta)
+    assert mem.get(0x200, 8, np.int8).tolist() == q.reshape(-1).tolist()
+    assert mem.get(0x208, 4, np.int32).tolist() == meta.reshape(-1).tolist()
