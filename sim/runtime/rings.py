@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from isa.kv import region
+from isa.kv import header
 from models.compiler.kvspec import KvCacheSpec
 
 from ..cacheops import CacheOpError
@@ -52,7 +52,7 @@ def held_in(spec: KvCacheSpec, data: np.ndarray, cap: int) -> tuple[int, int]:
 
 
 def _first(spec: KvCacheSpec, head: np.ndarray, cap: int) -> int:
-    return region.held_from(spec.format, head, cap)
+    return header.held_from(spec.format, head, cap)
 
 
 def ring_specs(model: Model, slot: int) -> list[KvCacheSpec]:
