@@ -414,14 +414,16 @@ def test_reference_features_by_their_formulas() -> None:
 
 
 @pytest.mark.parametrize("name", ["tiny-cohere2", "tiny-exaone4"])
-def test_compiled_files_keep_the_new_norms(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("wide", [False, True])
+def test_compiled_files_keep_the_new_norms(name: str, wide: bool, tmp_path: Path) -> None:
     import numpy as np
 
     from models.bits import build_bit_config
     from models.compiler import CompiledModel, HardwareTarget, compile_model
     from sim.hw import load_hardware
 
-    cm = compile_model(load_preset(name), build_bit_config({"weights": "W8"}),
+    bits = {"weights": "W8"} | ({"numerics": _w8()} if wide else {})
+    cm = compile_model(load_preset(name), build_bit_config(bits),
                        HardwareTarget.from_hw(load_hardware("tiny")), kv="int8",
                        functional=True, core_mode="single", max_seq=16, cap=64)
     cm.save(tmp_path / "m.kvm")
