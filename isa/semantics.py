@@ -218,8 +218,10 @@ def _vec_wide(v: Vec, mem: Memory, f: VecFunc) -> np.ndarray:
     if f in (VecFunc.RMSNORM_WIDE, VecFunc.LAYERNORM_WIDE):
         out = np.empty((r, cols), np.int32)
         g = _sram(mem, c, v.src1, 2 * cols, np.int16)
-        norm = kwide.rmsnorm_wide if f == VecFunc.RMSNORM_WIDE else kwide.layernorm_wide
-        norm(wide_in(v.src0, v.p2), g, v.p0, v.p1, out)
+        if f == VecFunc.RMSNORM_WIDE:
+            kwide.rmsnorm_wide(wide_in(v.src0, v.p2), g, v.p0, v.p1, out)
+        else:  # p3: the row is rotated (a Sylvester Hadamard)
+            kwide.layernorm_wide(wide_in(v.src0, v.p2), g, v.p0, v.p1, v.p3, out)
         return out
     if f in (VecFunc.QUANT_ROW, VecFunc.QUANT_ROW_WIDE):
         q = np.empty((r, cols), np.int8)

@@ -30,7 +30,8 @@ class VecFunc(IntEnum):
     SILU_MUL_WIDE = 19  # SwiGLU of int32 gate/up -> int32
     FROM_F32_WIDE = 20  # float32 input -> int16/int32
     # --- the wide pipeline for LayerNorm models ----------------------------------------
-    LAYERNORM_WIDE = 21  # int16/int32 rows -> int32 LayerNorm without bias (Cohere)
+    LAYERNORM_WIDE = 21  # int16/int32 rows -> int32 LayerNorm without bias (Cohere);
+    # p3 = 1: the rows are Hadamard-rotated (Sylvester), their mean is channel 0
     # --- the wide pipeline for post-norm blocks (EXAONE-4.0: no norm before projections)
     QUANT_ROW_WIDE = 22  # int16/int32 rows -> int8 with one dynamic scale per row (+ meta)
 

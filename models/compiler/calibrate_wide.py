@@ -44,7 +44,7 @@ from .calibrate import (
     norm_params,
 )
 from .numerics import AddQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ, residual_bits
-from .rotation import RotatedWeights, head_tensor
+from .rotation import RotatedWeights, head_tensor, rotated_layer_norm
 from .wgroup import MULT_BITS, GroupQuantizedWeight, quantize_matrix, weight_group_size
 
 #: Bits of magnitude the int32 intermediates (gate/up, SwiGLU output) use at their static
@@ -304,6 +304,8 @@ def _calibrate_for(cfg: ModelConfig, bits: BitConfig, source: WeightSource,
         nq = calibrate(cfg, source, bits_for, tokens=tokens, quantize=quantize)
         nq.rotated = rotated
         return nq
-    amax, _, fn = activation_absmax(cfg, source, bits_for, tokens, quantize=quantize)
+    norm = rotated_layer_norm if rotated and cfg.norm_kind == "layer" else None
+    amax, _, fn = activation_absmax(cfg, source, bits_for, tokens, quantize=quantize,
+                                    norm=norm)
     return derive_wide(cfg, source, bits_for, amax, fn, residual_bits=rb, rotated=rotated,
                        group=group)

@@ -285,7 +285,8 @@ def compile_model(
         raise CompileError(f"kv.format: {err}") from None
     # before any map of all the slots is built (a million slots would take minutes)
     if (why := numerics_problem(bits.numerics, mla_or_moe=model.is_mla or model.is_moe,
-                                unrotatable=rotation_problem(model))) is not None:
+                                unrotatable=rotation_problem(
+                                    model, wide=residual_bits(bits.numerics) > 8))) is not None:
         raise CompileError(f"bits.numerics: {why}")
     if (why := dram_problem(model, bits, kv, cap=cap, slots=slots, max_seq=max_seq,
                             dram_bytes=hw.dram_bytes, hw_name=hw.name)) is not None:

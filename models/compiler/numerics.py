@@ -173,16 +173,17 @@ def numerics_problem(opts, *, mla_or_moe: bool, unrotatable: str | None = None) 
     return None
 
 
-def rotation_problem(model) -> str | None:
+def rotation_problem(model, *, wide: bool) -> str | None:
     """Why the residual rotation does not fit a model's blocks (a ``ModelConfig``), or
-    None: a LayerNorm's centring is not rotation-invariant, a post-norm sits between a
-    projection and the stream (its gain cannot be folded), and a parallel block's MLP
-    reads the attention's norm (the rotation folds an MLP norm that it lacks)."""
-    if model.norm_kind == "layer":
-        return "a LayerNorm (Cohere) centres its input, which the rotation does not keep"
+    None. A LayerNorm centres its input: under a Sylvester Hadamard (hidden size a power
+    of two) that is zeroing one channel, which LAYERNORM_WIDE's rotated mode does, and
+    nothing else (the int8 scheme's LAYERNORM, other orders) keeps it; a post-norm sits
+    between a projection and the stream, so its gain cannot be folded."""
+    h = model.hidden_size
+    if model.norm_kind == "layer" and not (wide and h & (h - 1) == 0):
+        return ("a LayerNorm (Cohere) centres its input, which the rotation keeps only for "
+                f"the wide pipeline and a hidden size that is a power of two (here {h})")
     if model.norm_position == "post":
         return ("a post-norm (EXAONE-4.0) normalises a projection's output before the "
                 "residual add, so its gain cannot be folded into a projection")
-    if model.parallel_block:
-        return "a parallel block's MLP reads the attention's norm (no MLP norm to fold)"
     return None

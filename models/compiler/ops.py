@@ -38,7 +38,7 @@ def norm(b: Builder, lw: Lowering, c: int, plan: SramPlan, norm: str, nq, x: int
         b.emit(Vec(core=c, func=VecFunc.LAYERNORM_WIDE if layer else VecFunc.RMSNORM_WIDE,
                    rows=m, cols=width, src0=x, src1=gamma,
                    dst=wide, p0=nq.eps_q, p1=nq.shift, p2=lw.numerics.residual_bits,
-                   wait=(b.sem(c, "in_vpu"),) * 2))
+                   p3=int(layer and lw.numerics.rotated), wait=(b.sem(c, "in_vpu"),) * 2))
         out = plan.take(m * width + ROW_META_BYTES * m, f"{norm} output")
         b.emit(Vec(core=c, func=VecFunc.QUANT_ROW, rows=m, cols=width, src0=wide, dst=out,
                    signal=(b.sem(c, to),)))

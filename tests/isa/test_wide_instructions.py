@@ -115,7 +115,7 @@ def test_wide_layernorm_executes_the_kernel_and_sizes_its_operands() -> None:
     mem.put(0x100, g)
     execute(v, mem)
     expect = np.empty((1, 4), np.int32)
-    wide.layernorm_wide(x, g, 0, 20, expect)
+    wide.layernorm_wide(x, g, 0, 20, 0, expect)
     assert mem.get(0x200, 4, np.int32).tolist() == expect[0].tolist()
     assert abs(int(expect[0].sum())) <= 4  # mean-free
 
