@@ -130,11 +130,14 @@ def rearrange_program(cm: CompiledModel, *, slot: int, keep: Sequence[int], dst:
 
 
 def requantize_program(cm: CompiledModel, *, slot: int, tokens: int, via,
-                       name: str = "requantize") -> Program:
+                       name: str = "requantize",
+                       firsts: dict[str, int] | None = None) -> Program:
     """The device program that passes tokens ``0 .. tokens-1`` of every cache of ``slot``
     through KV format ``via`` and back (the values end up on ``via``'s grid, stored in
     the model's own format): per sub-cache, ``KvRead`` into SRAM, ``KvWrite`` into the
-    scratch area in format ``via``, ``KvRead`` it back, ``KvWrite`` into the cache."""
+    scratch area in format ``via``, ``KvRead`` it back, ``KvWrite`` into the cache.
+    ``firsts``: per cache name, the first position it holds (a sliding-window ring holds
+    only its last positions; it passes those, ``first .. tokens-1``)."""
     from isa import kvformats
 
     cores = cm.cores
@@ -156,18 +159,22 @@ def requantize_program(cm: CompiledModel, *, slot: int, tokens: int, via,
         if need > per_core:
             raise CacheOpError(f"{kvformats.to_text(via)}: a {cm.cap}-token region of "
                                f"{need} bytes exceeds the {per_core}-byte scratch area")
-        if tokens * sc.width > cm.hw.sram_bytes // 2:
-            raise CacheOpError(f"requantizing {tokens} tokens at once needs "
-                               f"{tokens * sc.width} bytes of SRAM; the core has "
+        first = (firsts or {}).get(sc.name, 0)
+        n = tokens - first
+        if n * sc.width > cm.hw.sram_bytes // 2:
+            raise CacheOpError(f"requantizing {n} tokens at once needs "
+                               f"{n * sc.width} bytes of SRAM; the core has "
                                f"{cm.hw.sram_bytes}")
+        if n <= 0:
+            continue
         ins += [
-            KvRead(core=c, fmt=f, tokens=tokens, width=sc.width, pos=0, cap=cm.cap,
+            KvRead(core=c, fmt=f, tokens=n, width=sc.width, pos=first, cap=cm.cap,
                    src=base, dst=0, nbytes=sc.head_bytes),
-            KvWrite(core=c, fmt=0, tokens=tokens, width=sc.width, pos=0, cap=cm.cap, src=0,
+            KvWrite(core=c, fmt=0, tokens=n, width=sc.width, pos=0, cap=cm.cap, src=0,
                     dst=tmp, nbytes=need),
-            KvRead(core=c, fmt=0, tokens=tokens, width=sc.width, pos=0, cap=cm.cap,
+            KvRead(core=c, fmt=0, tokens=n, width=sc.width, pos=0, cap=cm.cap,
                    src=tmp, dst=0, nbytes=need),
-            KvWrite(core=c, fmt=f, tokens=tokens, width=sc.width, pos=0, cap=cm.cap, src=0,
+            KvWrite(core=c, fmt=f, tokens=n, width=sc.width, pos=first, cap=cm.cap, src=0,
                     dst=base, nbytes=sc.head_bytes),
         ]
     del flag

@@ -21,7 +21,7 @@ from ..cacheops import (
 )
 from .checks import check_size
 from .deviceops import cache_groups, rearrange
-from .rings import check_window, held_in
+from .rings import check_window, held_in, held_on_device, ring_specs
 from .types import CallRecord
 
 if TYPE_CHECKING:
@@ -167,9 +167,12 @@ def requantize_on_device(model: Model, via, *, cache_size: int, cache_id: int = 
     cache_size, cache_id = check_size(model.compiled, cache_size, cache_id)
     via = as_format(via, "requantize_on_device: via")
     acc = model.acc
-    # built before any work: a format the scratch area or SRAM cannot hold is refused
+    # built before any work: a format the scratch area or SRAM cannot hold is refused;
+    # a sliding-window ring passes the positions it holds
+    firsts = {c.name: min(held_on_device(model, c, cache_size), cache_size)
+              for c in ring_specs(model, cache_id)}
     prog = requantize_program(model.compiled, slot=cache_id, tokens=cache_size, via=via,
-                              name=op)
+                              name=op, firsts=firsts)
     start, before = model.acc.begin()
     acc.host_work(acc.hw.host.call_overhead_ns, op)
     if cache_size:  # an empty cache: only the call

@@ -13,7 +13,13 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import build_model, load_preset
 from models.reference import ReferenceModel
-from sim.cacheops import CacheOpError, evict_positions, rearrange_program, unpack_file
+from sim.cacheops import (
+    CacheOpError,
+    evict_positions,
+    rearrange_program,
+    requantize_through,
+    unpack_file,
+)
 from sim.device import static_roofline
 from sim.hw import load_hardware
 from sim.runtime import Accelerator, Model
@@ -24,6 +30,8 @@ COHERE = load_preset("tiny-cohere2")
 WINDOW = 8
 RING = WINDOW + 16 - 1  # the window plus a 16-token tile's other tokens
 TOKENS = 32  # two prefill tiles: the rings hold positions 32 - 23 = 9 .. 31
+#: A per-token 4-bit format without a full-precision window (one group per head).
+TOK4 = "b4.token.g16.asym.scale-fp16.zero-fp16"
 
 
 def _compile(cfg=COHERE, functional=True):
@@ -152,3 +160,16 @@ def test_timing_only_mode_refuses_by_the_cache_size(emb) -> None:
         model.evict_on_device([3], cache_size=TOKENS)
     r = model.evict_on_device([30], cache_size=TOKENS)
     assert r.new_cache_size == TOKENS - 1 and r.pcie_bytes == 0 and r.dram_bytes > 0
+
+
+def test_requantizing_a_ring_passes_the_positions_it_holds(cm, emb) -> None:
+    """On the device (the rings' held positions 9..31 through the scratch area) and on the
+    host the same bytes; the full layer passes all 32 positions."""
+    dev, host = _launched(cm, emb), _launched(cm, emb)
+    before = dev.dump_cache_memory()
+    rd = dev.requantize_on_device(TOK4, cache_size=TOKENS)
+    host.edit_cache_on_host(requantize_through(TOK4), cache_size=TOKENS)
+    assert dev.dump_cache_memory() == host.dump_cache_memory() != before
+    assert rd.pcie_bytes == 0 and rd.new_cache_size == TOKENS
+    logits = [m.infer(emb[TOKENS:], cache_size=TOKENS)[0] for m in (dev, host)]
+    assert np.array_equal(*logits)
