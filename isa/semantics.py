@@ -231,15 +231,19 @@ def _vec_wide(v: Vec, mem: Memory, f: VecFunc) -> np.ndarray:
         out = np.empty((r, cols), _wide_dtype(v.p2))
         kwide.add_wide(wide_in(v.src0, v.p2), i32(v.src1), v.p0, v.p1, v.p2, out)
         return out
-    if f == VecFunc.RMSNORM_WIDE:
+    if f in (VecFunc.RMSNORM_WIDE, VecFunc.LAYERNORM_WIDE):
         out = np.empty((r, cols), np.int32)
         g = _sram(mem, c, v.src1, 2 * cols, np.int16)
-        kwide.rmsnorm_wide(wide_in(v.src0, v.p2), g, v.p0, v.p1, out)
+        if f == VecFunc.RMSNORM_WIDE:
+            kwide.rmsnorm_wide(wide_in(v.src0, v.p2), g, v.p0, v.p1, out)
+        else:  # p3: the row is rotated (a Sylvester Hadamard)
+            kwide.layernorm_wide(wide_in(v.src0, v.p2), g, v.p0, v.p1, v.p3, out)
         return out
-    if f == VecFunc.QUANT_ROW:
+    if f in (VecFunc.QUANT_ROW, VecFunc.QUANT_ROW_WIDE):
         q = np.empty((r, cols), np.int8)
         meta = np.empty((r, 2), np.int32)
-        kwide.quant_row(i32(v.src0), q, meta)
+        kwide.quant_row(i32(v.src0) if f == VecFunc.QUANT_ROW else wide_in(v.src0, v.p2), q,
+                        meta)
         return np.concatenate([q.reshape(-1).view(np.uint8), meta.reshape(-1).view(np.uint8)])
     if f == VecFunc.SILU_MUL_WIDE:
         out = np.empty((r, cols), np.int32)
@@ -388,19 +392,35 @@ def _attn_dq(a: AttnDq, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
     q = _sram(mem, a.core, a.q, a.q_len * a.heads * dk).reshape(a.q_len, a.heads, dk)
     width = a.kv_heads * dk
     grid = 2.0 ** -Q24  # Q24 int8-grid units -> int8-grid units
+    if kf.slide != vf.slide:
+        raise IsaError(f"attn.dq: K format {kf} and V format {vf} have different windows")
     kreg = _region(mem, kf, a.k, a.cap, width, "attn.dq")
-    kq = kf.region_read_q24(kreg, a.cap, width, 0, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+    # a sliding-window cache (ring): ctx and pos count from the first of its last ctx keys
+    first = kf.region_first(kreg, a.cap, a.ctx)
+    kq = kf.region_read_q24(kreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
     if kf == vf and a.k <= a.v < a.k + kreg.size:  # MLA: the latent cache is K and V
         vq = kq
     else:
         vreg = _region(mem, vf, a.v, a.cap, width, "attn.dq")
-        vq = vf.region_read_q24(vreg, a.cap, width, 0, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+        if vf.region_first(vreg, a.cap, a.ctx) != first:
+            raise IsaError("attn.dq: the K and V caches hold different positions")
+        vq = vf.region_read_q24(vreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads,
+                                                                          dk)
+    qf = fp16_values(q, f32_value(a.q_scale_f32))
+    kv = (fp16_values(kq, grid * f32_value(a.k_scale_f32)),
+          fp16_values(vq, grid * f32_value(a.v_scale_f32)))
+    scales = dict(scale=f32_value(a.softmax_scale_f32), out_scale=f32_value(a.out_scale_f32))
+    w = kf.slide
     try:
-        out = katf.attend_fp(fp16_values(q, f32_value(a.q_scale_f32)),
-                             fp16_values(kq, grid * f32_value(a.k_scale_f32)),
-                             fp16_values(vq, grid * f32_value(a.v_scale_f32)), pos=a.pos,
-                             scale=f32_value(a.softmax_scale_f32),
-                             out_scale=f32_value(a.out_scale_f32))
+        if not w or a.pos + a.q_len <= w:  # every query sees all keys up to its own
+            out = katf.attend_fp(qf, *kv, pos=a.pos, **scales)
+        else:  # query i (position pos + i) sees the w positions up to its own
+            out = np.empty((a.q_len, a.heads, dk), np.int8)
+            for i in range(a.q_len):
+                p = a.pos + i
+                lo = max(0, p - w + 1)
+                out[i:i + 1] = katf.attend_fp(qf[i:i + 1], kv[0][lo:p + 1], kv[1][lo:p + 1],
+                                              pos=p - lo, **scales)
     except ValueError as err:
         raise IsaError(str(err)) from None
     mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))

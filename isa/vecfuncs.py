@@ -30,6 +30,11 @@ class VecFunc(IntEnum):
     QUANT_ROW = 18  # int32 -> int8 with one dynamic scale per row (+ row metadata)
     SILU_MUL_WIDE = 19  # SwiGLU of int32 gate/up -> int32
     FROM_F32_WIDE = 20  # float32 input -> int16/int32
+    # --- the wide pipeline for LayerNorm models ----------------------------------------
+    LAYERNORM_WIDE = 21  # int16/int32 rows -> int32 LayerNorm without bias (Cohere);
+    # p3 = 1: the rows are Hadamard-rotated (Sylvester), their mean is channel 0
+    # --- the wide pipeline for post-norm blocks (EXAONE-4.0: no norm before projections)
+    QUANT_ROW_WIDE = 22  # int16/int32 rows -> int8 with one dynamic scale per row (+ meta)
 
 
 #: Integer ops per element of each vector function, for the vector unit's timing
@@ -53,6 +58,9 @@ VEC_OPS_PER_ELEMENT = {
     VecFunc.QUANT_ROW: 4,
     VecFunc.SILU_MUL_WIDE: 9,
     VecFunc.FROM_F32_WIDE: 3,
+    # RMSNORM_WIDE's 8 plus the row sum and the subtraction of the mean
+    VecFunc.LAYERNORM_WIDE: 10,
+    VecFunc.QUANT_ROW_WIDE: 4,  # QUANT_ROW's steps on a wide operand
 }
 
 #: Bytes of row metadata :data:`VecFunc.QUANT_ROW` writes after its int8 output, per row:
@@ -66,7 +74,8 @@ MAX_TOPK = 16
 #: FROM_F32_WIDE).
 WIDE_BITS = (16, 32)
 #: Functions whose ``p2`` is the width of their wide operand.
-_WIDTH_PARAM = (VecFunc.ADD_WIDE, VecFunc.RMSNORM_WIDE, VecFunc.FROM_F32_WIDE)
+_WIDTH_PARAM = (VecFunc.ADD_WIDE, VecFunc.RMSNORM_WIDE, VecFunc.FROM_F32_WIDE,
+                VecFunc.LAYERNORM_WIDE, VecFunc.QUANT_ROW_WIDE)
 
 
 def wide_bytes(bits: int) -> int:
@@ -90,10 +99,12 @@ def vec_operand_bytes(func: int, rows: int, cols: int, p1: int,
         return n, 2 * rows * max(p1, 0), n  # int16 cos and sin, rows x rot_dim/2 each
     if f == VecFunc.ADD_WIDE:
         return wide_bytes(p2) * n, 4 * n, wide_bytes(p2) * n
-    if f == VecFunc.RMSNORM_WIDE:
+    if f in (VecFunc.RMSNORM_WIDE, VecFunc.LAYERNORM_WIDE):
         return wide_bytes(p2) * n, 2 * cols, 4 * n
     if f == VecFunc.QUANT_ROW:
         return 4 * n, 0, n + ROW_META_BYTES * rows
+    if f == VecFunc.QUANT_ROW_WIDE:
+        return wide_bytes(p2) * n, 0, n + ROW_META_BYTES * rows
     if f == VecFunc.SILU_MUL_WIDE:
         return 4 * n, 4 * n, 4 * n
     if f == VecFunc.FROM_F32_WIDE:

@@ -130,11 +130,14 @@ def rearrange_program(cm: CompiledModel, *, slot: int, keep: Sequence[int], dst:
 
 
 def requantize_program(cm: CompiledModel, *, slot: int, tokens: int, via,
-                       name: str = "requantize") -> Program:
+                       name: str = "requantize",
+                       firsts: dict[str, int] | None = None) -> Program:
     """The device program that passes tokens ``0 .. tokens-1`` of every cache of ``slot``
     through KV format ``via`` and back (the values end up on ``via``'s grid, stored in
     the model's own format): per sub-cache, ``KvRead`` into SRAM, ``KvWrite`` into the
-    scratch area in format ``via``, ``KvRead`` it back, ``KvWrite`` into the cache."""
+    scratch area in format ``via``, ``KvRead`` it back, ``KvWrite`` into the cache.
+    ``firsts``: per cache name, the first position it holds (a sliding-window ring holds
+    only its last positions; it passes those, ``first .. tokens-1``)."""
     from isa import kvformats
 
     cores = cm.cores
@@ -156,18 +159,22 @@ def requantize_program(cm: CompiledModel, *, slot: int, tokens: int, via,
         if need > per_core:
             raise CacheOpError(f"{kvformats.to_text(via)}: a {cm.cap}-token region of "
                                f"{need} bytes exceeds the {per_core}-byte scratch area")
-        if tokens * sc.width > cm.hw.sram_bytes // 2:
-            raise CacheOpError(f"requantizing {tokens} tokens at once needs "
-                               f"{tokens * sc.width} bytes of SRAM; the core has "
+        first = (firsts or {}).get(sc.name, 0)
+        n = tokens - first
+        if n * sc.width > cm.hw.sram_bytes // 2:
+            raise CacheOpError(f"requantizing {n} tokens at once needs "
+                               f"{n * sc.width} bytes of SRAM; the core has "
                                f"{cm.hw.sram_bytes}")
+        if n <= 0:
+            continue
         ins += [
-            KvRead(core=c, fmt=f, tokens=tokens, width=sc.width, pos=0, cap=cm.cap,
+            KvRead(core=c, fmt=f, tokens=n, width=sc.width, pos=first, cap=cm.cap,
                    src=base, dst=0, nbytes=sc.head_bytes),
-            KvWrite(core=c, fmt=0, tokens=tokens, width=sc.width, pos=0, cap=cm.cap, src=0,
+            KvWrite(core=c, fmt=0, tokens=n, width=sc.width, pos=0, cap=cm.cap, src=0,
                     dst=tmp, nbytes=need),
-            KvRead(core=c, fmt=0, tokens=tokens, width=sc.width, pos=0, cap=cm.cap,
+            KvRead(core=c, fmt=0, tokens=n, width=sc.width, pos=0, cap=cm.cap,
                    src=tmp, dst=0, nbytes=need),
-            KvWrite(core=c, fmt=f, tokens=tokens, width=sc.width, pos=0, cap=cm.cap, src=0,
+            KvWrite(core=c, fmt=f, tokens=n, width=sc.width, pos=first, cap=cm.cap, src=0,
                     dst=base, nbytes=sc.head_bytes),
         ]
     del flag
@@ -236,7 +243,10 @@ def unpack_file(data: bytes, where: str) -> tuple[dict, bytes]:
 @dataclass
 class CacheView:
     """One decoded cache of the host-side edit pipeline: ``values`` int8 ``[tokens, heads,
-    width]`` (edit them, or return new ones) and the raw region bytes it came from."""
+    width]`` (edit them, or return new ones) and the raw region bytes it came from.
+    ``values[i]`` is position ``first + i``: a sliding-window layer's ring (``window``
+    set) holds only its last positions, ``first ..``; other caches hold every position
+    (``first`` 0)."""
 
     name: str
     layer: int
@@ -244,6 +254,13 @@ class CacheView:
     values: np.ndarray
     raw: bytes
     fmt: Any
+    first: int = 0
+    window: int | None = None
+
+    @property
+    def end(self) -> int:
+        """One past the last position the view holds."""
+        return self.first + self.values.shape[0]
 
 
 @dataclass
@@ -334,17 +351,29 @@ def evict_positions(drop: Sequence[int]) -> EditFn:
     drop_set = set(check_positions(drop, where="evict_positions"))
 
     def edit(views: list[CacheView]) -> list[np.ndarray]:
-        out = []
-        t = views[0].values.shape[0] if views else 0
+        t = max((v.end for v in views), default=0)
         if drop_set and max(drop_set) >= t:
             raise CacheOpError(f"evict_positions: positions must lie in 0..{t - 1}, got "
                                f"{max(drop_set)}")
-        for v in views:
-            keep = [t for t in range(v.values.shape[0]) if t not in drop_set]
-            out.append(v.values[keep])
-        return out
+        check_held(views, drop_set, "evict_positions")
+        return [v.values[[i for i in range(v.values.shape[0]) if v.first + i not in drop_set]]
+                for v in views]
 
     return edit
+
+
+def check_held(views: list[CacheView], drop: set[int], where: str) -> None:
+    """Every dropped position must be held by every view: a sliding-window ring holds only
+    ``first ..``; dropping an older position is refused, naming the cache and its span."""
+    if not drop:
+        return
+    low = min(drop)
+    for v in views:
+        if low < v.first:
+            raise CacheOpError(f"{where}: position {low} is outside the sliding window of "
+                               f"layer {v.layer} ({v.name}): its ring holds positions "
+                               f"{v.first}..{v.end - 1} only; positions older than the "
+                               "window cannot be evicted")
 
 
 def requantize_through(fmt) -> EditFn:
@@ -395,16 +424,18 @@ def score_eviction(keep_sinks: int, keep_recent: int, budget: int) -> EditFn:
     budget = _check_count("budget", budget, "score_eviction")
 
     def edit(views: list[CacheView]) -> list[np.ndarray]:
-        t = views[0].values.shape[0]
+        t = max((v.end for v in views), default=0)
         score = np.zeros(t)
-        for v in views:
+        for v in views:  # a sliding-window ring scores the positions it holds
             if v.component in ("k", "c"):
-                score += np.linalg.norm(v.values.astype(np.float64), axis=2).sum(axis=1)
+                score[v.first:v.end] += np.linalg.norm(v.values.astype(np.float64),
+                                                       axis=2).sum(axis=1)
         middle = list(range(keep_sinks, max(keep_sinks, t - keep_recent)))
         ranked = sorted(middle, key=lambda p: (-score[p], p))[:budget]
         keep = sorted(set(range(min(keep_sinks, t))) | set(ranked)
                       | set(range(max(keep_sinks, t - keep_recent), t)))
-        return [v.values[keep] for v in views]
+        check_held(views, set(range(t)) - set(keep), "score_eviction")
+        return [v.values[[p - v.first for p in keep if p >= v.first]] for v in views]
 
     return edit
 
@@ -415,7 +446,8 @@ def measure(fn: EditFn, views: list[CacheView]) -> tuple[list[np.ndarray] | None
     return out, time.perf_counter() - t0
 
 
-__all__ = ["CacheOpError", "CacheView", "EditResult", "as_format", "check_positions",
+__all__ = ["CacheOpError", "CacheView", "EditResult", "as_format", "check_held",
+           "check_positions",
            "evict_positions", "requantize_through",
            "round_trip", "score_eviction", "rearrange_program", "requantize_program",
            "head_caches", "runs_of", "HostRead", "HostWrite"]

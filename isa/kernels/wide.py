@@ -23,6 +23,9 @@ intermediate is int64 and each formula states why it fits.
 - :func:`silu_mul_wide`: SwiGLU of int32 gate/up: ``xa = clamp(rs(g * in_mult, in_shift),
   +-2**30)`` (Q20), ``s = rs(xa * isigmoid(xa), 20)``, ``t = clamp(rs(s * u, 20), +-2**40)``,
   ``out = sat32(rs(t * out_mult, out_shift))`` (needs ``out_mult < 2**22``).
+- :func:`layernorm_wide`: LayerNorm without bias of wide rows: :func:`rmsnorm_wide` on the
+  centred values ``x * 2**2 - round(sum(x) * 2**2 / cols)`` (of a Sylvester-rotated row:
+  ``x * 2**2`` with channel 0, the mean's direction, zeroed); same parameters and output.
 """
 
 from __future__ import annotations
@@ -207,3 +210,59 @@ def silu_mul_wide(g, u, in_mult, in_shift, out_mult, out_shift, out):
             elif t < -SILU_T_MAX:
                 t = np.int64(-SILU_T_MAX)
             out[i, j] = sat32(round_shift(t * np.int64(out_mult), out_shift))
+
+
+# --- LayerNorm on the wide residual (LayerNorm models: Cohere / Command-R7B) --------------
+
+#: Fraction bits of :func:`layernorm_wide`'s centred values (``x - mean`` in units of
+#: ``2**-WIDE_LN_FRAC`` of the input's step; the row mean is rarely an integer).
+WIDE_LN_FRAC = 2
+
+
+@njit(cache=True)
+def layernorm_wide(x, gamma, eps_q, shift, rotated, out):
+    """LayerNorm without bias (Cohere's) of wide rows ``x[r, c]`` (int16/int32) with int16
+    gain ``gamma[c]``, int32 ``out``: per row the centred values ``xc = x * 2**F -
+    round_half_up(sum(x) * 2**F / c)`` (``F`` = :data:`WIDE_LN_FRAC`), then
+    :func:`rmsnorm_wide`'s steps on ``xc`` with ``eps_q * 2**(2F)`` (``eps_q`` in the
+    input's units, as for RMSNORM_WIDE): ``e = max(0, bitlen(max|xc|) - 15)``, ``y = rs(xc,
+    e)``, ``ms = floor(sum(y^2) * 2**16 / c) + floor(eps_q * 2**(2F) / 2**(2e))``, ``rms =
+    max(1, isqrt(ms))``, ``out = sat32(rs(y * g * floor(2**31 / rms), shift))``; so its
+    parameters and output scale are RMSNORM_WIDE's. ``|sum(x)| < 2**47`` and ``|xc| <
+    2**(33 + F)``; the rest is bounded as in :func:`rmsnorm_wide`.
+
+    ``rotated`` (nonzero): the row is a residual rotated by a Sylvester Hadamard matrix
+    ``R`` (``x' = x R``, ``models.compiler.rotation``), whose first row and column are
+    constant: the mean of the unrotated row is ``x'[0] / sqrt(c)`` and centring it removes
+    exactly channel 0 of ``x'``, so ``xc = x * 2**F`` with ``xc[0] = 0``."""
+    r, c = x.shape
+    for i in range(r):
+        mean = np.int64(0)
+        if not rotated:
+            tot = np.int64(0)
+            for j in range(c):
+                tot += np.int64(x[i, j])
+            mean = (tot * np.int64(2 << WIDE_LN_FRAC) + np.int64(c)) // np.int64(2 * c)
+        j0 = 1 if rotated else 0  # a rotated row's channel 0 is its mean: centred away
+        amax = np.int64(0)
+        for j in range(j0, c):
+            v = abs((np.int64(x[i, j]) << WIDE_LN_FRAC) - mean)
+            if v > amax:
+                amax = v
+        e = bitlen(amax) - NORM_IN_BITS
+        if e < 0:
+            e = 0
+        ss = np.int64(0)
+        for j in range(j0, c):
+            y = round_shift((np.int64(x[i, j]) << WIDE_LN_FRAC) - mean, e)
+            ss += y * y
+        ms = ((ss << (2 * _RMS_Q)) // c) + ((np.int64(eps_q) << (2 * WIDE_LN_FRAC)) >> (2 * e))
+        rms = isqrt(ms)
+        if rms < 1:
+            rms = np.int64(1)
+        inv = (np.int64(1) << _INV_BITS) // rms
+        if j0:
+            out[i, 0] = 0
+        for j in range(j0, c):
+            y = round_shift((np.int64(x[i, j]) << WIDE_LN_FRAC) - mean, e)
+            out[i, j] = sat32(round_shift(y * np.int64(gamma[j]) * inv, shift))

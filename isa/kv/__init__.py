@@ -3,7 +3,9 @@
 - :mod:`isa.kv.format`: :class:`KVFormat`, its fields and their validation, record sizes;
 - :mod:`isa.kv.codec`: int8 values to records and back (quantize, pack, unpack);
 - :mod:`isa.kv.region`: a cache's DRAM region (sink slots, quantized slots, the ring of
-  full-precision tail slots, truncation), its reads and writes and their byte traffic;
+  full-precision tail slots, truncation, sliding-window rings), its reads and writes;
+- :mod:`isa.kv.header`: a region's header (token count; a ring's first held position);
+- :mod:`isa.kv.traffic`: the DRAM bytes those reads and appends move, and a cache's size;
 - :mod:`isa.kv.grammar`: the registry of named formats and the spec-string grammar.
 
 Inputs are int8 values: on the device the K/V projections requantize to int8 (with the

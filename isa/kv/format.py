@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import FormatError
-from . import codec
+from . import codec, header, traffic
 from . import region as rg
 
 BITS = (16, 8, 4, 2)
@@ -276,11 +276,11 @@ class KVFormat:
     def bytes(self, tokens: int, width: int) -> int:
         """Bytes of the records a cache of ``tokens`` tokens holds (its region's used part
         without the header), plus page padding for paged formats."""
-        return rg.cache_bytes(self, tokens, width)
+        return traffic.cache_bytes(self, tokens, width)
 
     def region_length(self, buf: np.ndarray) -> int | None:
         """The token count in a region's header (None for formats without a header)."""
-        return rg.length(self, buf)
+        return header.length(self, buf)
 
     def region_write(self, buf: np.ndarray, cap: int, pos: int,
                      x: np.ndarray) -> list[tuple[int, int]]:
@@ -292,7 +292,7 @@ class KVFormat:
     def region_first(self, buf: np.ndarray, cap: int, keys: int) -> int:
         """The first position of the last ``keys`` cached tokens of region ``buf`` (Attn
         over a ring reads those); 0 for other formats, whose Attn reads from position 0."""
-        return rg.last_keys_first(self, buf, cap, keys)
+        return header.last_keys_first(self, buf, cap, keys)
 
     def region_read(self, buf: np.ndarray, cap: int, width: int, pos: int = 0,
                     tokens: int | None = None) -> np.ndarray:
@@ -318,13 +318,13 @@ class KVFormat:
     def read_bytes(self, pos: int, tokens: int, width: int, *,
                    cached: int | None = None) -> int:
         """DRAM bytes a read of positions ``pos .. pos+tokens-1`` moves (header included).
-        See :func:`isa.kv.region.read_bytes`."""
-        return rg.read_bytes(self, pos, tokens, width, cached=cached)
+        See :func:`isa.kv.traffic.read_bytes`."""
+        return traffic.read_bytes(self, pos, tokens, width, cached=cached)
 
     def write_bytes(self, pos: int, tokens: int, width: int) -> tuple[int, int]:
         """DRAM ``(read, written)`` bytes of appending ``tokens`` tokens at ``pos``.
-        See :func:`isa.kv.region.write_bytes`."""
-        return rg.write_bytes(self, pos, tokens, width)
+        See :func:`isa.kv.traffic.write_bytes`."""
+        return traffic.write_bytes(self, pos, tokens, width)
 
     # --- text (isa.kv.grammar) ------------------------------------------------------------
 

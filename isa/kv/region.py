@@ -26,9 +26,9 @@ a fixed place:
    ``(t - sink) % ring`` (``ring = min(window, cap - sink)`` for per-token formats,
    ``min(window + G - 1, cap - sink)`` for per-channel ones).
 
-:func:`cache_bytes` (``KVFormat.bytes``) counts the records a ``T``-token cache holds (plus
-page padding for paged formats); a read of the whole cache moves the header and those
-records. :func:`write` appends and quantizes tokens leaving the window (from their exact
+:func:`.traffic.cache_bytes` (``KVFormat.bytes``) counts the records a ``T``-token cache
+holds (plus page padding for paged formats); a read of the whole cache moves the header and
+those records. :func:`write` appends and quantizes tokens leaving the window (from their exact
 full-precision values, so chunking does not change the result), clears slots that no longer
 hold a cached token (functional tidiness, not counted as traffic; but see truncations below
 for the quantized slot of a token in the tail), and :func:`read_bytes` /
@@ -51,7 +51,7 @@ appending in chunks after a truncation (as on-device eviction does, the first ch
 truncating) reads back exactly as appending at once, and leaves the same bytes: the slots
 of dropped and overwritten tokens are cleared, so a region's bytes depend on the positions
 and values written, not on how the writes were chunked. Traffic is counted as before:
-:func:`write_bytes` prices a token leaving the window as reading its full-precision record
+:func:`.traffic.write_bytes` prices a token leaving the window as reading its full-precision record
 and writing its record.
 
 The exception: a per-channel block that the truncation splits and a write completes again
@@ -61,16 +61,17 @@ completes it or a later one does): its kept tokens read back re-quantized, not n
 before. (Keeping the old block's scales instead would clamp the new tokens to the old tokens'
 range.)
 
-Every token-to-slot mapping goes through :func:`_runs` (and :func:`_slot_span` for the
-quantized slots of a token range), so the reads, writes and traffic are built on them.
+Every token-to-slot mapping goes through :func:`runs` (and :func:`_slot_span` for the
+quantized slots of a token range), so the reads, writes and traffic (:mod:`.traffic`) are
+built on them.
 
 Sliding-window caches (``fmt.ring`` > 0) reuse their slots in a ring: a region of ``R =
 min(cap, ring)`` record slots, token ``t`` in slot ``t % R`` (no sinks, no full-precision
 tail), after a header of the token count ``T`` and the first position ``F`` it holds
 (uint32 each; ``F >= T - R``). It holds positions ``F .. T-1``; reading an older one is an
 error, not stale data. A truncating write (``pos`` below ``T``) keeps what it held below
-``pos``; the positions it had overwritten stay lost. :func:`cache_bytes` counts the
-``min(T, R)`` records held.
+``pos``; the positions it had overwritten stay lost. :func:`.traffic.cache_bytes` counts
+the ``min(T, R)`` records held.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ import numpy as np
 
 from ..errors import FormatError
 from . import codec
+from .header import held_from, length
 
 if TYPE_CHECKING:
     from .format import KVFormat
@@ -154,39 +156,39 @@ def layout(fmt: KVFormat, cap: int, width: int) -> RegionLayout:
                         r_off + ring * fpb)
 
 
-def _runs(fmt: KVFormat, L: RegionLayout, T: int, t0: int, t1: int) -> list[Run]:
+def runs(fmt: KVFormat, L: RegionLayout, T: int, t0: int, t1: int) -> list[Run]:
     """Tokens ``[t0, t1)`` of a cache of ``T`` tokens as runs ``(kind, a, b, offset)`` of
     consecutive slots: kind ``"fp"`` (sink or ring records) or ``"quant"`` (token records;
     for per-channel formats the blocks covering ``[a, b)``, offset of the first block)."""
     s = L.sink_slots
     qe = _q_end(fmt, T)
-    runs = []
+    out: list[Run] = []
     if t0 < min(t1, s):
-        runs.append(("fp", t0, min(t1, s), L.sink_offset + t0 * L.fp_slot_bytes))
+        out.append(("fp", t0, min(t1, s), L.sink_offset + t0 * L.fp_slot_bytes))
     a, b = max(t0, s), min(t1, qe)
     if fmt.ring:  # slot t % R, split where the ring wraps
         n = L.quant_slots
         while a < b:
             e = min(b, a + n - a % n)
-            runs.append(("quant", a, e, L.quant_offset + a % n * L.quant_slot_bytes))
+            out.append(("quant", a, e, L.quant_offset + a % n * L.quant_slot_bytes))
             a = e
-        return runs
+        return out
     if a < b:
         if fmt.axis == "channel":
             off = L.quant_offset + (a - s) // fmt.group * L.quant_slot_bytes
         else:
             off = L.quant_offset + (a - s) * L.quant_slot_bytes
-        runs.append(("quant", a, b, off))
+        out.append(("quant", a, b, off))
     a = max(t0, qe, s)
     while a < t1:
         slot = (a - s) % L.ring_slots
         b = min(t1, a + L.ring_slots - slot)
-        runs.append(("fp", a, b, L.ring_offset + slot * L.fp_slot_bytes))
+        out.append(("fp", a, b, L.ring_offset + slot * L.fp_slot_bytes))
         a = b
-    return runs
+    return out
 
 
-def _span_bytes(fmt: KVFormat, L: RegionLayout, kind: str, a: int, b: int) -> int:
+def span_bytes(fmt: KVFormat, L: RegionLayout, kind: str, a: int, b: int) -> int:
     """Bytes of the slots that hold tokens ``[a, b)`` of one run (whole blocks for a
     per-channel quantized run)."""
     if kind == "quant" and fmt.axis == "channel":
@@ -200,8 +202,8 @@ def _get(fmt: KVFormat, buf: np.ndarray, L: RegionLayout, T: int, t0: int,
     """int8 values of tokens ``[t0, t1)`` (``q24``: int64 Q24 values, unrounded)."""
     out = np.empty((t1 - t0, L.width), np.int64 if q24 else np.int8)
     decode = codec.decode_q24 if q24 else codec.decode
-    for kind, a, b, off in _runs(fmt, L, T, t0, t1):
-        nb = _span_bytes(fmt, L, kind, a, b)
+    for kind, a, b, off in runs(fmt, L, T, t0, t1):
+        nb = span_bytes(fmt, L, kind, a, b)
         if kind == "quant" and fmt.axis == "channel":
             s, g = L.sink_slots, fmt.group
             first = s + (a - s) // g * g
@@ -220,7 +222,7 @@ def _put(fmt: KVFormat, buf: np.ndarray, L: RegionLayout, T: int, t0: int, vals:
     hold the records they came back to the tail with) are left as they are when they read
     back as ``vals``; every other record is quantized from ``vals``."""
     patches = []
-    for kind, a, b, off in _runs(fmt, L, T, t0, t0 + vals.shape[0]):
+    for kind, a, b, off in runs(fmt, L, T, t0, t0 + vals.shape[0]):
         if kind == "quant" and fmt.axis == "channel" and (
                 (a - L.sink_slots) % fmt.group or (b - L.sink_slots) % fmt.group):
             raise FormatError(f"{fmt}: internal error, unaligned block write {a}..{b}")
@@ -278,36 +280,6 @@ def _slot_span(fmt: KVFormat, L: RegionLayout, t0: int, t1: int) -> tuple[int, i
     return L.quant_offset + first * L.quant_slot_bytes, (last - first) * L.quant_slot_bytes
 
 
-def length(fmt: KVFormat, buf: np.ndarray) -> int | None:
-    """The token count in a region's header (None for formats without a header)."""
-    if not fmt.stateful:
-        return None
-    b = np.asarray(buf).reshape(-1).view(np.uint8)
-    return int(b[0]) | int(b[1]) << 8 | int(b[2]) << 16 | int(b[3]) << 24
-
-
-def held_from(fmt: KVFormat, buf: np.ndarray, cap: int) -> int:
-    """The first position a region still holds (0 except for rings: header word 2)."""
-    if not fmt.ring:
-        return 0
-    first = int(np.asarray(buf).reshape(-1).view(np.uint8)[4:8].view("<u4")[0])
-    return max(first, length(fmt, buf) - min(cap, fmt.ring))
-
-
-def last_keys_first(fmt: KVFormat, buf: np.ndarray, cap: int, keys: int) -> int:
-    """The first of the last ``keys`` positions of a ring region's cache (what Attn over a
-    sliding-window cache reads); 0 for other formats. An error if the ring no longer holds
-    them all."""
-    if not fmt.ring:
-        return 0
-    T = length(fmt, buf)
-    first = T - keys
-    if keys < 1 or first < held_from(fmt, buf, cap):
-        raise FormatError(f"{fmt}: the last {keys} positions of a cache of {T} tokens are "
-                          f"not all held (it holds {held_from(fmt, buf, cap)}..{T - 1})")
-    return first
-
-
 def _checked(fmt: KVFormat, buf: np.ndarray, cap: int, width: int) -> RegionLayout:
     L = layout(fmt, cap, width)
     if buf.dtype != np.uint8 or buf.ndim != 1 or buf.size != L.nbytes:
@@ -316,7 +288,7 @@ def _checked(fmt: KVFormat, buf: np.ndarray, cap: int, width: int) -> RegionLayo
     return L
 
 
-def _write_ranges(fmt: KVFormat, T_old: int, pos: int, T_new: int) -> list[tuple[int, int]]:
+def write_ranges(fmt: KVFormat, T_old: int, pos: int, T_new: int) -> list[tuple[int, int]]:
     """Token ranges an append at ``pos`` (cache of ``T_old`` -> ``T_new`` tokens) rewrites:
     tokens before ``pos`` whose place changes (leaving the window, or coming back to it
     after a truncation), and the new tokens; per-channel ranges start on the block they
@@ -373,7 +345,7 @@ def write(fmt: KVFormat, buf: np.ndarray, cap: int, pos: int,
     if pos > T_old:
         raise FormatError(f"{fmt}: writing at position {pos} would leave a gap after the "
                           f"{T_old} cached tokens")
-    ranges = _write_ranges(fmt, T_old, pos, T_new)
+    ranges = write_ranges(fmt, T_old, pos, T_new)
     values = []
     for a, b in ranges:  # read everything first: ring slots get reused
         old = _get(fmt, buf, L, T_old, a, min(b, pos)) if a < pos else None
@@ -393,8 +365,8 @@ def write(fmt: KVFormat, buf: np.ndarray, cap: int, pos: int,
     if qo < qn:
         clear.append((qo, min(qn, T_old)))
     for a, b in clear:
-        for kind, a0, b0, off in _runs(fmt, L, T_old, a, b) if a < b else ():
-            nb = _span_bytes(fmt, L, kind, a0, b0)
+        for kind, a0, b0, off in runs(fmt, L, T_old, a, b) if a < b else ():
+            nb = span_bytes(fmt, L, kind, a0, b0)
             buf[off:off + nb] = 0
             patches.append((off, nb))
     span = _slot_span(fmt, L, pos, T_old) if fmt.stateful and not fmt.ring else None
@@ -458,45 +430,3 @@ def round_trip(fmt: KVFormat, x: np.ndarray) -> np.ndarray:
         raise FormatError(f"{fmt}: a cache holds [tokens, width] values, got {x.shape}")
     t, w = x.shape
     return read(fmt, encode(fmt, x, t), t, w, 0, t)
-
-
-def read_bytes(fmt: KVFormat, pos: int, tokens: int, width: int, *,
-               cached: int | None = None) -> int:
-    """DRAM bytes a read of positions ``pos .. pos+tokens-1`` moves from a region whose
-    cache holds ``cached`` tokens (default ``pos + tokens``): the header and every record
-    or block it touches. Reading a whole cache of T tokens moves
-    ``header_bytes + bytes(T)`` (page padding excluded)."""
-    T = pos + tokens if cached is None else cached
-    L = layout(fmt, max(T, 1), width)
-    return L.header + sum(_span_bytes(fmt, L, k, a, b)
-                          for k, a, b, _ in _runs(fmt, L, T, pos, pos + tokens))
-
-
-def write_bytes(fmt: KVFormat, pos: int, tokens: int, width: int) -> tuple[int, int]:
-    """DRAM ``(read, written)`` bytes of appending ``tokens`` tokens at ``pos`` to a cache
-    of ``pos`` tokens: the header, the full-precision records re-quantized as they leave
-    the window (read) and every record or block written."""
-    T_new = pos + tokens
-    L = layout(fmt, max(T_new, 1), width)
-    rd = wr = L.header
-    for a, b in _write_ranges(fmt, pos, pos, T_new):
-        if a < pos:
-            rd += sum(_span_bytes(fmt, L, k, a0, b0)
-                      for k, a0, b0, _ in _runs(fmt, L, pos, a, min(b, pos)))
-        wr += sum(_span_bytes(fmt, L, k, a0, b0) for k, a0, b0, _ in _runs(fmt, L, T_new, a, b))
-    return rd, wr
-
-
-def cache_bytes(fmt: KVFormat, tokens: int, width: int) -> int:
-    """Bytes of the records a region holding ``tokens`` tokens uses (header excluded), plus
-    the zero records that fill the last page of a paged format. Not monotonic in ``tokens``
-    for per-channel formats (``G`` tail records collapse into one block); the region
-    (:func:`layout`) holds every length up to its capacity."""
-    if tokens < 0:
-        raise FormatError(f"{fmt}: token count must be >= 0, got {tokens}")
-    L = layout(fmt, max(tokens, 1), width)
-    t0 = max(0, tokens - fmt.ring) if fmt.ring else 0  # a ring holds its last R tokens
-    used = sum(_span_bytes(fmt, L, k, a, b) for k, a, b, _ in _runs(fmt, L, tokens, t0, tokens))
-    if fmt.page and tokens % fmt.page:
-        used += (fmt.page - tokens % fmt.page) * fmt.record_bytes(width)
-    return used

@@ -125,12 +125,13 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
 
 
 def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: np.ndarray,
-                      *, quantize=None,
+                      *, quantize=None, norm=None,
                       ) -> tuple[dict[str, float], dict[str, QuantizedWeight], np.ndarray]:
     """The largest magnitude of every activation tensor of a float forward pass over
     ``tokens`` (weights quantized by ``quantize(name)``, by default symmetric per channel at
     their bits, then dequantized), the quantized weights of the last layer, and the final
-    norm's output (float32 ``[tokens, hidden]``)."""
+    norm's output (float32 ``[tokens, hidden]``). ``norm``: the norm function instead of
+    the model's own (a LayerNorm in a rotated residual's space)."""
     quantize = quantize or (lambda name: quantize_weight(source.tensor(name), bits_for(name)))
     if cfg.is_mla or cfg.is_moe:
         raise NotImplementedError(
@@ -138,7 +139,7 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
             "dense grouped-query-attention models; use sim.fidelity = 'timing' for MLA/MoE"
         )
     n = len(tokens)
-    normf = layer_norm if cfg.norm_kind == "layer" else rms_norm
+    normf = norm or (layer_norm if cfg.norm_kind == "layer" else rms_norm)
     amax: dict[str, float] = {}
     qw: dict[str, QuantizedWeight] = {}
 

@@ -41,9 +41,10 @@ from .calibrate import (
     attn_params,
     calibrate,
     calibration_tokens,
+    norm_params,
 )
 from .numerics import AddQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ, residual_bits
-from .rotation import RotatedWeights, head_tensor
+from .rotation import RotatedWeights, head_tensor, rotated_layer_norm
 from .wgroup import MULT_BITS, GroupQuantizedWeight, quantize_matrix, weight_group_size
 
 #: Bits of magnitude the int32 intermediates (gate/up, SwiGLU output) use at their static
@@ -69,6 +70,21 @@ def wide_norm_params(gamma: np.ndarray, s_in: float, eps: float,
     shift = max(0, math.ceil(math.log2(top)) - NORM_OUT_BITS)
     eps_q = int(min(INT32_MAX, round(eps / (s_in * s_in) * 2**16)))
     return NormQ(eps_q=eps_q, shift=shift, gamma=g), s_g * 2.0 ** (shift - 23)
+
+
+def wide_post_norm_params(gamma: np.ndarray, s_in: float, eps: float, cols: int,
+                          s_out: float) -> NormQ:
+    """RMSNORM_WIDE parameters of a post-norm (EXAONE-4.0) whose int32 output lands on the
+    residual's scale ``s_out``, so ADD_WIDE adds it as it is: one output step is ``s_g *
+    2**(shift - 23)`` (:func:`wide_norm_params`), so the gain's scale is ``s_g = s_out *
+    2**(23 - shift)`` with the largest ``shift`` that keeps ``|gamma| / s_g`` within the
+    int16 gain's range (``s_g`` within a factor 2 of the finest: 14+ bits of gain)."""
+    top = max(float(np.abs(gamma).max()), 1e-12)
+    shift = max(0, 23 + math.floor(math.log2(GAMMA_MAX * s_out / top)))
+    s_g = s_out * 2.0 ** (23 - shift)
+    g = np.clip(np.rint(gamma / s_g), -GAMMA_MAX, GAMMA_MAX).astype(np.int16)
+    eps_q = int(min(INT32_MAX, round(eps / (s_in * s_in) * 2**16)))
+    return NormQ(eps_q=eps_q, shift=shift, gamma=g)
 
 
 #: The largest ``|D c + M|`` of a group-wise 4-bit weight (uint8 D, uint4 c, int16 M).
@@ -137,6 +153,10 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
         return source.tensor(name) if present else None
 
     eps, h = cfg.rms_norm_eps, cfg.hidden_size
+    # a post-norm's int32 input is no finer than this step, so that its eps (in the
+    # input's units: eps / s**2 * 2**16) fits RMSNORM_WIDE's int32 eps_q: a projection
+    # output whose RMS is near sqrt(eps) is then normalised as the float model does
+    post_floor = math.sqrt(eps * 2**16 / INT32_MAX)
     s: dict[str, float] = {}
     for i in range(cfg.num_layers + 1):
         s[f"x{i}"] = scale(f"x{i}", qmax)
@@ -149,25 +169,59 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
         for key in ("gate", "up", "h"):
             s[f"{i}.{key}"] = scale(f"{i}.{key}", 2.0**WIDE_Q)
         L = LayerQ()
-        L.attn_norm, s_xn = wide_norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"], eps, h)
+        post = cfg.norm_position == "post"  # EXAONE-4.0 (blocks/postnorm.py)
+        if post:  # no norm: QUANT_ROW_WIDE of the residual itself
+            s_xn = s[f"x{i}"]
+        else:
+            L.attn_norm, s_xn = wide_norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
+                                                 eps, h)
+        if cfg.qk_norm:  # q, k before their head norms (int8 RMSNORM, static scales)
+            for key in ("qraw", "kraw"):
+                s[f"{i}.{key}"] = scale(f"{i}.{key}", INT8_MAX)
         for key, proj in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj")):
-            setattr(L, key, gemm_row_params(s_xn, w(p + proj), s[f"{i}.{key}"],
+            out = f"{i}.{key}raw" if cfg.qk_norm and key != "v" else f"{i}.{key}"
+            setattr(L, key, gemm_row_params(s_xn, w(p + proj), s[out],
                                             bias(p + f"{key}_bias", cfg.qkv_bias),
                                             rowed=True, out_bits=8))
+        if cfg.qk_norm:
+            L.q_norm = norm_params(source.tensor(p + "q_norm"), s[f"{i}.qraw"], s[f"{i}.q"],
+                                   eps)
+            L.k_norm = norm_params(source.tensor(p + "k_norm"), s[f"{i}.kraw"], s[f"{i}.k"],
+                                   eps)
         L.attn = attn_params(s[f"{i}.q"], s[f"{i}.k"], s[f"{i}.v"], s[f"{i}.ao"],
                              softmax_scale(cfg))
-        L.o = gemm_row_params(s[f"{i}.ao"], w(p + "o_proj"), s[f"{i}.xm"],
-                              bias(p + "o_bias", cfg.o_bias), rowed=False, out_bits=32)
+        if post:  # o_proj to int32, its post-norm straight onto the residual's scale
+            s[f"{i}.o"] = max(scale(f"{i}.o", 2.0**WIDE_Q), post_floor)
+            L.o = gemm_row_params(s[f"{i}.ao"], w(p + "o_proj"), s[f"{i}.o"],
+                                  bias(p + "o_bias", cfg.o_bias), rowed=False, out_bits=32)
+            L.post_attn_norm = wide_post_norm_params(source.tensor(p + "post_attn_norm"),
+                                                     s[f"{i}.o"], eps, h, s[f"{i}.xm"])
+        else:
+            L.o = gemm_row_params(s[f"{i}.ao"], w(p + "o_proj"), s[f"{i}.xm"],
+                                  bias(p + "o_bias", cfg.o_bias), rowed=False, out_bits=32)
         L.add1 = wide_add_params(s[f"x{i}"], s[f"{i}.xm"])
-        L.mlp_norm, s_xn2 = wide_norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"], eps,
-                                             h)
+        if post:  # the MLP reads x_m unnormalised (QUANT_ROW_WIDE)
+            s_xn2 = s[f"{i}.xm"]
+        elif cfg.parallel_block:  # the layer input's norm again (blocks/parallel.py)
+            L.mlp_norm, s_xn2 = wide_norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
+                                                 eps, h)
+        else:
+            L.mlp_norm, s_xn2 = wide_norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"],
+                                                 eps, h)
         L.gate = gemm_row_params(s_xn2, w(p + "gate_proj"), s[f"{i}.gate"], None, rowed=True,
                                  out_bits=32)
         L.up = gemm_row_params(s_xn2, w(p + "up_proj"), s[f"{i}.up"], None, rowed=True,
                                out_bits=32)
         L.silu = wide_silu_params(s[f"{i}.gate"], s[f"{i}.up"], s[f"{i}.h"])
-        L.down = gemm_row_params(s[f"{i}.h"], w(p + "down_proj"), s[f"x{i + 1}"], None,
-                                 rowed=True, out_bits=32)
+        if post:  # down_proj to int32, its post-norm onto the next residual's scale
+            s[f"{i}.down"] = max(scale(f"{i}.down", 2.0**WIDE_Q), post_floor)
+            L.down = gemm_row_params(s[f"{i}.h"], w(p + "down_proj"), s[f"{i}.down"], None,
+                                     rowed=True, out_bits=32)
+            L.post_mlp_norm = wide_post_norm_params(source.tensor(p + "post_mlp_norm"),
+                                                    s[f"{i}.down"], eps, h, s[f"x{i + 1}"])
+        else:
+            L.down = gemm_row_params(s[f"{i}.h"], w(p + "down_proj"), s[f"x{i + 1}"], None,
+                                     rowed=True, out_bits=32)
         L.add2 = wide_add_params(s[f"{i}.xm"], s[f"x{i + 1}"])
         layers.append(L)
     final, s_fn = wide_norm_params(source.tensor("final_norm"), s[f"x{cfg.num_layers}"], eps, h)
@@ -175,7 +229,7 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
     logits = fn.astype(np.float64) @ head_w.dequantize().astype(np.float64).T
     s["logits"] = max(float(np.abs(logits).max()), 1e-6) * MARGIN / 2.0**LOGITS_Q
     head = gemm_row_params(s_fn, head_w, s["logits"], None, rowed=True, out_bits=32)
-    row_scale = np.full(cfg.vocab_size, s["logits"], np.float32)
+    row_scale = np.full(cfg.vocab_size, s["logits"] * cfg.logit_scale, np.float32)
     return Numerics(input_scale=s["x0"], layers=layers, final_norm=final, head=head,
                     head_row_scale=row_scale, scales=s, functional=True,
                     residual_bits=residual_bits, rotated=rotated)
@@ -250,6 +304,8 @@ def _calibrate_for(cfg: ModelConfig, bits: BitConfig, source: WeightSource,
         nq = calibrate(cfg, source, bits_for, tokens=tokens, quantize=quantize)
         nq.rotated = rotated
         return nq
-    amax, _, fn = activation_absmax(cfg, source, bits_for, tokens, quantize=quantize)
+    norm = rotated_layer_norm if rotated and cfg.norm_kind == "layer" else None
+    amax, _, fn = activation_absmax(cfg, source, bits_for, tokens, quantize=quantize,
+                                    norm=norm)
     return derive_wide(cfg, source, bits_for, amax, fn, residual_bits=rb, rotated=rotated,
                        group=group)

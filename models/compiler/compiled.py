@@ -37,7 +37,7 @@ from .errors import CompileError
 from .kvspec import KvCacheSpec
 from .lowering import Lowering
 from .memmap import MemoryMap
-from .numerics import GemmQ, Numerics, numerics_problem, residual_bits
+from .numerics import GemmQ, Numerics, numerics_problem, residual_bits, rotation_problem
 from .rotation import head_tensor
 from .sram import SramOverflow
 from .wgroup import quantize_matrix, weight_group_size
@@ -270,7 +270,7 @@ def compile_model(
     problem = blocks.attention.kv_problem(kv)
     if problem:
         raise CompileError(f"kv.format: {problem}")
-    if bits.kv_read == "dequant" and blocks.attention.kind != "gqa":
+    if bits.kv_read == "dequant" and blocks.attention.kind not in ("gqa", "sliding-gqa"):
         raise CompileError(f"kv.read: the dequantize-on-read path is built for grouped-query "
                            f"attention; {blocks.attention.kind} attention reads its cache "
                            "as integers (kv.read = 'integer')")
@@ -284,8 +284,9 @@ def compile_model(
     except KvsimError as err:
         raise CompileError(f"kv.format: {err}") from None
     # before any map of all the slots is built (a million slots would take minutes)
-    if (why := numerics_problem(bits.numerics,
-                                mla_or_moe=model.is_mla or model.is_moe)) is not None:
+    if (why := numerics_problem(bits.numerics, mla_or_moe=model.is_mla or model.is_moe,
+                                unrotatable=rotation_problem(
+                                    model, wide=residual_bits(bits.numerics) > 8))) is not None:
         raise CompileError(f"bits.numerics: {why}")
     if (why := dram_problem(model, bits, kv, cap=cap, slots=slots, max_seq=max_seq,
                             dram_bytes=hw.dram_bytes, hw_name=hw.name)) is not None:

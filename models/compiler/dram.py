@@ -10,6 +10,7 @@ from ..bits import BitConfig
 from ..config import ModelConfig
 from ..reference import rope_dim
 from .blocks.io import LAST_REGION, LOGITS_REGION
+from .blocks.postnorm import POST_WIDE_REGION
 from .blocks.registry import blocks_for
 from .builder import CORE_MODES
 from .memmap import MemoryMap, dram_shortfall
@@ -55,6 +56,8 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
     # values per core, so compaction never reads a token it has already overwritten
     mm.add("act.kvtmp", max(CORE_MODES.values()) * cap * blocks.attention.cache_width,
            "activations")
+    if rb > 1 and cfg.norm_position == "post":  # the wide post-norms' int32 inputs
+        mm.add(POST_WIDE_REGION, 4 * m_tile * h, "activations")
     return mm
 
 

@@ -143,11 +143,11 @@ def residual_bits(opts) -> int:
     return {"int8": 8, "int16": 16, "int16e": 16, "int32": 32}[opts.residual]
 
 
-def numerics_problem(opts, *, mla_or_moe: bool) -> str | None:
+def numerics_problem(opts, *, mla_or_moe: bool, unrotatable: str | None = None) -> str | None:
     """Why the compiler cannot build numerics options ``opts`` (a ``NumericsOptions``), or
     None. Built: the int8 scheme (residual int8, static scales) and the wide pipeline
     (residual int16/int32, per-token GEMM inputs, static q/k/v), each with or without the
-    offline residual rotation."""
+    offline residual rotation (``unrotatable``: why the model's blocks cannot take it)."""
     if opts.residual == "int16e":
         return ("residual = 'int16e' (a per-token exponent) is not implemented yet; use "
                 "'int16' or 'int32'")
@@ -163,7 +163,27 @@ def numerics_problem(opts, *, mla_or_moe: bool) -> str | None:
     if not wide and opts.act_scale != "static":
         return ("act_scale = 'token' is built with a wide residual (residual = 'int16' or "
                 "'int32'); the int8 residual keeps static scales")
+    if opts.rotation != "none" and unrotatable:
+        return (f"rotation = {opts.rotation!r} folds RMSNorm gains into the projections "
+                f"that read the residual stream; {unrotatable}: use rotation = 'none' "
+                "(e.g. [bits.numerics] preset = 'w8' with rotation = 'none')")
     if wide and mla_or_moe:
         return ("the wide pipeline (residual int16/int32) is built for dense grouped-query-"
                 "attention models; use [bits.numerics] preset = 'static-int8' for MLA/MoE")
+    return None
+
+
+def rotation_problem(model, *, wide: bool) -> str | None:
+    """Why the residual rotation does not fit a model's blocks (a ``ModelConfig``), or
+    None. A LayerNorm centres its input: under a Sylvester Hadamard (hidden size a power
+    of two) that is zeroing one channel, which LAYERNORM_WIDE's rotated mode does, and
+    nothing else (the int8 scheme's LAYERNORM, other orders) keeps it; a post-norm sits
+    between a projection and the stream, so its gain cannot be folded."""
+    h = model.hidden_size
+    if model.norm_kind == "layer" and not (wide and h & (h - 1) == 0):
+        return ("a LayerNorm (Cohere) centres its input, which the rotation keeps only for "
+                f"the wide pipeline and a hidden size that is a power of two (here {h})")
+    if model.norm_position == "post":
+        return ("a post-norm (EXAONE-4.0) normalises a projection's output before the "
+                "residual add, so its gain cannot be folded into a projection")
     return None

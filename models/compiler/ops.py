@@ -9,7 +9,6 @@ from isa.instructions import NO_ADDR, DmaStore, Engine, Nop, Vec, VecFunc
 from isa.vecfuncs import ROW_META_BYTES
 
 from .builder import Builder
-from .errors import CompileError
 from .lowering import Lowering
 from .sram import SramPlan
 
@@ -29,18 +28,17 @@ def norm(b: Builder, lw: Lowering, c: int, plan: SramPlan, norm: str, nq, x: int
          width: int, *, to: str) -> int:
     """Load the gain of ``norm`` and RMS-normalise ``x`` (already loaded, signalled on
     in_vpu) into a new buffer (LayerNorm for ``norm_kind = "layer"``); the VPU signals
-    ``to``. Wide pipeline: RMSNORM_WIDE of the int16/int32 rows into int32, then QUANT_ROW
-    into int8 with per-row factors (:func:`row_meta`)."""
+    ``to``. Wide pipeline: RMSNORM_WIDE (LAYERNORM_WIDE) of the int16/int32 rows into
+    int32, then QUANT_ROW into int8 with per-row factors (:func:`row_meta`)."""
     gamma = plan.take(2 * width, f"{norm} gain")
     b.load(c, lw.mm[f"p.{norm}"].base, gamma, 2 * width, to="in_vpu")
     if lw.numerics.wide:
-        if lw.model.norm_kind == "layer":
-            raise CompileError(f"{norm}: LayerNorm models (Cohere) have no wide-pipeline "
-                               "norm yet; use [bits.numerics] preset = \"static-int8\"")
+        layer = lw.model.norm_kind == "layer"  # LayerNorm models (Cohere): LAYERNORM_WIDE
         wide = plan.take(4 * m * width, f"{norm} int32 output")
-        b.emit(Vec(core=c, func=VecFunc.RMSNORM_WIDE, rows=m, cols=width, src0=x, src1=gamma,
+        b.emit(Vec(core=c, func=VecFunc.LAYERNORM_WIDE if layer else VecFunc.RMSNORM_WIDE,
+                   rows=m, cols=width, src0=x, src1=gamma,
                    dst=wide, p0=nq.eps_q, p1=nq.shift, p2=lw.numerics.residual_bits,
-                   wait=(b.sem(c, "in_vpu"),) * 2))
+                   p3=int(layer and lw.numerics.rotated), wait=(b.sem(c, "in_vpu"),) * 2))
         out = plan.take(m * width + ROW_META_BYTES * m, f"{norm} output")
         b.emit(Vec(core=c, func=VecFunc.QUANT_ROW, rows=m, cols=width, src0=wide, dst=out,
                    signal=(b.sem(c, to),)))
@@ -51,6 +49,22 @@ def norm(b: Builder, lw: Lowering, c: int, plan: SramPlan, norm: str, nq, x: int
                p0=nq.eps_q, p1=nq.shift, wait=(b.sem(c, "in_vpu"),) * 2,
                signal=(b.sem(c, to),)))
     return out
+
+
+def unnormed(b: Builder, lw: Lowering, c: int, plan: SramPlan, x: int, m: int, width: int,
+             *, to: str, what: str) -> int:
+    """The input of projections that read the residual stream without a norm (EXAONE-4.0's
+    post-norm blocks), ``x`` loaded and signalled on in_vpu; the VPU signals ``to``. The
+    int8 scheme: ``x`` as it is (a VPU no-op). Wide pipeline: QUANT_ROW_WIDE of the
+    int16/int32 rows into int8 with per-row factors (:func:`row_meta`)."""
+    if lw.numerics.wide:
+        out = plan.take(m * width + ROW_META_BYTES * m, f"{what} (per-token int8)")
+        b.emit(Vec(core=c, func=VecFunc.QUANT_ROW_WIDE, rows=m, cols=width, src0=x, dst=out,
+                   p2=lw.numerics.residual_bits, wait=(b.sem(c, "in_vpu"),),
+                   signal=(b.sem(c, to),)))
+        return out
+    b.emit(Nop(core=c, on=Engine.VPU, wait=(b.sem(c, "in_vpu"),), signal=(b.sem(c, to),)))
+    return x
 
 
 def proj_residual(b: Builder, lw: Lowering, mat, add, *, m: int, src: int, k: int,

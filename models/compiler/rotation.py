@@ -15,6 +15,11 @@ table: the two differ once the final gain is folded), and every RMSNorm gain bec
 ``R`` is a normalised Hadamard matrix: a Kronecker product of Sylvester's ``2**a`` and
 Paley's order-12 construction (hidden sizes ``2**a``, ``12 * 2**a`` and ``144 * 2**a``:
 576 = 144 x 4 for SmolLM2-135M).
+
+A LayerNorm (Cohere) centres its input, which a rotation does not keep in general; but a
+Sylvester matrix's first row and column are constant, so the mean of ``x`` is ``x'[0] /
+sqrt(n)`` and centring ``x`` is zeroing channel 0 of ``x'`` (LAYERNORM_WIDE's rotated
+mode): LayerNorm models rotate when their hidden size is a power of two.
 """
 
 from __future__ import annotations
@@ -66,6 +71,16 @@ def hadamard(n: int) -> np.ndarray:
     return h / np.sqrt(n)
 
 
+def rotated_layer_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    """LayerNorm (no bias) of a Sylvester-rotated row ``x' = x R`` in the rotated space:
+    centring ``x`` zeroes channel 0 of ``x'`` (the module docstring), the variance is the
+    same; float32. The float twin of LAYERNORM_WIDE's rotated mode, for calibration."""
+    xc = np.array(x, np.float32)
+    xc[..., 0] = 0
+    var = np.mean(np.square(xc), axis=-1, keepdims=True)
+    return (xc / np.sqrt(var + np.float32(eps)) * gamma).astype(np.float32)
+
+
 def _split(name: str) -> tuple[str, str]:
     """``layers.3.q_proj`` -> ``("layers.3.", "q_proj")``; globals -> ``("", name)``."""
     if name.startswith("layers."):
@@ -102,7 +117,9 @@ class RotatedWeights:
         if name == HEAD:
             return self.head()
         if leaf in _READS_ATTN_NORM or leaf in _READS_MLP_NORM:
-            g = src.tensor(pre + ("attn_norm" if leaf in _READS_ATTN_NORM else "mlp_norm"))
+            # a parallel block's MLP reads the attention's norm (blocks/parallel.py)
+            reads_attn = leaf in _READS_ATTN_NORM or self.config.parallel_block
+            g = src.tensor(pre + ("attn_norm" if reads_attn else "mlp_norm"))
             w = src.tensor(name).astype(np.float64) * g.astype(np.float64)[None, :]
             return (w @ self.r).astype(np.float32)
         if leaf in _WRITES_STREAM:

@@ -1,7 +1,9 @@
 """``dump_cache_memory_to(dir)`` / ``load_cache_memory_from(dir)``: one file per cache,
 ``cache_<layer_hash>.bin``, each with a header (format version, model and KV-format
 identity, cache name, size, the slot it holds, CRC-32 of the bytes; ``sim.cacheops``
-packs it). A load checks every file before it changes anything."""
+packs it; a sliding-window layer's ring adds its ``window``, ``ring_slots`` and the
+positions ``held`` per slot, :func:`.rings.dump_meta`). A load checks every file before
+it changes anything (a ring dump of another window is refused by its ``window``)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..cacheops import CacheOpError, model_identity, pack_file, unpack_file
 from . import deviceops
 from .checks import check_bufs, folder
+from .rings import check_dump_window, dump_meta
 
 if TYPE_CHECKING:
     from .model import Model
@@ -34,12 +37,15 @@ def dump_to(model: Model, directory: Any, slot: int | None) -> list[Path]:
     bufs = deviceops.dump(model, slot)
     ident = model_identity(model.compiled)
     paths = []
-    for info, blob in zip(model.get_cache_infos(), bufs, strict=True):
+    groups = deviceops.cache_groups(model)
+    for info, group, blob in zip(model.get_cache_infos(), groups, bufs, strict=True):
         meta = {"model": ident, "name": info.name, "cache_type": info.cache_type,
                 "layer_hash": info.layer_hash, "size": len(blob),
                 "num_batches": info.num_batches}
         if slot is not None:  # whole-model dumps keep the header they always had
             meta["cache_id"] = slot
+        if group[0].format.ring:  # a sliding-window ring: its window, what it holds
+            meta |= dump_meta(model, group[0], blob, slot)
         p = d / f"cache_{info.layer_hash}.bin"
         try:
             atomic_write_bytes(p, pack_file(meta, blob))
@@ -61,11 +67,12 @@ def load_from(model: Model, directory: Any, slot: int | None) -> None:
     ident = model_identity(model.compiled)
     infos = model.get_cache_infos()
     bufs = []
-    for info in infos:
+    for info, group in zip(infos, deviceops.cache_groups(model), strict=True):
         p = d / f"cache_{info.layer_hash}.bin"
         if not p.is_file():
             raise CacheOpError(f"load_cache_memory_from: {p.name} is missing")
         meta, payload = unpack_file(p.read_bytes(), p.name)
+        check_dump_window(group[0], meta, p.name)
         if meta.get("model") != ident:
             raise CacheOpError(f"{p.name}: dumped from another model or KV format "
                                f"({meta.get('model')!r}; this model is {ident!r})")

@@ -15,6 +15,7 @@ from models.compiler import CompiledModel
 
 from ..cacheops import rearrange_program
 from .checks import Request
+from .rings import check_rearrange
 
 if TYPE_CHECKING:
     from .model import Model
@@ -218,9 +219,15 @@ def reset(model: Model) -> None:
     acc.end("reset_cache_memory", start, before)
 
 
-def rearrange(model: Model, op: str, keep: list[int], dst: int, cache_id: int) -> None:
-    """Move the tokens at positions ``keep`` of slot ``cache_id`` to ``dst..`` with an
-    on-device program (KvRead / DRAM scratch / KvWrite): no host-link traffic."""
+def rearrange(model: Model, op: str, keep: list[int], dst: int, cache_id: int, *,
+              cache_size: int) -> None:
+    """Move the tokens at positions ``keep`` of slot ``cache_id`` (a cache of
+    ``cache_size`` tokens) to ``dst..`` with an on-device program (KvRead / DRAM scratch /
+    KvWrite): no host-link traffic. A sliding-window ring must hold every position from
+    ``dst`` on and, afterwards, the next token's window (:func:`.rings.check_rearrange`):
+    else refused before anything runs."""
+    check_rearrange(model, dst=dst, new_size=dst + len(keep), cache_size=cache_size,
+                    cache_id=cache_id, where=op)
     acc = model.acc
     start, before = acc.begin()
     acc.host_work(acc.hw.host.call_overhead_ns, op)

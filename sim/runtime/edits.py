@@ -21,6 +21,7 @@ from ..cacheops import (
 )
 from .checks import check_size
 from .deviceops import cache_groups, rearrange
+from .rings import check_window, held_in, held_on_device, ring_specs
 from .types import CallRecord
 
 if TYPE_CHECKING:
@@ -37,10 +38,13 @@ def cache_views(model: Model, bufs: list[bytes], cache_size: int,
         region = np.frombuffer(blob, np.uint8, c.region.size,
                                cache_id * c.region.size)
         fmt, w, hb = c.format, c.width, c.head_bytes
-        heads = [fmt.region_read(region[h * hb:(h + 1) * hb], cm.cap, w, 0, cache_size)
-                 for h in range(c.heads)]
+        # a sliding-window ring holds only its last positions
+        first = min(held_in(c, region, cm.cap)[0], cache_size) if fmt.ring else 0
+        heads = [fmt.region_read(region[h * hb:(h + 1) * hb], cm.cap, w, first,
+                                 cache_size - first) for h in range(c.heads)]
         views.append(CacheView(c.name, c.layer, c.component,
-                               np.stack(heads, axis=1), blob, fmt))
+                               np.stack(heads, axis=1), blob, fmt, first=first,
+                               window=c.window if fmt.ring else None))
     return views
 
 
@@ -90,10 +94,15 @@ def edit_on_host(model: Model, fn: EditFn, *, cache_size: int, cache_id: int = 0
     if new is None:
         new = [v.values for v in views]
     new = check_edit(new, views)
-    sizes = {x.shape[0] for x in new}
+    # a ring's values start at its first held position: its length counts from there
+    sizes = {v.first + x.shape[0] for v, x in zip(views, new, strict=True)}
     if len(sizes) != 1:
         raise CacheOpError(f"the edit left caches of different lengths {sorted(sizes)}")
     new_size = sizes.pop()
+    for v in views:
+        if v.window is not None:
+            check_window(name=v.name, layer=v.layer, window=v.window, first=v.first,
+                         end=v.end, new_size=new_size, where="edit_cache_on_host")
     for group, blob, view, old_vals, vals in zip(cache_groups(model), bufs, views, olds,
                                                  new, strict=True):
         c = group[cache_id]
@@ -116,7 +125,7 @@ def edit_on_host(model: Model, fn: EditFn, *, cache_size: int, cache_id: int = 0
                 continue
             sub = np.frombuffer(region, np.uint8, hb, base + h * hb).copy()
             if dst < len(nv):
-                fmt.region_write(sub, cm.cap, dst, nv[dst:])
+                fmt.region_write(sub, cm.cap, view.first + dst, nv[dst:])
             region[base + h * hb: base + (h + 1) * hb] = sub.tobytes()
         out.append(bytes(region))
     acc.host_work((modelled if mode == "model" else measured) * 1e9, op)
@@ -142,7 +151,7 @@ def evict_on_device(model: Model, drop, *, cache_size: int, cache_id: int = 0,
     first = min(drop_set)
     keep = [p for p in range(first, cache_size) if p not in drop_set]
     start, before = model.acc.begin()
-    rearrange(model, op, keep, first, cache_id)
+    rearrange(model, op, keep, first, cache_id, cache_size=cache_size)
     rec = model.acc.calls[-1]
     rec = model.acc.calls[-1] = CallRecord(op, start, rec.end_ps, rec.stats)
     t = rec.stats.get("traffic", {})
@@ -158,9 +167,12 @@ def requantize_on_device(model: Model, via, *, cache_size: int, cache_id: int = 
     cache_size, cache_id = check_size(model.compiled, cache_size, cache_id)
     via = as_format(via, "requantize_on_device: via")
     acc = model.acc
-    # built before any work: a format the scratch area or SRAM cannot hold is refused
+    # built before any work: a format the scratch area or SRAM cannot hold is refused;
+    # a sliding-window ring passes the positions it holds
+    firsts = {c.name: min(held_on_device(model, c, cache_size), cache_size)
+              for c in ring_specs(model, cache_id)}
     prog = requantize_program(model.compiled, slot=cache_id, tokens=cache_size, via=via,
-                              name=op)
+                              name=op, firsts=firsts)
     start, before = model.acc.begin()
     acc.host_work(acc.hw.host.call_overhead_ns, op)
     if cache_size:  # an empty cache: only the call

@@ -279,7 +279,8 @@ class Model:
                                f"{cache_size}")
         first = cache_size - tail_size
         keep = [first + i for i, k in enumerate(m) if k]
-        deviceops.rearrange(self, "filter_cache_tail", keep, first, cache_id)
+        deviceops.rearrange(self, "filter_cache_tail", keep, first, cache_id,
+                            cache_size=cache_size)
         return first + len(keep)
 
     def move_cache_tail(self, num_head: int, num_tail: int, cache_size: int, *,
@@ -297,7 +298,8 @@ class Model:
             raise CacheOpError(f"move_cache_tail: num_head {num_head} + num_tail {num_tail} "
                                f"exceed cache_size {cache_size}")
         keep = list(range(cache_size - num_tail, cache_size))
-        deviceops.rearrange(self, "move_cache_tail", keep, num_head, cache_id)
+        deviceops.rearrange(self, "move_cache_tail", keep, num_head, cache_id,
+                            cache_size=cache_size)
         return num_head + num_tail
 
     # --- host-side and on-device edits (kvsim's own) ------------------------------------

@@ -190,3 +190,88 @@ def test_from_f32_wide(xs: list[float], mult: int, shift: int, bits: int) -> Non
     out = np.empty(len(xs), np.int16 if bits == 16 else np.int32)
     wide.from_f32_wide(raw, mult, shift, bits, out)
     assert out.tolist() == [ref_from_f32(float(v), mult, shift, bits) for v in arr]
+
+
+# --- LAYERNORM_WIDE ------------------------------------------------------------------------
+
+def ref_layernorm_wide(x: list[int], g: list[int], eps_q: int, shift: int,
+                       rotated: bool = False) -> list[int]:
+    """The documented formula in Python integers: RMSNORM_WIDE's steps on the centred
+    values ``x * 4 - round_half_up(sum(x) * 4 / c)`` (rotated: ``x * 4``, channel 0
+    zeroed)."""
+    c = len(x)
+    f = wide.WIDE_LN_FRAC
+    if rotated:
+        xc = [0] + [v << f for v in x[1:]]
+    else:
+        mean = (sum(x) * (2 << f) + c) // (2 * c)
+        xc = [(v << f) - mean for v in x]
+    e = max(0, max(abs(v) for v in xc).bit_length() - 15)
+    y = [rs(v, e) for v in xc]
+    ms = (sum(v * v for v in y) << 16) // c + ((eps_q << (2 * f)) >> (2 * e))
+    rms = max(1, math.isqrt(ms))
+    inv = 2**31 // rms
+    return [sat(rs(v * gj * inv, shift), 32) for v, gj in zip(y, g, strict=True)]
+
+
+@SETTINGS
+@given(st.sampled_from([np.int16, np.int32]).flatmap(wide_mats), st.data())
+def test_layernorm_wide(x: np.ndarray, data) -> None:
+    c = x.shape[1]
+    g = data.draw(hnp.arrays(np.int16, c, elements=st.integers(-32767, 32767)))
+    eps_q = data.draw(st.integers(0, 2**40))
+    shift = data.draw(st.integers(0, 40))
+    rotated = data.draw(st.booleans())
+    out = np.empty(x.shape, np.int32)
+    wide.layernorm_wide(x, g, eps_q, shift, int(rotated), out)
+    for i, row in enumerate(x.tolist()):
+        assert out[i].tolist() == ref_layernorm_wide(row, g.tolist(), eps_q, shift, rotated)
+
+
+def test_layernorm_wide_is_the_float_layernorm() -> None:
+    """A row with a large offset (the mean LayerNorm removes): the output is ``(x - mean)
+    / std * g * 2**(23 - shift)`` to within 2e-3 of its largest value (the resolution of
+    ``floor(2**31 / rms)`` when the Q8 RMS is ~2**21, as here), and adding a constant to
+    the row changes nothing."""
+    x = np.array([[3, -7, 12, 100, -5, 0, 1, 2]], np.int32) * 1000 + 20_000_000
+    g = np.full(8, 16384, np.int16)
+    a = np.empty(x.shape, np.int32)
+    b = np.empty(x.shape, np.int32)
+    wide.layernorm_wide(x, g, 0, 20, 0, a)
+    wide.layernorm_wide(x - 20_000_000, g, 0, 20, 0, b)
+    assert np.array_equal(a, b)
+    xc = x[0].astype(np.float64) - x[0].mean()
+    expect = xc / math.sqrt((xc**2).mean()) * 16384 * 2.0 ** (23 - 20)
+    assert np.abs(a[0] - expect).max() <= 2e-3 * np.abs(expect).max()
+
+
+@SETTINGS
+@given(wide_mats(np.int16))
+def test_quant_row_of_an_int16_residual(w: np.ndarray) -> None:
+    """QUANT_ROW_WIDE runs :func:`quant_row` on int16 rows (a post-norm block's unnormalised
+    residual): the same formula, bit for bit."""
+    out = np.empty(w.shape, np.int8)
+    meta = np.empty((w.shape[0], 2), np.int32)
+    wide.quant_row(w, out, meta)
+    for i, row in enumerate(w.tolist()):
+        q, fa, p = ref_quant_row(row)
+        assert out[i].tolist() == q and meta[i].tolist() == [fa, p]
+
+
+def test_a_rotated_layernorm_is_the_layernorm_of_the_unrotated_row() -> None:
+    """Under a Sylvester Hadamard rotation ``x' = x R`` the LayerNorm of ``x``, rotated, is
+    the rotated mode's output on ``x'`` (channel 0 zeroed): to the kernel's resolution."""
+    from models.compiler.rotation import hadamard
+
+    rng = np.random.default_rng(3)
+    n = 16
+    x = rng.standard_normal(n) * 3000 + 9000
+    r = hadamard(n)
+    xr = np.rint(x @ r).astype(np.int32)[None]
+    g = np.full(n, 16384, np.int16)
+    got = np.empty((1, n), np.int32)
+    wide.layernorm_wide(xr, g, 0, 20, 1, got)
+    xc = x - x.mean()
+    want = (xc / math.sqrt((xc**2).mean())) @ r * 16384 * 2.0 ** (23 - 20)
+    assert got[0, 0] == 0
+    assert np.abs(got[0] - want).max() <= 2e-3 * np.abs(want).max()

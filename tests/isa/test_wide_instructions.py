@@ -100,3 +100,36 @@ def test_wide_add_executes_the_kernel() -> None:
 def test_validator_names_the_fault(ins, reason: str) -> None:
     with pytest.raises(ProgramError, match=reason.replace("(", r"\(").replace(")", r"\)")):
         validate_program(Program(instructions=(ins,)), LAYOUT)
+
+
+def test_wide_layernorm_executes_the_kernel_and_sizes_its_operands() -> None:
+    v = Vec(func=VecFunc.LAYERNORM_WIDE, rows=1, cols=4, src0=0, src1=0x100, dst=0x200,
+            p0=0, p1=20, p2=16)
+    assert [(a.role, a.nbytes) for a in v.accesses()] == [
+        ("src0", 8), ("src1", 8), ("dst", 16)]
+    assert v.ops() == 4 * 10  # RMSNORM_WIDE's 8 per element, + the row sum and the mean
+    x = np.array([[1000, -2000, 3000, 30000]], np.int16)
+    g = np.full(4, 16384, np.int16)
+    mem = Mem()
+    mem.put(0, x)
+    mem.put(0x100, g)
+    execute(v, mem)
+    expect = np.empty((1, 4), np.int32)
+    wide.layernorm_wide(x, g, 0, 20, 0, expect)
+    assert mem.get(0x200, 4, np.int32).tolist() == expect[0].tolist()
+    assert abs(int(expect[0].sum())) <= 4  # mean-free
+
+
+def test_wide_quant_row_reads_an_int16_operand() -> None:
+    v = Vec(func=VecFunc.QUANT_ROW_WIDE, rows=2, cols=4, src0=0, dst=0x200, p2=16)
+    assert [(a.role, a.nbytes) for a in v.accesses()] == [
+        ("src0", 16), ("dst", 8 + 2 * ROW_META_BYTES)]
+    x = np.array([[1000, -2000, 3000, 30000], [1, 2, -3, 0]], np.int16)
+    mem = Mem()
+    mem.put(0, x)
+    execute(v, mem)
+    q = np.empty((2, 4), np.int8)
+    meta = np.empty((2, 2), np.int32)
+    wide.quant_row(x, q, meta)
+    assert mem.get(0x200, 8, np.int8).tolist() == q.reshape(-1).tolist()
+    assert mem.get(0x208, 4, np.int32).tolist() == meta.reshape(-1).tolist()

@@ -155,27 +155,33 @@ def test_kv_bytes_of_command_r7b_at_32k_match_the_hand_calculation(capsys) -> No
     assert json.loads(capsys.readouterr().out)["total_bytes"] == 32 * 1000 * per_token_bytes
 
 
-def _tiny_cosines(name: str) -> list[float]:
+def _tiny_cosines(name: str, kv: str = "int8", **bits) -> list[float]:
     """Prefill 10 tokens, decode 6 (past the tiny Cohere2's 8-token window): logit cosine
-    of each call to the float reference with the same W8 weights."""
+    of each call to the float reference with the same W8 weights (``bits``: more of the
+    bit config, e.g. ``kv_read``, ``numerics``)."""
     import numpy as np
 
     from models.bits import build_bit_config
     from models.compiler import HardwareTarget, compile_model
     from models.reference import ReferenceModel
+    from models.source import open_weights
     from sim.hw import load_hardware
     from sim.runtime import Accelerator, Model
 
     hw = load_hardware("tiny")
     cfg = load_preset(name)
-    cm = compile_model(cfg, build_bit_config({"weights": "W8"}), HardwareTarget.from_hw(hw),
-                       kv="int8", functional=True, core_mode="single", max_seq=16, cap=64)
+    cm = compile_model(cfg, build_bit_config({"weights": "W8", **bits}),
+                       HardwareTarget.from_hw(hw), kv=kv, functional=True, core_mode="single",
+                       max_seq=16, cap=64)
     model = Model(cm)
     model.launch(Accelerator(hw=hw, functional=True))
-    ref = ReferenceModel(cfg, cm.weight_source(), weight_bits=cm.bits.weights)
+    # the device's embeddings (rotated with its residual stream) and the float model's
+    # logits (unrotated: a LayerNorm centres in the model's own space)
+    dev = ReferenceModel(cfg, cm.weight_source(), weight_bits=cm.bits.weights)
+    ref = ReferenceModel(cfg, open_weights(cfg, cm.weights), weight_bits=cm.bits.weights)
     toks = np.random.default_rng(1).integers(0, cfg.vocab_size, size=16)
     want = ref.prefill(toks)
-    emb = ref.embed(toks)
+    emb = dev.embed(toks)
 
     def cos(a, b):
         return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
@@ -192,13 +198,130 @@ def test_tiny_cohere2_runs_functionally_against_the_float_reference() -> None:
     assert sum(cos) / len(cos) >= 0.99 and min(cos) >= 0.985, cos
 
 
-def _timing_compile(cfg, **kw):
+#: A per-token 4- and 2-bit format a ring can hold (asymmetric, fp16 scale and zero per
+#: 16 channels: one group per head of the tiny models).
+TOK4 = "b4.token.g16.asym.scale-fp16.zero-fp16"
+TOK2 = "b2.token.g16.asym.scale-fp16.zero-fp16"
+
+
+def test_tiny_cohere2_reads_its_rings_through_the_dequant_path() -> None:
+    """kv.read = "dequant" (AttnDq: the ring's records dequantized to fp16 on the vector
+    unit, fp16 attention over the window). Measured: int8 mean 0.9913, worst call 0.9846;
+    4-bit mean 0.9469, 2-bit 0.6152 (the integer path: 0.9936, 0.9622, 0.6415)."""
+    cos = {kv: _tiny_cosines("tiny-cohere2", kv, kv_read="dequant")
+           for kv in ("int8", TOK4, TOK2)}
+    mean = {kv: sum(c) / len(c) for kv, c in cos.items()}
+    assert mean["int8"] >= 0.99 and min(cos["int8"]) >= 0.98, cos["int8"]
+    assert mean["int8"] > mean[TOK4] > mean[TOK2], mean  # more bits, less damage
+    assert mean[TOK4] >= 0.94 and 0.5 < mean[TOK2] < 0.7, mean
+
+
+def test_a_dequant_decode_of_a_sliding_layer_reads_only_its_window() -> None:
+    from isa.instructions import AttnDq
+
+    cfg = load_preset("tiny-cohere2")
+    cm = _timing_compile(cfg, kv_read="dequant")
+    prog = cm.program(tokens=1, cache_size=40)
+    attn = [i for i in prog.instructions if isinstance(i, AttnDq)]
+    per_layer = len(attn) // cfg.num_layers
+    hd = cfg.head_dim
+    # three sliding layers: the last 8 positions of a ring (header 8 bytes); the full one
+    assert [(a.ctx, a.pos, a.k_fmt, a.k_nbytes) for a in attn[::per_layer]] == [
+        (8, 7, 2, 8 + 8 * hd)] * 3 + [(41, 40, 0, 41 * hd)]
+
+
+def _w8(**over) -> dict:
+    """The w8 numerics (int16 residual, per-token GEMM inputs) as a bit-config field,
+    without the residual rotation (which post-norm blocks refuse)."""
+    from models.bits import build_numerics
+
+    return build_numerics({"preset": "w8", "rotation": "none", **over}).model_dump()
+
+
+def test_tiny_cohere2_runs_the_wide_pipeline_against_the_float_reference() -> None:
+    """LAYERNORM_WIDE on the int16 residual, the parallel block's MLP normalising the layer
+    input again, the logit scale on the wide head (measured: mean 0.9950, worst call 0.9899;
+    the static int8 scheme: 0.9936, 0.9917)."""
+    cos = _tiny_cosines("tiny-cohere2", numerics=_w8())
+    assert sum(cos) / len(cos) >= 0.994 and min(cos) >= 0.989, cos
+
+
+def test_the_wide_pipeline_of_a_layernorm_model_uses_layernorm_wide() -> None:
+    from isa.instructions import Vec, VecFunc
+
+    cfg = load_preset("tiny-cohere2")
+    cm = _timing_compile(cfg, numerics=_w8())
+    funcs = [VecFunc(i.func) for i in cm.program(tokens=1, cache_size=5).instructions
+             if isinstance(i, Vec)]
+    # per layer: the attention's norm and the parallel MLP's norm of the same input; then
+    # the final norm
+    assert funcs.count(VecFunc.LAYERNORM_WIDE) == 2 * cfg.num_layers + 1
+    assert VecFunc.RMSNORM_WIDE not in funcs and VecFunc.LAYERNORM not in funcs
+
+
+def test_tiny_exaone4_runs_the_wide_pipeline_against_the_float_reference() -> None:
+    """No pre-norm (QUANT_ROW_WIDE of the int16 residual per token), QK norm on the static
+    int8 q/k, the post-attention and post-MLP norms as RMSNORM_WIDE of int32 projection
+    outputs straight onto the residual's scale (measured: mean 0.9977, worst call 0.9950;
+    the static int8 scheme: 0.9939, 0.985)."""
+    cos = _tiny_cosines("tiny-exaone4", numerics=_w8())
+    assert sum(cos) / len(cos) >= 0.997 and min(cos) >= 0.994, cos
+
+
+def test_the_wide_pipeline_of_a_post_norm_model() -> None:
+    from isa.instructions import Vec, VecFunc
+
+    cfg = load_preset("tiny-exaone4")
+    cm = _timing_compile(cfg, numerics=_w8())
+    vecs = [i for i in cm.program(tokens=1, cache_size=5).instructions if isinstance(i, Vec)]
+    h, hd = cfg.hidden_size, cfg.head_dim
+    group, kv = cfg.num_heads // cfg.num_kv_heads, cfg.num_kv_heads
+    # per layer (one core): the attention input and the MLP input quantized per token from
+    # the int16 residual; the q and k head norms in int8; the two post-norms on int32 rows
+    assert [(VecFunc(v.func).name, v.rows, v.cols, v.p2) for v in vecs
+            if v.func in (VecFunc.QUANT_ROW_WIDE, VecFunc.RMSNORM, VecFunc.RMSNORM_WIDE)] == (
+        [("QUANT_ROW_WIDE", 1, h, 16)] + [("RMSNORM", group, hd, 0)] * kv
+        + [("RMSNORM", 1, hd, 0)] * kv + [("RMSNORM_WIDE", 1, h, 32),
+                                          ("QUANT_ROW_WIDE", 1, h, 16),
+                                          ("RMSNORM_WIDE", 1, h, 32)]) * cfg.num_layers + [
+        ("RMSNORM_WIDE", 1, h, 16)]
+    assert cm.mm["act.po32"].size == 4 * cm.m_tile * h  # the int32 projection outputs
+
+
+def test_tiny_cohere2_runs_the_w8_preset_with_its_rotation() -> None:
+    """The w8 preset as it is: the residual rotated by a Sylvester Hadamard (hidden 64), the
+    LayerNorms in LAYERNORM_WIDE's rotated mode (channel 0 is the mean), the parallel MLP's
+    gate/up with the attention norm's gain folded (measured: mean 0.9944, worst 0.9907)."""
+    from models.bits import NUMERICS_PRESETS
+
+    cos = _tiny_cosines("tiny-cohere2", numerics=NUMERICS_PRESETS["w8"].model_dump())
+    assert sum(cos) / len(cos) >= 0.994 and min(cos) >= 0.990, cos
+
+
+@pytest.mark.parametrize("name, numerics, why", [
+    ("tiny-cohere2", {"rotation": "residual"},
+     r"a LayerNorm \(Cohere\) centres its input, which the rotation keeps only for the "
+     r"wide pipeline and a hidden size that is a power of two \(here 64\)"),
+    ("tiny-exaone4", _w8(rotation="residual"),
+     r"a post-norm \(EXAONE-4\.0\) normalises a projection's output"),
+])
+def test_the_residual_rotation_is_refused_by_name_where_it_cannot_fold(name, numerics,
+                                                                        why) -> None:
+    from models.compiler import CompileError
+
+    with pytest.raises(CompileError, match=r"bits\.numerics: rotation = 'residual' folds "
+                                           r"RMSNorm gains .*" + why):
+        _timing_compile(load_preset(name), numerics=numerics)
+
+
+def _timing_compile(cfg, kv_read: str = "integer", numerics: dict | None = None, **kw):
     from models.bits import build_bit_config
     from models.compiler import HardwareTarget, compile_model
     from sim.hw import load_hardware
 
     opts = {"core_mode": "single", "max_seq": 16, "cap": 64} | kw
-    return compile_model(cfg, build_bit_config({"weights": "W8"}),
+    bits = {"weights": "W8", "kv_read": kv_read} | ({"numerics": numerics} if numerics else {})
+    return compile_model(cfg, build_bit_config(bits),
                          HardwareTarget.from_hw(load_hardware("tiny")), kv="int8",
                          functional=False, **opts)
 
@@ -309,14 +432,16 @@ def test_reference_features_by_their_formulas() -> None:
 
 
 @pytest.mark.parametrize("name", ["tiny-cohere2", "tiny-exaone4"])
-def test_compiled_files_keep_the_new_norms(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("wide", [False, True])
+def test_compiled_files_keep_the_new_norms(name: str, wide: bool, tmp_path: Path) -> None:
     import numpy as np
 
     from models.bits import build_bit_config
     from models.compiler import CompiledModel, HardwareTarget, compile_model
     from sim.hw import load_hardware
 
-    cm = compile_model(load_preset(name), build_bit_config({"weights": "W8"}),
+    bits = {"weights": "W8"} | ({"numerics": _w8()} if wide else {})
+    cm = compile_model(load_preset(name), build_bit_config(bits),
                        HardwareTarget.from_hw(load_hardware("tiny")), kv="int8",
                        functional=True, core_mode="single", max_seq=16, cap=64)
     cm.save(tmp_path / "m.kvm")

@@ -20,7 +20,6 @@ from isa.kvformats import KVFormat, KVPair
 from ...config import ModelConfig
 from ...reference import softmax_scale
 from ..builder import Builder
-from ..errors import CompileError
 from ..kvspec import KvCacheSpec
 from ..lowering import Lowering, TileSeq, kv_region
 from ..memmap import MemoryMap
@@ -265,9 +264,6 @@ def attention_instruction(lw: Lowering, layer: int, aq: AttnQ, **fields) -> Attn
     ``integer`` -> :class:`Attn` with the layer's fixed-point factors; ``dequant`` ->
     :class:`AttnDq` with the static scales of q, k, v and the attention output (1.0 in a
     timing-only compile, whose numerics are placeholders) and the model's softmax scale."""
-    if lw.kv_read == "dequant" and lw.model.layer_window(layer) is not None:
-        raise CompileError(f"layer {layer}: kv.read = 'dequant' over a sliding-window cache "
-                           "(a ring) is not built; use kv.read = 'integer'")
     if lw.kv_read != "dequant":
         return Attn(**fields, score_mult=aq.score_mult, score_shift=aq.score_shift,
                     out_mult=aq.out_mult, out_shift=aq.out_shift)

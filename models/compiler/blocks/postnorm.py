@@ -16,18 +16,22 @@ the residual.
 
 from __future__ import annotations
 
-from isa.instructions import DmaStore, Engine, Nop, Vec, VecFunc
+from isa.instructions import NO_ADDR, DmaStore, Vec, VecFunc
+from isa.vecfuncs import ROW_META_BYTES
 
 from ...config import ModelConfig
 from ..builder import Builder, Matrix, split
 from ..lowering import Lowering, TileSeq
 from ..memmap import MemoryMap
+from ..ops import residual_bytes, unnormed
 from ..sram import SramPlan
 from .dense import stage_mlp_up
 from .sliding import SlidingGqaAttention
 
 #: The activation region of a projection's output before its post-norm.
 POST_REGION = "act.po"
+#: The same in the wide pipeline: int32 projection outputs (``models.compiler.dram``).
+POST_WIDE_REGION = "act.po32"
 
 
 class PostNormAttention(SlidingGqaAttention):
@@ -43,9 +47,8 @@ class PostNormAttention(SlidingGqaAttention):
                    xs: int, m: int) -> int:
         if self.cfg.norm_position == "pre":
             return super().input_norm(b, lw, c, plan, layer, q, xs, m)
-        b.emit(Nop(core=c, on=Engine.VPU, wait=(b.sem(c, "in_vpu"),),
-                   signal=(b.sem(c, "vpu_mxu"),)))
-        return xs
+        return unnormed(b, lw, c, plan, xs, m, self.cfg.hidden_size, to="vpu_mxu",
+                        what="attention input")
 
     def head_norm_gains(self, b: Builder, lw: Lowering, c: int, plan: SramPlan,
                         layer: int) -> dict[str, int] | None:
@@ -67,7 +70,7 @@ class PostNormAttention(SlidingGqaAttention):
         proj_post_norm_residual(
             b, lw, lw.matrix(p + "o_proj", q.o), p + "post_attn_norm", q.post_attn_norm,
             q.add1, m=m, src=lw.mm["act.ao"].base, k=cfg.num_heads * cfg.head_dim, resid=x,
-            dst=lw.mm["act.xm"].base, what=("attention output", "o_proj"))
+            dst=lw.mm["act.xm"].base, what=("attention output", "o_proj"), per_token=False)
 
 
 class PostNormDenseMlp:
@@ -90,15 +93,21 @@ class PostNormDenseMlp:
         proj_post_norm_residual(
             b, lw, lw.matrix(p + "down_proj", q.down), p + "post_mlp_norm", q.post_mlp_norm,
             q.add2, m=m, src=lw.mm["act.hb"].base, k=lw.model.intermediate_size,
-            resid=lw.mm["act.xm"].base, dst=x_next, what=("SwiGLU output", "down_proj"))
+            resid=lw.mm["act.xm"].base, dst=x_next, what=("SwiGLU output", "down_proj"),
+            per_token=True)
 
 
 def proj_post_norm_residual(b: Builder, lw: Lowering, mat: Matrix, norm_name: str, nq, add,
                             *, m: int, src: int, k: int, resid: int, dst: int,
-                            what: tuple[str, str]) -> None:
+                            what: tuple[str, str], per_token: bool) -> None:
     """``dst = resid + norm(mat @ src)``: each core's output columns of ``mat`` to
     ``act.po``; then each core's share of the ``m`` token rows: the norm of whole rows and
-    the residual add."""
+    the residual add. ``per_token``: the wide pipeline's input is int32 (the SwiGLU
+    output, quantized per token by each core), else int8 (:func:`_post_norm_wide`)."""
+    if lw.numerics.wide:
+        _post_norm_wide(b, lw, mat, norm_name, nq, add, m=m, src=src, k=k, resid=resid,
+                        dst=dst, what=what, per_token=per_token)
+        return
     h = lw.model.hidden_size
     po = lw.mm[POST_REGION].base
     for c in lw.target.cores:  # the projection, by output column
@@ -135,4 +144,65 @@ def proj_post_norm_residual(b: Builder, lw: Lowering, mat: Matrix, norm_name: st
                    p0=add.ma, p1=add.mb, p2=add.shift, wait=(b.sem(c, "in_vpu"),),
                    signal=(b.sem(c, "vpu_out"),)))
         b.emit(DmaStore(core=c, src=out, dst=dst + t0 * h, nbytes=n * h,
+                        wait=(b.sem(c, "vpu_out"),), signal=b.barrier()))
+
+
+def _post_norm_wide(b: Builder, lw: Lowering, mat: Matrix, norm_name: str, nq, add, *,
+                    m: int, src: int, k: int, resid: int, dst: int, what: tuple[str, str],
+                    per_token: bool) -> None:
+    """:func:`proj_post_norm_residual` of the wide pipeline: each core's output columns as
+    GemmRow int32 outputs (a static int8 input, or the int32 SwiGLU output quantized per
+    token by QUANT_ROW) to ``act.po32``; then, by token rows, RMSNORM_WIDE of the int32
+    rows straight onto the output residual's scale (its gain's encoding is chosen so:
+    ``models.compiler.calibrate_wide.wide_post_norm_params``) and ADD_WIDE with the
+    rescaled wide residual."""
+    h = lw.model.hidden_size
+    rb = residual_bytes(lw)
+    bits = lw.numerics.residual_bits
+    po = lw.mm[POST_WIDE_REGION].base
+    for c in lw.target.cores:  # the projection, by output column
+        r0, r1 = lw.rows(h, c)
+        if r1 <= r0:
+            continue
+        w = r1 - r0
+        plan = SramPlan(lw.target, c)
+        b.prefetch(c, mat, (r0, r1))
+        meta = NO_ADDR
+        if per_token:
+            raw = plan.take(4 * m * k, f"{what[0]} (int32)")
+            b.load(c, src, raw, 4 * m * k, to="in_vpu")
+            a = plan.take(m * k + ROW_META_BYTES * m, what[0])
+            meta = a + m * k
+            b.emit(Vec(core=c, func=VecFunc.QUANT_ROW, rows=m, cols=k, src0=raw, dst=a,
+                       wait=(b.sem(c, "in_vpu"),), signal=(b.sem(c, "vpu_mxu"),)))
+            first = (b.sem(c, "vpu_mxu"),)
+        else:
+            a = plan.take(m * k, what[0])
+            b.load(c, src, a, m * k, to="in_mxu")
+            first = (b.sem(c, "in_mxu"),)
+        pb = plan.take(4 * m * w, f"{what[1]} output (int32)")
+        b.gemm(c, mat, (r0, r1), a=a, m=m, out=pb, plan=plan, first_wait=first,
+               last_signal=(b.sem(c, "mxu_out"),), row_meta=meta)
+        b.emit(DmaStore(core=c, src=pb, dst=po + 4 * r0, nbytes=4 * w, rows=m,
+                        dst_stride=4 * h, wait=(b.sem(c, "mxu_out"),), signal=b.barrier()))
+    shares = split(m, len(lw.target.cores))
+    for c, (t0, t1) in zip(lw.target.cores, shares, strict=True):  # the norm, by token row
+        n = t1 - t0
+        if n <= 0:
+            continue
+        plan = SramPlan(lw.target, c)
+        xs = plan.take(4 * n * h, f"{what[1]} rows (int32)")
+        b.load(c, po + 4 * t0 * h, xs, 4 * n * h, to="in_vpu")
+        gamma = plan.take(2 * h, f"{norm_name} gain")
+        b.load(c, lw.mm[f"p.{norm_name}"].base, gamma, 2 * h, to="in_vpu")
+        rs = plan.take(rb * n * h, "residual rows")
+        b.load(c, resid + rb * t0 * h, rs, rb * n * h, to="in_vpu")
+        xn = plan.take(4 * n * h, f"{norm_name} output (int32)")
+        b.emit(Vec(core=c, func=VecFunc.RMSNORM_WIDE, rows=n, cols=h, src0=xs, src1=gamma,
+                   dst=xn, p0=nq.eps_q, p1=nq.shift, p2=32, wait=(b.sem(c, "in_vpu"),) * 2))
+        out = plan.take(rb * n * h, "residual output")
+        b.emit(Vec(core=c, func=VecFunc.ADD_WIDE, rows=n, cols=h, src0=rs, src1=xn, dst=out,
+                   p0=add.ma, p1=add.shift, p2=bits, wait=(b.sem(c, "in_vpu"),),
+                   signal=(b.sem(c, "vpu_out"),)))
+        b.emit(DmaStore(core=c, src=out, dst=dst + rb * t0 * h, nbytes=rb * n * h,
                         wait=(b.sem(c, "vpu_out"),), signal=b.barrier()))
