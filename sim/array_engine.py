@@ -27,9 +27,9 @@ from isa.instructions import Engine, Program
 from sim import program_tables
 from sim.components import kernel
 from sim.components import loopdefs as pl
-from sim.components.dram import bytes_per_channel
+from sim.components.dram import efficiency_split
 from sim.components.programloop import run_program
-from sim.units import cycles_to_ps, ns_to_ps, transfer_ps
+from sim.units import cycles_to_ps, ns_to_ps
 
 _DIRECTIONS = ("load", "store", "copy", "read", "write")
 
@@ -90,9 +90,8 @@ def run(dev, program: Program) -> LoopResult:
     plan_rows: list[tuple[int, int, int]] = []
     bw = dram.channel_bytes_per_s
     for u, key in enumerate(keys.tolist()):
-        split = bytes_per_channel(key // key_mul, key % key_mul, dram.cfg.interleave_bytes,
-                                  dram.cfg.channels)
-        plan_rows.extend((c, b, transfer_ps(b, bw)) for c, b in enumerate(split) if b)
+        plan_rows.extend(efficiency_split(key // key_mul, key % key_mul,
+                                          dram.cfg.interleave_bytes, dram.cfg.channels, bw))
         plan_ptr[u + 1] = len(plan_rows)
     plan = np.asarray(plan_rows, np.int64).reshape(-1, 3)
 

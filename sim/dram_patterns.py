@@ -1,5 +1,6 @@
-"""Closed forms of the LPDDR4X protocol model (``sim/dram_timing.py``) per access pattern,
-and the summary ``kvsim hw show`` prints: what each pattern the programs make sustains.
+"""Access patterns the programs make, the LPDDR4X protocol model's (``sim/dram_timing.py``)
+efficiency on each (``stream_efficiency``), their closed forms, and the summary ``kvsim hw
+show`` prints: what each pattern sustains.
 
 Closed forms (``closed_form_efficiency``), in cycles, B = BL/2:
 - refresh stall per tREFI: close the rows (read: tRTP - B after the last READ's data; write:
@@ -20,10 +21,84 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
-from sim.dram_timing import AccessPattern, LpddrTiming, stream_efficiency, timing_from_config
+import numpy as np
+from numba import njit
+
+from sim.dram_timing import ChannelState, LpddrTiming, chunk_channels_ck, timing_from_config
 from sim.hw import DramConfig
 from sim.units import KiB, MiB
+
+
+@njit(cache=True)
+def _stream_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addrs, sizes,
+                   writes, per_ch):
+    end = 0
+    for i in range(addrs.shape[0]):
+        e = chunk_channels_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref,
+                              addrs[i], sizes[i], writes[i] != 0, 0, per_ch)
+        if e > end:
+            end = e
+    return end
+
+
+
+# --- access patterns -----------------------------------------------------------------------
+
+PatternKind = Literal["sequential", "records", "mixed"]
+
+
+@dataclass(frozen=True)
+class AccessPattern:
+    """A stream the programs make. ``sequential``: one long run of bytes. ``records``:
+    ``record_bytes`` every ``stride_bytes``. ``mixed``: a read run and a write run far
+    apart, alternating every ``switch_bytes``; the write run starts ``write_base`` bytes
+    on, which on aries is 4 banks over (64 KiB = 4 pages x 8 channels past a multiple of
+    the 16 KiB x 8 banks that bring back the same bank), so the two runs do not fight over
+    rows of one bank."""
+
+    name: str
+    description: str
+    kind: PatternKind
+    write: bool = False
+    record_bytes: int = 0
+    stride_bytes: int = 0
+    switch_bytes: int = 0
+    total_bytes: int = 8 * MiB
+    write_base: int = 256 * MiB + 64 * KiB  # the write run of ``mixed``: 4 banks over
+
+    def accesses(self, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The stream as (addresses, sizes, write flags), all issued at once."""
+        if self.kind == "sequential":
+            n = self.total_bytes // chunk_bytes
+            return (np.arange(n, dtype=np.int64) * chunk_bytes,
+                    np.full(n, chunk_bytes, dtype=np.int64),
+                    np.full(n, int(self.write), dtype=np.int64))
+        if self.kind == "records":
+            n = self.total_bytes // self.record_bytes
+            return (np.arange(n, dtype=np.int64) * self.stride_bytes,
+                    np.full(n, self.record_bytes, dtype=np.int64),
+                    np.full(n, int(self.write), dtype=np.int64))
+        n = self.total_bytes // self.switch_bytes
+        half = np.arange(n, dtype=np.int64) // 2 * self.switch_bytes
+        writes = np.arange(n, dtype=np.int64) % 2
+        return (half + writes * self.write_base, np.full(n, self.switch_bytes, dtype=np.int64),
+                writes)
+
+
+def stream_efficiency(pattern: AccessPattern, timing: LpddrTiming,
+                      chunk_bytes: int = 64 * KiB) -> float:
+    """Useful bytes / (peak of the channels it touches x time), from the per-chunk model:
+    the whole stream issued at once on idle channels (first refresh due at tREFI)."""
+    addrs, sizes, writes = pattern.accesses(chunk_bytes)
+    state = ChannelState.fresh(timing)
+    end_ck = _stream_end_ck(timing.vector, state.open_row, state.act_ok, state.pre_ok,
+                            state.cas_ok, state.faw, state.scalars, state.next_ref, addrs,
+                            sizes, writes, state.per_channel)
+    touched = int(np.count_nonzero(state.scalars[:, 4] >= 0))
+    return float(sizes.sum()) / (timing.bytes_per_ck * touched * end_ck)
+
 
 
 def refresh_loss(t: LpddrTiming) -> float:
@@ -191,6 +266,6 @@ def protocol_summary(dram: DramConfig) -> ProtocolSummary:
     return ProtocolSummary(t.cycles(), t.tck_ps, refresh_loss(t), out, dram.model)
 
 
-__all__ = ["ENGINE_NOTE", "PatternFigures", "ProtocolSummary", "closed_form_efficiency",
-           "protocol_summary", "refresh_loss", "refresh_stall_ck", "reopens_per_page",
-           "standard_patterns"]
+__all__ = ["ENGINE_NOTE", "AccessPattern", "PatternFigures", "PatternKind", "ProtocolSummary",
+           "closed_form_efficiency", "protocol_summary", "refresh_loss", "refresh_stall_ck",
+           "reopens_per_page", "standard_patterns", "stream_efficiency"]

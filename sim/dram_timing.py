@@ -24,7 +24,8 @@ the data of the open rows. The command bus is not modelled: an ACTIVATE and a co
 take 4 cycles each (two 2-cycle commands, JESD209-4 command truth table) and a piece of
 ``b >= 1`` bursts needs ``4 + 4b <= 8b`` cycles of it, never more than its data takes.
 
-The closed forms and the per-pattern summary are in :mod:`sim.dram_patterns`.
+The access patterns, their closed forms and the per-pattern summary are in
+:mod:`sim.dram_patterns`.
 """
 
 from __future__ import annotations
@@ -32,13 +33,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
 
 import numpy as np
 from numba import njit
 
 from sim.hw import DramConfig
-from sim.units import KiB, MiB
 
 #: "Never" for the state arrays: far enough in the past that no constraint binds.
 _LONG_AGO_CK = -(10**15)
@@ -203,7 +202,7 @@ class ChannelState:
                    per_channel=np.zeros((c, 3), dtype=np.int64))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref):
     """Do the all-bank refreshes due by ``start`` on channel ``c``: precharge-all once every
     bank may close, tRPab, then tRFCab; every bank is closed afterwards."""
@@ -228,14 +227,64 @@ def _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref):
 
 
 @njit(cache=True)
+def _piece_ck(p, c, bank, row, at_run_start, bursts, nbytes, w, t0, open_row, act_ok, pre_ok,
+              cas_ok, faw, sc, next_ref, per_ch):
+    """One piece of channel ``c`` inside one granule and one row run (row ``row`` of bank
+    ``bank``; ``at_run_start``: it begins at a row-run boundary inside the row; ``bursts``
+    column commands for ``nbytes``): the refreshes due, a row hit or an ACTIVATE, then its
+    bursts back to back. Updates the state arrays and ``per_ch[c]``; returns the cycle its
+    last data has moved."""
+    ccd = p[_P_CCD]
+    start = max(t0, sc[c, 2])
+    _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref)
+    # another master's access closed the row at a run boundary inside it
+    reopen = at_run_start and open_row[c, bank] == row
+    if open_row[c, bank] != row or reopen:
+        act_min = max(act_ok[c, bank], t0)
+        if open_row[c, bank] >= 0:  # close the other row first
+            act_min = max(act_min, max(pre_ok[c, bank], t0) + p[_P_RPPB])
+        pos = sc[c, 0]
+        t_act = max(act_min, sc[c, 1] + p[_P_RRD], faw[c, pos] + p[_P_FAW])
+        faw[c, pos] = t_act
+        sc[c, 0] = pos + 1 if pos < 3 else 0  # the ring of the last four ACTIVATEs
+        sc[c, 1] = t_act
+        open_row[c, bank] = row
+        cas_ok[c, bank] = t_act + p[_P_RCD]
+        pre_ok[c, bank] = t_act + p[_P_RAS]
+    t_cas = max(cas_ok[c, bank], sc[c, 2], t0)
+    if sc[c, 4] == 0 and w == 1:
+        t_cas = max(t_cas, sc[c, 3] + p[_P_RTW])
+    elif sc[c, 4] == 1 and w == 0:
+        t_cas = max(t_cas, sc[c, 3] + p[_P_WTRG])
+    t_last = t_cas + (bursts - 1) * ccd
+    sc[c, 2] = t_last + ccd
+    sc[c, 3] = t_last
+    sc[c, 4] = w
+    close = t_last + (p[_P_WR2PRE] if w == 1 else p[_P_RTP2PRE])
+    if close > pre_ok[c, bank]:
+        pre_ok[c, bank] = close
+    # read data ends RL + BL/2 after the READ; write data WL + 1 + BL/2 after the WRITE
+    done = t_last + (p[_P_WL] + 1 + ccd if w == 1 else p[_P_RL] + ccd)
+    if per_ch[c, 0] == 0:
+        per_ch[c, 1] = t_cas
+        per_ch[c, 2] = done
+    elif done > per_ch[c, 2]:
+        per_ch[c, 2] = done
+    per_ch[c, 0] += nbytes
+    return done
+
+
+@njit(cache=True)
 def _chunk_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr, nbytes,
                   is_write, t0, per_ch):
-    """Cycle at which the last data of ``[addr, addr + nbytes)`` has moved, for a request
-    that arrives at cycle ``t0``; updates the state arrays. ``per_ch`` (channels x 3,
-    int64) receives per channel the bytes moved, the first column command's cycle and the
-    cycle its last data has moved (bytes 0: untouched)."""
+    """The reference: cycle at which the last data of ``[addr, addr + nbytes)`` has moved,
+    for a request that arrives at cycle ``t0``, piece by piece in address order (each
+    granule, page and row run a piece), the mapping computed afresh for every piece;
+    updates the state arrays. ``per_ch`` (channels x 3, int64) receives per channel the
+    bytes moved, the first column command's cycle and the cycle its last data has moved
+    (bytes 0: untouched)."""
     per_ch[:, 0] = 0
-    chans, gran, page, bb, ccd = p[_P_CH], p[_P_GRAN], p[_P_PAGE], p[_P_BURST], p[_P_CCD]
+    chans, gran, page, bb = p[_P_CH], p[_P_GRAN], p[_P_PAGE], p[_P_BURST]
     banks, run = p[_P_BANKS], p[_P_RUN]
     w = 1 if is_write else 0
     end = addr + nbytes
@@ -254,45 +303,147 @@ def _chunk_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr, 
         if p[_P_XOR]:
             bank ^= row % banks
         bursts = (ca_end - 1) // bb - ca // bb + 1
-        start = max(t0, sc[c, 2])
-        _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref)
-        # another master's access closed the row at a run boundary inside it
-        reopen = in_row % run == 0 and in_row != 0 and open_row[c, bank] == row
-        if open_row[c, bank] != row or reopen:
-            act_min = max(act_ok[c, bank], t0)
-            if open_row[c, bank] >= 0:  # close the other row first
-                act_min = max(act_min, max(pre_ok[c, bank], t0) + p[_P_RPPB])
-            pos = sc[c, 0]
-            t_act = max(act_min, sc[c, 1] + p[_P_RRD], faw[c, pos] + p[_P_FAW])
-            faw[c, pos] = t_act
-            sc[c, 0] = (pos + 1) % 4
-            sc[c, 1] = t_act
-            open_row[c, bank] = row
-            cas_ok[c, bank] = t_act + p[_P_RCD]
-            pre_ok[c, bank] = t_act + p[_P_RAS]
-        t_cas = max(cas_ok[c, bank], sc[c, 2], t0)
-        if sc[c, 4] == 0 and w == 1:
-            t_cas = max(t_cas, sc[c, 3] + p[_P_RTW])
-        elif sc[c, 4] == 1 and w == 0:
-            t_cas = max(t_cas, sc[c, 3] + p[_P_WTRG])
-        t_last = t_cas + (bursts - 1) * ccd
-        sc[c, 2] = t_last + ccd
-        sc[c, 3] = t_last
-        sc[c, 4] = w
-        close = t_last + (p[_P_WR2PRE] if w == 1 else p[_P_RTP2PRE])
-        if close > pre_ok[c, bank]:
-            pre_ok[c, bank] = close
-        # read data ends RL + BL/2 after the READ; write data WL + 1 + BL/2 after the WRITE
-        done = t_last + (p[_P_WL] + 1 + ccd if w == 1 else p[_P_RL] + ccd)
+        done = _piece_ck(p, c, bank, row, in_row % run == 0 and in_row != 0, bursts,
+                         piece_end - a, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, sc,
+                         next_ref, per_ch)
         if done > done_all:
             done_all = done
-        if per_ch[c, 0] == 0:
-            per_ch[c, 1] = t_cas
-            per_ch[c, 2] = done
-        elif done > per_ch[c, 2]:
-            per_ch[c, 2] = done
-        per_ch[c, 0] += piece_end - a
         a = piece_end
+    return done_all
+
+
+@njit(cache=True, inline="always")
+def _burst_of(x, bb, shift):
+    """``x // bb`` (a shift when ``bb`` is a power of two: ``shift >= 0``)."""
+    return x >> shift if shift >= 0 else x // bb
+
+
+@njit(cache=True)
+def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, sc,
+                    next_ref, per_ch):
+    """Channel ``c``'s share of a chunk, the contiguous local range ``[lo, hi)``: the same
+    pieces as the reference in the same order, each the same step as :func:`_piece_ck`, with
+    the row, bank, run and granule boundaries stepped instead of divided out and the
+    channel's scalars (bus, last ACTIVATE and column command, direction, refresh, what
+    ``per_ch[c]`` receives) held in locals. A piece that does not begin a row run is a row
+    hit whose bursts follow the bus back to back (its bank's tRCD and the direction were
+    settled by the run's first piece), unless a refresh is due at its start."""
+    gran, page, run, bb, ccd, banks = (p[_P_GRAN], p[_P_PAGE], p[_P_RUN], p[_P_BURST],
+                                       p[_P_CCD], p[_P_BANKS])
+    rrd, faw_ck, rcd, ras, rppb = p[_P_RRD], p[_P_FAW], p[_P_RCD], p[_P_RAS], p[_P_RPPB]
+    xor = p[_P_XOR] != 0
+    shift = -1
+    if bb & (bb - 1) == 0:
+        shift = 0
+        while (1 << shift) < bb:
+            shift += 1
+    to_pre = p[_P_WR2PRE] if w == 1 else p[_P_RTP2PRE]
+    lat = p[_P_WL] + 1 + ccd if w == 1 else p[_P_RL] + ccd
+    turn = 0  # the spacing from the last column command when the direction changes
+    if sc[c, 4] == 0 and w == 1:
+        turn = p[_P_RTW]
+    elif sc[c, 4] == 1 and w == 0:
+        turn = p[_P_WTRG]
+    pos, last_act, bus, last_cas = sc[c, 0], sc[c, 1], sc[c, 2], sc[c, 3]
+    nref = next_ref[c]
+    first_cas = -1
+    last_done = t0
+    row_idx = lo // page
+    row_start = row_idx * page
+    row = row_idx // banks
+    bank_lin = row_idx - row * banks  # the bank before hashing
+    row_mod = row % banks
+    run_start = (lo - row_start) // run * run  # in-row offsets of the current run
+    run_end = min(page, run_start + run)
+    g_next = (lo // gran + 1) * gran  # the next granule boundary
+    a = lo
+    while True:
+        seg_end = min(hi, row_start + run_end)
+        bank = bank_lin ^ row_mod if xor else bank_lin
+        head = True
+        while a < seg_end:
+            sub = min(seg_end, g_next)
+            if sub == g_next:
+                g_next += gran
+            more = _burst_of(sub - 1, bb, shift) - _burst_of(a, bb, shift)
+            if head or bus >= nref:
+                start = max(t0, bus)
+                if start >= nref:
+                    _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref)
+                    nref = next_ref[c]
+                in_row = a - row_start
+                if open_row[c, bank] != row or (head and in_row == run_start and in_row != 0):
+                    act_min = max(act_ok[c, bank], t0)
+                    if open_row[c, bank] >= 0:  # close the other row (or this one) first
+                        act_min = max(act_min, max(pre_ok[c, bank], t0) + rppb)
+                    t_act = max(act_min, last_act + rrd, faw[c, pos] + faw_ck)
+                    faw[c, pos] = t_act
+                    pos = pos + 1 if pos < 3 else 0
+                    last_act = t_act
+                    open_row[c, bank] = row
+                    cas_ok[c, bank] = t_act + rcd
+                    pre_ok[c, bank] = t_act + ras
+                t_cas = max(cas_ok[c, bank], bus, t0)
+                if turn and t_cas < last_cas + turn:
+                    t_cas = last_cas + turn
+                turn = 0
+                if first_cas < 0:
+                    first_cas = t_cas
+                head = False
+            else:
+                t_cas = bus
+            last_cas = t_cas + more * ccd
+            bus = last_cas + ccd
+            if last_cas + to_pre > pre_ok[c, bank]:
+                pre_ok[c, bank] = last_cas + to_pre
+            if last_cas + lat > last_done:
+                last_done = last_cas + lat
+            a = sub
+        if a >= hi:
+            break
+        if run_end == page:  # the next row index: the next bank, or row + 1 of bank 0
+            row_start += page
+            bank_lin += 1
+            if bank_lin == banks:
+                bank_lin = 0
+                row += 1
+                row_mod = row_mod + 1 if row_mod + 1 < banks else 0
+            run_start = 0
+        else:
+            run_start = run_end
+        run_end = min(page, run_start + run)
+    sc[c, 0], sc[c, 1], sc[c, 2], sc[c, 3], sc[c, 4] = pos, last_act, bus, last_cas, w
+    per_ch[c, 0] = hi - lo
+    per_ch[c, 1] = first_cas
+    per_ch[c, 2] = last_done
+    return last_done
+
+
+@njit(cache=True)
+def _chunk_runs_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr, nbytes,
+                   is_write, t0, per_ch):
+    """:func:`_chunk_end_ck` channel by channel: the granules of a chunk on one channel are
+    consecutive in its local addresses, and the channels share no state, so each channel's
+    range is one :func:`_channel_run_ck` (equal to the reference: tests/sim/test_dram_timing)."""
+    per_ch[:, 0] = 0
+    if nbytes <= 0:
+        return t0
+    chans, gran = p[_P_CH], p[_P_GRAN]
+    w = 1 if is_write else 0
+    end = addr + nbytes
+    g0 = addr // gran
+    g1 = (end - 1) // gran
+    done_all = t0
+    for k in range(min(chans, g1 - g0 + 1)):
+        g = g0 + k  # the channel's first granule
+        c = g % chans
+        lo = (g // chans) * gran + (addr - g * gran if k == 0 else 0)
+        gl = g + (g1 - g) // chans * chans  # its last
+        hi = (gl // chans) * gran + (end - gl * gran if gl == g1 else gran)
+        done = _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, sc,
+                               next_ref, per_ch)
+        if done > done_all:
+            done_all = done
     return done_all
 
 
@@ -307,85 +458,19 @@ def chunk_time_ps(state: ChannelState, addr: int, nbytes: int, is_write: bool, n
         return now_ps
     # cycle edges become ps rounded up, so a time under 1 ps past an edge is that edge
     t0 = math.ceil((now_ps - 1) / timing.tck_ps)
-    end_ck = _chunk_end_ck(timing.vector, state.open_row, state.act_ok, state.pre_ok,
+    end_ck = _chunk_runs_ck(timing.vector, state.open_row, state.act_ok, state.pre_ok,
                            state.cas_ok, state.faw, state.scalars, state.next_ref, addr,
                            nbytes, is_write, t0, state.per_channel)
     return max(now_ps, math.ceil(end_ck * timing.tck_ps - 1e-6))
 
 
-@njit(cache=True)
-def _stream_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addrs, sizes,
-                   writes, per_ch):
-    end = 0
-    for i in range(addrs.shape[0]):
-        e = _chunk_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addrs[i],
-                          sizes[i], writes[i] != 0, 0, per_ch)
-        if e > end:
-            end = e
-    return end
-
-
 #: The per-chunk step for callers that keep their own state arrays (``sim/components/dram.py``
 #: and Numba code): ``(params, open_row, act_ok, pre_ok, cas_ok, faw, scalars, next_ref, addr,
 #: nbytes, is_write, t0_ck, per_channel) -> end cycle``, all int64 arrays and scalars.
-chunk_channels_ck = _chunk_end_ck
+chunk_channels_ck = _chunk_runs_ck
+#: The same step piece by piece in address order: the reference the tests hold it to.
+chunk_channels_ck_reference = _chunk_end_ck
 
 
-# --- access patterns -----------------------------------------------------------------------
-
-PatternKind = Literal["sequential", "records", "mixed"]
-
-
-@dataclass(frozen=True)
-class AccessPattern:
-    """A stream the programs make. ``sequential``: one long run of bytes. ``records``:
-    ``record_bytes`` every ``stride_bytes``. ``mixed``: a read run and a write run far
-    apart, alternating every ``switch_bytes``; the write run starts ``write_base`` bytes
-    on, which on aries is 4 banks over (64 KiB = 4 pages x 8 channels past a multiple of
-    the 16 KiB x 8 banks that bring back the same bank), so the two runs do not fight over
-    rows of one bank."""
-
-    name: str
-    description: str
-    kind: PatternKind
-    write: bool = False
-    record_bytes: int = 0
-    stride_bytes: int = 0
-    switch_bytes: int = 0
-    total_bytes: int = 8 * MiB
-    write_base: int = 256 * MiB + 64 * KiB  # the write run of ``mixed``: 4 banks over
-
-    def accesses(self, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The stream as (addresses, sizes, write flags), all issued at once."""
-        if self.kind == "sequential":
-            n = self.total_bytes // chunk_bytes
-            return (np.arange(n, dtype=np.int64) * chunk_bytes,
-                    np.full(n, chunk_bytes, dtype=np.int64),
-                    np.full(n, int(self.write), dtype=np.int64))
-        if self.kind == "records":
-            n = self.total_bytes // self.record_bytes
-            return (np.arange(n, dtype=np.int64) * self.stride_bytes,
-                    np.full(n, self.record_bytes, dtype=np.int64),
-                    np.full(n, int(self.write), dtype=np.int64))
-        n = self.total_bytes // self.switch_bytes
-        half = np.arange(n, dtype=np.int64) // 2 * self.switch_bytes
-        writes = np.arange(n, dtype=np.int64) % 2
-        return (half + writes * self.write_base, np.full(n, self.switch_bytes, dtype=np.int64),
-                writes)
-
-
-def stream_efficiency(pattern: AccessPattern, timing: LpddrTiming,
-                      chunk_bytes: int = 64 * KiB) -> float:
-    """Useful bytes / (peak of the channels it touches x time), from the per-chunk model:
-    the whole stream issued at once on idle channels (first refresh due at tREFI)."""
-    addrs, sizes, writes = pattern.accesses(chunk_bytes)
-    state = ChannelState.fresh(timing)
-    end_ck = _stream_end_ck(timing.vector, state.open_row, state.act_ok, state.pre_ok,
-                            state.cas_ok, state.faw, state.scalars, state.next_ref, addrs,
-                            sizes, writes, state.per_channel)
-    touched = int(np.count_nonzero(state.scalars[:, 4] >= 0))
-    return float(sizes.sum()) / (timing.bytes_per_ck * touched * end_ck)
-
-
-__all__ = ["AccessPattern", "ChannelState", "LpddrTiming", "chunk_channels_ck", "chunk_time_ps",
-           "stream_efficiency", "timing_from_config"]
+__all__ = ["ChannelState", "LpddrTiming", "chunk_channels_ck", "chunk_channels_ck_reference",
+           "chunk_time_ps", "timing_from_config"]

@@ -122,8 +122,8 @@ class DramConfig(Frozen):
         efficiency model, the protocol model's closed form (refresh stalls) otherwise."""
         if self.model == "efficiency":
             return self.efficiency
-        from sim.dram_patterns import closed_form_efficiency
-        from sim.dram_timing import AccessPattern, timing_from_config
+        from sim.dram_patterns import AccessPattern, closed_form_efficiency
+        from sim.dram_timing import timing_from_config
 
         return closed_form_efficiency(AccessPattern("stream", "", "sequential"),
                                       timing_from_config(self))

@@ -54,6 +54,15 @@ def bytes_per_channel(addr: int, nbytes: int, granule: int, channels: int) -> li
     return out
 
 
+def efficiency_split(addr: int, nbytes: int, granule: int, channels: int,
+                     channel_bytes_per_s: float) -> tuple[tuple[int, int, int], ...]:
+    """The efficiency model's plan of a chunk: ``(channel, bytes, busy ps)`` for each channel
+    it touches, in channel order, the bytes taking ``ceil(bytes / channel_bytes_per_s)``.
+    ``Dram`` and the array loop's plans (``sim/array_engine.py``) both use it."""
+    split = bytes_per_channel(addr, nbytes, granule, channels)
+    return tuple((c, b, transfer_ps(b, channel_bytes_per_s)) for c, b in enumerate(split) if b)
+
+
 #: One channel's share of a planned chunk: (channel, bytes, start ps, end ps).
 ChannelSpan = tuple[int, int, int, int]
 
@@ -84,12 +93,9 @@ class Dram:
         if plan is None:
             if len(self._plans) >= 1 << 16:
                 self._plans.clear()
-            bw = self.channel_bytes_per_s
-            split = bytes_per_channel(addr, nbytes, self.cfg.interleave_bytes,
-                                      self.cfg.channels)
-            plan = self._plans[key] = tuple(
-                (c, b, transfer_ps(b, bw)) for c, b in enumerate(split) if b
-            )
+            plan = self._plans[key] = efficiency_split(
+                addr, nbytes, self.cfg.interleave_bytes, self.cfg.channels,
+                self.channel_bytes_per_s)
         return plan
 
     def chunk_plan(self, addr: int, nbytes: int, write: bool, now_ps: int) -> list[ChannelSpan]:

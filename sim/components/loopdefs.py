@@ -253,8 +253,9 @@ def _log_dram(logs: np.ndarray, nl: int, c: int, start: int, stop: int, nbytes: 
 def protocol_access(now, addr, nbytes, write, tck_ps, params, open_row, act_ok, pre_ok,
                     cas_ok, faw, scalars, next_ref, per_ch, dram_free, logs, nl, log_level):
     """``Dram.chunk_plan`` and ``Dram.access`` after the latency, protocol model: one
-    :func:`sim.dram_timing.chunk_channels_ck` call over the channel state arrays (updated in
-    place), the same ps rounding; returns (when the last channel is done, logs used).
+    :func:`sim.dram_timing.chunk_channels_ck` call (the chunk channel by channel, one
+    contiguous run each) over the channel state arrays (updated in place), the same ps
+    rounding; returns (when the last channel is done, logs used).
     ``logs`` must have room for one row per channel."""
     # a time under 1 ps past a cycle edge counts as that edge (ps are rounded up)
     t0 = np.int64(np.ceil((now - 1) / tck_ps))

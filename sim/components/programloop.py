@@ -17,9 +17,10 @@ updated at the same points of the same processes. The state machines mirror, lin
 - the kernel's ``Resource``, ``Container``, ``AllOf`` and process start/end events.
 
 DRAM chunks are timed as ``Dram.chunk_plan`` times them: in the protocol model by the
-same Numba step over the same channel state arrays, at the same point of the same
-process; in the efficiency model from plans precomputed for every distinct ``(address
-modulo the interleave stripe, bytes)`` a program's chunks use (:mod:`sim.array_engine`).
+same Numba step (:func:`sim.dram_timing.chunk_channels_ck`) over the same channel state
+arrays, at the same point of the same process; in the efficiency model from plans
+precomputed for every distinct ``(address modulo the interleave stripe, bytes)`` a
+program's chunks use (:mod:`sim.array_engine`).
 The fixed costs (launch, dispatch, cross-core sync) are timeouts where
 ``Device._engine`` yields them.
 

@@ -2,22 +2,28 @@
 hand calculation from the timing parameters, as Ramulator's tests check unloaded latency and
 peak throughput against theory. aries: 4167 MT/s, tCK = 2 / 4167e6 s = 0.47996 ns."""
 
+import dataclasses
 import math
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from isa.errors import ConfigError
 from sim.dram_patterns import (
+    AccessPattern,
     closed_form_efficiency,
     protocol_summary,
     refresh_loss,
     refresh_stall_ck,
+    stream_efficiency,
 )
 from sim.dram_timing import (
-    AccessPattern,
     ChannelState,
+    chunk_channels_ck,
+    chunk_channels_ck_reference,
     chunk_time_ps,
-    stream_efficiency,
     timing_from_config,
 )
 from sim.hw import load_hardware
@@ -212,3 +218,80 @@ def test_a_preset_without_timing_is_named_and_bad_timing_is_rejected():
     with pytest.raises(ValueError, match="nbytes"):
         t = _timing()
         chunk_time_ps(ChannelState.fresh(t), 0, -1, False, 0, t)
+
+
+# --- the per-channel run step against the per-piece reference -----------------------------
+
+def _run_both(t, accesses):
+    """Each access ``(addr, nbytes, write, t0_ck)`` through :data:`chunk_channels_ck` and
+    :data:`chunk_channels_ck_reference` on states of their own; asserts after every access
+    that the end cycle, the per-channel report and every state array agree, and returns how
+    many accesses had a refresh fall inside them (after their first column command)."""
+    fast, ref = ChannelState.fresh(t), ChannelState.fresh(t)
+    refreshed_inside = 0
+    fields = ("open_row", "act_ok", "pre_ok", "cas_ok", "faw", "scalars", "next_ref")
+    for k, (addr, nbytes, write, t0) in enumerate(accesses):
+        due = ref.next_ref.copy()
+        ends = [fn(t.vector, s.open_row, s.act_ok, s.pre_ok, s.cas_ok, s.faw, s.scalars,
+                   s.next_ref, addr, nbytes, write, t0, s.per_channel)
+                for fn, s in ((chunk_channels_ck, fast), (chunk_channels_ck_reference, ref))]
+        assert ends[0] == ends[1], (k, addr, nbytes, write)
+        for name in fields:
+            assert np.array_equal(getattr(fast, name), getattr(ref, name)), (k, name)
+        moved = ref.per_channel[:, 0] > 0
+        assert np.array_equal(fast.per_channel[:, 0], ref.per_channel[:, 0]), k
+        assert np.array_equal(fast.per_channel[moved], ref.per_channel[moved]), k
+        refreshed_inside += int(np.any(moved & (ref.next_ref > due)
+                                       & (ref.per_channel[:, 1] < due)))
+    return refreshed_inside
+
+
+def _random_accesses(seed, n, span_bytes, gap_ck):
+    rng = np.random.default_rng(seed)
+    t0 = 0
+    out = []
+    for k in range(n):
+        t0 += int(rng.integers(0, gap_ck))
+        if k % 4 == 0:  # a DMA chunk: up to 64 KiB, often granule-aligned
+            nbytes = int(rng.integers(1, 64 * KiB + 1))
+        else:  # a record: a few bytes to a few granules
+            nbytes = int(rng.integers(1, 1200))
+        addr = int(rng.integers(0, span_bytes))
+        if rng.random() < 0.5:
+            addr -= addr % 256
+        out.append((addr, nbytes, bool(rng.random() < 0.4), t0))
+    return out
+
+
+@pytest.mark.parametrize("variant", ["aries", "jedec_ideal", "bank_xor", "short_trefi",
+                                     "odd_granule"])
+def test_channel_runs_equal_the_per_piece_reference(variant):
+    """Random address/size/direction streams, arriving bunched and spread out: the same end
+    cycles, per-channel reports and bank state as the per-piece loop, including row-run
+    reopens (aries' 704 B runs), XOR-hashed banks, refreshes falling inside a chunk and
+    granules that do not hold whole bursts."""
+    t = timing_from_config(load_hardware("aries").dram)
+    t = {"aries": t, "jedec_ideal": _timing(),
+         "bank_xor": dataclasses.replace(t, bank_xor=True),
+         "short_trefi": dataclasses.replace(t, refi_ck=1500, rfc_ab_ck=200),
+         "odd_granule": dataclasses.replace(t, granule_bytes=80, run_bytes=600,
+                                            refi_ck=3000)}[variant]
+    accesses = _random_accesses(7, 1500, 4 * MiB, 4000)
+    # and a sequential stream back to back, the decode's weight stream
+    accesses += [(8 * MiB + k * 64 * KiB, 64 * KiB, False, accesses[-1][3]) for k in range(64)]
+    assert _run_both(t, accesses) > 0  # refreshes did fall inside chunks
+
+
+@given(st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 20000), st.booleans(),
+                          st.integers(0, 3000)), min_size=1, max_size=40),
+       st.booleans(), st.sampled_from([0, 256, 704]))
+@settings(max_examples=60, deadline=None)
+def test_channel_runs_equal_the_reference_on_any_stream(steps, xor, run):
+    t = dataclasses.replace(timing_from_config(load_hardware("aries").dram), bank_xor=xor,
+                            run_bytes=run or 2048, refi_ck=2500)
+    t0 = 0
+    accesses = []
+    for addr, nbytes, write, gap in steps:
+        t0 += gap
+        accesses.append((addr, nbytes, write, t0))
+    _run_both(t, accesses)
