@@ -76,6 +76,19 @@ class AttnQ:
 
 
 @dataclass
+class MlaQ:
+    """An MLA layer's parameters beyond :class:`LayerQ`'s (``q``: ``q_proj`` or ``q_b_proj``,
+    ``k``: ``kv_a_proj``, ``v``: ``v_b_proj``; ``attn``: the absorbed attention)."""
+
+    q_a: GemmQ = field(default_factory=GemmQ)  # q_a_proj (models with a query latent)
+    q_a_norm: NormQ = field(default_factory=NormQ)
+    kv_a_norm: NormQ = field(default_factory=NormQ)  # the latent's RMSNorm
+    #: the absorption GEMMs (per head, ``k_b_proj``'s block transposed): ``mult`` is
+    #: int32[num_heads * kv_lora_rank], head-major
+    k_b: GemmQ = field(default_factory=GemmQ)
+
+
+@dataclass
 class LayerQ:
     attn_norm: NormQ = field(default_factory=NormQ)
     q: GemmQ = field(default_factory=GemmQ)
@@ -95,6 +108,8 @@ class LayerQ:
     k_norm: NormQ = field(default_factory=NormQ)
     post_attn_norm: NormQ = field(default_factory=NormQ)
     post_mlp_norm: NormQ = field(default_factory=NormQ)
+    #: MLA layers of a calibrated model (blocks/mla_calib.py); None: timing-only or GQA
+    mla: MlaQ | None = None
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""Multi-head latent attention (MLA, DeepSeek-V2 style), for timing-only simulation: the
-instruction stream, the bytes it moves and the arithmetic it does are those of the model;
-its integer parameters are placeholders (functional MLA numerics are out of scope).
+"""Multi-head latent attention (MLA, DeepSeek-V2 style): the block, its regions and caches.
+The stages are :mod:`.mla_prep` (A0, A) and :mod:`.mla_attend` (B, C); shapes and work
+splits :mod:`.mla_shape`; a functional compile's weights in the device's basis and its
+calibration :mod:`.mla_calib`, its weight image :mod:`.mla_image`.
 
 MLA attention runs in the *absorbed* form, so the cache holds one record per token and
 layer, ``[normalised latent (kv_lora_rank) | RoPE key (qk_rope_head_dim)]``, in the single
@@ -36,12 +37,11 @@ qk_rope_head_dim`` is the record width and the attention head width. Per layer:
 A tile of several sequences (a batched step) attends in two parts with a barrier between
 (:func:`.mla_attend.stage_attend_batch`).
 
-Timing-only shortcuts (each moves the right bytes and does the right arithmetic, but would
-not compute MLA/MoE values functionally): the absorption reads ``k_b_proj``'s bytes as its
-transpose; ``Attn``'s V stream is the second half of the cache bytes, not a V cache; the
-router's scores are computed and stored but the experts come from :func:`routed_experts`,
-and the routing weights are not applied (plain ADDs); the PV product also runs over the
-rope part of each record.
+Functionally (:mod:`.mla_calib`): ``k_b_proj`` is stored per head transposed, so the
+absorption reads its own operand; ``Attn`` sees its V address inside the K region and
+takes the one latent cache as key and value (:mod:`isa.semantics`); the PV product also
+runs over the rope part of each record, whose outputs nothing reads. The router of a MoE
+layer is timing only (:mod:`.moe`).
 """
 
 from __future__ import annotations

@@ -9,14 +9,14 @@ from ..builder import Builder, Credits, Matrix
 from ..lowering import Lowering, TileSeq
 from ..ops import end_stage, norm
 from ..sram import SramPlan
-from .mla_shape import MlaDims, absorbed_matrix, cache_owner, head_split, q_matrix
+from .mla_shape import MlaDims, absorbed_matrix, cache_owner, head_split, mla_params, q_matrix
 
 
 def stage_q_latent(b: Builder, lw: Lowering, layer: int, q, x: int, m: int) -> None:
     """A0 (models with a query latent): RMSNorm and ``q_a_proj`` row slices -> act.qa."""
     d = MlaDims.of(lw.model)
     p = f"layers.{layer}."
-    mqa = lw.matrix(p + "q_a_proj", q.q)
+    mqa = lw.matrix(p + "q_a_proj", mla_params(q).q_a)
     qa = lw.mm["act.qa"].base
     for c in lw.target.cores:
         r0, r1 = lw.rows(d.qr, c)
@@ -66,7 +66,8 @@ def stage_prep(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
         if d.qr and heads:
             qa = plan.take(m * d.qr, "q latent")
             b.load(c, lw.mm["act.qa"].base, qa, m * d.qr, to="in_vpu")
-            qin = norm(b, lw, c, plan, p + "q_a_norm", q.attn_norm, qa, m, d.qr, to="vpu_mxu")
+            qin = norm(b, lw, c, plan, p + "q_a_norm", mla_params(q).q_a_norm, qa, m, d.qr,
+                       to="vpu_mxu")
             in_vpu.skip(2)
         if own or not d.qr:
             xs = plan.take(m * d.h, "layer input")
@@ -135,7 +136,7 @@ def append_latent(b: Builder, lw: Lowering, layer: int, q, c: int, plan: SramPla
     gamma = plan.take(2 * d.kvr, "kv_a_norm gain")
     b.load(c, lw.mm[f"p.{p}kv_a_norm"].base, gamma, 2 * d.kvr, to="in_vpu")
     g_ticket = in_vpu.issue()
-    norm = q.attn_norm
+    norm = mla_params(q).kv_a_norm
     rec = plan.take(m * d.w, "cache records")
     if m == 1:
         b.gemm(c, mkv, (0, d.w), a=xn, m=1, out=rec, plan=plan, first_wait=kv_wait,

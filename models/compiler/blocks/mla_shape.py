@@ -12,6 +12,7 @@ from isa.errors import KvsimError
 from ...config import ModelConfig
 from ..builder import Matrix, split
 from ..lowering import Lowering
+from ..numerics import LayerQ, MlaQ
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,12 @@ def absorbed_matrix(lw: Lowering, layer: int, q, head: int) -> Matrix:
     p = lw.mm[absorbed_params_region(layer)].base
     return Matrix(f"{kb.name}[head {head}]", d.kvr, d.nope, kb.bits,
                   kb.w_addr + head * d.nope * kb.row_bytes, p + 8 * d.kvr * head, False,
-                  True, kb.shift)
+                  True, mla_params(q).k_b.shift)
+
+
+def mla_params(q: LayerQ) -> MlaQ:
+    """Layer ``q``'s MLA parameters (defaults, as placeholders, in a timing-only compile)."""
+    return q.mla if q.mla is not None else MlaQ()
 
 
 def absorbed_params_region(layer: int) -> str:
