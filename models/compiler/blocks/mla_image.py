@@ -21,8 +21,8 @@ def mla_layer_image(cfg: ModelConfig, source: WeightSource, layer: int, q: Layer
     """``(gemms, raw)`` of layer ``layer``: ``gemms`` the matrices with a weight and a
     parameter region of their own (name, parameters, float values as the device stores
     them); ``raw`` (region name, uint8 bytes) for the rest: ``k_b_proj``'s codes (per head
-    transposed), the absorption multipliers (per head: bias int32[kv_lora_rank] = 0, then
-    mult int32[kv_lora_rank]) and the norm gains."""
+    transposed) and its unused parameter region, the absorption multipliers (per head:
+    bias int32[kv_lora_rank] = 0, then mult int32[kv_lora_rank]) and the norm gains."""
     if q.mla is None:
         raise ValueError(f"layer {layer}: no MLA parameters (a timing-only compile)")
     d = MlaDims.of(cfg)
@@ -37,7 +37,11 @@ def mla_layer_image(cfg: ModelConfig, source: WeightSource, layer: int, q: Layer
     assert mq.k_b.mult is not None
     params = np.zeros((d.heads, 2, d.kvr), np.int32)
     params[:, 1, :] = mq.k_b.mult.reshape(d.heads, d.kvr)
-    raw = [(f"w.{kb}", codes), (absorbed_params_region(layer), params.reshape(-1).view(np.uint8))]
+    # k_b_proj's own parameter region is not read (the absorption has its own): zeros,
+    # loaded as a timing-only launch loads every weight region
+    unused = np.zeros(2 * d.heads * d.nope, np.int32).view(np.uint8)
+    raw = [(f"w.{kb}", codes), (f"p.{kb}", unused),
+           (absorbed_params_region(layer), params.reshape(-1).view(np.uint8))]
     norms = [("attn_norm", q.attn_norm), ("kv_a_norm", mq.kv_a_norm), ("mlp_norm", q.mlp_norm)]
     if d.qr:
         norms.append(("q_a_norm", mq.q_a_norm))
