@@ -178,6 +178,9 @@ def numerics_problem(opts, *, mla_or_moe: bool) -> str | None:
     if not wide and opts.act_scale != "static":
         return ("act_scale = 'token' is built with a wide residual (residual = 'int16' or "
                 "'int32'); the int8 residual keeps static scales")
+    if opts.rotation != "none" and mla_or_moe:
+        return ("rotation = 'residual' folds the norms into grouped-query attention's "
+                "projections; it is not built for MLA/MoE models: use rotation = 'none'")
     if wide and mla_or_moe:
         return ("the wide pipeline (residual int16/int32) is built for dense grouped-query-"
                 "attention models; use [bits.numerics] preset = 'static-int8' for MLA/MoE")

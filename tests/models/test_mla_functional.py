@@ -161,3 +161,13 @@ def test_deinterleaved_rope_rows_rotate_as_the_interleaved_checkpoint() -> None:
     kvr = cfg.kv_lora_rank
     assert np.array_equal(dev[:kvr], kva[:kvr])
     assert np.array_equal(dev[kvr:], kva[kvr:][deinterleaved(r)])
+
+
+def test_residual_rotation_is_refused_for_mla() -> None:
+    """The rotation folds norms into GQA's projections only: refused, not silently wrong."""
+    from models.compiler import CompileError
+
+    bits = build_bit_config({"weights": "W8", "numerics": {"rotation": "residual"}})
+    with pytest.raises(CompileError, match="bits.numerics: rotation = 'residual'"):
+        compile_model(load_preset(PRESET), bits, HardwareTarget.from_hw(load_hardware("tiny")),
+                      core_mode="single", max_seq=8, cap=16)
