@@ -9,7 +9,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-from isa.instructions import Attn
+from isa.instructions import NO_ADDR, Attn, GemmRow, Vec, VecFunc
 from models.bits import build_bit_config
 from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.compiler.blocks.mla_calib import deinterleaved, device_matrix
@@ -60,25 +60,26 @@ def _cosines(kv: str, prompt: int, q_lora_rank: int | None = None) -> tuple[floa
 
 
 def test_bf16_latent_cache_matches_the_float_reference() -> None:
-    """W8, bf16 latent cache, 10-token prompt and 6 decode steps (measured: mean 0.9862,
-    worst call 0.9707)."""
+    """W8, bf16 latent cache, 10-token prompt and 6 decode steps (measured: mean 0.9926,
+    worst call 0.9874; 0.9862 and 0.9707 with the latent rounded to int8 before its norm)."""
     cos = _cosines("bf16", 10)
-    assert np.mean(cos) >= 0.985 and min(cos) >= 0.97, cos
+    assert np.mean(cos) >= 0.99 and min(cos) >= 0.985, cos
 
 
 def test_query_latent_path_matches_the_float_reference() -> None:
-    """q_a_proj -> q_a_norm -> q_b_proj (q_lora_rank 32; measured: mean 0.9867)."""
+    """q_a_proj -> q_a_norm -> q_b_proj (q_lora_rank 32; measured: mean 0.9916, worst call
+    0.9889)."""
     cos = _cosines("bf16", 10, q_lora_rank=32)
-    assert np.mean(cos) >= 0.985 and min(cos) >= 0.965, cos
+    assert np.mean(cos) >= 0.99 and min(cos) >= 0.985, cos
 
 
 def test_quantmla_formats_lose_accuracy_in_the_order_of_their_bits() -> None:
     """Past the full-precision window (150-token prompt, 6 decode steps; measured means:
-    bf16 0.9854, quantmla-c4r4 0.9821, quantmla-c2r4 0.9686): more bits, closer."""
+    bf16 0.9908, quantmla-c4r4 0.9875, quantmla-c2r4 0.9718): more bits, closer."""
     mean = {kv: float(np.mean(_cosines(kv, LONG_PROMPT)))
             for kv in ("bf16", "quantmla-c4r4", "quantmla-c2r4")}
     assert mean["bf16"] > mean["quantmla-c4r4"] > mean["quantmla-c2r4"], mean
-    assert mean["bf16"] >= 0.98 and mean["quantmla-c2r4"] >= 0.96, mean
+    assert mean["bf16"] >= 0.99 and mean["quantmla-c2r4"] >= 0.97, mean
 
 
 def _call_times_ps(functional: bool) -> list[int]:
@@ -113,6 +114,24 @@ def test_functional_programs_differ_from_timing_only_ones_in_parameters_only() -
     assert [type(i) for i in t] == [type(i) for i in f]
     at = [i for i in f if isinstance(i, Attn)]
     assert len(at) == 2 and all(i.score_mult > 1 and i.out_mult > 1 for i in at)
+
+
+def test_latent_stays_int32_into_its_norm() -> None:
+    """Per layer: kv_a_proj's latent rows as a GemmRow into int32 (static input), then
+    RMSNORM_WIDE over those int32 rows and REQUANT of its output to the int8 record."""
+    cm = _compile("bf16", 10)
+    kvr = cm.model.kv_lora_rank
+    for tokens, cached in ((10, 0), (1, 10)):
+        prog = list(cm.program(tokens=tokens, cache_size=cached))
+        lat = [i for i in prog if isinstance(i, GemmRow)]
+        assert len(lat) == cm.model.num_layers, (tokens, lat)
+        assert all(g.out_bits == 32 and g.row_meta == NO_ADDR and g.n == kvr for g in lat)
+        wide = [i for i in prog if isinstance(i, Vec) and i.func == VecFunc.RMSNORM_WIDE]
+        assert [(v.cols, v.p2, v.rows) for v in wide] == [(kvr, 32, tokens)] * len(lat)
+        assert [v.src0 for v in wide] == [g.out for g in lat]
+        after = [prog[prog.index(v) + 1] for v in wide]
+        assert all(isinstance(r, Vec) and r.func == VecFunc.REQUANT and r.src0 == v.dst
+                   for r, v in zip(after, wide, strict=True))
 
 
 def test_compiled_file_keeps_the_mla_parameters(tmp_path) -> None:

@@ -26,11 +26,21 @@ s_krope``. Each is first calibrated (``absmax * MARGIN / 127``); the product tha
 smaller is then coarsened to the larger (its two RoPE steps by the same factor), so no
 value clips. ``q_proj``'s nope and rope rows and ``kv_a_proj``'s latent and rope rows get
 their own output steps through the GEMMs' per-row multipliers.
+
+**The latent.** RMSNorm needs one scale across the row, so ``kv_a_proj``'s latent rows
+cannot take per-channel steps; a latent with outlier channels (DeepSeek-V2's has them; the
+synthetic weights' ``LATENT_OUTLIER_CHANNELS``) rounded to int8 before its norm loses the
+small channels. So those rows leave the GEMM as int32 (a GemmRow with a static input, its
+multipliers putting every latent column on the step of :func:`latent_int32_step`),
+RMSNORM_WIDE normalises them and REQUANT saturates its int32 output to int8: the norm's
+int16 gain already maps onto the latent's static int8 step (``norm_params`` of an int8
+RMSNorm, whose formula the wide kernel shares). The RoPE rows stay int8 (no norm follows).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -38,6 +48,7 @@ from ...config import ModelConfig
 from ...reference import apply_rope, rms_norm, rope_cos_sin, silu, softmax, softmax_scale
 from ...weights import QuantizedWeight, WeightSource, quantize_weight
 from ..calibrate import (
+    INT8_MAX,
     activation_scale,
     add_params,
     attn_params,
@@ -45,11 +56,15 @@ from ..calibrate import (
     norm_params,
     silu_params,
 )
+from ..calibrate_wide import INT32_MAX
 from ..errors import CompileError
-from ..numerics import LayerQ, MlaQ, Numerics
+from ..numerics import LayerQ, MlaQ, NormQ, Numerics
 from ..wgroup import GroupQuantizedWeight
 from .mla_shape import MlaDims
 
+#: Bits of the int32 latent rows' calibrated maximum (x MARGIN), as the wide pipeline's
+#: int32 GEMM outputs (``calibrate_wide.WIDE_Q``); RMSNORM_WIDE pre-shifts them to 15 bits.
+LATENT_INT32_BITS = 22
 #: MLA matrices the device stores in another basis than the checkpoint (see above).
 REBASED = ("q_proj", "q_b_proj", "kv_a_proj", "k_b_proj")
 
@@ -76,6 +91,22 @@ def device_matrix(cfg: ModelConfig, source: WeightSource, name: str) -> np.ndarr
         head = np.concatenate([np.arange(d.nope), d.nope + deinterleaved(d.rope)])
         rows = (np.arange(d.heads)[:, None] * d.qhd + head[None, :]).reshape(-1)
     return np.ascontiguousarray(w[rows])
+
+
+def latent_int32_step(s_int8: float) -> float:
+    """The int32 step of the latent rows of ``kv_a_proj``'s output whose static int8 step
+    would be ``s_int8``: the calibrated maximum x MARGIN maps to ``2**LATENT_INT32_BITS``."""
+    return s_int8 * INT8_MAX / 2.0**LATENT_INT32_BITS
+
+
+def wide_input_norm(nq: NormQ) -> NormQ:
+    """An int8-output RMSNorm's parameters for RMSNORM_WIDE from int32 rows: the kernels
+    share the formula (``rs(y * g * inv, shift)``); the wide one pre-shifts ``y`` and
+    ``eps_q`` alike. ``eps_q`` is clipped to its int32 field, as ``calibrate_wide`` does:
+    then ``eps`` counts below ``2**15`` squared int32 steps, under 1e-6 of the mean square
+    of a row whose maximum is near ``2**LATENT_INT32_BITS`` (an assumption: no row is
+    ``2**10`` times below the calibrated maximum)."""
+    return replace(nq, eps_q=min(nq.eps_q, INT32_MAX))
 
 
 def _pair_norm(x: np.ndarray) -> np.ndarray:
@@ -197,10 +228,12 @@ def _derive(cfg: ModelConfig, source: WeightSource, s: dict[str, float],
         qname = p + ("q_b_proj" if d.qr else "q_proj")
         L.q = gemm_params(s_qin, weight(qname),
                           np.tile(_rows(s[f"{i}.qn"], d.nope, s_qr, d.rope), d.heads), None)
+        # the latent rows leave the GEMM as int32 (module docstring, "The latent")
+        s_kva = s[f"{i}.kva32"] = latent_int32_step(s[f"{i}.kva"])
         L.k = gemm_params(s[f"{i}.xn"], weight(p + "kv_a_proj"),
-                          _rows(s[f"{i}.kva"], d.kvr, s_kr, d.rope), None)
-        L.mla.kv_a_norm = norm_params(source.tensor(p + "kv_a_norm"), s[f"{i}.kva"],
-                                      s[f"{i}.lat"], eps)
+                          _rows(s_kva, d.kvr, s_kr, d.rope), None)
+        L.mla.kv_a_norm = wide_input_norm(
+            norm_params(source.tensor(p + "kv_a_norm"), s_kva, s[f"{i}.lat"], eps))
         L.mla.k_b = gemm_params(s[f"{i}.qn"], weight(p + "k_b_proj"), s_qlat, None)
         L.attn = attn_params(s_qlat, s[f"{i}.lat"], s[f"{i}.lat"], s[f"{i}.olat"],
                              softmax_scale(cfg))

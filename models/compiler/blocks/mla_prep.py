@@ -9,7 +9,16 @@ from ..builder import Builder, Credits, Matrix
 from ..lowering import Lowering, TileSeq
 from ..ops import end_stage, norm
 from ..sram import SramPlan
-from .mla_shape import MlaDims, absorbed_matrix, cache_owner, head_split, mla_params, q_matrix
+from .mla_shape import (
+    LATENT_REQUANT,
+    MlaDims,
+    absorbed_matrix,
+    cache_owner,
+    head_split,
+    latent_matrix,
+    mla_params,
+    q_matrix,
+)
 
 
 def stage_q_latent(b: Builder, lw: Lowering, layer: int, q, x: int, m: int) -> None:
@@ -59,7 +68,7 @@ def stage_prep(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
         if heads:  # the stage's first GEMM: the first head's q_nope rows, or kv_a_proj
             b.prefetch(c, mq, (heads[0] * d.qhd, heads[0] * d.qhd + d.nope))
         else:
-            b.prefetch(c, mkv, (0, d.w if m == 1 else d.kvr))
+            b.prefetch(c, latent_matrix(mkv), (0, d.kvr))
         in_vpu = Credits(b.sem(c, "in_vpu"))
         # inputs: the query latent (if any) first, then the normed layer input
         qin = xn = -1
@@ -138,21 +147,25 @@ def append_latent(b: Builder, lw: Lowering, layer: int, q, c: int, plan: SramPla
     g_ticket = in_vpu.issue()
     norm = mla_params(q).kv_a_norm
     rec = plan.take(m * d.w, "cache records")
+    # the latent stays int32 from the GEMM into its RMSNorm (one scale across the row, so
+    # no per-channel step could absorb its outlier channels); the rope key is int8
+    lat = plan.take(4 * m * d.kvr, "latent (int32)")
+    b.gemm(c, latent_matrix(mkv), (0, d.kvr), a=xn, m=m, out=lat, plan=plan,
+           first_wait=kv_wait)
     if m == 1:
-        b.gemm(c, mkv, (0, d.w), a=xn, m=1, out=rec, plan=plan, first_wait=kv_wait,
-               last_signal=(b.sem(c, "mxu_vpu"),))
-        lat = ln = rec
-        rp = rec + d.kvr
+        ln, rp = rec, rec + d.kvr
     else:
-        lat = plan.take(m * d.kvr, "latent")
         rp = plan.take(m * d.rope, "rope key")
         ln = plan.take(m * d.kvr, "normed latent")
-        b.gemm(c, mkv, (0, d.kvr), a=xn, m=m, out=lat, plan=plan, first_wait=kv_wait)
-        b.gemm(c, mkv, (d.kvr, d.w), a=xn, m=m, out=rp, plan=plan,
-               last_signal=(b.sem(c, "mxu_vpu"),))
-    b.emit(Vec(core=c, func=VecFunc.RMSNORM, rows=m, cols=d.kvr, src0=lat, src1=gamma, dst=ln,
-               p0=norm.eps_q, p1=norm.shift,
+    b.gemm(c, mkv, (d.kvr, d.w), a=xn, m=m, out=rp, plan=plan,
+           last_signal=(b.sem(c, "mxu_vpu"),))
+    b.emit(Vec(core=c, func=VecFunc.RMSNORM_WIDE, rows=m, cols=d.kvr, src0=lat, src1=gamma,
+               dst=lat, p0=norm.eps_q, p1=norm.shift, p2=32,
                wait=(b.sem(c, "mxu_vpu"),) + in_vpu.upto(g_ticket)))
+    # the norm's gain already puts its int32 output on the latent's int8 grid
+    # (mla_calib: LATENT_REQUANT): this only saturates it to int8
+    b.emit(Vec(core=c, func=VecFunc.REQUANT, rows=m, cols=d.kvr, src0=lat, dst=ln,
+               p0=LATENT_REQUANT[0], p1=LATENT_REQUANT[1]))
     for i, sq in enumerate(segs):
         row = rp + sq.off * d.rope
         b.emit(Vec(core=c, func=VecFunc.ROPE, rows=sq.n, cols=d.rope, src0=row,

@@ -4,7 +4,7 @@ layouts that can hold it, and the work splits and operand views the stages share
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from isa import kvformats
 from isa.errors import KvsimError
@@ -86,6 +86,18 @@ def absorbed_matrix(lw: Lowering, layer: int, q, head: int) -> Matrix:
     return Matrix(f"{kb.name}[head {head}]", d.kvr, d.nope, kb.bits,
                   kb.w_addr + head * d.nope * kb.row_bytes, p + 8 * d.kvr * head, False,
                   True, mla_params(q).k_b.shift)
+
+
+#: ``(mult, shift)`` of the REQUANT after the latent's RMSNORM_WIDE: the identity, as the
+#: norm's int16 gain already maps its int32 output onto the latent's int8 grid
+#: (``mla_calib``: the gain of an int8 RMSNorm from an int32 input); REQUANT saturates.
+LATENT_REQUANT = (1, 0)
+
+
+def latent_matrix(mkv: Matrix) -> Matrix:
+    """``kv_a_proj`` (``mkv``) as its latent rows' GEMM reads it: a GemmRow with a static
+    input and int32 outputs (the multipliers put every latent column on one int32 step)."""
+    return replace(mkv, gemm_row=True, out_bits=32)
 
 
 def mla_params(q: LayerQ) -> MlaQ:
