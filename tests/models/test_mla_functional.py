@@ -104,7 +104,8 @@ def test_timing_only_and_functional_runs_take_the_same_cycles() -> None:
 
 
 #: Simulated call times of tiny-mla-dense on the tiny hardware (single core), ps.
-EXPECTED_CALL_PS = [159_876_963, 196_222_313, 128_620_907]
+#: (The int32 latent into RMSNORM_WIDE and its REQUANT: +0.4 us prefill, +0.2 us decode.)
+EXPECTED_CALL_PS = [159_876_963, 196_622_313, 128_820_907]
 
 
 def test_functional_programs_differ_from_timing_only_ones_in_parameters_only() -> None:
