@@ -6,6 +6,13 @@ head_dim 64). "outlier" keys scale channels 3, 17 and 40 by 12 and shift them by
 pattern of massive key channels in real LLMs (KIVI, fig. 2). Errors are relative L2 and
 cosine similarity of the int8 attention output against float64 attention on the same
 inputs (``isa.accuracy``). Usage: ``python benchmarks/kv_accuracy.py [--json]``.
+
+``--mla``: the whole model instead: functional MLA (``tiny-mla-dense``, synthetic W8
+weights, the tiny hardware) with its latent cache in bf16, QuantMLA C4R4 and C2R4; a
+``--prompt``-token prefill (past QuantMLA's 4 sink and 128 window tokens) and 6 decode
+steps, each call's logit cosine to the float reference with the same W8 weights, beside
+the cache's bytes per token and layer at that context and DeepSeek-V2-Lite's (576-wide
+records) at 32K tokens.
 """
 
 from __future__ import annotations
@@ -71,11 +78,76 @@ def run(tokens: int) -> list[dict]:
     return rows
 
 
+MLA_FORMATS = ("bf16", "quantmla-c4r4", "quantmla-c2r4")
+MLA_DECODE_STEPS = 6
+DSV2_RECORD = 576  # DeepSeek-V2(-Lite) record: kv_lora_rank 512 + qk_rope_head_dim 64
+LONG_CONTEXT = 32768
+
+
+def run_mla(prompt: int) -> list[dict]:
+    """Logit cosines of functional MLA per latent-cache format (see the module docstring)."""
+    from models.bits import build_bit_config
+    from models.compiler import HardwareTarget, compile_model
+    from models.config import load_preset
+    from models.reference import ReferenceModel
+    from sim.hw import load_hardware
+    from sim.runtime import Accelerator, Model
+
+    hw = load_hardware("tiny")
+    cfg = load_preset("tiny-mla-dense")
+    width = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    toks = np.random.default_rng(1).integers(0, cfg.vocab_size, size=prompt + MLA_DECODE_STEPS)
+    rows = []
+    for name in MLA_FORMATS:
+        cm = compile_model(cfg, build_bit_config({"weights": "W8"}), HardwareTarget.from_hw(hw),
+                           kv=name, functional=True, core_mode="single", max_seq=prompt,
+                           cap=prompt + MLA_DECODE_STEPS)
+        model = Model(cm)
+        model.launch(Accelerator(hw=hw, functional=True))
+        ref = ReferenceModel(cfg, cm.weight_source(), weight_bits=cm.bits.weights)
+        want, emb = ref.prefill(toks), ref.embed(toks)
+        got = [model.infer(emb[:prompt], cache_size=0)[0]]
+        got += [model.infer(emb[i:i + 1], cache_size=i)[0]
+                for i in range(prompt, prompt + MLA_DECODE_STEPS)]
+        cos = [float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+               for a, b in zip(got, want[prompt - 1:], strict=True)]
+        fmt = kf.parse(name)
+        ctx = prompt + MLA_DECODE_STEPS
+        rows.append({"format": name, "mean_logit_cosine": float(np.mean(cos)),
+                     "min_logit_cosine": min(cos),
+                     "tiny_bytes_per_token_per_layer": fmt.bytes(ctx, width) / ctx,
+                     "dsv2_bytes_per_token_per_layer_32k":
+                         fmt.bytes(LONG_CONTEXT, DSV2_RECORD) / LONG_CONTEXT})
+    return rows
+
+
+def main_mla(prompt: int, as_json: bool) -> None:
+    rows = run_mla(prompt)
+    if as_json:
+        print(json.dumps({"prompt_tokens": prompt, "decode_steps": MLA_DECODE_STEPS,
+                          "rows": rows}, indent=2))
+        return
+    print(f"functional MLA, tiny-mla-dense (synthetic W8 weights), {prompt}-token prompt + "
+          f"{MLA_DECODE_STEPS} decode steps; logit cosine to the float reference")
+    print(f"{'latent cache':16s} {'mean cos':>9s} {'min cos':>8s} {'B/tok tiny':>10s} "
+          f"{'B/tok DSv2 32K':>14s}")
+    for r in rows:
+        print(f"{r['format']:16s} {r['mean_logit_cosine']:9.4f} {r['min_logit_cosine']:8.4f} "
+              f"{r['tiny_bytes_per_token_per_layer']:10.1f} "
+              f"{r['dsv2_bytes_per_token_per_layer_32k']:14.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=1024, help="cached tokens")
     ap.add_argument("--json", action="store_true", help="print JSON")
+    ap.add_argument("--mla", action="store_true",
+                    help="functional MLA end to end per latent-cache format")
+    ap.add_argument("--prompt", type=int, default=150, help="--mla: prompt tokens")
     args = ap.parse_args()
+    if args.mla:
+        main_mla(args.prompt, args.json)
+        return
     rows = run(args.tokens)
     # peak resident memory of this process (Linux reports ru_maxrss in KiB)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

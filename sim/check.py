@@ -92,10 +92,9 @@ def _check_generate(cfg: RunConfig) -> Checked:
         problem = mla_kv_problem(model, cfg.kv.format)
         if problem:
             raise ConfigError(f"kv.format: {problem}")
-    if cfg.sim.fidelity == "functional" and (model.is_mla or model.is_moe):
-        raise ConfigError(f"sim.fidelity: functional (integer) simulation supports dense "
-                          f"grouped-query-attention models; {_name(model)!r} is MLA/MoE: use "
-                          f"'timing'")
+    if cfg.sim.fidelity == "functional" and model.is_moe:
+        raise ConfigError(f"sim.fidelity: model {_name(model)!r} has MoE layers: timing only "
+                          f"(functional MoE is not built); use 'timing'")
     max_seq = min(c.max_sequence_length, cap)
 
     try:

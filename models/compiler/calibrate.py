@@ -50,7 +50,8 @@ LOGIT_Q = 20
 PROB_Q = 24
 
 
-def _scale(absmax: float) -> float:
+def activation_scale(absmax: float) -> float:
+    """The static int8 step of an activation whose calibration maximum is ``absmax``."""
     return max(float(absmax), 1e-6) * MARGIN / INT8_MAX
 
 
@@ -114,13 +115,18 @@ def calibration_tokens(cfg: ModelConfig, seed: int, n: int = CALIBRATION_TOKENS)
 
 def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0,
               tokens: np.ndarray | None = None, quantize=None) -> Numerics:
-    """Integer parameters of a dense GQA model (``bits_for(name) -> bits``) for the int8
+    """Integer parameters of a dense model (``bits_for(name) -> bits``; MLA models:
+    :func:`.blocks.mla_calib.calibrate_mla`) for the int8
     scheme, from ``tokens`` (default: :func:`calibration_tokens`); ``quantize(name)`` gives a
     matrix's quantized form, by default symmetric per channel at its bits."""
     if tokens is None:
         tokens = calibration_tokens(cfg, seed)
+    if cfg.is_mla:  # its own float pass and parameters (imported here: it imports us)
+        from .blocks.mla_calib import calibrate_mla
+
+        return calibrate_mla(cfg, source, bits_for, tokens, quantize)
     amax, qw, _ = activation_absmax(cfg, source, bits_for, tokens, quantize=quantize)
-    s = {k: _scale(v) for k, v in amax.items()}
+    s = {k: activation_scale(v) for k, v in amax.items()}
     return derive(cfg, source, bits_for, s, qw, quantize=quantize)
 
 
@@ -133,11 +139,14 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
     norm's output (float32 ``[tokens, hidden]``). ``norm``: the norm function instead of
     the model's own (a LayerNorm in a rotated residual's space)."""
     quantize = quantize or (lambda name: quantize_weight(source.tensor(name), bits_for(name)))
-    if cfg.is_mla or cfg.is_moe:
+    if cfg.is_moe:
         raise NotImplementedError(
-            f"model {cfg.name or cfg.family!r}: functional (integer) simulation supports "
-            "dense grouped-query-attention models; use sim.fidelity = 'timing' for MLA/MoE"
-        )
+            f"model {cfg.name or cfg.family!r}: MoE layers: timing only (functional MoE is "
+            "not built); use sim.fidelity = 'timing'")
+    if cfg.is_mla:
+        raise NotImplementedError(
+            f"model {cfg.name or cfg.family!r}: this float pass is grouped-query "
+            "attention's; MLA models calibrate through calibrate() (the int8 scheme)")
     n = len(tokens)
     normf = norm or (layer_norm if cfg.norm_kind == "layer" else rms_norm)
     amax: dict[str, float] = {}

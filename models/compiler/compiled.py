@@ -28,6 +28,7 @@ from ..config import ModelConfig
 from ..reference import rope_cos_sin
 from ..weights import WeightSource
 from . import kvm
+from .blocks.mla_image import mla_layer_image
 from .blocks.registry import ModelBlocks, blocks_for, probe_layers
 from .builder import CORE_MODES, Target
 from .calibrate_wide import calibrate_for, device_weights
@@ -179,6 +180,13 @@ class CompiledModel:
 
         for i, L in enumerate(nq.layers):
             pre = f"layers.{i}."
+            if cfg.is_mla:  # matrices in the device's basis (blocks/mla_calib.py)
+                gemms, raw = mla_layer_image(cfg, src, i, L, self.bits_for)
+                for nm, gq, values in gemms:
+                    yield from gemm_entries(nm, gq, values)
+                for region, data in raw:
+                    yield self.mm[region].base, data
+                continue
             for nm, gq in (("q_proj", L.q), ("k_proj", L.k), ("v_proj", L.v), ("o_proj", L.o),
                            ("gate_proj", L.gate), ("up_proj", L.up), ("down_proj", L.down)):
                 yield from gemm_entries(pre + nm, gq)

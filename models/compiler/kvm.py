@@ -26,7 +26,7 @@ from .builder import CORE_MODES
 from .dram import build_memory_map, dram_problem
 from .errors import CompileError
 from .memmap import MemoryMap
-from .numerics import AddQ, AttnQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ
+from .numerics import AddQ, AttnQ, GemmQ, LayerQ, MlaQ, NormQ, Numerics, SiluQ
 
 if TYPE_CHECKING:
     from .compiled import CompiledModel
@@ -121,6 +121,11 @@ def to_header(cm: CompiledModel) -> tuple[dict, dict[str, np.ndarray]]:
             d[f] = gemm(f"{i}.{f}", getattr(L, f))
         for f in _layer_norms(cm.model, i):
             d[f] = norm(f"{i}.{f}", getattr(L, f))
+        if L.mla is not None:  # an MLA layer's own parameters (numerics.MlaQ)
+            m = L.mla
+            d["mla"] = {"q_a": gemm(f"{i}.q_a", m.q_a), "k_b": gemm(f"{i}.k_b", m.k_b),
+                        "q_a_norm": norm(f"{i}.q_a_norm", m.q_a_norm),
+                        "kv_a_norm": norm(f"{i}.kv_a_norm", m.kv_a_norm)}
         d["attn"] = vars(L.attn)
         d["add1"] = vars(L.add1)
         d["add2"] = vars(L.add2)
@@ -170,6 +175,11 @@ def fields_from_header(h: dict, arrays: dict[str, np.ndarray]) -> dict[str, Any]
             for f in ("attn_norm", "mlp_norm") + EXTRA_NORMS:
                 if f in d or f in ("attn_norm", "mlp_norm"):
                     setattr(L, f, norm(f"{i}.{f}", d[f]))
+            if "mla" in d:
+                m = d["mla"]
+                L.mla = MlaQ(q_a=gemm(f"{i}.q_a", m["q_a"]), k_b=gemm(f"{i}.k_b", m["k_b"]),
+                             q_a_norm=norm(f"{i}.q_a_norm", m["q_a_norm"]),
+                             kv_a_norm=norm(f"{i}.kv_a_norm", m["kv_a_norm"]))
             layers.append(L)
         numerics = Numerics(input_scale=n["input_scale"], layers=layers,
                             final_norm=norm("final_norm", n["final_norm"]),
@@ -193,6 +203,14 @@ def fields_from_header(h: dict, arrays: dict[str, np.ndarray]) -> dict[str, Any]
 _I32 = (-(1 << 31), (1 << 31) - 1)
 _GEMMS = (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj"),
           ("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj"))
+
+
+def _mla_gemms(cfg) -> tuple[tuple[str, str], ...]:
+    """(numerics key, tensor) of an MLA layer's GEMMs (the absorption's ``k_b`` has
+    ``num_heads * kv_lora_rank`` rows: :class:`.numerics.MlaQ`)."""
+    q = (("q", "q_b_proj"), ("q_a", "q_a_proj")) if cfg.q_lora_rank else (("q", "q_proj"),)
+    return q + (("k", "kv_a_proj"), ("v", "v_b_proj"), ("o", "o_proj"),
+                ("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj"))
 
 
 def check_consistent(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
@@ -244,8 +262,10 @@ def _check_numerics(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
     if len(nq.layers) != cfg.num_layers:
         raise bad("layers", f"has {len(nq.layers)} entries; the model has {cfg.num_layers} "
                             "layers")
-    if nq.functional and (cfg.is_mla or cfg.is_moe):
-        raise bad("functional", "is true for an MLA/MoE model (timing only)")
+    if nq.functional and cfg.is_moe:
+        raise bad("functional", "is true for a MoE model (MoE layers: timing only)")
+    if nq.functional and cfg.is_mla and any(L.mla is None for L in nq.layers):
+        raise bad("layers", "of a functional MLA model lack their MLA parameters (mla)")
     for i, L in enumerate(nq.layers):
         for f in ("attn_norm", "q", "k", "v", "attn", "o", "add1", "mlp_norm", "gate", "up",
                   "silu", "down", "add2") + EXTRA_NORMS:
@@ -266,11 +286,16 @@ def _check_numerics(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
     h = cfg.hidden_size
     names = {t.name for t in cfg.tensors()}
     for i in range(cfg.num_layers):
-        for f, name in _GEMMS:
+        for f, name in _mla_gemms(cfg) if cfg.is_mla else _GEMMS:
             n = cfg.tensor_spec(f"layers.{i}.{name}").shape[0]
             vector(f"{i}.{f}.mult", np.int32, n)
             if f"{i}.{f}.bias" in arrays:
                 vector(f"{i}.{f}.bias", np.int32, n)
+        if cfg.is_mla:  # the absorption's multipliers and the latents' norm gains
+            vector(f"{i}.k_b.mult", np.int32, cfg.num_heads * (cfg.kv_lora_rank or 0))
+            vector(f"{i}.kv_a_norm.gamma", np.int16, cfg.kv_lora_rank or 0)
+            if cfg.q_lora_rank:
+                vector(f"{i}.q_a_norm.gamma", np.int16, cfg.q_lora_rank)
         for f in _layer_norms(cfg, i):  # the gains of the norms the layer has
             if f"layers.{i}.{f}" in names:
                 vector(f"{i}.{f}.gamma", np.int16, cfg.tensor_spec(f"layers.{i}.{f}").shape[0])

@@ -76,6 +76,19 @@ class AttnQ:
 
 
 @dataclass
+class MlaQ:
+    """An MLA layer's parameters beyond :class:`LayerQ`'s (``q``: ``q_proj`` or ``q_b_proj``,
+    ``k``: ``kv_a_proj``, ``v``: ``v_b_proj``; ``attn``: the absorbed attention)."""
+
+    q_a: GemmQ = field(default_factory=GemmQ)  # q_a_proj (models with a query latent)
+    q_a_norm: NormQ = field(default_factory=NormQ)
+    kv_a_norm: NormQ = field(default_factory=NormQ)  # the latent's RMSNorm
+    #: the absorption GEMMs (per head, ``k_b_proj``'s block transposed): ``mult`` is
+    #: int32[num_heads * kv_lora_rank], head-major
+    k_b: GemmQ = field(default_factory=GemmQ)
+
+
+@dataclass
 class LayerQ:
     attn_norm: NormQ = field(default_factory=NormQ)
     q: GemmQ = field(default_factory=GemmQ)
@@ -95,6 +108,8 @@ class LayerQ:
     k_norm: NormQ = field(default_factory=NormQ)
     post_attn_norm: NormQ = field(default_factory=NormQ)
     post_mlp_norm: NormQ = field(default_factory=NormQ)
+    #: MLA layers of a calibrated model (blocks/mla_calib.py); None: timing-only or GQA
+    mla: MlaQ | None = None
 
 
 @dataclass
@@ -163,6 +178,9 @@ def numerics_problem(opts, *, mla_or_moe: bool, unrotatable: str | None = None) 
     if not wide and opts.act_scale != "static":
         return ("act_scale = 'token' is built with a wide residual (residual = 'int16' or "
                 "'int32'); the int8 residual keeps static scales")
+    if opts.rotation != "none" and mla_or_moe:
+        return ("rotation = 'residual' folds the norms into grouped-query attention's "
+                "projections; it is not built for MLA/MoE models: use rotation = 'none'")
     if opts.rotation != "none" and unrotatable:
         return (f"rotation = {opts.rotation!r} folds RMSNorm gains into the projections "
                 f"that read the residual stream; {unrotatable}: use rotation = 'none' "
