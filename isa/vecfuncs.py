@@ -29,6 +29,9 @@ class VecFunc(IntEnum):
     QUANT_ROW = 18  # int32 -> int8 with one dynamic scale per row (+ row metadata)
     SILU_MUL_WIDE = 19  # SwiGLU of int32 gate/up -> int32
     FROM_F32_WIDE = 20  # float32 input -> int16/int32
+    RMSNORM_QUANT = 21  # RMSNORM_WIDE then QUANT_ROW fused: int16/int32 rows -> int8 + meta
+    ROW_AMAX = 22  # int32 rows -> int32 per-row max(1, max|x|) (one core's part of a row)
+    QUANT_ROW_AMAX = 23  # QUANT_ROW on the maximum of p1 parts' ROW_AMAX results
 
 
 #: Integer ops per element of each vector function, for the vector unit's timing
@@ -50,6 +53,9 @@ VEC_OPS_PER_ELEMENT = {
     VecFunc.QUANT_ROW: 4,
     VecFunc.SILU_MUL_WIDE: 9,
     VecFunc.FROM_F32_WIDE: 3,
+    VecFunc.RMSNORM_QUANT: 12,  # RMSNORM_WIDE's 8 + QUANT_ROW's 4, one pass over SRAM
+    VecFunc.ROW_AMAX: 2,  # |x|, compare
+    VecFunc.QUANT_ROW_AMAX: 3,  # QUANT_ROW without its own maximum search
 }
 
 #: Bytes of row metadata :data:`VecFunc.QUANT_ROW` writes after its int8 output, per row:
@@ -59,7 +65,8 @@ ROW_META_BYTES = 8
 #: FROM_F32_WIDE).
 WIDE_BITS = (16, 32)
 #: Functions whose ``p2`` is the width of their wide operand.
-_WIDTH_PARAM = (VecFunc.ADD_WIDE, VecFunc.RMSNORM_WIDE, VecFunc.FROM_F32_WIDE)
+_WIDTH_PARAM = (VecFunc.ADD_WIDE, VecFunc.RMSNORM_WIDE, VecFunc.FROM_F32_WIDE,
+                VecFunc.RMSNORM_QUANT)
 
 
 def wide_bytes(bits: int) -> int:
@@ -89,13 +96,21 @@ def vec_operand_bytes(func: int, rows: int, cols: int, p1: int,
         return 4 * n, 0, n + ROW_META_BYTES * rows
     if f == VecFunc.SILU_MUL_WIDE:
         return 4 * n, 4 * n, 4 * n
+    if f == VecFunc.RMSNORM_QUANT:
+        return wide_bytes(p2) * n, 2 * cols, n + ROW_META_BYTES * rows
+    if f == VecFunc.ROW_AMAX:
+        return 4 * n, 0, 4 * rows
+    if f == VecFunc.QUANT_ROW_AMAX:
+        return 4 * n, 4 * max(p1, 0) * rows, n + ROW_META_BYTES * rows
     if f == VecFunc.FROM_F32_WIDE:
         return 4 * n, 0, wide_bytes(p2) * n
     return n, 0, n
 
 
-def vec_problem(func: int, p2: int) -> str | None:
+def vec_problem(func: int, p2: int, *, p1: int = 1) -> str | None:
     """What is wrong with a ``Vec``'s parameters, if anything (the validator's check)."""
+    if func == VecFunc.QUANT_ROW_AMAX and p1 < 1:
+        return f"QUANT_ROW_AMAX: p1 (the parts of each row) must be >= 1, got {p1}"
     if func in _WIDTH_PARAM and p2 not in WIDE_BITS:
         return (f"{VecFunc(func).name}: p2 (the wide operand's bits) must be one of "
                 f"{WIDE_BITS}, got {p2}")

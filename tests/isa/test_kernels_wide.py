@@ -190,3 +190,45 @@ def test_from_f32_wide(xs: list[float], mult: int, shift: int, bits: int) -> Non
     out = np.empty(len(xs), np.int16 if bits == 16 else np.int32)
     wide.from_f32_wide(raw, mult, shift, bits, out)
     assert out.tolist() == [ref_from_f32(float(v), mult, shift, bits) for v in arr]
+
+
+@SETTINGS
+@given(st.sampled_from([np.int16, np.int32]).flatmap(wide_mats), st.data())
+def test_rmsnorm_quant_is_rmsnorm_wide_then_quant_row(x: np.ndarray, data) -> None:
+    """The fused kernel: the references of its two halves, row by row."""
+    c = x.shape[1]
+    g = data.draw(hnp.arrays(np.int16, c, elements=st.integers(-(2**15), 2**15 - 1)))
+    eps_q = data.draw(st.integers(0, 2**20))
+    shift = data.draw(st.integers(14, 40))
+    out = np.empty(x.shape, np.int8)
+    meta = np.empty((x.shape[0], 2), np.int32)
+    wide.rmsnorm_quant(x, g, eps_q, shift, out, meta)
+    for i, row in enumerate(x.tolist()):
+        q, fa, p = ref_quant_row(ref_rmsnorm_wide(row, g.tolist(), eps_q, shift))
+        assert out[i].tolist() == q
+        assert meta[i].tolist() == [fa, p]
+
+
+@SETTINGS
+@given(wide_mats(max_rows=3, max_cols=48), st.integers(1, 4), st.data())
+def test_row_split_quantization_equals_quant_row_of_whole_rows(w: np.ndarray, parts: int,
+                                                                data) -> None:
+    """Rows split over ``parts`` cores by columns: each part's ROW_AMAX, then each part's
+    QUANT_ROW_AMAX on all maxima, give QUANT_ROW of the whole rows (codes and metadata)."""
+    cuts = sorted(data.draw(st.lists(st.integers(0, w.shape[1]), min_size=parts - 1,
+                                     max_size=parts - 1)))
+    bounds = list(zip([0] + cuts, cuts + [w.shape[1]], strict=True))
+    amax = np.empty((parts, w.shape[0]), np.int32)
+    for g, (lo, hi) in enumerate(bounds):
+        wide.row_amax(np.ascontiguousarray(w[:, lo:hi]), amax[g])
+        for i, row in enumerate(w[:, lo:hi].tolist()):
+            assert amax[g, i] == max([1] + [abs(v) for v in row])
+    for lo, hi in bounds:
+        part = np.ascontiguousarray(w[:, lo:hi])
+        out = np.empty(part.shape, np.int8)
+        meta = np.empty((w.shape[0], 2), np.int32)
+        wide.quant_row_amax(part, amax, out, meta)
+        for i, row in enumerate(w.tolist()):
+            q, fa, p = ref_quant_row(row)
+            assert out[i].tolist() == q[lo:hi]
+            assert meta[i].tolist() == [fa, p]
