@@ -150,6 +150,19 @@ def _proj_residual_wide(b: Builder, lw: Lowering, mat, add, *, m: int, src: int,
 DOWN_CHUNKS = 4
 
 
+def down_chunks(lw: Lowering, c: int) -> list[tuple[int, int]]:
+    """Core ``c``'s output columns of a lean projection in :data:`DOWN_CHUNKS` chunks of
+    whole 16s (none empty; none if the core has no columns)."""
+    r0, r1 = lw.rows(lw.model.hidden_size, c)
+    return [(r0 + lo, r0 + hi) for lo, hi in split(r1 - r0, DOWN_CHUNKS, 16) if hi > lo]
+
+
+def down_first_rows(lw: Lowering, c: int) -> tuple[int, int] | None:
+    """The rows of the first GEMM of core ``c``'s lean down projection (its prefetch)."""
+    chunks = down_chunks(lw, c)
+    return chunks[0] if chunks else None
+
+
 def _proj_residual_lean(b: Builder, lw: Lowering, mat, add, *, m: int, src: int, k: int,
                         resid: int, dst: int, what: tuple[str, str]) -> None:
     """:func:`_proj_residual_wide` of an input already quantized per token (the lean
@@ -164,9 +177,10 @@ def _proj_residual_lean(b: Builder, lw: Lowering, mat, add, *, m: int, src: int,
         r0, r1 = lw.rows(h, c)
         if r1 <= r0:
             continue
-        chunks = [(r0 + lo, r0 + hi) for lo, hi in split(r1 - r0, DOWN_CHUNKS, 16) if hi > lo]
+        chunks = down_chunks(lw, c)
         plan = SramPlan(lw.target, c)
-        b.prefetch(c, mat, chunks[0])
+        if (c, mat.name, chunks[0]) not in b.prefetched:  # else queued by the MLP's stage
+            b.prefetch(c, mat, chunks[0])
         a = plan.take(m * k + ROW_META_BYTES * m, what[0])
         b.load(c, src, a, m * k + ROW_META_BYTES * m, to="in_mxu")
         xs = []

@@ -14,7 +14,7 @@ from ...config import ModelConfig
 from ..builder import Builder, split
 from ..lowering import Lowering, TileSeq
 from ..memmap import MemoryMap, align
-from ..ops import norm, proj_residual, residual_bytes, row_meta
+from ..ops import down_first_rows, norm, proj_residual, residual_bytes, row_meta
 from ..sram import SRAM_ALIGN, SramPlan
 
 
@@ -32,17 +32,19 @@ class DenseMlp:
     def lower(self, b: Builder, lw: Lowering, layer: int, x_next: int, m: int,
               segs: tuple[TileSeq, ...]) -> None:
         q = lw.numerics.layers[layer]
-        stage_mlp_up(b, lw, layer, q, m)
+        stage_mlp_up(b, lw, layer, q, m, down_next=True)
         stage_mlp_down(b, lw, layer, q, x_next, m)
 
 
 def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: int | None = None,
-                 norm_name: str | None = "mlp_norm") -> None:
+                 norm_name: str | None = "mlp_norm", down_next: bool = False) -> None:
     """RMSNorm, gate and up slices, SwiGLU -> act.hb; the input is ``act.xm`` (or ``src``,
     normalised by ``norm_name``: a parallel block's layer input and its one norm; None:
-    not normalised, as EXAONE-4.0's post-norm blocks)."""
+    not normalised, as EXAONE-4.0's post-norm blocks). ``down_next``: :func:`stage_mlp_down`
+    follows (the lean schedule starts its weight stream before the exchange's barrier)."""
     if lw.lean:
-        stage_mlp_up_lean(b, lw, layer, q, m, src=src, norm_name=norm_name)
+        stage_mlp_up_lean(b, lw, layer, q, m, src=src, norm_name=norm_name,
+                          down_next=down_next)
         return
     cfg = lw.model
     h = cfg.hidden_size
@@ -88,7 +90,7 @@ def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: int | 
 
 
 def stage_mlp_up_lean(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: int | None,
-                      norm_name: str | None) -> None:
+                      norm_name: str | None, down_next: bool = False) -> None:
     """:func:`stage_mlp_up` of the wide pipeline's lean schedule (``schedule = "lean"``),
     the same integer results in less SRAM per token:
 
@@ -100,7 +102,10 @@ def stage_mlp_up_lean(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: i
       slices: each chunk's row maxima (ROW_AMAX) go to a table in DRAM, the cores meet at
       a barrier, and each quantizes its chunks on the maximum of the table
       (QUANT_ROW_AMAX): int8 rows and their metadata (``m x inter`` int8, then ``m``
-      ``(fa, p)`` pairs) to ``act.hb``, which the down projection reads as they are."""
+      ``(fa, p)`` pairs) to ``act.hb``, which the down projection reads as they are.
+
+    With ``down_next`` each core queues the down projection's first weight tiles before it
+    waits for the exchange, so the weight stream does not stop at the barrier."""
     cfg = lw.model
     h = cfg.hidden_size
     inter = cfg.intermediate_size
@@ -159,8 +164,11 @@ def stage_mlp_up_lean(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: i
                         wait=(b.sem(c, "vpu_out"),), signal=b.barrier()))
         held[c] = (plan, chunks, g, u)
     first = True
+    md = lw.matrix(p + "down_proj", q.down)
     for c, (plan, chunks, g, u) in held.items():
         i0 = chunks[0][0]
+        if down_next and (rows := down_first_rows(lw, c)) is not None:
+            b.prefetch(c, md, rows)
         tab = plan.take(4 * m * len(parts), "row maxima table")
         b.load(c, table, tab, 4 * m * len(parts), to="in_vpu")
         room = 4 * m * max(hi - lo for lo, hi in chunks)  # the up output's bytes
