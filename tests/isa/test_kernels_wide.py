@@ -232,3 +232,16 @@ def test_row_split_quantization_equals_quant_row_of_whole_rows(w: np.ndarray, pa
             q, fa, p = ref_quant_row(row)
             assert out[i].tolist() == q[lo:hi]
             assert meta[i].tolist() == [fa, p]
+
+
+def test_the_fused_and_split_quantizations_state_their_bytes_and_refuse_zero_parts() -> None:
+    from isa.vecfuncs import VecFunc, vec_operand_bytes, vec_problem
+
+    # (src0, src1, dst) bytes of 3 rows x 10 columns: int8 rows then 8 bytes of meta a row
+    assert vec_operand_bytes(VecFunc.RMSNORM_QUANT, 3, 10, 0, 16) == (60, 20, 30 + 24)
+    assert vec_operand_bytes(VecFunc.ROW_AMAX, 3, 10, 0, 0) == (120, 0, 12)
+    assert vec_operand_bytes(VecFunc.QUANT_ROW_AMAX, 3, 10, 4, 0) == (120, 48, 30 + 24)
+    assert vec_problem(VecFunc.QUANT_ROW_AMAX, 0, p1=4) is None
+    assert "QUANT_ROW_AMAX: p1 (the parts of each row) must be >= 1, got 0" == vec_problem(
+        VecFunc.QUANT_ROW_AMAX, 0, p1=0)
+    assert "RMSNORM_QUANT: p2" in vec_problem(VecFunc.RMSNORM_QUANT, 8)
