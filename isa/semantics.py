@@ -36,7 +36,12 @@ RMSNORM_WIDE  wide src0, gain int16[cols] at src1 -> i32 eps_q, shift, bits
 QUANT_ROW     int32 src0 -> int8, then (fa, p) per row   -
 SILU_MUL_WIDE int32 src0, src1 -> int32                  in_mult, in_shift, out_mult, out_shift
 FROM_F32_WIDE float32 src0 -> wide                       mult, shift, bits
+RMSNORM_QUANT RMSNORM_WIDE then QUANT_ROW: wide -> int8  eps_q, shift, bits
+ROW_AMAX      int32 src0 -> int32 max(1, max|row|)       -
 ============= ========================================== =================================
+
+``QUANT_ROW_AMAX``: int32 src0 and the row maxima ``int32[p1, rows]`` at src1 (``p1``
+parts' ROW_AMAX results) -> QUANT_ROW's int8 rows and metadata on their maximum.
 
 ``GemmRow`` is a ``Gemm`` whose epilogue applies a per-row factor (``row_meta``, the pairs
 QUANT_ROW writes) and whose output is int8 or int32 (``out_bits``); ``GemmRowGroup``
@@ -245,6 +250,20 @@ def _vec_wide(v: Vec, mem: Memory, f: VecFunc) -> np.ndarray:
         kwide.quant_row(i32(v.src0) if f == VecFunc.QUANT_ROW else wide_in(v.src0, v.p2), q,
                         meta)
         return np.concatenate([q.reshape(-1).view(np.uint8), meta.reshape(-1).view(np.uint8)])
+    if f in (VecFunc.QUANT_ROW_AMAX, VecFunc.RMSNORM_QUANT):
+        q = np.empty((r, cols), np.int8)
+        meta = np.empty((r, 2), np.int32)
+        if f == VecFunc.QUANT_ROW_AMAX:
+            amax = _sram(mem, c, v.src1, 4 * v.p1 * r, np.int32).reshape(v.p1, r)
+            kwide.quant_row_amax(i32(v.src0), amax, q, meta)
+        else:
+            g = _sram(mem, c, v.src1, 2 * cols, np.int16)
+            kwide.rmsnorm_quant(wide_in(v.src0, v.p2), g, v.p0, v.p1, q, meta)
+        return np.concatenate([q.reshape(-1).view(np.uint8), meta.reshape(-1).view(np.uint8)])
+    if f == VecFunc.ROW_AMAX:
+        out = np.empty(r, np.int32)
+        kwide.row_amax(i32(v.src0), out)
+        return out
     if f == VecFunc.SILU_MUL_WIDE:
         out = np.empty((r, cols), np.int32)
         kwide.silu_mul_wide(i32(v.src0), i32(v.src1), v.p0, v.p1, v.p2, v.p3, out)

@@ -202,7 +202,7 @@ def _instruction_problem(instr: Instruction, program: Program, layout: MemoryLay
         if problem is not None:
             return problem
     if isinstance(instr, Vec):
-        problem = vec_problem(instr.func, instr.p2, instr.cols)
+        problem = vec_problem(instr.func, instr.p2, instr.cols, p1=instr.p1)
         if problem is not None:
             return problem
     if isinstance(instr, GemmGroup) and (problem := _gemm_group_problem(instr)):
@@ -305,7 +305,7 @@ def _instruction_ok(instr: Instruction, program: Program, layout: MemoryLayout,
             return False
     if plan.gemm_row and _gemm_row_problem(instr) is not None:
         return False
-    if plan.vec and vec_problem(instr.func, instr.p2, instr.cols) is not None:
+    if plan.vec and vec_problem(instr.func, instr.p2, instr.cols, p1=instr.p1) is not None:
         return False
     nformats = len(program.formats)
     for name in plan.formats:

@@ -35,6 +35,9 @@ class VecFunc(IntEnum):
     # p3 = 1: the rows are Hadamard-rotated (Sylvester), their mean is channel 0
     # --- the wide pipeline for post-norm blocks (EXAONE-4.0: no norm before projections)
     QUANT_ROW_WIDE = 22  # int16/int32 rows -> int8 with one dynamic scale per row (+ meta)
+    RMSNORM_QUANT = 23  # RMSNORM_WIDE then QUANT_ROW fused: int16/int32 rows -> int8 + meta
+    ROW_AMAX = 24  # int32 rows -> int32 per-row max(1, max|x|) (one core's part of a row)
+    QUANT_ROW_AMAX = 25  # QUANT_ROW on the maximum of p1 parts' ROW_AMAX results
 
 
 #: Integer ops per element of each vector function, for the vector unit's timing
@@ -61,6 +64,9 @@ VEC_OPS_PER_ELEMENT = {
     # RMSNORM_WIDE's 8 plus the row sum and the subtraction of the mean
     VecFunc.LAYERNORM_WIDE: 10,
     VecFunc.QUANT_ROW_WIDE: 4,  # QUANT_ROW's steps on a wide operand
+    VecFunc.RMSNORM_QUANT: 12,  # RMSNORM_WIDE's 8 + QUANT_ROW's 4, one pass over SRAM
+    VecFunc.ROW_AMAX: 2,  # |x|, compare
+    VecFunc.QUANT_ROW_AMAX: 3,  # QUANT_ROW without its own maximum search
 }
 
 #: Bytes of row metadata :data:`VecFunc.QUANT_ROW` writes after its int8 output, per row:
@@ -75,7 +81,7 @@ MAX_TOPK = 16
 WIDE_BITS = (16, 32)
 #: Functions whose ``p2`` is the width of their wide operand.
 _WIDTH_PARAM = (VecFunc.ADD_WIDE, VecFunc.RMSNORM_WIDE, VecFunc.FROM_F32_WIDE,
-                VecFunc.LAYERNORM_WIDE, VecFunc.QUANT_ROW_WIDE)
+                VecFunc.LAYERNORM_WIDE, VecFunc.QUANT_ROW_WIDE, VecFunc.RMSNORM_QUANT)
 
 
 def wide_bytes(bits: int) -> int:
@@ -107,6 +113,12 @@ def vec_operand_bytes(func: int, rows: int, cols: int, p1: int,
         return wide_bytes(p2) * n, 0, n + ROW_META_BYTES * rows
     if f == VecFunc.SILU_MUL_WIDE:
         return 4 * n, 4 * n, 4 * n
+    if f == VecFunc.RMSNORM_QUANT:
+        return wide_bytes(p2) * n, 2 * cols, n + ROW_META_BYTES * rows
+    if f == VecFunc.ROW_AMAX:
+        return 4 * n, 0, 4 * rows
+    if f == VecFunc.QUANT_ROW_AMAX:
+        return 4 * n, 4 * max(p1, 0) * rows, n + ROW_META_BYTES * rows
     if f == VecFunc.FROM_F32_WIDE:
         return 4 * n, 0, wide_bytes(p2) * n
     if f == VecFunc.TOPK_GATE:
@@ -114,9 +126,13 @@ def vec_operand_bytes(func: int, rows: int, cols: int, p1: int,
     return n, 0, n
 
 
-def vec_problem(func: int, p2: int, cols: int | None = None) -> str | None:
+def vec_problem(func: int, p2: int, cols: int | None = None, *, p1: int = 1
+                ) -> str | None:
     """What is wrong with a ``Vec``'s parameters, if anything (the validator's check;
-    ``cols``: the row width, for the functions whose parameters it bounds)."""
+    ``cols``: the row width, for the functions whose parameters it bounds; ``p1``: the
+    parts of each row, for QUANT_ROW_AMAX)."""
+    if func == VecFunc.QUANT_ROW_AMAX and p1 < 1:
+        return f"QUANT_ROW_AMAX: p1 (the parts of each row) must be >= 1, got {p1}"
     if func in _WIDTH_PARAM and p2 not in WIDE_BITS:
         return (f"{VecFunc(func).name}: p2 (the wide operand's bits) must be one of "
                 f"{WIDE_BITS}, got {p2}")

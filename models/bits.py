@@ -128,6 +128,7 @@ ActScale = Literal["static", "token"]
 Rotation = Literal["none", "residual", "residual+down"]
 WeightGroup = Literal["channel", "g128", "g32"]
 KvReadPath = Literal["integer", "dequant"]
+WideSchedule = Literal["resident", "lean"]
 
 
 class NumericsOptions(_Frozen):
@@ -149,6 +150,16 @@ class NumericsOptions(_Frozen):
       row), ``g128`` / ``g32`` (group-wise asymmetric, integer two-level scales).
     - ``calibration``: the tokens the static scales are measured on: ``text`` (the
       project's English calibration passage) or ``random`` ids.
+    - ``schedule``: how the wide pipeline's stages use a core's SRAM (the same integer
+      results either way). ``resident``: the norms' int32 rows, the gate/up/SwiGLU int32
+      rows and the down projection's whole int32 input are held in SRAM, so a prefill
+      token tile holds few tokens and the weights are streamed once per tile, many times.
+      ``lean``: the norm and its per-token quantization fused (``RMSNORM_QUANT``), gate/up
+      in column chunks with SwiGLU in place, the SwiGLU rows quantized per token by the
+      cores that computed them after exchanging their row maxima through DRAM
+      (``ROW_AMAX`` / ``QUANT_ROW_AMAX``), so the down projection reads int8 rows, and its
+      epilogue in column chunks with the residual add in place. Costs: a barrier and a
+      few bytes per token for the exchange, more (smaller) instructions.
 
     The defaults are the scheme kvsim had before these options (one static int8 scale per
     tensor); the presets in :data:`NUMERICS_PRESETS` name the recipes. The compiler builds
@@ -163,6 +174,7 @@ class NumericsOptions(_Frozen):
     rotation: Rotation = "none"
     weight_group: WeightGroup = "channel"
     calibration: Literal["text", "random"] = "random"
+    schedule: WideSchedule = "lean"
 
 
 #: Named numerics recipes (``[bits.numerics] preset = ...``).

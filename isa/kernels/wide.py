@@ -15,6 +15,12 @@ intermediate is int64 and each formula states why it fits.
   15)``, ``a = rs(amax, p)``, ``f = floor(127 * 2**30 / a)``, ``q = sat8(rs(rs(w, p) * f,
   30))``; row metadata ``(fa, p)`` with ``fa = round(2**52 / f)`` (``< 2**31``), so that
   ``w ~= q * fa * 2**(p - 22)``: the consumer's per-row factor (:data:`ROW_FACTOR_Q`).
+- :func:`rmsnorm_quant`: :func:`rmsnorm_wide` then :func:`quant_row` per row, fused (the
+  int32 row stays in the vector unit).
+- :func:`row_amax` / :func:`quant_row_amax` (K5): :func:`quant_row` of rows whose columns
+  are split over the cores: each core finds its part's row maxima, the cores exchange
+  them, and each quantizes its columns on the maximum of all parts (bit-identical to
+  :func:`quant_row` of the whole rows).
 - :func:`requant_rows` (K4, the GEMM epilogue with a per-row factor): without row
   metadata ``out = sat_b(sat32(rs((acc + bias[n]) * mult[n], shift)))`` (the bias in
   accumulator units, as :class:`~isa.instructions.Gemm`); with it the input's scale differs
@@ -149,26 +155,79 @@ def rmsnorm_wide(x, gamma, eps_q, shift, out):
             out[i, j] = sat32(round_shift(y * np.int64(gamma[j]) * inv, shift))
 
 
+@njit(cache=True, inline="always")
+def quant_one_row(w, i, amax, out, meta):
+    """Row ``i`` of :func:`quant_row` given its ``amax = max(1, max|w[i]|)`` (or the
+    maximum over a row split across cores, :func:`quant_row_amax`)."""
+    p = bitlen(amax) - NORM_IN_BITS
+    if p < 0:
+        p = 0
+    a = round_shift(amax, p)
+    f = (np.int64(127) << 30) // a
+    for j in range(w.shape[1]):
+        out[i, j] = sat8(round_shift(round_shift(np.int64(w[i, j]), p) * f, 30))
+    meta[i, 0] = (2 * (np.int64(1) << 52) + f) // (2 * f)
+    meta[i, 1] = p
+
+
+@njit(cache=True, inline="always")
+def row_absmax(w, i):
+    """``max(1, max|w[i, :]|)``."""
+    amax = np.int64(1)
+    for j in range(w.shape[1]):
+        v = abs(np.int64(w[i, j]))
+        if v > amax:
+            amax = v
+    return amax
+
+
 @njit(cache=True)
 def quant_row(w, out, meta):
     """int32 ``w[r, c]`` -> int8 ``out`` with one dynamic scale per row; int32
     ``meta[r, 2] = (fa, p)``. ``|rs(w, p)| <= a <= 2**15`` and ``f <= 127 * 2**30``, so
     ``rs(w, p) * f < 2**52``."""
     for i in range(w.shape[0]):
-        amax = np.int64(1)
-        for j in range(w.shape[1]):
-            v = abs(np.int64(w[i, j]))
-            if v > amax:
-                amax = v
-        p = bitlen(amax) - NORM_IN_BITS
-        if p < 0:
-            p = 0
-        a = round_shift(amax, p)
-        f = (np.int64(127) << 30) // a
-        for j in range(w.shape[1]):
-            out[i, j] = sat8(round_shift(round_shift(np.int64(w[i, j]), p) * f, 30))
-        meta[i, 0] = (2 * (np.int64(1) << 52) + f) // (2 * f)
-        meta[i, 1] = p
+        quant_one_row(w, i, row_absmax(w, i), out, meta)
+
+
+@njit(cache=True)
+def row_amax(w, out):
+    """int32 ``w[r, c]`` -> int32 ``out[r] = max(1, max|w[i, :]|)``: one core's part of
+    the per-row maximum of a row split over the cores (K5a)."""
+    for i in range(w.shape[0]):
+        out[i] = row_absmax(w, i)
+
+
+@njit(cache=True)
+def quant_row_amax(w, amax, out, meta):
+    """:func:`quant_row` of one core's columns ``w[r, c]`` of rows split over the cores,
+    with the row maxima ``amax[g, r]`` of all ``g`` parts (:func:`row_amax`): the row's
+    scale is that of its maximum over the parts, so the result equals :func:`quant_row`
+    of the whole rows restricted to these columns, and every part writes the same
+    ``meta`` (K5b)."""
+    for i in range(w.shape[0]):
+        top = np.int64(1)
+        for g in range(amax.shape[0]):
+            v = np.int64(amax[g, i])
+            if v > top:
+                top = v
+        quant_one_row(w, i, top, out, meta)
+
+
+@njit(cache=True)
+def rmsnorm_quant(x, gamma, eps_q, shift, out, meta):
+    """:func:`rmsnorm_wide` then :func:`quant_row`, row by row, with the int32 row held in
+    the vector unit (K2+K3 fused: no int32 ``[r, c]`` buffer in SRAM)."""
+    row = np.empty((1, x.shape[1]), np.int32)
+    q = np.empty((1, x.shape[1]), np.int8)
+    m1 = np.empty((1, 2), np.int32)
+    for i in range(x.shape[0]):
+        rmsnorm_wide(x[i:i + 1], gamma, eps_q, shift, row)
+        quant_one_row(row, 0, row_absmax(row, 0), q, m1)
+        for j in range(x.shape[1]):
+            out[i, j] = q[0, j]
+        meta[i, 0] = m1[0, 0]
+        meta[i, 1] = m1[0, 1]
 
 
 @njit(cache=True)

@@ -244,7 +244,7 @@ def _lowering(model: ModelConfig, bits: BitConfig, kv: str, hw: HardwareTarget,
                     target=Target(tuple(range(CORE_MODES[core_mode])), hw.sram_bytes,
                                   tile_bytes),
                     blocks=blocks, weight_group=weight_group_size(bits),
-                    kv_read=bits.kv_read)
+                    kv_read=bits.kv_read, wide_schedule=bits.numerics.schedule)
 
 
 def compile_model(

@@ -55,6 +55,9 @@ class Lowering:
     weight_group: int = 0
     #: how attention reads the cache (``bits.kv_read``): ``integer`` or ``dequant``
     kv_read: str = "integer"
+    #: how the wide pipeline's stages use SRAM (``bits.numerics.schedule``): ``lean`` or
+    #: ``resident`` (the same integer results)
+    wide_schedule: str = "lean"
 
     # --- names ------------------------------------------------------------------------
     def check_call(self, n: int, cache_size: int) -> None:
@@ -87,6 +90,11 @@ class Lowering:
                       self.mm[f"p.{name}"].base, has_bias, requant or wide, gq.shift,
                       gemm_row=wide, row_shift=gq.row_shift, out_bits=gq.out_bits,
                       group=self.weight_group if bits == 4 else 0)
+
+    @property
+    def lean(self) -> bool:
+        """The wide pipeline with the SRAM-lean schedule (``bits.numerics.schedule``)."""
+        return self.numerics.wide and self.wide_schedule == "lean"
 
     @property
     def formats(self) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from isa.instructions import NO_ADDR, DmaStore, Engine, Nop, Vec, VecFunc
 from isa.vecfuncs import ROW_META_BYTES
 
-from .builder import Builder
+from .builder import Builder, split
 from .lowering import Lowering
 from .sram import SramPlan
 
@@ -34,6 +34,13 @@ def norm(b: Builder, lw: Lowering, c: int, plan: SramPlan, norm: str, nq, x: int
     b.load(c, lw.mm[f"p.{norm}"].base, gamma, 2 * width, to="in_vpu")
     if lw.numerics.wide:
         layer = lw.model.norm_kind == "layer"  # LayerNorm models (Cohere): LAYERNORM_WIDE
+        if lw.lean and not layer:  # fused: the int32 rows stay in the vector unit
+            out = plan.take(m * width + ROW_META_BYTES * m, f"{norm} output")
+            b.emit(Vec(core=c, func=VecFunc.RMSNORM_QUANT, rows=m, cols=width, src0=x,
+                       src1=gamma, dst=out, p0=nq.eps_q, p1=nq.shift,
+                       p2=lw.numerics.residual_bits, wait=(b.sem(c, "in_vpu"),) * 2,
+                       signal=(b.sem(c, to),)))
+            return out
         wide = plan.take(4 * m * width, f"{norm} int32 output")
         b.emit(Vec(core=c, func=VecFunc.LAYERNORM_WIDE if layer else VecFunc.RMSNORM_WIDE,
                    rows=m, cols=width, src0=x, src1=gamma,
@@ -108,6 +115,10 @@ def _proj_residual_wide(b: Builder, lw: Lowering, mat, add, *, m: int, src: int,
     static) or an int32 one (the SwiGLU output, quantized per token here by QUANT_ROW, as
     only this core sees whole rows), GemmRow into int32 on the output residual's scale,
     ADD_WIDE with the residual slice (the fused epilogue, K1)."""
+    if per_token and lw.lean:
+        _proj_residual_lean(b, lw, mat, add, m=m, src=src, k=k, resid=resid, dst=dst,
+                            what=what)
+        return
     h = lw.model.hidden_size
     rb = residual_bytes(lw)
     bits = lw.numerics.residual_bits
@@ -144,6 +155,68 @@ def _proj_residual_wide(b: Builder, lw: Lowering, mat, add, *, m: int, src: int,
                    signal=(b.sem(c, "vpu_out"),)))
         b.emit(DmaStore(core=c, src=out, dst=dst + rb * r0, nbytes=rb * w, rows=m,
                         dst_stride=rb * h, wait=(b.sem(c, "vpu_out"),), signal=b.barrier()))
+
+
+#: Column chunks of a core's slice of the down projection's output in the lean schedule:
+#: the int32 GEMM output of one chunk is held at a time (an assumption of the compiler: 4
+#: keeps a 19-token tile of Llama-3.2-1B's down stage in 224 KiB; each chunk restarts the
+#: GEMM and adds an ADD_WIDE and a store).
+DOWN_CHUNKS = 4
+
+
+def down_chunks(lw: Lowering, c: int) -> list[tuple[int, int]]:
+    """Core ``c``'s output columns of a lean projection in :data:`DOWN_CHUNKS` chunks of
+    whole 16s (none empty; none if the core has no columns)."""
+    r0, r1 = lw.rows(lw.model.hidden_size, c)
+    return [(r0 + lo, r0 + hi) for lo, hi in split(r1 - r0, DOWN_CHUNKS, 16) if hi > lo]
+
+
+def down_first_rows(lw: Lowering, c: int) -> tuple[int, int] | None:
+    """The rows of the first GEMM of core ``c``'s lean down projection (its prefetch)."""
+    chunks = down_chunks(lw, c)
+    return chunks[0] if chunks else None
+
+
+def _proj_residual_lean(b: Builder, lw: Lowering, mat, add, *, m: int, src: int, k: int,
+                        resid: int, dst: int, what: tuple[str, str]) -> None:
+    """:func:`_proj_residual_wide` of an input already quantized per token (the lean
+    schedule's SwiGLU rows: ``m x k`` int8 then ``m`` ``(fa, p)`` pairs at ``src``, one
+    load), its output in :data:`DOWN_CHUNKS` column chunks: GemmRow of a chunk into one
+    shared int32 buffer (a chunk's GEMM waits until the previous chunk's ADD_WIDE has
+    read it), ADD_WIDE in place over the chunk's residual slice, stored."""
+    h = lw.model.hidden_size
+    rb = residual_bytes(lw)
+    bits = lw.numerics.residual_bits
+    for c in lw.target.cores:
+        r0, r1 = lw.rows(h, c)
+        if r1 <= r0:
+            continue
+        chunks = down_chunks(lw, c)
+        plan = SramPlan(lw.target, c)
+        if (c, mat.name, chunks[0]) not in b.prefetched:  # else queued by the MLP's stage
+            b.prefetch(c, mat, chunks[0])
+        a = plan.take(m * k + ROW_META_BYTES * m, what[0])
+        b.load(c, src, a, m * k + ROW_META_BYTES * m, to="in_mxu")
+        xs = []
+        for lo, hi in chunks:
+            x = plan.take(rb * m * (hi - lo), "residual slice")
+            b.load(c, resid + rb * lo, x, rb * (hi - lo), rows=m, src_stride=rb * h,
+                   to="in_vpu")
+            xs.append(x)
+        pb = plan.take(4 * m * max(hi - lo for lo, hi in chunks), f"{what[1]} output (int32)")
+        for j, (lo, hi) in enumerate(chunks):
+            cw = hi - lo
+            last = j + 1 == len(chunks)
+            b.gemm(c, mat, (lo, hi), a=a, m=m, out=pb, plan=plan,
+                   first_wait=(b.sem(c, "in_mxu" if j == 0 else "vpu_mxu"),),
+                   last_signal=(b.sem(c, "mxu_vpu"),), row_meta=a + m * k)
+            b.emit(Vec(core=c, func=VecFunc.ADD_WIDE, rows=m, cols=cw, src0=xs[j], src1=pb,
+                       dst=xs[j], p0=add.ma, p1=add.shift, p2=bits,
+                       wait=(b.sem(c, "in_vpu"), b.sem(c, "mxu_vpu")),
+                       signal=(b.sem(c, "vpu_out"),) + (() if last else (b.sem(c, "vpu_mxu"),))))
+            b.emit(DmaStore(core=c, src=xs[j], dst=dst + rb * lo, nbytes=rb * cw, rows=m,
+                            dst_stride=rb * h, wait=(b.sem(c, "vpu_out"),),
+                            signal=b.barrier()))
 
 
 def end_stage(b: Builder, c: int) -> None:

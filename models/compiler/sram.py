@@ -38,3 +38,12 @@ class SramPlan:
             )
         self.top = addr + nbytes
         return addr
+
+    def take_over(self, dead: int, dead_bytes: int, nbytes: int, what: str) -> int:
+        """``nbytes`` for ``what`` over the buffer at ``dead`` (``dead_bytes``, taken from
+        this plan) if they fit there, else a new buffer. The caller guarantees that every
+        reader of the dead buffer is done before ``what`` is written (the writer waits for
+        a flag the last reader signals, or runs after it on the same in-order engine)."""
+        if nbytes <= dead_bytes:
+            return dead
+        return self.take(nbytes, what)

@@ -275,3 +275,58 @@ def test_a_rotated_layernorm_is_the_layernorm_of_the_unrotated_row() -> None:
     want = (xc / math.sqrt((xc**2).mean())) @ r * 16384 * 2.0 ** (23 - 20)
     assert got[0, 0] == 0
     assert np.abs(got[0] - want).max() <= 2e-3 * np.abs(want).max()
+
+
+@SETTINGS
+@given(st.sampled_from([np.int16, np.int32]).flatmap(wide_mats), st.data())
+def test_rmsnorm_quant_is_rmsnorm_wide_then_quant_row(x: np.ndarray, data) -> None:
+    """The fused kernel: the references of its two halves, row by row."""
+    c = x.shape[1]
+    g = data.draw(hnp.arrays(np.int16, c, elements=st.integers(-(2**15), 2**15 - 1)))
+    eps_q = data.draw(st.integers(0, 2**20))
+    shift = data.draw(st.integers(14, 40))
+    out = np.empty(x.shape, np.int8)
+    meta = np.empty((x.shape[0], 2), np.int32)
+    wide.rmsnorm_quant(x, g, eps_q, shift, out, meta)
+    for i, row in enumerate(x.tolist()):
+        q, fa, p = ref_quant_row(ref_rmsnorm_wide(row, g.tolist(), eps_q, shift))
+        assert out[i].tolist() == q
+        assert meta[i].tolist() == [fa, p]
+
+
+@SETTINGS
+@given(wide_mats(max_rows=3, max_cols=48), st.integers(1, 4), st.data())
+def test_row_split_quantization_equals_quant_row_of_whole_rows(w: np.ndarray, parts: int,
+                                                                data) -> None:
+    """Rows split over ``parts`` cores by columns: each part's ROW_AMAX, then each part's
+    QUANT_ROW_AMAX on all maxima, give QUANT_ROW of the whole rows (codes and metadata)."""
+    cuts = sorted(data.draw(st.lists(st.integers(0, w.shape[1]), min_size=parts - 1,
+                                     max_size=parts - 1)))
+    bounds = list(zip([0] + cuts, cuts + [w.shape[1]], strict=True))
+    amax = np.empty((parts, w.shape[0]), np.int32)
+    for g, (lo, hi) in enumerate(bounds):
+        wide.row_amax(np.ascontiguousarray(w[:, lo:hi]), amax[g])
+        for i, row in enumerate(w[:, lo:hi].tolist()):
+            assert amax[g, i] == max([1] + [abs(v) for v in row])
+    for lo, hi in bounds:
+        part = np.ascontiguousarray(w[:, lo:hi])
+        out = np.empty(part.shape, np.int8)
+        meta = np.empty((w.shape[0], 2), np.int32)
+        wide.quant_row_amax(part, amax, out, meta)
+        for i, row in enumerate(w.tolist()):
+            q, fa, p = ref_quant_row(row)
+            assert out[i].tolist() == q[lo:hi]
+            assert meta[i].tolist() == [fa, p]
+
+
+def test_the_fused_and_split_quantizations_state_their_bytes_and_refuse_zero_parts() -> None:
+    from isa.vecfuncs import VecFunc, vec_operand_bytes, vec_problem
+
+    # (src0, src1, dst) bytes of 3 rows x 10 columns: int8 rows then 8 bytes of meta a row
+    assert vec_operand_bytes(VecFunc.RMSNORM_QUANT, 3, 10, 0, 16) == (60, 20, 30 + 24)
+    assert vec_operand_bytes(VecFunc.ROW_AMAX, 3, 10, 0, 0) == (120, 0, 12)
+    assert vec_operand_bytes(VecFunc.QUANT_ROW_AMAX, 3, 10, 4, 0) == (120, 48, 30 + 24)
+    assert vec_problem(VecFunc.QUANT_ROW_AMAX, 0, p1=4) is None
+    assert "QUANT_ROW_AMAX: p1 (the parts of each row) must be >= 1, got 0" == vec_problem(
+        VecFunc.QUANT_ROW_AMAX, 0, p1=0)
+    assert "RMSNORM_QUANT: p2" in vec_problem(VecFunc.RMSNORM_QUANT, 8)

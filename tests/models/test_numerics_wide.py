@@ -18,6 +18,7 @@ from models.weights import SyntheticWeights
 from sim.hw import load_hardware
 
 W8 = BitConfig(numerics=NUMERICS_PRESETS["w8"])
+RESIDENT = BitConfig(numerics=NUMERICS_PRESETS["w8"].model_copy(update={"schedule": "resident"}))
 HW = HardwareTarget.from_hw(load_hardware("tiny"))
 
 
@@ -72,9 +73,17 @@ def test_wide_programs_use_the_wide_kernels_and_their_bytes(tiny_w8) -> None:
     _, cm = tiny_w8
     prog = cm.programs["decode"]
     funcs = {VecFunc(i.func) for i in prog if isinstance(i, Vec)}
-    assert {VecFunc.RMSNORM_WIDE, VecFunc.QUANT_ROW, VecFunc.ADD_WIDE, VecFunc.SILU_MUL_WIDE,
-            VecFunc.FROM_F32_WIDE} <= funcs
-    assert not funcs & {VecFunc.RMSNORM, VecFunc.ADD, VecFunc.SILU_MUL}
+    # the lean schedule (the default): norms fused with their quantization, the SwiGLU
+    # rows quantized by the cores that computed them
+    assert {VecFunc.RMSNORM_QUANT, VecFunc.ROW_AMAX, VecFunc.QUANT_ROW_AMAX, VecFunc.ADD_WIDE,
+            VecFunc.SILU_MUL_WIDE, VecFunc.FROM_F32_WIDE} <= funcs
+    assert not funcs & {VecFunc.RMSNORM, VecFunc.ADD, VecFunc.SILU_MUL, VecFunc.RMSNORM_WIDE,
+                        VecFunc.QUANT_ROW}
+    resident = compile_model(cm.model, RESIDENT, HW, core_mode="single", max_seq=16, cap=64,
+                             functional=False)
+    rfuncs = {VecFunc(i.func) for i in resident.programs["decode"] if isinstance(i, Vec)}
+    assert {VecFunc.RMSNORM_WIDE, VecFunc.QUANT_ROW} <= rfuncs
+    assert not rfuncs & {VecFunc.RMSNORM_QUANT, VecFunc.ROW_AMAX, VecFunc.QUANT_ROW_AMAX}
     gemms = [i for i in prog if isinstance(i, GemmRow)]
     assert gemms and all(g.row_shift >= 17 for g in gemms)
     h, m_tile = cm.model.hidden_size, cm.m_tile
@@ -127,3 +136,35 @@ def test_a_saved_wide_model_loads_with_its_numerics(tiny_w8, tmp_path) -> None:
     assert [L.down.row_shift for L in bq.layers] == [L.down.row_shift for L in nq.layers]
     assert encode_program(back.program(tokens=16, cache_size=0)) == encode_program(
         cm.program(tokens=16, cache_size=0))
+
+
+def _run_tiny(bits: BitConfig, ids: list[int]) -> tuple[int, np.ndarray, np.ndarray]:
+    """m_tile, the logits of a prefill of ``ids`` and of one decode step after it, on the
+    simulated device (functional)."""
+    from sim.runtime import Accelerator, Model, ModelConfig
+
+    hw = load_hardware("tiny")
+    cm = compile_model(load_model("tiny"), bits, HardwareTarget.from_hw(hw), core_mode="single",
+                       max_seq=16, cap=64, tile_bytes=28672)
+    model = Model(cm, ModelConfig(all_logits=True))
+    model.launch(Accelerator(hw=hw, functional=True))
+    embed = cm.weight_source().tensor("embed")
+    [pre] = model.infer(embed[np.asarray(ids)].astype(np.float32), cache_size=0,
+                        all_logits=True)
+    [dec] = model.infer(embed[np.asarray(ids[:1])].astype(np.float32), cache_size=len(ids),
+                        all_logits=True)
+    model.dispose()
+    return cm.m_tile, pre, dec
+
+
+def test_lean_schedule_gives_the_resident_schedules_logits_in_larger_tiles() -> None:
+    """``schedule`` is only a schedule: bit-identical logits over several token tiles and a
+    decode step, with more tokens per tile (the tiny model with 28 KiB weight tiles: the
+    resident schedule fits 3 tokens, lean 7)."""
+    ids = [5, 17, 200, 3, 3, 99, 42, 7, 11, 250, 64, 1, 2, 8]
+    m_lean, pre_lean, dec_lean = _run_tiny(W8, ids)
+    m_res, pre_res, dec_res = _run_tiny(RESIDENT, ids)
+    assert (m_lean, m_res) == (7, 3)
+    assert np.abs(pre_lean).max() > 0
+    assert np.array_equal(pre_lean, pre_res)
+    assert np.array_equal(dec_lean, dec_res)

@@ -50,11 +50,18 @@ def head_rows_of(lw: Lowering, c: int) -> tuple[int, int] | None:
 
 
 def stage_head(b: Builder, lw: Lowering, x_last: int) -> None:
-    """Final RMSNorm of the last token and the LM head slices (int32 logits) -> io.logits."""
+    """Final RMSNorm of the last token and the LM head slices (int32 logits) -> io.logits.
+    The wide pipeline's lean schedule streams each weight tile's logits out as it is done
+    (:func:`stage_head_rows` of one row): its head also holds one int32 multiplier per
+    vocabulary row, and a whole logits slice beside them would keep a decode step from
+    the larger weight tiles."""
     cfg = lw.model
     h = cfg.hidden_size
     mh = lw.matrix(cfg.lm_head_tensor, lw.numerics.head, requant=False)  # wide: GemmRow
     logits = lw.mm["io.logits"].base
+    if lw.lean:
+        stage_head_rows(b, lw, x_last, 1, logits)
+        return
     for c in lw.target.cores:
         rows = head_rows_of(lw, c)
         if rows is None:
