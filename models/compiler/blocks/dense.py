@@ -7,7 +7,7 @@ output columns (down). Per layer:
 
 from __future__ import annotations
 
-from isa.instructions import DmaStore, Engine, Nop, Vec, VecFunc
+from isa.instructions import DmaStore, Vec, VecFunc
 from isa.vecfuncs import ROW_META_BYTES
 
 from ...config import ModelConfig
@@ -128,9 +128,7 @@ def stage_mlp_up_lean(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: i
         xs = plan.take(rb * m * h, "MLP input")
         b.load(c, xm, xs, rb * m * h, to="in_vpu")
         if norm_name is None:
-            b.emit(Nop(core=c, on=Engine.VPU, wait=(b.sem(c, "in_vpu"),),
-                       signal=(b.sem(c, "vpu_mxu"),)))
-            xn = xs
+            xn = unnormed(b, lw, c, plan, xs, m, h, to="vpu_mxu", what="MLP input")
         else:
             xn = norm(b, lw, c, plan, p + norm_name, q.mlp_norm, xs, m, h, to="vpu_mxu")
         meta = row_meta(lw, xn, m, h)
