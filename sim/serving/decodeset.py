@@ -19,52 +19,65 @@ if TYPE_CHECKING:
     from .scheduler import Request
 
 
+#: Rows of :attr:`DecodeSet.f`: cached tokens, tokens still to sample, device blocks
+#: held, index in ``ends`` of the first step in the set.
+COMP, LEFT, BLOCKS, START = range(4)
+#: What one step adds to each row.
+_STEP = np.array([[1], [-1], [0], [0]], dtype=np.int64)
+
+
 class DecodeSet:
     """Members in admission order (a prefix of the scheduler's running list)."""
 
     def __init__(self, block_table: Sequence[int]):
         self.blk = np.asarray(block_table, dtype=np.int64)  # blocks of n cached tokens
         self.reqs: list[Request] = []
-        self.comp = np.empty(0, np.int64)  # cached tokens
-        self.gen = np.empty(0, np.int64)  # tokens sampled
-        self.out = np.empty(0, np.int64)  # tokens to sample
-        self.blocks = np.empty(0, np.int64)  # device blocks held
-        self.start = np.empty(0, np.int64)  # index in ends of the first step in the set
-        self.rid = np.empty(0, np.int64)
+        self.f = np.empty((4, 0), np.int64)  # one column per member (rows: COMP, ...)
         self.ends: list[int] = []  # end time (ps) of every step the set advanced
+        self.items: list[tuple[int, int]] = []  # (rid, 1) of each member: a step's items
+        self.steps_to_finish = 0  # steps until the first member samples its last token
 
     def __len__(self) -> int:
         return len(self.reqs)
 
     def need(self) -> np.ndarray:
         """Blocks each member takes to cache one more token."""
-        return self.blk[self.comp + 1] - self.blocks
+        f = self.f
+        return self.blk[f[COMP] + 1] - f[BLOCKS]
+
+    def take(self, need: np.ndarray) -> None:
+        """Each member takes ``need`` more blocks."""
+        self.f[BLOCKS] += need
+
+    def positions(self) -> list[int]:
+        """Cache position of each member's next token."""
+        return self.f[COMP].tolist()
 
     def add(self, reqs: list[Request]) -> None:
         """Requests (in running order, after the members) that decode one token a step."""
         if not reqs:
             return
-        f = np.array([(r.computed, r.generated, r.output_tokens, r.blocks, r.rid)
-                      for r in reqs], dtype=np.int64)
+        k = len(self.ends)
+        new = np.array([(r.computed, r.output_tokens - r.generated, r.blocks, k)
+                        for r in reqs], dtype=np.int64).T
+        first = int(new[LEFT].min())
+        self.steps_to_finish = first if not self.reqs else min(self.steps_to_finish, first)
         self.reqs.extend(reqs)
-        self.comp = np.concatenate([self.comp, f[:, 0]])
-        self.gen = np.concatenate([self.gen, f[:, 1]])
-        self.out = np.concatenate([self.out, f[:, 2]])
-        self.blocks = np.concatenate([self.blocks, f[:, 3]])
-        self.rid = np.concatenate([self.rid, f[:, 4]])
-        self.start = np.concatenate([self.start, np.full(len(reqs), len(self.ends), np.int64)])
+        self.items.extend([(r.rid, 1) for r in reqs])
+        self.f = np.concatenate([self.f, new], axis=1)
 
     def write_back(self, idx: Sequence[int]) -> list[Request]:
         """Members ``idx`` get their fields back (they stay in the set's arrays)."""
         out = []
         ends = self.ends
         k = len(ends)
+        f = self.f
         for j in idx:
             r = self.reqs[j]
-            s = int(self.start[j])
-            r.computed = r.high_water = int(self.comp[j])
-            r.generated = int(self.gen[j])
-            r.blocks = int(self.blocks[j])
+            c, left, blocks, s = f[:, j].tolist()
+            r.computed = r.high_water = c
+            r.generated = r.output_tokens - left
+            r.blocks = blocks
             r.decode_computed += k - s
             r.token_ps.extend(ends[s:])
             out.append(r)
@@ -79,15 +92,18 @@ class DecodeSet:
     def advance(self, now_ps: int) -> list[Request]:
         """A step (ended at ``now_ps``) computed one token of each member and each sampled;
         returns the members that finished (written back and out of the set)."""
-        self.comp += 1
-        self.gen += 1
+        f = self.f
+        f += _STEP
         self.ends.append(now_ps)
-        done = self.gen >= self.out
-        if not done.any():
+        self.steps_to_finish -= 1
+        if self.steps_to_finish > 0:
             return []
-        gone = self.write_back(np.flatnonzero(done).tolist())
-        keep = ~done
-        self.reqs = [r for r, k in zip(self.reqs, keep.tolist(), strict=True) if k]
-        for name in ("comp", "gen", "out", "blocks", "start", "rid"):
-            setattr(self, name, getattr(self, name)[keep])
+        done = f[LEFT] <= 0
+        idx = np.flatnonzero(done).tolist()
+        gone = self.write_back(idx)
+        for j in reversed(idx):
+            del self.reqs[j]
+            del self.items[j]
+        self.f = f = f[:, ~done]
+        self.steps_to_finish = int(f[LEFT].min()) if self.reqs else 0
         return gone

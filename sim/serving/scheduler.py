@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import accumulate, compress, repeat
+from itertools import accumulate, compress
 from operator import sub
 from typing import Literal
 
@@ -84,7 +84,7 @@ class StepPlan:
     tail: list[tuple[Request, int]]
     head: list[Request] = field(default_factory=list)
     head_pos: list[int] = field(default_factory=list)
-    head_rids: list[int] = field(default_factory=list)
+    head_items: list[tuple[int, int]] = field(default_factory=list)  # (rid, 1) each
     preempted: list[Request] = field(default_factory=list)
     swapped_in: list[Request] = field(default_factory=list)
     swap_out_bytes: int = 0
@@ -102,14 +102,14 @@ class StepPlan:
 
     def rid_items(self) -> tuple[tuple[int, int], ...]:
         """``(rid, tokens)`` of every item, in order."""
-        return (*zip(self.head_rids, repeat(1)), *[(r.rid, n) for r, n in self.tail])
+        return (*self.head_items, *[(r.rid, n) for r, n in self.tail])
 
     def seqs(self, slots: int = 1) -> list[StepSeq]:
         """The step as the device runs it: decoding sequences first, then prompt chunks
         (fewer token tiles mix the two), each with its cache position and whether it
         samples."""
         head = [StepSeq(rid % slots, 1, c, True, rid + 1)
-                for rid, c in zip(self.head_rids, self.head_pos, strict=True)]
+                for (rid, _), c in zip(self.head_items, self.head_pos, strict=True)]
         dec = [(r, n) for r, n in self.tail if n == 1]
         pre = [(r, n) for r, n in self.tail if n != 1]
         return head + [StepSeq(r.rid % slots, n, r.computed, r.computed + n == r.known,
@@ -279,10 +279,10 @@ class Scheduler:
             total = int(need.sum())
             if total <= self.free:
                 self.free -= total
-                d.blocks += need
+                d.take(need)
                 plan.head = self.running[:nd]
-                plan.head_pos = d.comp.tolist()
-                plan.head_rids = d.rid.tolist()
+                plan.head_pos = d.positions()
+                plan.head_items = d.items[:]
                 plan.dec_pos.extend(plan.head_pos)
                 plan.logits += nd
                 return nd
