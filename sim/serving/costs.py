@@ -258,6 +258,7 @@ class StepCostModel:
         self._pre_memo: dict[tuple[int, int], float] = {}
         self._run_memo: dict[tuple[int, int], tuple[tuple[float, ...], int]] = {}
         self._dec_memo: dict[tuple[int, int], float] = {}
+        self._ends_memo: dict[tuple[int, int], float] = {}
         if mode == "grid":
             self._load_or_build(jobs or max(1, min(8, os.cpu_count() or 1)),
                                 cache_dir, progress)
@@ -362,6 +363,7 @@ class StepCostModel:
         self._pre_memo = {}
         self._run_memo: dict[tuple[int, int], tuple[tuple[float, ...], int]] = {}
         self._dec_memo = {}
+        self._ends_memo = {}
         self.logits = Line(tuple(map(float, s.logits_n)),
                            tuple(float(meas[("logits", n)]) for n in s.logits_n))
         self.io = Line(tuple(map(float, s.io_tokens)),
@@ -462,7 +464,10 @@ class StepCostModel:
         m = len(dec_pos)
         for n, _ in pre:
             m += n
-        t = self.io(m) + self.head_ps(sampled)
+        key = (m, sampled)
+        t = self._ends_memo.get(key)
+        if t is None:  # host I/O and the head: a pure function of the grid, memoized
+            t = self._ends_memo[key] = self.io(m) + self.head_ps(sampled)
         nd = len(dec_pos)
         i = 0
         while nd - i >= mt:  # tiles of decoding sequences only
