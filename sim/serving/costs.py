@@ -257,6 +257,8 @@ class StepCostModel:
         self._direct_cache: dict[tuple, int] = {}
         self._pre_memo: dict[tuple[int, int], float] = {}
         self._run_memo: dict[tuple[int, int], tuple[tuple[float, ...], int]] = {}
+        self._dec_memo: dict[tuple[int, int], float] = {}
+        self._ends_memo: dict[tuple[int, int], float] = {}
         if mode == "grid":
             self._load_or_build(jobs or max(1, min(8, os.cpu_count() or 1)),
                                 cache_dir, progress)
@@ -360,6 +362,8 @@ class StepCostModel:
         s = self.spec
         self._pre_memo = {}
         self._run_memo: dict[tuple[int, int], tuple[tuple[float, ...], int]] = {}
+        self._dec_memo = {}
+        self._ends_memo = {}
         self.logits = Line(tuple(map(float, s.logits_n)),
                            tuple(float(meas[("logits", n)]) for n in s.logits_n))
         self.io = Line(tuple(map(float, s.io_tokens)),
@@ -427,16 +431,25 @@ class StepCostModel:
             v = self._pre_memo[key] = self.prefill(n, pos)
         return v
 
+    def _dec(self, k: int, ctx: int) -> float:
+        """``decode(k, ctx / k)``: ``k`` one-token pieces whose contexts sum to ``ctx``,
+        memoized (a pure function of the grid)."""
+        key = (k, ctx)
+        v = self._dec_memo.get(key)
+        if v is None:
+            v = self._dec_memo[key] = self.decode(k, ctx / k)
+        return v
+
     def _tile(self, dec_k: int, dec_ctx: int, pre: list[tuple[int, int]], m: int) -> float:
         """A tile of ``m`` tokens: ``dec_k`` one-token pieces whose contexts sum to
         ``dec_ctx`` and the longer pieces ``pre`` (tokens, first position)."""
         if not pre:
-            return self.decode(dec_k, dec_ctx / dec_k)
+            return self._dec(dec_k, dec_ctx)
         if dec_k == 0 and len(pre) == 1:
             return self._pre(*pre[0])
         t = self._pre(m, 0)
         if dec_k:
-            t += self.decode(dec_k, dec_ctx / dec_k) - self._pre(dec_k, 0)
+            t += self._dec(dec_k, dec_ctx) - self._pre(dec_k, 0)
         for n, p in pre:
             t += self._pre(n, p) - self._pre(n, 0)
         return t
@@ -451,11 +464,14 @@ class StepCostModel:
         m = len(dec_pos)
         for n, _ in pre:
             m += n
-        t = self.io(m) + self.head_ps(sampled)
+        key = (m, sampled)
+        t = self._ends_memo.get(key)
+        if t is None:  # host I/O and the head: a pure function of the grid, memoized
+            t = self._ends_memo[key] = self.io(m) + self.head_ps(sampled)
         nd = len(dec_pos)
         i = 0
         while nd - i >= mt:  # tiles of decoding sequences only
-            t += self.decode(mt, (sum(dec_pos[i:i + mt]) + mt) / mt)
+            t += self._dec(mt, sum(dec_pos[i:i + mt]) + mt)
             i += mt
         dec_k = nd - i  # the rest of them open the first tile of the longer pieces
         dec_ctx = sum(dec_pos[i:]) + dec_k

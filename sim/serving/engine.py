@@ -155,7 +155,6 @@ class ServingSim:
     def _record(self, chip: Chip, plan: StepPlan, start: int, end: int,
                 swap: int) -> StepRecord:
         s = chip.scheduler
-        items = plan.items
         dec = len(plan.dec_pos)  # the one-token items (plan.tokens without a pass over them)
         tokens = dec + sum([n for n, _ in plan.pieces])
         return StepRecord(
@@ -165,7 +164,7 @@ class ServingSim:
             swapped_in=tuple(r.rid for r in plan.swapped_in),
             swap_out_bytes=plan.swap_out_bytes, swap_in_bytes=plan.swap_in_bytes,
             used_blocks=s.used_blocks, running=len(s.running), waiting=len(s.waiting),
-            swapped=len(s.swapped), items=tuple([(r.rid, n) for r, n in items]))
+            swapped=len(s.swapped), items=plan.rid_items())
 
     def run(self) -> None:
         env = self.env
@@ -182,6 +181,8 @@ class ServingSim:
         try:
             env.run(until=self.done)
         finally:
+            for c in self.chips:
+                c.scheduler.sync()
             if was_enabled:
                 gc.enable()
         lost = [r.rid for r in self.requests if r.state != "finished"]

@@ -33,6 +33,7 @@ from typing import Literal
 from models.compiler.driver import StepSeq
 
 from .blocks import KvGeometry
+from .decodeset import DecodeSet
 
 Preemption = Literal["recompute", "swap"]
 
@@ -75,10 +76,15 @@ class Request:
 
 @dataclass
 class StepPlan:
-    """What one step runs: ``items`` (request, tokens) in scheduling order."""
+    """What one step runs: ``items`` (request, tokens) in scheduling order: the ``head``
+    (the scheduler's decode set, one token each, at cache positions ``head_pos``), then
+    the ``tail`` (request, tokens)."""
 
     index: int
-    items: list[tuple[Request, int]]
+    tail: list[tuple[Request, int]]
+    head: list[Request] = field(default_factory=list)
+    head_pos: list[int] = field(default_factory=list)
+    head_items: list[tuple[int, int]] = field(default_factory=list)  # (rid, 1) each
     preempted: list[Request] = field(default_factory=list)
     swapped_in: list[Request] = field(default_factory=list)
     swap_out_bytes: int = 0
@@ -88,26 +94,36 @@ class StepPlan:
     dec_pos: list[int] = field(default_factory=list)
     pieces: list[tuple[int, int]] = field(default_factory=list)
     logits: int = 0
-    decoding: int = 0  # leading items known to decode one token each and sample
+    decoding: int = 0  # leading tail items known to decode one token each and sample
+
+    @property
+    def items(self) -> list[tuple[Request, int]]:
+        return [(r, 1) for r in self.head] + self.tail
+
+    def rid_items(self) -> tuple[tuple[int, int], ...]:
+        """``(rid, tokens)`` of every item, in order."""
+        return (*self.head_items, *[(r.rid, n) for r, n in self.tail])
 
     def seqs(self, slots: int = 1) -> list[StepSeq]:
         """The step as the device runs it: decoding sequences first, then prompt chunks
         (fewer token tiles mix the two), each with its cache position and whether it
         samples."""
-        dec = [(r, n) for r, n in self.items if n == 1]
-        pre = [(r, n) for r, n in self.items if n != 1]
-        return [StepSeq(r.rid % slots, n, r.computed, r.computed + n == r.known, r.rid + 1)
-                for r, n in dec + pre]
+        head = [StepSeq(rid % slots, 1, c, True, rid + 1)
+                for (rid, _), c in zip(self.head_items, self.head_pos, strict=True)]
+        dec = [(r, n) for r, n in self.tail if n == 1]
+        pre = [(r, n) for r, n in self.tail if n != 1]
+        return head + [StepSeq(r.rid % slots, n, r.computed, r.computed + n == r.known,
+                               r.rid + 1) for r, n in dec + pre]
 
     def batch(self) -> tuple[list[int], list[tuple[int, int]], int]:
         """The step as :meth:`seqs` gives it, reduced to what its time depends on: the
         cache positions of the one-token sequences (first, in order), the longer ones as
         (tokens, cache position) after them, and how many sequences sample. The scheduler
         gathers the same as ``dec_pos``, ``pieces`` and ``logits`` while it plans."""
-        dec: list[int] = []
+        dec: list[int] = list(self.head_pos)
         pre: list[tuple[int, int]] = []
-        sampled = 0
-        for r, n in self.items:
+        sampled = len(self.head)
+        for r, n in self.tail:
             c = r.computed
             if n == 1:
                 dec.append(c)
@@ -156,6 +172,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.unfinished = 0
         self._blk = geometry.block_table()  # blocks held by n cached tokens, n = 0, 1, ...
+        #: the leading running requests that decode one token a step, as arrays
+        self._dec = DecodeSet(self._blk)
 
     # --- queues ---------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -183,10 +201,12 @@ class Scheduler:
         plan = StepPlan(self.steps, [])
         blk = self._blk
         running = self.running
-        items = plan.items
+        items = plan.tail
         dec_pos = plan.dec_pos
-        left = self._all_running(plan, budget)
-        i = len(running) if left is not None else 0
+        nd = self._decode_set(plan, budget)
+        budget -= nd
+        left = self._all_running(plan, budget, nd)
+        i = len(running) if left is not None else nd
         budget = left if left is not None else budget
         while i < len(running) and budget > 0:
             req = running[i]
@@ -240,17 +260,46 @@ class Scheduler:
                 self.waiting.popleft()
                 self._admit(req, need, n, plan)
                 budget -= n
-        if not plan.items:
+        if not plan.tail and not plan.head:
             return None
         self.steps += 1
         return plan
 
-    def _all_running(self, plan: StepPlan, budget: int) -> int | None:
+    def _decode_set(self, plan: StepPlan, budget: int) -> int:
+        """The decode set's part of step 1, at once, when the budget holds all its members
+        and the free blocks all the blocks they take (as the loop in :meth:`schedule`
+        would do: no member is cut or preempted); else its members' fields are written
+        back and the loop schedules them. Returns the tokens scheduled."""
+        d = self._dec
+        nd = len(d)
+        if not nd:
+            return 0
+        if nd <= budget:
+            need = d.need()
+            total = int(need.sum())
+            if total <= self.free:
+                self.free -= total
+                d.take(need)
+                plan.head = self.running[:nd]
+                plan.head_pos = d.positions()
+                plan.head_items = d.items[:]
+                plan.dec_pos.extend(plan.head_pos)
+                plan.logits += nd
+                return nd
+        d.flush()
+        return 0
+
+    def sync(self) -> None:
+        """Every request's fields up to date (the decode set written back)."""
+        self._dec.flush()
+
+    def _all_running(self, plan: StepPlan, budget: int, skip: int = 0) -> int | None:
         """Step 1 at once when it is simple: every running request gets all the tokens it
         knows within ``budget`` and no request's blocks fail (every prefix of the blocks
         they take fits the free ones), which is what the loop in :meth:`schedule` would
-        do; returns the budget left, or None (nothing changed) to take that loop."""
-        running = self.running
+        do; returns the budget left, or None (nothing changed) to take that loop. The
+        first ``skip`` running requests (the decode set) are scheduled already."""
+        running = self.running[skip:] if skip else self.running
         if not running:
             return budget
         known = [r.prompt_tokens + r.generated for r in running]
@@ -267,7 +316,7 @@ class Scheduler:
         self.free -= taken[-1]
         for r, nd in compress(zip(running, needs, strict=True), needs):
             r.blocks += nd
-        plan.items.extend(zip(running, ns, strict=True))
+        plan.tail.extend(zip(running, ns, strict=True))
         if total == len(ns) and min(ns) == 1:  # every one decodes a token (the usual case)
             plan.dec_pos.extend(cs)
             plan.decoding = len(ns)
@@ -292,7 +341,7 @@ class Scheduler:
         self._admissions += 1
         self._take(req, blocks)
         self.running.append(req)
-        plan.items.append((req, n))
+        plan.tail.append((req, n))
         c = req.computed
         if n == 1:
             plan.dec_pos.append(c)
@@ -325,7 +374,10 @@ class Scheduler:
         """Account the step's tokens (it ended at ``now_ps``); returns the requests that
         finished."""
         finished: list[Request] = []
-        items = plan.items
+        if plan.head:
+            for req in self._dec.advance(now_ps):
+                self._finish(req, now_ps, finished)
+        items = plan.tail
         k = plan.decoding
         for req, _ in items[:k] if k else ():
             # one new token each, its last known: it samples (and sampled before)
@@ -342,7 +394,22 @@ class Scheduler:
         for req, n in items[k:] if k else items:
             self._account(req, n, now_ps, finished)
         plan.sampled = plan.logits  # those that computed their last known token
+        self._promote()
         return finished
+
+    def _promote(self) -> None:
+        """The running requests right after the decode set that now decode one new token
+        a step join it."""
+        running = self.running
+        i = j = len(self._dec)
+        while j < len(running):
+            r = running[j]
+            c = r.computed
+            if r.prompt_tokens + r.generated - c != 1 or c < r.high_water or c < r.prompt_tokens:
+                break
+            j += 1
+        if j > i:
+            self._dec.add(running[i:j])
 
     def _account(self, req: Request, n: int, now_ps: int, finished: list[Request]) -> None:
         """One item of a completed step: ``n`` tokens of ``req`` computed."""

@@ -226,3 +226,29 @@ def test_block_bytes_follow_the_format():
     assert steady_bytes_per_token(c4r4, 576) == 320
     assert steady_bytes_per_token(kvformats.parse("kivi-4.k"), 64) == pytest.approx(
         kvformats.parse("kivi-4.k").block_bytes(64) / 32)
+
+
+def test_decode_set_advances_members_and_writes_them_back():
+    from sim.serving.decodeset import DecodeSet
+    blk = [-(-n // 4) for n in range(64)]  # 4 tokens a block
+    a = Request(rid=3, arrival_ps=0, prompt_tokens=5, output_tokens=4)
+    b = Request(rid=7, arrival_ps=0, prompt_tokens=6, output_tokens=2)
+    for r in (a, b):  # each sampled its first token after its prompt
+        r.computed = r.high_water = r.prompt_tokens
+        r.generated, r.blocks, r.decode_computed = 1, blk[r.prompt_tokens], 0
+        r.token_ps.append(100)
+    d = DecodeSet(blk)
+    d.add([a, b])
+    assert d.items == [(3, 1), (7, 1)] and d.positions() == [5, 6]
+    assert d.need().tolist() == [blk[6] - blk[5], blk[7] - blk[6]] == [0, 0]
+    assert d.advance(200) == [b]  # b samples its second and last token
+    assert (b.computed, b.high_water, b.generated, b.decode_computed, b.token_ps) == (
+        7, 7, 2, 1, [100, 200])
+    assert d.items == [(3, 1)] and len(d) == 1
+    assert a.computed == 5  # a member's request is stale until it leaves the set
+    d.take(d.need())  # position 6 -> 7 tokens: 2 blocks
+    assert d.advance(300) == []
+    d.flush()
+    assert (a.computed, a.generated, a.blocks, a.decode_computed, a.token_ps) == (
+        7, 3, 2, 2, [100, 200, 300])
+    assert len(d) == 0
