@@ -234,9 +234,18 @@ def encode_program(program: Program) -> bytes:
         out += _encode_text(fmt, f"format {j}")
     out += _encode_text(program.name, "program name")
     parts = [bytes(out)]
+    # A compiled program repeats instruction objects (its block memo hands out the same
+    # ones for repeated tiles): encode each object once. Keys are ids of objects the
+    # program holds, so they stay valid for the whole loop.
+    done: dict[int, bytes] = {}
     for i, instr in enumerate(program.instructions):
-        raw = _encode_fast(instr)
-        parts.append(raw if raw is not None else encode_instruction(instr, index=i))
+        raw = done.get(id(instr))
+        if raw is None:
+            raw = _encode_fast(instr)
+            if raw is None:
+                raw = encode_instruction(instr, index=i)
+            done[id(instr)] = raw
+        parts.append(raw)
     return b"".join(parts)
 
 
