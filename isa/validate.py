@@ -329,11 +329,18 @@ def validate_program(program: Program, layout: MemoryLayout) -> None:
     signals: Counter[int] = Counter()
     first_waiter: dict[int, int] = {}
     sizes = {s: layout.space_bytes(s) for s in Space}
+    # A compiled program repeats instruction objects (its block memo hands out the same
+    # ones for repeated tiles), and an instruction's checks read only it, the program's
+    # formats and the layout: check each object once. The ids are of objects the program
+    # holds, so they stay valid for the whole loop.
+    checked: set[int] = set()
     for index, instr in enumerate(program.instructions):
-        if not _instruction_ok(instr, program, layout, sizes):
-            problem = _instruction_problem(instr, program, layout)
-            if problem is not None:
-                raise ProgramError(index, problem)
+        if id(instr) not in checked:
+            if not _instruction_ok(instr, program, layout, sizes):
+                problem = _instruction_problem(instr, program, layout)
+                if problem is not None:
+                    raise ProgramError(index, problem)
+            checked.add(id(instr))
         wait = instr.wait
         if wait:
             for flag in wait:
