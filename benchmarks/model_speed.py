@@ -7,6 +7,7 @@ Face folder); ``--mode functional`` measures only the functional runs.
 
     python benchmarks/model_speed.py [--model qwen2.5-0.5b] [--hw aries] [--tokens 4]
                                      [--engine fast simpy] [--mode timing functional]
+    python benchmarks/model_speed.py --compile-only [--model qwen2.5-0.5b]
 """
 
 from __future__ import annotations
@@ -84,6 +85,35 @@ def measure(model_name: str, hw_name: str, functional: bool, prompt: int, tokens
     }
 
 
+def measure_compile(model_name: str, hw_name: str) -> dict:
+    """What ``kvsim compile --timing-only`` does: compile, encode and write the ``.kvm``
+    file, and the static roofline of each program; wall and CPU time of each part."""
+    import tempfile
+    from pathlib import Path
+
+    from sim.device import static_roofline
+
+    hw = load_hardware(hw_name)
+    src = resolve_model(model_name)
+    out: dict = {"model": model_name, "hw": hw_name}
+    t0, c0 = time.perf_counter(), time.process_time()
+    cm = compile_model(src.config, build_bit_config({}), HardwareTarget.from_hw(hw),
+                       functional=False, weights=src.weight_spec())
+    out["compile_wall_s"], out["compile_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+    out["instructions"] = {n: len(p) for n, p in cm.programs.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        t0, c0 = time.perf_counter(), time.process_time()
+        cm.save(Path(tmp) / "model.kvm")
+        out["save_wall_s"], out["save_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for p in cm.programs.values():
+        static_roofline(p, hw)
+    out["roofline_wall_s"] = time.perf_counter() - t0
+    out["roofline_cpu_s"] = time.process_time() - c0
+    out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen2.5-0.5b")
@@ -94,7 +124,20 @@ def main() -> None:
     p.add_argument("--mode", nargs="+", choices=("timing", "functional"),
                    default=["timing", "functional"])
     p.add_argument("--json", action="store_true")
+    p.add_argument("--compile-only", action="store_true",
+                   help="measure what kvsim compile --timing-only does, nothing else")
     a = p.parse_args()
+    if a.compile_only:
+        r = measure_compile(a.model, a.hw)
+        if a.json:
+            print(json.dumps(r, indent=1))
+            return
+        print(f"{r['model']} on {r['hw']}: compile {r['compile_wall_s']:.2f} s wall "
+              f"({r['compile_cpu_s']:.2f} s CPU), save {r['save_wall_s']:.2f} s "
+              f"({r['save_cpu_s']:.2f} s CPU), rooflines {r['roofline_wall_s']:.2f} s "
+              f"({r['roofline_cpu_s']:.2f} s CPU); instructions {r['instructions']}; "
+              f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB")
+        return
     rows = [measure(a.model, a.hw, f == "functional", a.prompt, a.tokens, e)
             for e in a.engine for f in a.mode]
     if a.json:

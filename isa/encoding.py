@@ -25,6 +25,8 @@ import dataclasses
 import struct
 from enum import IntEnum
 from functools import cache
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 from isa.errors import DecodeError, IsaError
@@ -173,6 +175,52 @@ def _encode_text(text: object, what: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
+@cache
+def _fast_plan(cls: type[Instruction]) -> tuple[Any, tuple[tuple[int, frozenset[int]], ...], str]:
+    """What :func:`_encode_fast` needs for ``cls``: a getter of its body values, the
+    (position, valid values) of its enum fields, and the body's struct codes."""
+    fields, body = body_layout(cls)
+    names = [f.name for f in fields]
+    getter = (lambda _i: ()) if not names else (
+        (lambda i, _n=names[0]: (getattr(i, _n),)) if len(names) == 1
+        else attrgetter(*names))
+    enums = tuple((j, enum_values(e)) for j, f in enumerate(fields)
+                  if (e := field_enum(f)) is not None)
+    return getter, enums, body.format[1:]
+
+
+@cache
+def _full_struct(body_codes: str, n_flags: int) -> struct.Struct:
+    return struct.Struct(f"<BBBB{n_flags}{FLAG_CODE}{body_codes}")
+
+
+def _encode_fast(instr: Instruction) -> bytes | None:
+    """The bytes :func:`encode_instruction` gives for ``instr``, packed in one call; None
+    when any check could fail (the caller then takes the checking path, which names the
+    field at fault). Same bytes by construction: one struct of the same codes in the same
+    order, and ``struct`` rejects every out-of-range value with the standard sizes."""
+    cls = type(instr)
+    if BY_OPCODE.get(getattr(cls, "opcode", -1)) is not cls:
+        return None
+    getter, enums, codes = _fast_plan(cls)
+    values = getter(instr)
+    for j, valid in enums:
+        if values[j] not in valid:
+            return None
+    wait, signal = instr.wait, instr.signal
+    nw, ns = len(wait), len(signal)
+    if nw > MAX_FLAGS or ns > MAX_FLAGS:
+        return None
+    core = instr.core
+    allv = (cls.opcode, core, nw, ns, *wait, *signal, *values)
+    if not all(map(isinstance, allv[1:], repeat(int))):
+        return None
+    try:
+        return _full_struct(codes, nw + ns).pack(*allv)
+    except struct.error:
+        return None
+
+
 def encode_program(program: Program) -> bytes:
     """Encode ``program`` (header, format table, name, instructions) to bytes."""
     count = len(program.instructions)
@@ -185,9 +233,20 @@ def encode_program(program: Program) -> bytes:
     for j, fmt in enumerate(program.formats):
         out += _encode_text(fmt, f"format {j}")
     out += _encode_text(program.name, "program name")
+    parts = [bytes(out)]
+    # A compiled program repeats instruction objects (its block memo hands out the same
+    # ones for repeated tiles): encode each object once. Keys are ids of objects the
+    # program holds, so they stay valid for the whole loop.
+    done: dict[int, bytes] = {}
     for i, instr in enumerate(program.instructions):
-        out += encode_instruction(instr, index=i)
-    return bytes(out)
+        raw = done.get(id(instr))
+        if raw is None:
+            raw = _encode_fast(instr)
+            if raw is None:
+                raw = encode_instruction(instr, index=i)
+            done[id(instr)] = raw
+        parts.append(raw)
+    return b"".join(parts)
 
 
 # --------------------------------------------------------------------------------- decode

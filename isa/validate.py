@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from functools import lru_cache
+from itertools import chain
+from operator import attrgetter
 from typing import NamedTuple
 
 from isa import kv
@@ -325,32 +327,34 @@ def _instruction_ok(instr: Instruction, program: Program, layout: MemoryLayout,
 
 def validate_program(program: Program, layout: MemoryLayout) -> None:
     """Raise :class:`ProgramError` for the first problem in ``program``; else return None."""
-    waits: Counter[int] = Counter()
-    signals: Counter[int] = Counter()
-    first_waiter: dict[int, int] = {}
+    instrs = program.instructions
     sizes = {s: layout.space_bytes(s) for s in Space}
-    for index, instr in enumerate(program.instructions):
-        if not _instruction_ok(instr, program, layout, sizes):
-            problem = _instruction_problem(instr, program, layout)
-            if problem is not None:
-                raise ProgramError(index, problem)
-        wait = instr.wait
-        if wait:
-            for flag in wait:
-                waits[flag] += 1
-                if flag not in first_waiter:
-                    first_waiter[flag] = index
-        for flag in instr.signal:
-            signals[flag] += 1
+    # A compiled program repeats instruction objects (its block memo hands out the same
+    # ones for repeated tiles), and an instruction's checks read only it, the program's
+    # formats and the layout: check each object once. The ids are of objects the program
+    # holds, so they stay valid for the whole loop.
+    checked: set[int] = set()
+    for index, instr in enumerate(instrs):
+        if id(instr) not in checked:
+            if not _instruction_ok(instr, program, layout, sizes):
+                problem = _instruction_problem(instr, program, layout)
+                if problem is not None:
+                    raise ProgramError(index, problem)
+            checked.add(id(instr))
 
     # A flag is a counting semaphore: every wait takes one count, every signal gives one,
     # so more waits than signals in total leaves some waiter blocked forever.
-    starved = [flag for flag in first_waiter if waits[flag] > signals[flag]]
+    wait_lists = list(map(attrgetter("wait"), instrs))
+    waits = Counter(chain.from_iterable(wait_lists))
+    signals = Counter(chain.from_iterable(map(attrgetter("signal"), instrs)))
+    starved = {flag for flag, n in waits.items() if n > signals[flag]}
     if starved:
-        flag = min(starved, key=lambda f: first_waiter[f])
+        # the starved flag waited on first (the first of them in that instruction's waits)
+        index, flag = next((i, f) for i, wait in enumerate(wait_lists) for f in wait
+                           if f in starved)
         given = signals[flag]
         supply = f"signalled only {_times(given)}" if given else "never signalled"
         raise ProgramError(
-            first_waiter[flag],
+            index,
             f"waits on flag {flag} ({_times(waits[flag])}) but it is {supply} (deadlock)",
         )

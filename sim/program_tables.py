@@ -108,6 +108,17 @@ def _per_shape(group: list, shapes: np.ndarray, fn) -> np.ndarray:
     """``fn(instruction)`` for every instruction, computed once per distinct shape row."""
     if not group:
         return np.zeros(0, np.int64)
+    # a compiled program repeats instruction objects (the compiler keeps one per distinct
+    # instruction): key the distinct objects' rows only, then spread their values
+    obj = np.fromiter(map(id, group), np.int64, len(group))
+    _, first_obj, of_obj = np.unique(obj, return_index=True, return_inverse=True)
+    del obj
+    values = _per_distinct_shape([group[k] for k in first_obj.tolist()], shapes[first_obj], fn)
+    return values[of_obj.reshape(-1)]
+
+
+def _per_distinct_shape(group: list, shapes: np.ndarray, fn) -> np.ndarray:
+    """``fn(instruction)`` for every instruction, computed once per distinct shape row."""
     # one int64 key per row from the columns' own dense ids (1-D uniques are fast),
     # made dense again after each column so that it never overflows
     key = np.zeros(len(group), np.int64)

@@ -93,6 +93,7 @@ class Builder:
     prefetched: dict[tuple, int] = field(default_factory=dict)  # (core, matrix, rows) -> tiles
 
     def __post_init__(self) -> None:
+        self._interned: dict[Instruction, Instruction] = {}
         self.flags = Flags(FORWARD, self.target.cores)
         # (core, name) -> flag id, looked up once per instruction field (a hot path)
         self._ids = {(c, name): i for name in FORWARD.per_core
@@ -118,7 +119,11 @@ class Builder:
         return self.flags.shared(name)
 
     def emit(self, instr: Instruction) -> None:
-        self.ins.append(instr)
+        # equal instructions share one object (instructions are frozen values): token
+        # tiles re-emit the same weight loads and GEMMs layer after layer, and one object
+        # per distinct instruction bounds the program's memory by what differs; whatever
+        # walks a program (validation, encoding, rooflines) then handles each object once
+        self.ins.append(self._interned.setdefault(instr, instr))
 
     def take_bar(self, core: int) -> tuple[int, ...]:
         n = self.bar_due[core]

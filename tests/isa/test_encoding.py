@@ -251,3 +251,20 @@ def test_encode_rejects_unencodable_text() -> None:
         encode_program(Program(instructions=(), formats=("ok", "\ud800")))
     with pytest.raises(IsaError, match="program name is 65536 bytes"):
         encode_program(Program(instructions=(), name="x" * 65536))
+
+
+@given(st.lists(instructions(), min_size=1, max_size=6))
+def test_program_body_is_each_instruction_checked_encoding(instrs) -> None:
+    """encode_program packs each instruction in one call (and each repeated object once);
+    its body equals the checking encoder's bytes, back to back."""
+    repeated = instrs + instrs[::-1]
+    blob = encode_program(Program(instructions=tuple(repeated), formats=(), name=""))
+    body = b"".join(encode_instruction(i) for i in repeated)
+    assert blob.endswith(body)
+    assert len(blob) == struct.calcsize("<4sHI") + 2 + 2 + len(body)
+
+
+def test_program_error_names_the_first_bad_instruction_of_a_repeated_object() -> None:
+    bad = Nop(core=256, on=1)
+    with pytest.raises(IsaError, match=r"instruction 1 \(nop\): field 'core' = 256"):
+        encode_program(Program(instructions=(GEMM, bad, bad), formats=(), name=""))

@@ -375,3 +375,12 @@ def test_first_bad_instruction_is_reported() -> None:
     err = fails([GEMM.replace(wait=(5,)), GEMM.replace(core=9), GEMM.replace(w_bits=1)])
     assert err.index == 1
     assert str(err).startswith("instruction 1: core 9")
+
+
+def test_a_repeated_bad_object_is_reported_at_its_first_place() -> None:
+    """validate_program checks each instruction object once; the error names the first
+    index the bad object holds."""
+    bad = GEMM.replace(core=2)
+    err = fails([GEMM, bad, GEMM, bad])
+    assert err.index == 1
+    assert "core 2 out of range" in err.reason

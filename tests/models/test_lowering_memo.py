@@ -93,3 +93,18 @@ def test_a_compile_without_stored_programs_lowers_the_same_programs() -> None:
         full.programs["prefill_48"])
     assert encode_program(lean.program(tokens=1, cache_size=48)) == encode_program(
         full.programs["decode"])
+
+
+def test_equal_instructions_share_one_object() -> None:
+    """The builder keeps one object per distinct instruction it emits (prefill tiles
+    re-emit the same weight loads and GEMMs); the instructions themselves are unchanged."""
+    from isa.instructions import DmaLoad
+
+    b = Builder(Target(cores=(0,), sram_bytes=1 << 16, tile_bytes=1024))
+    first = DmaLoad(src=0, dst=64, nbytes=128)
+    b.emit(first)
+    b.emit(DmaLoad(src=0, dst=64, nbytes=128))
+    b.emit(DmaLoad(src=0, dst=64, nbytes=256))
+    assert b.ins[1] is first
+    assert b.ins[2] is not first and b.ins[2].nbytes == 256
+    assert b.ins == [first, first, DmaLoad(src=0, dst=64, nbytes=256)]
