@@ -4,6 +4,7 @@ weights (the metrics: :mod:`models.quality`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -76,14 +77,43 @@ def compile_for_text(src: ModelSource, bits: BitConfig, *, kv: str, hw: Hardware
     """The compiled model of ``src`` (functional by default) for a text of ``tokens``
     tokens, on every core of ``hw``, in calls of up to ``chunk_tokens``."""
     cap = -(-tokens // CACHE_ROUND_TOKENS) * CACHE_ROUND_TOKENS
+    # The runtime lowers each call's program when it runs it, so the compiler's stored
+    # prefill/decode programs would be lowered once more for nothing (store_programs=False;
+    # the programs the calls run are the same).
     return compile_model(src.config, bits, HardwareTarget.from_hw(hw), kv=kv,
                          core_mode=widest_core_mode(hw), max_seq=min(tokens, chunk_tokens),
-                         cap=cap, functional=functional, weights=src.weight_spec(seed))
+                         cap=cap, functional=functional, weights=src.weight_spec(seed),
+                         store_programs=False)
+
+
+#: How many float references :func:`reference_logits` keeps (each ``n x vocab`` float32:
+#: 50 MB for 257 tokens of SmolLM2's 49,152-token vocabulary).
+REFERENCES_KEPT = 2
+#: ``(key, logits)`` of the last :data:`REFERENCES_KEPT` references, newest last.
+_REFERENCES: list[tuple[tuple, np.ndarray]] = []
 
 
 def reference_logits(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) -> np.ndarray:
-    """The float reference's teacher-forced logits ``(n, vocab)`` (float weights)."""
-    return ReferenceModel(src.config, src.open_weights(seed)).prefill(tokens)
+    """The float reference's teacher-forced logits ``(n, vocab)`` (float weights).
+
+    The last few are kept in memory, keyed on everything they depend on (the model's
+    name and config, its weight files with their size and modification time, the seed,
+    the token ids): the same text compared with several KV formats, read paths or bit
+    configs runs the float model once. The array returned is read-only (it is shared)."""
+    ids = np.asarray([int(t) for t in tokens], dtype=np.int64)
+    spec = src.weight_spec(seed)
+    files = [spec["path"]] if "path" in spec else list(spec.get("paths", ()))
+    stamps = tuple((str(f), Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
+                   for f in files)  # a weight file rewritten in place is another model
+    key = (src.name, src.config.model_dump_json(),
+           json.dumps(spec, sort_keys=True, default=str), stamps, ids.tobytes())
+    for k, logits in _REFERENCES:
+        if k == key:
+            return logits
+    logits = ReferenceModel(src.config, src.open_weights(seed)).prefill(ids.tolist())
+    logits.setflags(write=False)
+    _REFERENCES[:] = [*_REFERENCES[-(REFERENCES_KEPT - 1):], (key, logits)]
+    return logits
 
 
 def npu_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int], *,
