@@ -28,6 +28,9 @@ from models.source import EMBEDDED_MODEL, english_text, resolve_model
 from sim.hw import load_hardware
 from sim.quality import compile_for_text, reference_logits
 from sim.runtime import Accelerator, Model, ModelConfig
+from tests.groups import REAL_W8
+
+pytestmark = pytest.mark.xdist_group(REAL_W8)
 
 TEXT_TOKENS = 257
 GREEDY_TOKENS = 16

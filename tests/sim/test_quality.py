@@ -12,6 +12,7 @@ from models.bits import build_bit_config
 from models.quality import DegenerateOutput, perplexity
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
 from sim.quality import bit_config, evaluate, reference_logits, source_of
+from tests.groups import REAL_OTHER
 
 IDS = np.random.default_rng(3).integers(0, 256, size=40)
 
@@ -58,6 +59,7 @@ def smol_ids() -> list[int]:
     return src.tokenizer().encode(english_text())[:48]
 
 
+@pytest.mark.xdist_group(REAL_OTHER)
 def test_the_guard_fires_on_the_old_numerics_of_a_real_model(smol_ids) -> None:
     bits = bit_config("W8", numerics="static-int8")
     with pytest.raises(DegenerateOutput, match="NPU logits: .*(zero|constant)"):

@@ -5,8 +5,13 @@ grouped per token."""
 
 from __future__ import annotations
 
+import pytest
+
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
 from sim.quality import quality_table
+from tests.groups import REAL_W8
+
+pytestmark = pytest.mark.xdist_group(REAL_W8)
 
 
 def test_more_bits_less_damage_and_per_channel_keys_win() -> None:
