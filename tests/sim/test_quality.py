@@ -36,6 +36,20 @@ def test_a_text_split_over_calls_gives_the_same_logits() -> None:
     assert split.prefill_s > one.prefill_s  # three calls: the weights stream three times
 
 
+def test_evaluations_are_kept_per_configuration() -> None:
+    bits = build_bit_config({})
+    one = evaluate("tiny", IDS, bits=bits, hw="tiny")
+    kivi = evaluate("tiny", IDS, bits=bits, hw="tiny", kv="kivi-4")
+    # another key, another run: the same logits here (40 tokens stay in KIVI's fp16
+    # window, which holds the int8 pipeline's values exactly), another cache layout's time
+    assert kivi.kv == "kivi-4" and kivi.prefill_s != one.prefill_s
+    assert evaluate("tiny", IDS, bits=bits, hw="tiny") == one
+    # a given reference is not kept: simulated again, the same figures
+    ref = reference_logits(source_of("tiny"), IDS)
+    assert evaluate("tiny", IDS, bits=bits, hw="tiny", reference=ref) == one
+    assert not ref.flags.writeable  # the kept reference is shared, so read-only
+
+
 @pytest.mark.parametrize(("ids", "needle"), [([5], "at least 2"),
                                              ([0, 256], "ids must lie in 0..255")])
 def test_bad_texts_are_refused(ids, needle) -> None:
