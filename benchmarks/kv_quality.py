@@ -4,10 +4,10 @@ as ARIES reads them; dequantized to fp16), teacher-forced over a text on the sim
 against the float reference: perplexity, KL(reference || NPU) and top-1 agreement, with
 each format's KV bytes per token. Writes a markdown table and a self-contained plotly page.
 
-    python benchmarks/kv_quality.py [--model smollm2-135m] [--tokens 256] [--bits W8]
+    python benchmarks/kv_quality.py [--model smollm2-135m] [--tokens 257] [--bits W8]
                                     [--numerics w8] [--out kv-quality] [--json]
 
-KIVI keeps the latest 128 tokens in fp16 (its window), so a text of 256 tokens quantizes
+KIVI keeps the latest 128 tokens in fp16 (its window), so a text of 257 tokens quantizes
 about half of each attention's context; longer texts show more of each format's damage.
 """
 
@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--text", default=None, help="default: models/data/english.txt")
-    ap.add_argument("--tokens", type=int, default=256, help="tokens of the text to use")
+    ap.add_argument("--tokens", type=int, default=257,
+                    help="tokens of the text to use (257: 256 next-token predictions, the "
+                         "tests' text)")
     ap.add_argument("--bits", default="W8")
     ap.add_argument("--numerics", default="w8")
     ap.add_argument("--hw", default="aries")

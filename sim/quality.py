@@ -4,6 +4,8 @@ weights (the metrics: :mod:`models.quality`)."""
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -76,14 +78,52 @@ def compile_for_text(src: ModelSource, bits: BitConfig, *, kv: str, hw: Hardware
     """The compiled model of ``src`` (functional by default) for a text of ``tokens``
     tokens, on every core of ``hw``, in calls of up to ``chunk_tokens``."""
     cap = -(-tokens // CACHE_ROUND_TOKENS) * CACHE_ROUND_TOKENS
+    # The runtime lowers each call's program when it runs it, so the compiler's stored
+    # prefill/decode programs would be lowered once more for nothing (store_programs=False;
+    # the programs the calls run are the same).
     return compile_model(src.config, bits, HardwareTarget.from_hw(hw), kv=kv,
                          core_mode=widest_core_mode(hw), max_seq=min(tokens, chunk_tokens),
-                         cap=cap, functional=functional, weights=src.weight_spec(seed))
+                         cap=cap, functional=functional, weights=src.weight_spec(seed),
+                         store_programs=False)
+
+
+#: How many float references :func:`reference_logits` keeps (each ``n x vocab`` float32:
+#: 50 MB for 257 tokens of SmolLM2's 49,152-token vocabulary).
+REFERENCES_KEPT = 2
+#: ``(key, logits)`` of the last :data:`REFERENCES_KEPT` references, newest last.
+_REFERENCES: list[tuple[tuple, np.ndarray]] = []
+#: How many :class:`Quality` results :func:`evaluate` keeps (a few hundred bytes each).
+QUALITIES_KEPT = 64
+#: key -> quality of the last :data:`QUALITIES_KEPT` evaluations, oldest first.
+_QUALITIES: dict[tuple, Quality] = {}
+
+
+def _model_key(src: ModelSource, seed: int) -> tuple:
+    """What a model's results depend on: its name and config, its weight files with their
+    size and modification time (a file rewritten in place is another model), the seed."""
+    spec = src.weight_spec(seed)
+    files = [spec["path"]] if "path" in spec else list(spec.get("paths", ()))
+    stamps = tuple((str(f), Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
+                   for f in files)
+    return (src.name, src.config.model_dump_json(),
+            json.dumps(spec, sort_keys=True, default=str), stamps, seed)
 
 
 def reference_logits(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) -> np.ndarray:
-    """The float reference's teacher-forced logits ``(n, vocab)`` (float weights)."""
-    return ReferenceModel(src.config, src.open_weights(seed)).prefill(tokens)
+    """The float reference's teacher-forced logits ``(n, vocab)`` (float weights).
+
+    The last few are kept in memory, keyed on the model (:func:`_model_key`) and the token
+    ids: the same text compared with several KV formats, read paths or bit configs runs
+    the float model once. The array returned is read-only (it is shared)."""
+    ids = np.asarray([int(t) for t in tokens], dtype=np.int64)
+    key = (_model_key(src, seed), ids.tobytes())
+    for k, logits in _REFERENCES:
+        if k == key:
+            return logits
+    logits = ReferenceModel(src.config, src.open_weights(seed)).prefill(ids.tolist())
+    logits.setflags(write=False)
+    _REFERENCES[:] = [*_REFERENCES[-(REFERENCES_KEPT - 1):], (key, logits)]
+    return logits
 
 
 def npu_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int], *,
@@ -112,7 +152,12 @@ def evaluate(source: str | Path | ModelSource, tokens: Sequence[int], *, bits: B
     """Teacher-force ``tokens`` through the simulated NPU (``bits``, KV format ``kv``, the
     read path ``bits.kv_read``, on ``hw``) and compare its logits with the float
     reference's (``reference``: those logits, if already computed). Degenerate NPU logits
-    raise :class:`models.quality.DegenerateOutput` unless ``allow_degenerate``."""
+    raise :class:`models.quality.DegenerateOutput` unless ``allow_degenerate``.
+
+    Results are deterministic, so the last :data:`QUALITIES_KEPT` are kept in memory,
+    keyed on every input (model and weight files, tokens, bit config, KV format, hardware,
+    seed, call size, ``allow_degenerate``): tests and tables that ask for the same
+    configuration simulate it once. Calls given a ``reference`` are not kept."""
     src = source_of(source)
     ids = [int(t) for t in tokens]
     if len(ids) < 2:
@@ -121,14 +166,25 @@ def evaluate(source: str | Path | ModelSource, tokens: Sequence[int], *, bits: B
     if min(ids) < 0 or max(ids) >= vocab:
         raise ConfigError(f"text: token ids must lie in 0..{vocab - 1}")
     hwc = hardware_of(hw)
+    # Deterministic, so kept: keyed on every input (a given reference is not: its
+    # logits would have to be compared too).
+    key = (_model_key(src, seed), np.asarray(ids, np.int64).tobytes(), bits.model_dump_json(),
+           kv, hwc.model_dump_json(), chunk_tokens, allow_degenerate)
+    if reference is None and key in _QUALITIES:
+        return copy.deepcopy(_QUALITIES[key])
     cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
                           chunk_tokens=chunk_tokens)
     npu, time_s = npu_logits(cm, hwc, ids, seed=seed)
     ref = reference_logits(src, ids, seed=seed) if reference is None else reference
-    return compare(ref, npu, ids, allow_degenerate=allow_degenerate, model=src.name,
-                   real_weights=src.real, bits=bits_label(bits),
-                   numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
-                   hw=hwc.name, prefill_s=time_s)
+    q = compare(ref, npu, ids, allow_degenerate=allow_degenerate, model=src.name,
+                real_weights=src.real, bits=bits_label(bits),
+                numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
+                hw=hwc.name, prefill_s=time_s)
+    if reference is None:
+        _QUALITIES[key] = copy.deepcopy(q)
+        while len(_QUALITIES) > QUALITIES_KEPT:
+            del _QUALITIES[next(iter(_QUALITIES))]
+    return q
 
 
 #: The KV formats of the quality table: (label, format name or spec). The 2-bit per-token
@@ -152,21 +208,21 @@ def quality_table(source: str | Path | ModelSource, tokens: Sequence[int], *,
                   allow_degenerate: bool = False,
                   progress=None) -> list[tuple[str, Quality]]:
     """Every KV format of ``formats`` through every read path, on one text: ``(label,
-    quality)`` rows (the float reference runs once). ``progress(label, read)`` is called
+    quality)`` rows (the float reference runs once: :func:`reference_logits` keeps it).
+    ``progress(label, read)`` is called
     before each configuration."""
     src = source_of(source)
-    ref = reference_logits(src, tokens)
     rows = []
     for label, fmt in formats:
         for read in read_paths:
             if progress is not None:
                 progress(label, read)
             q = evaluate(src, tokens, bits=bit_config(bits, numerics=numerics, kv_read=read),
-                         kv=fmt, hw=hw, reference=ref, allow_degenerate=allow_degenerate)
+                         kv=fmt, hw=hw, allow_degenerate=allow_degenerate)
             rows.append((label, q))
     return rows
 
 
-__all__ = ["CHUNK_TOKENS", "READ_PATHS", "TABLE_FORMATS", "bit_config", "bits_label",
-           "compile_for_text", "evaluate", "npu_logits", "quality_table", "reference_logits",
-           "source_of", "widest_core_mode"]
+__all__ = ["CHUNK_TOKENS", "QUALITIES_KEPT", "READ_PATHS", "REFERENCES_KEPT", "TABLE_FORMATS",
+           "bit_config", "bits_label", "compile_for_text", "evaluate", "npu_logits",
+           "quality_table", "reference_logits", "source_of", "widest_core_mode"]

@@ -23,6 +23,17 @@ settings.register_profile("fuzz", max_examples=int(os.environ.get("HYPOTHESIS_EX
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``-n N`` without an explicit ``--dist``, distribute with ``loadgroup``: the
+    real-model tests' groups (:mod:`tests.groups`) each run in one worker, handed out
+    first. xdist's default, ``load``, ignores the groups and may split a module's
+    real-model tests over both workers, each compiling and calibrating the same model."""
+    explicit = any(a == "--dist" or a.startswith("--dist=") or a == "-d"
+                   for a in config.invocation_params.args)
+    if getattr(config.option, "dist", "no") == "load" and not explicit:
+        config.option.dist = "loadgroup"
+
+
 @pytest.fixture
 def env():
     return simpy.Environment()

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests.groups import REAL_OTHER
 from tests.models.program_hashes import GOLDEN, compute
 
 
@@ -26,6 +27,7 @@ def test_programs_of_the_tiny_models_are_unchanged() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(REAL_OTHER)
 def test_programs_of_the_real_size_models_are_unchanged() -> None:
     """One KV format per real-size model (one compile each, about a minute); every format
     of them: ``python -m tests.models.program_hashes``."""

@@ -1,5 +1,7 @@
 """The ``w8`` numerics on the embedded real model (SmolLM2-135M-Instruct), W8 weights and
-the int8 KV cache on ``aries``, through the simulated NPU (one compile, one launch):
+the int8 KV cache on ``aries``, through the simulated NPU (the greedy checks share one
+compile and launch; the teacher-forced run is ``sim.quality.evaluate``'s, which the quality
+table's int8 row reuses):
 
 - teacher-forced over 257 tokens of ``models/data/english.txt``: top-1 agreement >= 0.90
   and mean KL <= 0.05 against the float reference (the numerics study measured 0.928 /
@@ -22,12 +24,14 @@ import pytest
 
 from models.bits import NUMERICS_PRESETS, W8, BitConfig
 from models.compiler.rotation import RotatedWeights
-from models.quality import compare
 from models.reference import ReferenceModel
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
 from sim.hw import load_hardware
-from sim.quality import compile_for_text, reference_logits
+from sim.quality import compile_for_text, evaluate
 from sim.runtime import Accelerator, Model, ModelConfig
+from tests.groups import REAL_W8
+
+pytestmark = pytest.mark.xdist_group(REAL_W8)
 
 TEXT_TOKENS = 257
 GREEDY_TOKENS = 16
@@ -77,12 +81,14 @@ def run():
 
 
 def test_w8_numerics_meet_the_teacher_forced_targets(run) -> None:
-    src, tok, npu, _ = run
+    src, tok, _, _ = run
     ids = tok.encode(english_text())[:TEXT_TOKENS]
     assert len(ids) == TEXT_TOKENS
-    q = compare(reference_logits(src, ids), npu(ids), ids, model=src.name, real_weights=True,
-                bits="W8", numerics=NUMERICS_PRESETS["w8"].model_dump(), kv="int8",
-                kv_read="integer", hw="aries", prefill_s=0.0)
+    # through sim.quality.evaluate, which keeps the result: the quality table's int8 row
+    # (tests/sim/test_quality_table.py, same text, same worker) is this configuration
+    q = evaluate(src, ids, bits=BitConfig(weights=W8, numerics=NUMERICS_PRESETS["w8"]),
+                 kv="int8", hw="aries")
+    assert (q.tokens, q.kv, q.kv_read, q.hw) == (TEXT_TOKENS, "int8", "integer", "aries")
     print(f"w8 numerics, {q.tokens} tokens: top-1 {q.top1_agreement:.4f}, KL "
           f"{q.kl_mean:.4f}, perplexity {q.perplexity:.2f} (float {q.reference_perplexity:.2f})")
     assert q.degenerate is None

@@ -20,6 +20,7 @@ import pytest
 from models.bits import NUMERICS_PRESETS, W4V8, W8, BitConfig
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
 from sim.quality import evaluate
+from tests.groups import REAL_OTHER, REAL_W8
 
 TEXT_TOKENS = 257
 
@@ -39,6 +40,7 @@ def quality(text):
     return evaluate(src, ids, bits=bits, kv="int8", hw="aries")
 
 
+@pytest.mark.xdist_group(REAL_OTHER)
 def test_w4g32_numerics_meet_the_teacher_forced_targets(quality) -> None:
     q = quality
     print(f"w4g32 numerics, {q.tokens} tokens: top-1 {q.top1_agreement:.4f}, KL "
@@ -50,6 +52,7 @@ def test_w4g32_numerics_meet_the_teacher_forced_targets(quality) -> None:
     assert q.kl_mean == pytest.approx(0.07625, abs=5e-4)
 
 
+@pytest.mark.xdist_group(REAL_W8)
 def test_w8_numerics_through_the_dequant_read_path(text) -> None:
     src, ids = text
     bits = BitConfig(weights=W8, numerics=NUMERICS_PRESETS["w8"], kv_read="dequant")

@@ -12,6 +12,7 @@ from models.bits import build_bit_config
 from models.quality import DegenerateOutput, perplexity
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
 from sim.quality import bit_config, evaluate, reference_logits, source_of
+from tests.groups import REAL_OTHER
 
 IDS = np.random.default_rng(3).integers(0, 256, size=40)
 
@@ -33,6 +34,20 @@ def test_a_text_split_over_calls_gives_the_same_logits() -> None:
     split = evaluate("tiny", IDS, bits=build_bit_config({}), hw="tiny", chunk_tokens=16)
     assert (split.perplexity, split.kl_mean) == (one.perplexity, one.kl_mean)
     assert split.prefill_s > one.prefill_s  # three calls: the weights stream three times
+
+
+def test_evaluations_are_kept_per_configuration() -> None:
+    bits = build_bit_config({})
+    one = evaluate("tiny", IDS, bits=bits, hw="tiny")
+    kivi = evaluate("tiny", IDS, bits=bits, hw="tiny", kv="kivi-4")
+    # another key, another run: the same logits here (40 tokens stay in KIVI's fp16
+    # window, which holds the int8 pipeline's values exactly), another cache layout's time
+    assert kivi.kv == "kivi-4" and kivi.prefill_s != one.prefill_s
+    assert evaluate("tiny", IDS, bits=bits, hw="tiny") == one
+    # a given reference is not kept: simulated again, the same figures
+    ref = reference_logits(source_of("tiny"), IDS)
+    assert evaluate("tiny", IDS, bits=bits, hw="tiny", reference=ref) == one
+    assert not ref.flags.writeable  # the kept reference is shared, so read-only
 
 
 @pytest.mark.parametrize(("ids", "needle"), [([5], "at least 2"),
@@ -58,6 +73,7 @@ def smol_ids() -> list[int]:
     return src.tokenizer().encode(english_text())[:48]
 
 
+@pytest.mark.xdist_group(REAL_OTHER)
 def test_the_guard_fires_on_the_old_numerics_of_a_real_model(smol_ids) -> None:
     bits = bit_config("W8", numerics="static-int8")
     with pytest.raises(DegenerateOutput, match="NPU logits: .*(zero|constant)"):

@@ -1,0 +1,18 @@
+"""xdist groups of the heavy real-model tests (``pytest.mark.xdist_group(name)``).
+
+Under ``pytest -n N`` the tests are distributed with ``loadgroup`` (``tests/conftest.py``):
+each group runs in one worker process, so its tests share that process's caches (the
+rotated device weights and the calibration kept by ``models.compiler.calibrate_wide``, the
+float reference kept by ``sim.quality.reference_logits``), and the scheduler hands the
+groups out first (it orders work units by their number of tests), one per worker, while
+the single tests fill in around them: the heaviest work neither shares a worker nor is
+left for the end.
+"""
+
+#: W8 weights with the rotated ``w8`` numerics (one calibration, one set of rotated
+#: weights): the teacher-forced and greedy checks, the dequantize-on-read check and the
+#: quality-table order.
+REAL_W8 = "real-w8"
+#: The other heavy tests (the ``w4g32`` numerics, the static-int8 guard, the real-size
+#: program hashes), about as much work as :data:`REAL_W8`, for the other worker.
+REAL_OTHER = "real-other"
