@@ -70,6 +70,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from . import kv
 from .errors import IsaError
@@ -123,6 +124,11 @@ def _entry(mem: Memory, instr: DmaLoadIndexed) -> int:
     return i
 
 
+#: A strided copy whose source and destination spans are at most this many times its
+#: bytes moves in one read (and write) of each span instead of one per block.
+_SPAN_PER_BYTE = 4
+
+
 def _copy(mem: Memory, src_space: Space, dst_space: Space, instr, offset: int = 0) -> None:
     """Copy ``instr``'s blocks, its source ``offset`` bytes further on."""
     rows = getattr(instr, "rows", 1)
@@ -133,9 +139,25 @@ def _copy(mem: Memory, src_space: Space, dst_space: Space, instr, offset: int = 
         mem.write(dst_space, instr.core, instr.dst,
                   mem.read(src_space, instr.core, instr.src + offset, n * rows))
         return
+    src, dst = instr.src + offset, instr.dst
+    s_span, d_span = (rows - 1) * s_step + n, (rows - 1) * d_step + n
+    same = src_space == dst_space and src < dst + d_span and dst < src + s_span
+    if (0 < s_step and n <= d_step and not same
+            and max(s_span, d_span) <= _SPAN_PER_BYTE * rows * n):
+        # the blocks in one read of the source span (and one read-modify-write of the
+        # destination span): the per-block loop's result, as the spans do not overlap
+        span = mem.read(src_space, instr.core, src, s_span).view(np.uint8)
+        blocks = as_strided(span, (rows, n), (s_step, 1), writeable=False)
+        if d_step == n:
+            mem.write(dst_space, instr.core, dst, blocks)
+            return
+        out = mem.read(dst_space, instr.core, dst, d_span).view(np.uint8)
+        as_strided(out, (rows, n), (d_step, 1))[:] = blocks
+        mem.write(dst_space, instr.core, dst, out)
+        return
     for r in range(rows):
-        data = mem.read(src_space, instr.core, instr.src + offset + r * s_step, n)
-        mem.write(dst_space, instr.core, instr.dst + r * d_step, data)
+        data = mem.read(src_space, instr.core, src + r * s_step, n)
+        mem.write(dst_space, instr.core, dst + r * d_step, data)
 
 
 def requantize(acc: np.ndarray, mult: np.ndarray | int, shift: int) -> np.ndarray:
