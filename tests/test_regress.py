@@ -71,8 +71,8 @@ GEMV_MOVED = re.compile(r"gemv-aries\.toml: sim_time_s \(\+(0\.9\d\d|1\.0\d\d) %
 def test_committed_baseline_passes(capsys):
     assert main([str(COMMITTED), "-q"]) == EXIT_PASS
     out = capsys.readouterr().out
-    assert "PASS: 55 figures within tolerance" in out
-    assert "qwen-short.toml" in out and "prefill.ttft_s" in out
+    assert "PASS: 67 figures within tolerance" in out
+    assert "qwen-short.toml" in out and "qwen-short-w8.toml" in out and "prefill.ttft_s" in out
 
 
 def test_one_percent_slower_dram_fails_naming_the_moved_figures_and_restoring_passes(
