@@ -37,7 +37,7 @@ QUANT_ROW     int32 src0 -> int8, then (fa, p) per row   -
 SILU_MUL_WIDE int32 src0, src1 -> int32                  in_mult, in_shift, out_mult, out_shift
 FROM_F32_WIDE float32 src0 -> wide                       mult, shift, bits
 RMSNORM_QUANT RMSNORM_WIDE then QUANT_ROW: wide -> int8  eps_q, shift, bits
-ROW_AMAX      int32 src0 -> int32 max(1, max|row|)       -
+ROW_AMAX      int32 src0 -> u32 max(1, max|row|)         -
 ============= ========================================== =================================
 
 ``QUANT_ROW_AMAX``: int32 src0 and the row maxima ``int32[p1, rows]`` at src1 (``p1``

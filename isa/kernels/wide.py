@@ -192,8 +192,10 @@ def quant_row(w, out, meta):
 
 @njit(cache=True)
 def row_amax(w, out):
-    """int32 ``w[r, c]`` -> int32 ``out[r] = max(1, max|w[i, :]|)``: one core's part of
-    the per-row maximum of a row split over the cores (K5a)."""
+    """int32 ``w[r, c]`` -> ``out[r] = max(1, max|w[i, :]|)``, an unsigned 32-bit
+    magnitude in an int32 word (a row holding -2**31 has magnitude 2**31, whose bits read
+    back as -2**31 in int32): one core's part of the per-row maximum of a row split over
+    the cores (K5a)."""
     for i in range(w.shape[0]):
         out[i] = row_absmax(w, i)
 
@@ -208,7 +210,7 @@ def quant_row_amax(w, amax, out, meta):
     for i in range(w.shape[0]):
         top = np.int64(1)
         for g in range(amax.shape[0]):
-            v = np.int64(amax[g, i])
+            v = np.int64(amax[g, i]) & 0xFFFFFFFF  # ROW_AMAX's unsigned magnitude
             if v > top:
                 top = v
         quant_one_row(w, i, top, out, meta)
