@@ -2,7 +2,10 @@
 qserve-kv4, kivi-2, a 2-bit per-token format) through both KV read paths (integer codes,
 as ARIES reads them; dequantized to fp16), teacher-forced over a text on the simulated NPU
 against the float reference: perplexity, KL(reference || NPU) and top-1 agreement, with
-each format's KV bytes per token. Writes a markdown table and a self-contained plotly page.
+each format's KV bytes per token, and the damage against context length (KL mean and
+top-1 per bucket of prediction positions, ``models.quality.BUCKET_STARTS``). Writes a
+markdown table and two self-contained plotly pages: plot.html (KL per format) and
+positions.html (KL against position per format and read path).
 
     python benchmarks/kv_quality.py [--model smollm2-135m] [--tokens 257] [--bits W8]
                                     [--numerics w8] [--out kv-quality] [--json]
@@ -37,15 +40,24 @@ def kv_bytes_per_token(cfg, fmt: str, tokens: int) -> float:
     return per * cfg.num_kv_heads * cfg.num_layers / tokens
 
 
+def bucket_label(b: dict) -> str:
+    """``0-127``: the prediction positions of a bucket (``Quality.as_dict`` form)."""
+    return f"{b['start']}-{b['end'] - 1}"
+
+
 def markdown(rows: list[dict]) -> str:
     t = Table(box=box.MARKDOWN)
+    # every row has the same buckets (one text)
+    spans = [bucket_label(b) for b in rows[0]["buckets"]] if rows else []
     for col in ("KV format", "read", "KV bytes/token", "perplexity", "KL mean (nats)",
-                "top-1"):
+                "top-1", *(f"KL {s}" for s in spans), *(f"top-1 {s}" for s in spans)):
         t.add_column(col)
     for r in rows:
         t.add_row(r["label"], r["kv_read"], f"{r['kv_bytes_per_token']:.0f}",
                   f"{r['perplexity']:.3f}", f"{r['kl_mean']:.4f}",
-                  f"{r['top1_agreement']:.3f}")
+                  f"{r['top1_agreement']:.3f}",
+                  *(f"{b['kl_mean']:.4f}" for b in r["buckets"]),
+                  *(f"{b['top1_agreement']:.3f}" for b in r["buckets"]))
     con = Console(record=True, width=200, file=io.StringIO())
     con.print(t)
     return "\n".join(line.rstrip() for line in con.export_text().strip().splitlines()) + "\n"
@@ -62,6 +74,23 @@ def figure(rows: list[dict], title: str) -> go.Figure:
                                   "perplexity %{customdata[1]:.3f}")
     fig.update_layout(title=title, barmode="group", yaxis_title="KL(reference || NPU), nats",
                       xaxis_title="KV format")
+    return fig
+
+
+def position_figure(rows: list[dict], title: str) -> go.Figure:
+    """KL mean against prediction position (each bucket at its middle position), one line
+    per format and read path."""
+    fig = go.Figure()
+    for r in rows:
+        bs = r["buckets"]
+        fig.add_scatter(name=f"{r['label']} ({r['kv_read']})", mode="lines+markers",
+                        x=[(b["start"] + b["end"] - 1) / 2 for b in bs],
+                        y=[b["kl_mean"] for b in bs],
+                        customdata=[[bucket_label(b), b["top1_agreement"]] for b in bs],
+                        hovertemplate="positions %{customdata[0]}<br>KL %{y:.4f} nats<br>"
+                                      "top-1 %{customdata[1]:.3f}")
+    fig.update_layout(title=title, yaxis_title="KL(reference || NPU), nats",
+                      xaxis_title="prediction position (bucket middle)")
     return fig
 
 
@@ -93,12 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "table.md", f"{title}\n\n{markdown(rows)}")
     atomic_write_text(out / "plot.html", figure(rows, title).to_html(include_plotlyjs=True))
+    atomic_write_text(out / "positions.html",
+                      position_figure(rows, title).to_html(include_plotlyjs=True))
     if a.json:
         print(json.dumps(rows))
     else:
         print(title)
         print(markdown(rows))
-        print(f"wrote {out / 'table.md'} and {out / 'plot.html'}")
+        print(f"wrote {out / 'table.md'}, {out / 'plot.html'} and {out / 'positions.html'}")
     return 0
 
 

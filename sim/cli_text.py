@@ -90,6 +90,9 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     for key in ("perplexity", "reference_perplexity", "kl_mean", "kl_max", "top1_agreement"):
         t.add_row(key + (" (nats)" if key.startswith("kl") else ""), f"{out[key]:.6g}")
     t.add_row("prefill time (simulated, s)", f"{q.prefill_s:.6g}")
+    for b in q.buckets:  # damage against context length
+        t.add_row(f"positions {b.start}-{b.end - 1}: KL mean (nats) / top-1",
+                  f"{b.kl_mean:.6g} / {b.top1_agreement:.4g}")
     console.print(t)
     if q.degenerate:
         console.print(f"[bold red]DEGENERATE NPU output[/]: {escape(q.degenerate)}")
