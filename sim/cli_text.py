@@ -119,12 +119,21 @@ def eval_edit(args: argparse.Namespace, console: Console, src, ids: list[int], n
         raise ConfigError(f"--edit-at: must lie in 1..{len(ids) - 2} (the text has "
                           f"{len(ids)} tokens; predictions must follow the edit), got "
                           f"{args.edit_at}")
-    sides = ["host", "device"] if edit.device is not None else ["host"]
-    rows = [evaluate_edit(src, ids, bits=bits, edit=edit, at=args.edit_at, kv=args.kv,
-                          side=side, hw=args.hw, allow_degenerate=args.allow_degenerate)
-            for side in sides]
+    from sim.cacheops import CacheOpError
+
+    def run(side: str):
+        return evaluate_edit(src, ids, bits=bits, edit=edit, at=args.edit_at, kv=args.kv,
+                             side=side, hw=args.hw, allow_degenerate=args.allow_degenerate)
+
+    rows, refused = [run("host")], None
+    if edit.device is not None:
+        try:
+            rows.append(run("device"))
+        except CacheOpError as err:  # e.g. a region the device's scratch area cannot hold
+            refused = str(err)
     if args.json:
-        print(json.dumps({"text": name, "edits": [r.as_dict() for r in rows]}))
+        print(json.dumps({"text": name, "edits": [r.as_dict() for r in rows],
+                          "device_refused": refused}))
         return 0
     u = rows[0].unedited
     t = Table(title=f"{u.model} {u.bits} kv={u.kv} read={u.kv_read} on {u.hw}: "
@@ -141,6 +150,8 @@ def eval_edit(args: argparse.Namespace, console: Console, src, ids: list[int], n
                   f"{r.time_s * 1e6:.3f}", str(r.pcie_bytes), str(r.dram_bytes),
                   str(r.new_cache_size))
     console.print(t)
+    if refused:
+        console.print(f"the device refused the edit: {escape(refused)}")
     return 0
 
 

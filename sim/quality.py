@@ -386,6 +386,11 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
     config = dict(model=src.name, real_weights=src.real, bits=bits_label(bits),
                   numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
                   hw=hwc.name, allow_degenerate=allow_degenerate, first=at)
+    apply = ((lambda m, n: m.edit_cache_on_host(ce.host, cache_size=n)) if side == "host"
+             else ce.device)
+    # the edited run first: an edit the device cannot do fails before the unedited run
+    npu, time_s, res = edited_logits(cm, hwc, ids, at=at, apply=apply)
+    q = compare(ref, npu, ids, prefill_s=time_s, **config)
     # the same predictions without the edit: deterministic, so kept per configuration
     # (host and device edits, and several edits, of one text share it)
     key = (_model_key(src, seed), np.asarray(ids, np.int64).tobytes(), bits.model_dump_json(),
@@ -395,10 +400,6 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
         _UNEDITED[key] = compare(ref, plain, ids, prefill_s=plain_s, **config)
         while len(_UNEDITED) > QUALITIES_KEPT:
             del _UNEDITED[next(iter(_UNEDITED))]
-    apply = ((lambda m, n: m.edit_cache_on_host(ce.host, cache_size=n)) if side == "host"
-             else ce.device)
-    npu, time_s, res = edited_logits(cm, hwc, ids, at=at, apply=apply)
-    q = compare(ref, npu, ids, prefill_s=time_s, **config)
     return EditQuality(ce.label, side, at, q, copy.deepcopy(_UNEDITED[key]), res.time_s,
                        res.pcie_bytes, res.dram_bytes, res.host_model_s, res.new_cache_size)
 
