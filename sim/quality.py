@@ -35,6 +35,7 @@ from .cacheops import (
     EditResult,
     as_layout,
     evict_positions,
+    requantize_program,
     requantize_through,
     score_eviction,
 )
@@ -255,6 +256,9 @@ class CacheEdit:
     label: str
     host: EditFn
     device: Callable[[Model, int], EditResult] | None = None
+    #: raises :class:`CacheOpError` when the device cannot do the edit on a compiled model
+    #: (checked before any run)
+    device_check: Callable[[CompiledModel], None] | None = None
 
 
 def requantize_layout(via) -> EditFn:
@@ -285,8 +289,11 @@ def parse_edit(spec: str | EditFn | CacheEdit, *, where: str = "edit") -> CacheE
     try:
         if kind == "requantize":
             via = as_layout(arg, f"{where} requantize")
+            # the program of an empty cache checks that the scratch area holds a region
+            # in the via formats (the cache's size does not change that)
             return CacheEdit(spec, requantize_layout(via),
-                             lambda m, n: m.requantize_on_device(via, cache_size=n))
+                             lambda m, n: m.requantize_on_device(via, cache_size=n),
+                             lambda cm: requantize_program(cm, slot=0, tokens=0, via=via))
         if kind == "evict":
             parts = arg.split(",")
             if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
@@ -382,6 +389,8 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
     hwc = hardware_of(hw)
     cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
                           chunk_tokens=chunk_tokens)
+    if side == "device" and ce.device_check is not None:
+        ce.device_check(cm)
     ref = reference_logits(src, ids, seed=seed)
     config = dict(model=src.name, real_weights=src.real, bits=bits_label(bits),
                   numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,

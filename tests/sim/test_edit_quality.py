@@ -128,3 +128,20 @@ def test_bad_edit_options_are_refused(kw, needle) -> None:
 def test_kvsim_eval_edit_flags_are_checked(args, needle, capsys) -> None:
     assert main(["eval", *args]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_an_edit_the_device_cannot_do_is_refused_before_any_run(monkeypatch) -> None:
+    import sim.quality as quality
+    from sim.cacheops import CacheOpError
+
+    def too_big(cm) -> None:
+        raise CacheOpError("kivi-4.k: a region exceeds the scratch area")
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("simulated before the device check")
+
+    monkeypatch.setattr(quality, "edited_logits", no_run)
+    edit = quality.CacheEdit("requantize:kivi-4", parse_edit("requantize:kivi-4").host,
+                             lambda m, n: None, too_big)
+    with pytest.raises(CacheOpError, match="exceeds the scratch area"):
+        run(edit, "device")
