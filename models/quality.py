@@ -115,6 +115,49 @@ def collapsed(tokens: Sequence[int], reference: Sequence[int]) -> str | None:
     return None
 
 
+#: Where the position buckets of :class:`Quality` start (prediction positions; the last
+#: bucket runs to the end of the text). An assumption: 128 is KIVI's fp16 window, so the
+#: first bucket is what a KIVI format holds unquantized on a short text.
+BUCKET_STARTS: tuple[int, ...] = (0, 128, 256)
+
+
+@dataclass(frozen=True)
+class PositionBucket:
+    """The figures of the predictions at positions ``start .. end - 1``."""
+
+    start: int
+    end: int
+    kl_mean: float  # nats
+    top1_agreement: float
+
+    @property
+    def positions(self) -> int:
+        return self.end - self.start
+
+
+def position_buckets(kl: np.ndarray, agree: np.ndarray, *, first: int = 0,
+                     starts: Sequence[int] = BUCKET_STARTS) -> tuple[PositionBucket, ...]:
+    """Per-position KL (nats) and top-1 hits (bools) of the predictions at positions
+    ``first ..`` cut at ``starts`` into buckets (empty ones left out). The buckets
+    partition the positions, so their position-weighted means are the totals."""
+    kl, agree = np.asarray(kl, np.float64), np.asarray(agree, bool)
+    if kl.shape != agree.shape or kl.ndim != 1:
+        raise ValueError(f"position_buckets: kl {kl.shape} and agree {agree.shape} must be "
+                         f"the same 1-D shape")
+    if list(starts) != sorted(set(starts)) or not starts or starts[0] != 0:
+        raise ValueError(f"position_buckets: starts {tuple(starts)} must rise from 0")
+    end = first + kl.size
+    edges = [*starts, max(end, starts[-1])]
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        lo, hi = max(lo, first), min(hi, end)
+        if lo < hi:
+            sel = slice(lo - first, hi - first)
+            out.append(PositionBucket(lo, hi, float(kl[sel].mean()),
+                                      float(agree[sel].mean())))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Quality:
     """Teacher-forced quality of one configuration against the float reference."""
@@ -135,29 +178,45 @@ class Quality:
     prefill_s: float  # simulated time of the teacher-forced prefill calls
     #: why the NPU's logits are degenerate (measured anyway on request), or None
     degenerate: str | None = None
+    #: damage against context length: one :class:`PositionBucket` per range of
+    #: prediction positions (:data:`BUCKET_STARTS`), from the same per-position figures
+    buckets: tuple[PositionBucket, ...] = ()
+    #: the first prediction position the figures cover (0: the whole text; after a cache
+    #: edit, the position where the edit took effect)
+    first_position: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def compare(ref: np.ndarray, npu: np.ndarray, tokens: Sequence[int], *,
-            allow_degenerate: bool = False, **config: Any) -> Quality:
+            allow_degenerate: bool = False, first: int = 0, **config: Any) -> Quality:
     """The :class:`Quality` of ``npu`` logits against ``ref`` logits, both ``(n, vocab)``
-    for the text ``tokens``; ``config`` gives the other fields. Degenerate NPU logits
-    raise :class:`DegenerateOutput`, or with ``allow_degenerate`` are measured anyway and
-    named in ``degenerate``."""
+    for the text ``tokens``, over the predictions at positions ``first .. n - 2`` (0: all
+    of them); ``config`` gives the other fields. Degenerate NPU logits raise
+    :class:`DegenerateOutput`, or with ``allow_degenerate`` are measured anyway and named
+    in ``degenerate``."""
     _check_pair(ref, npu)
-    why = degenerate_logits(npu)
+    n = len(tokens)
+    if not 0 <= first <= n - 2:
+        raise ValueError(f"first: {first} must lie in 0..{n - 2} (the text's predictions)")
+    why = degenerate_logits(npu[first:])
     if why is not None and not allow_degenerate:
         raise DegenerateOutput(f"NPU logits: {why} (the integer pipeline's output cannot be "
                                f"right; allow_degenerate measures it anyway)")
-    kl = kl_per_position(ref[:-1], npu[:-1])
-    return Quality(tokens=len(tokens), perplexity=perplexity(npu, tokens),
-                   reference_perplexity=perplexity(ref, tokens), kl_mean=float(kl.mean()),
-                   kl_max=float(kl.max()), top1_agreement=top1_agreement(ref[:-1], npu[:-1]),
-                   degenerate=why, **config)
+    r, q = ref[first:-1], npu[first:-1]
+    kl = kl_per_position(r, q)
+    agree = r.argmax(axis=-1) == q.argmax(axis=-1)
+    tail = list(tokens)[first:]
+    return Quality(tokens=n, perplexity=perplexity(npu[first:], tail),
+                   reference_perplexity=perplexity(ref[first:], tail),
+                   kl_mean=float(kl.mean()), kl_max=float(kl.max()),
+                   top1_agreement=float(agree.mean()), degenerate=why,
+                   buckets=position_buckets(kl, agree, first=first), first_position=first,
+                   **config)
 
 
-__all__ = ["COLLAPSE_SHARE", "DegenerateOutput", "Quality", "collapsed", "compare",
-           "degenerate_logits", "kl_per_position", "log_softmax", "next_token_nll",
-           "perplexity", "repeat_share", "top1_agreement"]
+__all__ = ["BUCKET_STARTS", "COLLAPSE_SHARE", "DegenerateOutput", "PositionBucket", "Quality",
+           "collapsed", "compare", "degenerate_logits", "kl_per_position", "log_softmax",
+           "next_token_nll", "perplexity", "position_buckets", "repeat_share",
+           "top1_agreement"]

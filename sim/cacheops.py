@@ -134,8 +134,10 @@ def requantize_program(cm: CompiledModel, *, slot: int, tokens: int, via,
                        firsts: dict[str, int] | None = None) -> Program:
     """The device program that passes tokens ``0 .. tokens-1`` of every cache of ``slot``
     through KV format ``via`` and back (the values end up on ``via``'s grid, stored in
-    the model's own format): per sub-cache, ``KvRead`` into SRAM, ``KvWrite`` into the
-    scratch area in format ``via``, ``KvRead`` it back, ``KvWrite`` into the cache.
+    the model's own format; ``via`` a ``KVPair`` passes K caches through its ``k`` and V
+    caches through its ``v``, an MLA latent cache through ``k``): per sub-cache,
+    ``KvRead`` into SRAM, ``KvWrite`` into the scratch area in format ``via``, ``KvRead``
+    it back, ``KvWrite`` into the cache.
     ``firsts``: per cache name, the first position it holds (a sliding-window ring holds
     only its last positions; it passes those, ``first .. tokens-1``)."""
     from isa import kvformats
@@ -144,15 +146,18 @@ def requantize_program(cm: CompiledModel, *, slot: int, tokens: int, via,
     flags = Flags(CACHE_OPS, cores)
     flag = {(c, f): flags.sem(c, f) for c in cores for f in CACHE_OPS.per_core}
     scratch = cm.mm["act.kvtmp"]
-    via_text = kvformats.to_text(via)
+    vias = via if isinstance(via, kvformats.KVPair) else kvformats.KVPair(via, via)
     ins = []
-    formats: list[str] = [via_text]
+    # the via formats first (so a single via is entry 0, as before), then the caches'
+    formats: list[str] = list(dict.fromkeys(kvformats.to_text(f) for f in vias))
     for i, (sc, base) in enumerate(head_caches(cm, slot)):
         c = cores[i % len(cores)]
         text = kvformats.to_text(sc.format)
         if text not in formats:
             formats.append(text)
         f = formats.index(text)
+        via = vias.v if sc.component == "v" else vias.k
+        fv = formats.index(kvformats.to_text(via))
         per_core = scratch.size // len(cores)
         tmp = scratch.base + cores.index(c) * per_core
         need = via.region_bytes(cm.cap, sc.width)
@@ -170,9 +175,9 @@ def requantize_program(cm: CompiledModel, *, slot: int, tokens: int, via,
         ins += [
             KvRead(core=c, fmt=f, tokens=n, width=sc.width, pos=first, cap=cm.cap,
                    src=base, dst=0, nbytes=sc.head_bytes),
-            KvWrite(core=c, fmt=0, tokens=n, width=sc.width, pos=0, cap=cm.cap, src=0,
+            KvWrite(core=c, fmt=fv, tokens=n, width=sc.width, pos=0, cap=cm.cap, src=0,
                     dst=tmp, nbytes=need),
-            KvRead(core=c, fmt=0, tokens=n, width=sc.width, pos=0, cap=cm.cap,
+            KvRead(core=c, fmt=fv, tokens=n, width=sc.width, pos=0, cap=cm.cap,
                    src=tmp, dst=0, nbytes=need),
             KvWrite(core=c, fmt=f, tokens=n, width=sc.width, pos=first, cap=cm.cap, src=0,
                     dst=base, nbytes=sc.head_bytes),
@@ -344,6 +349,19 @@ def as_format(fmt, where: str):
         raise CacheOpError(f"{where}: {err}") from None
 
 
+def as_layout(via, where: str):
+    """A requantization's target: a ``KVFormat`` or ``KVPair`` as given, a K/V layout name
+    whose K and V formats differ (``kivi-4``) as its ``KVPair``, else :func:`as_format`."""
+    from isa import kvformats
+
+    if isinstance(via, kvformats.KVPair):
+        return via
+    if isinstance(via, str) and via.strip() in kvformats.PAIRS:
+        p = kvformats.PAIRS[via.strip()]
+        return p if p.k != p.v else p.k
+    return as_format(via, where)
+
+
 def evict_positions(drop: Sequence[int]) -> EditFn:
     """A host edit that removes the tokens at positions ``drop`` from every cache.
     ``drop``: integers >= 0 (see :func:`check_positions`; a boolean mask is refused), checked
@@ -446,7 +464,7 @@ def measure(fn: EditFn, views: list[CacheView]) -> tuple[list[np.ndarray] | None
     return out, time.perf_counter() - t0
 
 
-__all__ = ["CacheOpError", "CacheView", "EditResult", "as_format", "check_held",
+__all__ = ["CacheOpError", "CacheView", "EditResult", "as_format", "as_layout", "check_held",
            "check_positions",
            "evict_positions", "requantize_through",
            "round_trip", "score_eviction", "rearrange_program", "requantize_program",

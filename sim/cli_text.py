@@ -73,9 +73,18 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
 
     if args.max_tokens is not None and args.max_tokens < MIN_EVAL_TOKENS:
         raise ConfigError(f"--max-tokens: must be >= {MIN_EVAL_TOKENS}, got {args.max_tokens}")
+    if (args.edit is None) != (args.edit_at is None):
+        raise ConfigError("--edit and --edit-at go together (an edit, and the token count "
+                          "after which it is applied)")
+    if args.edit is not None:
+        from sim.quality import parse_edit
+
+        parse_edit(args.edit, where="--edit")  # a bad name fails before any run
     bits = _bits(args)
     src, ids, name = eval_tokens(args.model, args.text)
     ids = ids[: args.max_tokens] if args.max_tokens else ids
+    if args.edit is not None:
+        return eval_edit(args, console, src, ids, name, bits)
     q = evaluate(src, ids, bits=bits, kv=args.kv, hw=args.hw,
                  allow_degenerate=args.allow_degenerate)
     out = {"text": name, **q.as_dict()}
@@ -90,9 +99,59 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     for key in ("perplexity", "reference_perplexity", "kl_mean", "kl_max", "top1_agreement"):
         t.add_row(key + (" (nats)" if key.startswith("kl") else ""), f"{out[key]:.6g}")
     t.add_row("prefill time (simulated, s)", f"{q.prefill_s:.6g}")
+    for b in q.buckets:  # damage against context length
+        t.add_row(f"positions {b.start}-{b.end - 1}: KL mean (nats) / top-1",
+                  f"{b.kl_mean:.6g} / {b.top1_agreement:.4g}")
     console.print(t)
     if q.degenerate:
         console.print(f"[bold red]DEGENERATE NPU output[/]: {escape(q.degenerate)}")
+    return 0
+
+
+def eval_edit(args: argparse.Namespace, console: Console, src, ids: list[int], name: str,
+              bits) -> int:
+    """``kvsim eval --edit E --edit-at N``: the edit on the host and, where the device has
+    the op, on the device, each beside the same predictions without the edit."""
+    from sim.quality import evaluate_edit, parse_edit
+
+    edit = parse_edit(args.edit, where="--edit")
+    if not 1 <= args.edit_at <= len(ids) - 2:
+        raise ConfigError(f"--edit-at: must lie in 1..{len(ids) - 2} (the text has "
+                          f"{len(ids)} tokens; predictions must follow the edit), got "
+                          f"{args.edit_at}")
+    from sim.cacheops import CacheOpError
+
+    def run(side: str):
+        return evaluate_edit(src, ids, bits=bits, edit=edit, at=args.edit_at, kv=args.kv,
+                             side=side, hw=args.hw, allow_degenerate=args.allow_degenerate)
+
+    rows, refused = [run("host")], None
+    if edit.device is not None:
+        try:
+            rows.append(run("device"))
+        except CacheOpError as err:  # e.g. a region the device's scratch area cannot hold
+            refused = str(err)
+    if args.json:
+        print(json.dumps({"text": name, "edits": [r.as_dict() for r in rows],
+                          "device_refused": refused}))
+        return 0
+    u = rows[0].unedited
+    t = Table(title=f"{u.model} {u.bits} kv={u.kv} read={u.kv_read} on {u.hw}: "
+                    f"{escape(edit.label)} after {args.edit_at} of {u.tokens} tokens of "
+                    f"{escape(name)} (predictions {args.edit_at}..{u.tokens - 2})")
+    for col in ("edit on", "perplexity", "KL mean (nats)", "top-1", "edit time (simulated, "
+                "us)", "PCIe bytes", "DRAM bytes", "cache tokens after"):
+        t.add_column(col, justify="right")
+    t.add_row("(no edit)", f"{u.perplexity:.6g}", f"{u.kl_mean:.6g}",
+              f"{u.top1_agreement:.4g}", "", "", "", "")
+    for r in rows:
+        q = r.quality
+        t.add_row(r.side, f"{q.perplexity:.6g}", f"{q.kl_mean:.6g}", f"{q.top1_agreement:.4g}",
+                  f"{r.time_s * 1e6:.3f}", str(r.pcie_bytes), str(r.dram_bytes),
+                  str(r.new_cache_size))
+    console.print(t)
+    if refused:
+        console.print(f"the device refused the edit: {escape(refused)}")
     return 0
 
 
@@ -138,6 +197,13 @@ def add_text_parsers(sub) -> None:
                    help="a UTF-8 text file (default: models/data/english.txt)")
     e.add_argument("--max-tokens", type=int, default=None,
                    help="use only the first N tokens of the text")
+    e.add_argument("--edit", default=None,
+                   help="a host-side cache edit after --edit-at tokens, reported beside the "
+                        "same edit on the device where it has the op: requantize:FORMAT, "
+                        "evict:SINKS,RECENT,BUDGET, drop:FIRST-LAST")
+    e.add_argument("--edit-at", type=int, default=None,
+                   help="apply --edit after this many tokens; the figures cover the later "
+                        "predictions")
     _bit_options(e)
     e.set_defaults(func=cmd_eval)
     g = sub.add_parser("generate", help="continue a prompt on the NPU beside the float "
@@ -154,4 +220,4 @@ def add_text_parsers(sub) -> None:
     g.set_defaults(func=cmd_generate)
 
 
-__all__ = ["add_text_parsers", "cmd_eval", "cmd_generate", "eval_tokens"]
+__all__ = ["add_text_parsers", "cmd_eval", "cmd_generate", "eval_edit", "eval_tokens"]

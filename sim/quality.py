@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from isa import kvformats
 from isa.errors import ConfigError
 from models.bits import (
     WEIGHT_BITS_PRESETS,
@@ -25,6 +28,17 @@ from models.quality import Quality, compare
 from models.reference import ReferenceModel
 from models.source import ModelSource, resolve_model
 
+from .cacheops import (
+    CacheOpError,
+    CacheView,
+    EditFn,
+    EditResult,
+    as_layout,
+    evict_positions,
+    requantize_program,
+    requantize_through,
+    score_eviction,
+)
 from .hw import HardwareConfig, load_hardware
 from .runtime import Accelerator, Model, ModelConfig
 
@@ -96,6 +110,8 @@ _REFERENCES: list[tuple[tuple, np.ndarray]] = []
 QUALITIES_KEPT = 64
 #: key -> quality of the last :data:`QUALITIES_KEPT` evaluations, oldest first.
 _QUALITIES: dict[tuple, Quality] = {}
+#: key -> the unedited quality after an edit position (:func:`evaluate_edit`), oldest first.
+_UNEDITED: dict[tuple, Quality] = {}
 
 
 def _model_key(src: ModelSource, seed: int) -> tuple:
@@ -223,6 +239,182 @@ def quality_table(source: str | Path | ModelSource, tokens: Sequence[int], *,
     return rows
 
 
-__all__ = ["CHUNK_TOKENS", "QUALITIES_KEPT", "READ_PATHS", "REFERENCES_KEPT", "TABLE_FORMATS",
-           "bit_config", "bits_label", "compile_for_text", "evaluate", "npu_logits",
-           "quality_table", "reference_logits", "source_of", "widest_core_mode"]
+# --- the quality of a cache edit beside its cost -----------------------------------------
+
+#: The edits :func:`parse_edit` names (``kvsim eval --edit``).
+EDIT_HELP = ("requantize:FORMAT (a KV format or K/V layout, e.g. kivi-2; host or device), "
+             "evict:SINKS,RECENT,BUDGET (sim.cacheops.score_eviction; host), "
+             "drop:FIRST-LAST (evict those positions; host or device)")
+EDIT_SIDES = ("host", "device")
+
+
+@dataclass(frozen=True)
+class CacheEdit:
+    """One cache edit, on the host (``host``: a ``sim.cacheops`` edit function) and, where
+    the device has the same op, on the device (``device(model, cache_size)``)."""
+
+    label: str
+    host: EditFn
+    device: Callable[[Model, int], EditResult] | None = None
+    #: raises :class:`CacheOpError` when the device cannot do the edit on a compiled model
+    #: (checked before any run)
+    device_check: Callable[[CompiledModel], None] | None = None
+
+
+def requantize_layout(via) -> EditFn:
+    """A host edit passing K caches through ``via``'s K format and V caches through its
+    V format (a format, a ``KVPair`` or a name ``as_layout`` accepts): the host side of
+    ``requantize_on_device(via)``."""
+    lay = as_layout(via, "requantize")
+    lay = lay if isinstance(lay, kvformats.KVPair) else kvformats.KVPair(lay, lay)
+    k_edit, v_edit = requantize_through(lay.k), requantize_through(lay.v)
+
+    def edit(views: list[CacheView]) -> list[np.ndarray]:
+        return [(v_edit if v.component == "v" else k_edit)([v])[0] for v in views]
+
+    return edit
+
+
+def parse_edit(spec: str | EditFn | CacheEdit, *, where: str = "edit") -> CacheEdit:
+    """The :class:`CacheEdit` a name gives (:data:`EDIT_HELP`); a callable is a user's
+    host edit (e.g. ``sim.cacheops.round_trip(quantize, pack, unpack, dequantize)``),
+    host only. A bad name raises :class:`ConfigError` naming ``where``."""
+    if isinstance(spec, CacheEdit):
+        return spec
+    if callable(spec):
+        return CacheEdit(getattr(spec, "__name__", "custom"), spec)
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ConfigError(f"{where}: {spec!r} is not an edit; one of {EDIT_HELP}")
+    kind, arg = (x.strip() for x in spec.split(":", 1))
+    try:
+        if kind == "requantize":
+            via = as_layout(arg, f"{where} requantize")
+            # the program of an empty cache checks that the scratch area holds a region
+            # in the via formats (the cache's size does not change that)
+            return CacheEdit(spec, requantize_layout(via),
+                             lambda m, n: m.requantize_on_device(via, cache_size=n),
+                             lambda cm: requantize_program(cm, slot=0, tokens=0, via=via))
+        if kind == "evict":
+            parts = arg.split(",")
+            if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+                raise ConfigError(f"{where}: evict takes SINKS,RECENT,BUDGET (three integers "
+                                  f">= 0), got {arg!r}")
+            sinks, recent, budget = (int(p) for p in parts)
+            return CacheEdit(spec, score_eviction(sinks, recent, budget))
+        if kind == "drop":
+            lo, sep, hi = arg.partition("-")
+            if not (sep and lo.strip().isdigit() and hi.strip().isdigit()
+                    and int(lo) <= int(hi)):
+                raise ConfigError(f"{where}: drop takes FIRST-LAST (integers, FIRST <= LAST), "
+                                  f"got {arg!r}")
+            drop = list(range(int(lo), int(hi) + 1))
+            return CacheEdit(spec, evict_positions(drop),
+                             lambda m, n: m.evict_on_device(drop, cache_size=n))
+    except CacheOpError as err:
+        raise ConfigError(str(err)) from None
+    raise ConfigError(f"{where}: unknown edit {kind!r}; one of {EDIT_HELP}")
+
+
+@dataclass(frozen=True)
+class EditQuality:
+    """A cache edit's quality effect beside its cost: the text's first ``at`` tokens
+    teacher-forced, the edit applied on ``side``, the rest teacher-forced; ``quality``
+    and ``unedited`` cover the same predictions (positions ``at ..``), with and without
+    the edit, against the float reference."""
+
+    edit: str
+    side: str  # "host" | "device"
+    at: int
+    quality: Quality
+    unedited: Quality
+    time_s: float  # simulated time of the edit
+    pcie_bytes: int  # host link bytes of the edit, both ways
+    dram_bytes: int
+    host_model_s: float  # the host cost model's share (host edits)
+    new_cache_size: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def edited_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int], *, at: int,
+                  apply: Callable[[Model, int], EditResult] | None
+                  ) -> tuple[np.ndarray, float, EditResult | None]:
+    """Teacher-forced logits ``(n, vocab)`` of ``tokens`` with ``apply(model, at)`` run on
+    the cache after the first ``at`` tokens (None: no edit; the logits equal
+    :func:`npu_logits`'s), the later tokens placed after the edit's new cache size; and
+    the simulated seconds of the prefill calls."""
+    acc = Accelerator(hw=hw, functional=True)
+    model = Model(cm, ModelConfig(all_logits=True))
+    model.launch(acc)
+    embed = cm.weight_source().tensor("embed")
+    ids = np.asarray(tokens, dtype=np.int64)
+    rows, time_s, res, base = [], 0.0, None, 0
+    for lo, hi in ((0, at), (at, ids.size)):
+        if lo == at and apply is not None:
+            res = apply(model, at)
+            base = res.new_cache_size - at
+        for t0 in range(lo, hi, cm.max_seq):
+            chunk = ids[t0 : min(t0 + cm.max_seq, hi)]
+            [out] = model.infer(embed[chunk].astype(np.float32), cache_size=base + t0,
+                                all_logits=True)
+            rows.append(out)
+            time_s += acc.calls[-1].time_s
+    model.dispose()
+    return np.concatenate(rows), time_s, res
+
+
+def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
+                  bits: BitConfig, edit: str | EditFn | CacheEdit, at: int,
+                  kv: str = "int8", side: str = "host", hw: str | HardwareConfig = "aries",
+                  seed: int = 0, allow_degenerate: bool = False,
+                  chunk_tokens: int = CHUNK_TOKENS) -> EditQuality:
+    """Teacher-force the first ``at`` tokens of ``tokens``, apply ``edit``
+    (:func:`parse_edit`) to the cache on ``side`` (``host``: dump over PCIe, edit, load
+    back, timed by the runtime; ``device``: the device's op, where one exists), teacher-
+    force the rest, and compare the predictions after the edit with the float reference,
+    beside the same predictions without the edit and the edit's simulated cost."""
+    src = source_of(source)
+    ids = [int(t) for t in tokens]
+    ce = parse_edit(edit)
+    if side not in EDIT_SIDES:
+        raise ConfigError(f"side: {side!r} is not one of {', '.join(EDIT_SIDES)}")
+    if side == "device" and ce.device is None:
+        raise ConfigError(f"side: the edit {ce.label!r} has no device op (host only)")
+    if isinstance(at, bool) or not isinstance(at, int | np.integer) or not (
+            1 <= at <= len(ids) - 2):
+        raise ConfigError(f"at: {at!r} must be an integer in 1..{len(ids) - 2} (the text "
+                          f"has {len(ids)} tokens; predictions must follow the edit)")
+    at = int(at)
+    hwc = hardware_of(hw)
+    cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
+                          chunk_tokens=chunk_tokens)
+    if side == "device" and ce.device_check is not None:
+        ce.device_check(cm)
+    ref = reference_logits(src, ids, seed=seed)
+    config = dict(model=src.name, real_weights=src.real, bits=bits_label(bits),
+                  numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
+                  hw=hwc.name, allow_degenerate=allow_degenerate, first=at)
+    apply = ((lambda m, n: m.edit_cache_on_host(ce.host, cache_size=n)) if side == "host"
+             else ce.device)
+    # the edited run first: an edit the device cannot do fails before the unedited run
+    npu, time_s, res = edited_logits(cm, hwc, ids, at=at, apply=apply)
+    q = compare(ref, npu, ids, prefill_s=time_s, **config)
+    # the same predictions without the edit: deterministic, so kept per configuration
+    # (host and device edits, and several edits, of one text share it)
+    key = (_model_key(src, seed), np.asarray(ids, np.int64).tobytes(), bits.model_dump_json(),
+           kv, hwc.model_dump_json(), chunk_tokens, allow_degenerate, at)
+    if key not in _UNEDITED:
+        plain, plain_s, _ = edited_logits(cm, hwc, ids, at=at, apply=None)
+        _UNEDITED[key] = compare(ref, plain, ids, prefill_s=plain_s, **config)
+        while len(_UNEDITED) > QUALITIES_KEPT:
+            del _UNEDITED[next(iter(_UNEDITED))]
+    return EditQuality(ce.label, side, at, q, copy.deepcopy(_UNEDITED[key]), res.time_s,
+                       res.pcie_bytes, res.dram_bytes, res.host_model_s, res.new_cache_size)
+
+
+__all__ = ["CHUNK_TOKENS", "EDIT_HELP", "EDIT_SIDES", "QUALITIES_KEPT", "READ_PATHS",
+           "REFERENCES_KEPT", "TABLE_FORMATS", "CacheEdit", "EditQuality", "bit_config",
+           "bits_label", "compile_for_text", "edited_logits", "evaluate", "evaluate_edit",
+           "npu_logits", "parse_edit", "quality_table", "reference_logits",
+           "requantize_layout", "source_of", "widest_core_mode"]

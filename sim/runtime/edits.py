@@ -14,7 +14,7 @@ from ..cacheops import (
     CacheView,
     EditFn,
     EditResult,
-    as_format,
+    as_layout,
     check_positions,
     measure,
     requantize_program,
@@ -162,10 +162,12 @@ def evict_on_device(model: Model, drop, *, cache_size: int, cache_id: int = 0,
 def requantize_on_device(model: Model, via, *, cache_size: int, cache_id: int = 0,
                          op: str = "device_requantize") -> EditResult:
     """Pass every cached value through KV format ``via`` (a ``KVFormat``, or a name or
-    spec ``isa.kvformats.parse`` accepts) and back, on the device. With
+    spec ``isa.kvformats.parse`` accepts; a ``KVPair`` or a K/V layout name such as
+    ``kivi-2``: K caches through its K format, V caches through its V format) and back,
+    on the device. With
     ``cache_size=0`` there is nothing to requantize: only the call is paid."""
     cache_size, cache_id = check_size(model.compiled, cache_size, cache_id)
-    via = as_format(via, "requantize_on_device: via")
+    via = as_layout(via, "requantize_on_device: via")
     acc = model.acc
     # built before any work: a format the scratch area or SRAM cannot hold is refused;
     # a sliding-window ring passes the positions it holds

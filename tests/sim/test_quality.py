@@ -82,3 +82,24 @@ def test_the_guard_fires_on_the_old_numerics_of_a_real_model(smol_ids) -> None:
 
 # That the guard stays quiet on the w8 numerics is asserted by
 # tests/sim/test_numerics_real.py (its teacher-forced run compares with the guard on).
+
+
+LONG_IDS = np.random.default_rng(5).integers(0, 256, size=300)
+
+
+def test_position_buckets_partition_the_predictions_and_average_to_the_total() -> None:
+    q = evaluate("tiny", LONG_IDS, bits=build_bit_config({}), hw="tiny", kv="kivi-2")
+    # 299 predictions cut at BUCKET_STARTS (0, 128, 256): contiguous, covering all of them
+    assert [(b.start, b.end) for b in q.buckets] == [(0, 128), (128, 256), (256, 299)]
+    assert sum(b.positions for b in q.buckets) == q.tokens - 1
+    n = q.tokens - 1
+    assert sum(b.kl_mean * b.positions for b in q.buckets) / n == pytest.approx(q.kl_mean,
+                                                                                rel=1e-12)
+    assert sum(b.top1_agreement * b.positions for b in q.buckets) / n == pytest.approx(
+        q.top1_agreement, rel=1e-12)
+    # kivi-2 keeps the latest 128 tokens in fp16: the earliest positions attend over an
+    # unquantized cache, the later ones over 2-bit codes as well
+    assert q.buckets[0].kl_mean < q.buckets[2].kl_mean
+    assert q.as_dict()["buckets"][1] == {"start": 128, "end": 256,
+                                         "kl_mean": q.buckets[1].kl_mean,
+                                         "top1_agreement": q.buckets[1].top1_agreement}
