@@ -8,7 +8,7 @@ from isa.errors import ConfigError
 from models.config import ModelConfig, TensorSpec, load_model, load_preset, preset_names
 
 
-def test_preset_names_list_all_thirteen() -> None:
+def test_preset_names_list_all_fourteen() -> None:
     assert preset_names() == [
         "command-r7b",
         "deepseek-v2-lite",
@@ -22,6 +22,7 @@ def test_preset_names_list_all_thirteen() -> None:
         "tiny-exaone4",
         "tiny-mixtral",
         "tiny-mla",
+        "tiny-mla-dense",
         "tiny-qwen2-moe",
     ]
 
