@@ -20,6 +20,7 @@ import numpy as np
 from isa import kvformats
 from isa.errors import DeviceError
 from isa.instructions import (
+    NO_ADDR,
     PER_CORE_ENGINES,
     Attn,
     DmaCopy,
@@ -263,9 +264,12 @@ def build(program: Program, cores: list, num_cores: int, kinds_of) -> Tables:
     idx, group = members(Gemm)
     if len(idx):
         f = _fields(group, ("core", "m", "k", "n", "w_bits"))
-        # the variants' own fields (group size, output width) enter their time and ops
-        extra = _ints(chain.from_iterable((getattr(i, "group", 0), getattr(i, "out_bits", 0))
-                                          for i in group), 2 * len(group)).reshape(-1, 2)
+        # the variants' own fields (group size, output width, per-row input factors) enter
+        # their time or ops
+        extra = _ints(chain.from_iterable(
+            (getattr(i, "group", 0), getattr(i, "out_bits", 0),
+             int(getattr(i, "row_meta", NO_ADDR) != NO_ADDR)) for i in group),
+            3 * len(group)).reshape(-1, 3)
         shape = _with_type(group, np.column_stack([f, extra]))
         eng[idx] = int(Gemm.engine_kind)
         table[idx, pl.I_DUR] = _per_shape(

@@ -142,6 +142,8 @@ def test_wide_pipeline_runs_g32_weights_through_gemm_gr():
     f = _run_program(_tiny_wide("g32"), True, 12, 0)
     t = _run_program(_tiny_wide("g32", False), False, 12, 0)
     assert f.duration_ps == t.duration_ps and f.stats == t.stats
+    # the run counts every instruction's own ops (a GemmRow's per-row factors add 2 m n)
+    assert t.stats["ops"] == _tiny_wide("g32", False).program(tokens=12, cache_size=0).ops()
     cos = {g: float(np.mean(_decode_cosines(_tiny_wide(g), same_weights=False)))
            for g in ("channel", "g32")}
     assert cos["g32"] > cos["channel"] + 0.02, cos
