@@ -46,14 +46,7 @@ def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: int | 
         stage_mlp_up_lean(b, lw, layer, q, m, src=src, norm_name=norm_name,
                           down_next=down_next)
         return
-    cfg = lw.model
-    h = cfg.hidden_size
-    inter = cfg.intermediate_size
-    p = f"layers.{layer}."
-    mg = lw.matrix(p + "gate_proj", q.gate)
-    mu = lw.matrix(p + "up_proj", q.up)
-    xm = lw.mm["act.xm"].base if src is None else src
-    hb = lw.mm["act.hb"].base
+    h, inter, p, mg, mu, xm, hb = _mlp_up_operands(lw, layer, q, src)
     wide = lw.numerics.wide
     for c in lw.target.cores:
         i0, i1 = lw.rows(inter, c)
@@ -87,6 +80,17 @@ def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: int | 
                         dst_stride=e * inter, wait=(b.sem(c, "vpu_out"),), signal=b.barrier()))
 
 
+def _mlp_up_operands(lw: Lowering, layer: int, q, src: int | None) -> tuple:
+    """What both MLP-up schedules read: hidden and intermediate widths, the layer's tensor
+    prefix, the gate and up matrices, the input's base (``act.xm`` or ``src``) and
+    ``act.hb``'s."""
+    cfg = lw.model
+    p = f"layers.{layer}."
+    return (cfg.hidden_size, cfg.intermediate_size, p, lw.matrix(p + "gate_proj", q.gate),
+            lw.matrix(p + "up_proj", q.up),
+            lw.mm["act.xm"].base if src is None else src, lw.mm["act.hb"].base)
+
+
 def stage_mlp_up_lean(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: int | None,
                       norm_name: str | None, down_next: bool = False) -> None:
     """:func:`stage_mlp_up` of the wide pipeline's lean schedule (``schedule = "lean"``),
@@ -104,14 +108,7 @@ def stage_mlp_up_lean(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: i
 
     With ``down_next`` each core queues the down projection's first weight tiles before it
     waits for the exchange, so the weight stream does not stop at the barrier."""
-    cfg = lw.model
-    h = cfg.hidden_size
-    inter = cfg.intermediate_size
-    p = f"layers.{layer}."
-    mg = lw.matrix(p + "gate_proj", q.gate)
-    mu = lw.matrix(p + "up_proj", q.up)
-    xm = lw.mm["act.xm"].base if src is None else src
-    hb = lw.mm["act.hb"].base
+    h, inter, p, mg, mu, xm, hb = _mlp_up_operands(lw, layer, q, src)
     s = q.silu
     rb = residual_bytes(lw)
     parts = [(c, ch) for c in lw.target.cores for ch in _up_chunks(lw, c)]
