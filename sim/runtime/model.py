@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from isa.instructions import HostWrite, Program
 from models.compiler import CompiledModel
 
 from ..cacheops import CacheOpError, CacheView, EditFn, EditResult
@@ -79,32 +78,9 @@ class Model:
         if acc.model is not None:
             raise RuntimeApiError("this accelerator already runs a model; dispose it first")
         tracing.notify("launching", acc, self)
-        if self.model_config.all_logits:
-            wide = deviceops.step_compiled(cm, hw.dram.capacity_bytes,
-                                           max(cm.slots, cm.max_seq))
-            if wide is None:
-                raise RuntimeApiError(f"ModelConfig.all_logits: the logits of "
-                                      f"{cm.max_seq} positions do not fit {hw.name}'s DRAM "
-                                      f"beside the model; compile with a smaller "
-                                      f"max_sequence_length")
-            self.wide = wide
-            self.batched = wide if deviceops.batches(cm) else None
-        else:
-            self.batched = deviceops.batch_compiled(cm, hw.dram.capacity_bytes)
-        acc.device.set_layout((self.wide or self.batched or cm).layout(
-            host_bytes=hw.host.memory_bytes))
-        start, before = acc.begin()
-        acc.host_work(hw.host.call_overhead_ns, "launch")
-        if acc.functional:
-            for addr, data in cm.weight_image():
-                acc.device.host_write(deviceops.HOST_IN, data)
-                acc.run(Program((HostWrite(src=deviceops.HOST_IN, dst=addr, nbytes=data.size),),
-                                name="load weights"), "launch")
-        else:
-            regions = [r for r in cm.mm.regions if r.kind == "weights"]
-            acc.run(Program(tuple(HostWrite(src=deviceops.HOST_IN, dst=r.base, nbytes=r.size)
-                                  for r in regions), name="load weights"), "launch")
-        acc.end("launch", start, before)
+        self.wide, self.batched = deviceops.step_models(cm, hw, all_logits=bool(
+            self.model_config.all_logits))
+        deviceops.load_weights(self, acc)
         acc.model = self
         self.acc = acc
 
