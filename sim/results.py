@@ -4,6 +4,8 @@
   holds, as frozen dataclasses (:func:`run_metrics` reads either;
   ``.to_metrics()`` gives the same JSON tree back, keys and order unchanged;
   ``.columns()`` is the row a sweep writes).
+- :class:`~sim.results_serving.ServingMetrics`: a serving run's ``metrics.json``
+  (:func:`serving_metrics_of`), the same way.
 - :class:`RunFigures`: the key figures ``kvsim regress`` compares. Read from
   ``metrics.json`` by :meth:`RunFigures.from_metrics`; :meth:`RunFigures.figures` gives
   them back under their ``metrics.json`` names (``prefill.ttft_s``,
@@ -17,7 +19,8 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from .typed_json import ResultsError, columns, decode, encode
+from .results_serving import ServingMetrics, serving_metrics_of
+from .typed_json import Record, ResultsError, decode
 
 
 def _number(v: Any) -> float | int | None:
@@ -113,28 +116,8 @@ def _key(name: str) -> Mapping[str, str]:
     return MappingProxyType({"key": name})
 
 
-class _Record:
-    """Typed results read from and written back to their JSON tree."""
-
-    @classmethod
-    def from_metrics(cls, tree: Mapping[str, Any], where: str = "metrics.json") -> Any:
-        """The typed result of a JSON tree holding exactly its keys (:class:`ResultsError`
-        naming the entry otherwise)."""
-        return decode(cls, tree, where)
-
-    def to_metrics(self) -> dict[str, Any]:
-        """The JSON tree: ``metrics.json``'s keys, in its order."""
-        return encode(self)
-
-    def columns(self) -> dict[str, Any]:
-        """One level of dotted names (``decode.time_per_token_s``, ``cache_ops[0].time_s``):
-        the row of a sweep. Lists of plain values, the resolved config and the per-call
-        rows are left out."""
-        return columns(self)
-
-
 @dataclass(frozen=True)
-class LaunchFigures(_Record):
+class LaunchFigures(Record):
     """Loading the weights over the host link (``model.launch``)."""
 
     time_s: float
@@ -142,7 +125,7 @@ class LaunchFigures(_Record):
 
 
 @dataclass(frozen=True)
-class ContextFigures(_Record):
+class ContextFigures(Record):
     """The cache a run starts from (``workload.context_tokens``) and what it holds."""
 
     tokens: int
@@ -150,7 +133,7 @@ class ContextFigures(_Record):
 
 
 @dataclass(frozen=True)
-class PrefillFigures(_Record):
+class PrefillFigures(Record):
     ttft_s: float
     tokens: int
     calls: int
@@ -158,7 +141,7 @@ class PrefillFigures(_Record):
 
 
 @dataclass(frozen=True)
-class DecodeFigures(_Record):
+class DecodeFigures(Record):
     tokens: int
     time_per_token_s: float
     tokens_per_s: float
@@ -166,7 +149,7 @@ class DecodeFigures(_Record):
 
 
 @dataclass(frozen=True)
-class KvCacheFigures(_Record):
+class KvCacheFigures(Record):
     """The stored cache at the end of the run (all layers), against bf16, and how many
     tokens fit in the DRAM the model leaves free."""
 
@@ -180,7 +163,7 @@ class KvCacheFigures(_Record):
 
 
 @dataclass(frozen=True)
-class Bound(_Record):
+class Bound(Record):
     """A roofline: ``max(DRAM bytes / DRAM bandwidth, ops / peak ops)``, seconds."""
 
     dram_bound_s: float
@@ -189,7 +172,7 @@ class Bound(_Record):
 
 
 @dataclass(frozen=True)
-class RooflineFigures(_Record):
+class RooflineFigures(Record):
     prefill: Bound
     decode_per_token: Bound
     bound_s: float
@@ -198,7 +181,7 @@ class RooflineFigures(_Record):
 
 
 @dataclass(frozen=True)
-class PhaseTime(_Record):
+class PhaseTime(Record):
     """Where a phase's time went (``sim.breakdown.time_breakdown``): each resource's
     demand in seconds and the largest one (``critical``)."""
 
@@ -218,7 +201,7 @@ class PhaseTime(_Record):
 
 
 @dataclass(frozen=True)
-class CallRow(_Record):
+class CallRow(Record):
     """One runtime call (``sim.breakdown.call_rows``); times from the simulation's start."""
 
     op: str
@@ -238,7 +221,7 @@ class CallRow(_Record):
 
 
 @dataclass(frozen=True)
-class CompiledFigures(_Record):
+class CompiledFigures(Record):
     core_mode: str
     max_sequence_tokens: int = field(metadata=_key("max_sequence_length"))
     cache_tokens: int = field(metadata=_key("cache_length"))
@@ -248,13 +231,13 @@ class CompiledFigures(_Record):
 
 
 @dataclass(frozen=True)
-class WeightsFigures(_Record):
+class WeightsFigures(Record):
     kind: str | None
     real: bool
 
 
 @dataclass(frozen=True)
-class TextFigures(_Record):
+class TextFigures(Record):
     """The text of a functional run (``sim.run_text.text_metrics``): the prompt, the
     generated text and, where the float reference ran (``reference_compared``), its
     continuation and the first output token where the two differ (None: none differs).
@@ -299,7 +282,7 @@ class TextFigures(_Record):
 
 
 @dataclass(frozen=True)
-class CacheOpRecord(_Record):
+class CacheOpRecord(Record):
     """One scheduled cache operation (``workload.cache_ops``) as it ran: where, its
     simulated time, the host model's part of it and the measured host wall time (that of
     the machine, not of kvsim), the bytes it moved and the cache size after it."""
@@ -316,13 +299,13 @@ class CacheOpRecord(_Record):
 
 
 @dataclass(frozen=True)
-class TraceFigures(_Record):
+class TraceFigures(Record):
     level: str
     dropped_events: int
 
 
 @dataclass(frozen=True)
-class GenerateMetrics(_Record):
+class GenerateMetrics(Record):
     """A ``workload.kind = "generate"`` run (``sim.run.run_generate``). ``config``: the
     resolved run config as ``RunConfig.resolved()`` writes it (typed by
     ``sim.config.RunConfig``), kept as read."""
@@ -353,7 +336,7 @@ class GenerateMetrics(_Record):
 
 
 @dataclass(frozen=True)
-class GemvMetrics(_Record):
+class GemvMetrics(Record):
     """A ``workload.kind = "gemv"`` run (``sim.run.run_gemv``): the demo layer on the
     device, no runtime."""
 
@@ -388,5 +371,5 @@ def run_metrics(metrics: Mapping[str, Any],
 __all__ = ["Bound", "CacheOpFigures", "CacheOpRecord", "CallRow", "CompiledFigures",
            "ContextFigures", "DecodeFigures", "GemvMetrics", "GenerateMetrics",
            "KvCacheFigures", "LaunchFigures", "PhaseTime", "PrefillFigures", "ResultsError",
-           "RooflineFigures", "RunFigures", "TextFigures", "TraceFigures", "WeightsFigures",
-           "run_metrics"]
+           "RooflineFigures", "RunFigures", "ServingMetrics", "TextFigures", "TraceFigures",
+           "WeightsFigures", "run_metrics", "serving_metrics_of"]

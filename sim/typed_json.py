@@ -154,4 +154,24 @@ def columns(value: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-__all__ = ["ResultsError", "columns", "decode", "decode_record", "encode", "json_key"]
+class Record:
+    """A typed result (a frozen dataclass) read from and written back to its JSON tree."""
+
+    @classmethod
+    def from_metrics(cls, tree: Mapping[str, Any], where: str = "metrics.json") -> Any:
+        """The typed result of a JSON tree holding exactly its keys (:class:`ResultsError`
+        naming the entry otherwise)."""
+        return decode(cls, tree, where)
+
+    def to_metrics(self) -> dict[str, Any]:
+        """The JSON tree: ``metrics.json``'s keys, in its order."""
+        return encode(self)
+
+    def columns(self) -> dict[str, Any]:
+        """One level of dotted names (``decode.time_per_token_s``, ``cache_ops[0].time_s``):
+        the row of a sweep. Lists of plain values, the resolved config and the per-call
+        rows are left out."""
+        return columns(self)
+
+
+__all__ = ["Record", "ResultsError", "columns", "decode", "decode_record", "encode", "json_key"]
