@@ -11,7 +11,8 @@ bug or a change to record on purpose with ``--update``::
     kvsim regress configs/regress/baseline.json --scale hardware.dram.data_rate_mtps=0.99
     kvsim regress configs/regress/baseline.json --update   # record the new figures
 
-The baseline is JSON (sorted keys, written atomically)::
+The baseline is JSON (sorted keys, written atomically; its format and checks in
+:mod:`sim.regress_baseline`)::
 
     {"version": 1,
      "entries": [{"config": "tiny.toml",         # relative to the baseline's folder
@@ -28,36 +29,44 @@ e.g. the GEMV demo), ``traffic_bytes.*`` (DRAM and host-link bytes), ``traffic_b
 time and bytes (``cache_ops[i].time_s``, ``.host_model_s``, ``.pcie_bytes``,
 ``.dram_bytes``).
 
-In a test suite, :func:`sim.testing.assert_no_regression` does the same check.
+The comparison and its report (:class:`Row`, :class:`Report`, :func:`print_report`) are
+in :mod:`sim.regress_report`; this module runs the configs and holds the command line.
+The public names of both are importable from here. In a test suite,
+:func:`sim.testing.assert_no_regression` does the same check.
 """
 
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import math
 import os
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from isa.errors import KvsimError
 from sim.console import make_console
 from sim.progress import Phases, progress_enabled
 from sim.results import RunFigures
 
-BASELINE_VERSION = 1
+from .regress_baseline import (
+    BASELINE_VERSION,
+    Baseline,
+    Entry,
+    RegressError,
+    check_tolerances,
+    is_number,
+    load_baseline,
+)
+from .regress_report import GROUP_FIGURES, Report, Row, compare, print_report, tolerance_for
+
 EXIT_PASS, EXIT_MOVED, EXIT_BAD_INPUT = 0, 1, 2
-#: Groups whose every numeric entry is a figure (their names in ``metrics.json``).
-GROUP_FIGURES = tuple(RunFigures.GROUPS.values())
 #: Runs for a regression check need no trace; the trace level changes no figure
 #: (tests/test_regress.py checks that). An entry's own sets, or --set, can override it.
 RUN_SETS = ("outputs.trace=off",)
@@ -66,19 +75,13 @@ DESCRIPTION = ("Re-run the configs of a baseline file and compare their key figu
                "figure moved beyond its tolerance, 2: bad input.")
 
 
-class RegressError(KvsimError, ValueError):
-    """A baseline file or a regress argument is invalid; the message names the entry or
-    field at fault."""
-
-
 # --- figures --------------------------------------------------------------------------------
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _get(tree: Mapping[str, Any], dotted: str) -> Any:
+def _config_value(tree: Mapping[str, Any], dotted: str) -> Any:
+    """A field of a resolved run config by its ``--set`` name (``hardware.dram.efficiency``);
+    None if there is none. (Config fields are named by dotted paths; metrics are read
+    through :mod:`sim.results`.)"""
     node: Any = tree
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -91,107 +94,6 @@ def figures_of(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The key figures of a run's metrics (``metrics.json``), by dotted name, sorted: the
     typed :class:`sim.results.RunFigures` under their ``metrics.json`` names."""
     return RunFigures.from_metrics(metrics).figures()
-
-
-# --- the baseline file ------------------------------------------------------------------------
-
-
-@dataclass
-class Entry:
-    config: str | None  # relative to the baseline's folder; None: the embedded default
-    sets: list[str] = field(default_factory=list)
-    figures: dict[str, float] = field(default_factory=dict)
-    tolerances: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        name = self.config or "(embedded default)"
-        return f"{name} [{' '.join(self.sets)}]" if self.sets else name
-
-    def to_json(self) -> dict[str, Any]:
-        return {"config": self.config, "sets": list(self.sets), "figures": dict(self.figures),
-                "tolerances": dict(self.tolerances)}
-
-
-@dataclass
-class Baseline:
-    path: Path
-    entries: list[Entry]
-
-    def config_path(self, entry: Entry) -> Path | None:
-        return None if entry.config is None else self.path.parent / entry.config
-
-    def to_json(self) -> dict[str, Any]:
-        return {"version": BASELINE_VERSION, "entries": [e.to_json() for e in self.entries]}
-
-    def save(self) -> None:
-        from traces.io import atomic_write_json
-
-        atomic_write_json(self.path, self.to_json(), indent=1, sort_keys=True)
-
-
-def check_tolerances(tols: Any, where: str) -> dict[str, float]:
-    if not isinstance(tols, Mapping):
-        raise RegressError(f"{where}: must be an object of figure name (or pattern) -> "
-                           f"relative tolerance")
-    out = {}
-    for k, v in tols.items():
-        if not isinstance(k, str) or not k:
-            raise RegressError(f"{where}: figure names must be non-empty strings")
-        if not _is_number(v) or not math.isfinite(v) or v < 0:
-            raise RegressError(f"{where}.{k}: tolerance must be a finite number >= 0, got "
-                               f"{v!r}")
-        out[k] = float(v)
-    return out
-
-
-def _entry(raw: Any, i: int, where: str) -> Entry:
-    at = f"{where}: entries[{i}]"
-    if not isinstance(raw, Mapping):
-        raise RegressError(f"{at}: must be an object")
-    unknown = sorted(set(raw) - {"config", "sets", "figures", "tolerances"})
-    if unknown:
-        raise RegressError(f"{at}.{unknown[0]}: unknown key")
-    if "config" not in raw or "figures" not in raw:
-        raise RegressError(f"{at}: needs 'config' and 'figures'")
-    config = raw["config"]
-    if config is not None and (not isinstance(config, str) or not config):
-        raise RegressError(f"{at}.config: must be a path (string) or null")
-    sets = raw.get("sets", [])
-    if not isinstance(sets, list) or not all(isinstance(s, str) for s in sets):
-        raise RegressError(f"{at}.sets: must be a list of 'key=value' strings")
-    figures = raw["figures"]
-    if not isinstance(figures, Mapping):
-        raise RegressError(f"{at}.figures: must be an object of name -> number")
-    for k, v in figures.items():
-        if not _is_number(v) or not math.isfinite(v):
-            raise RegressError(f"{at}.figures.{k}: must be a finite number, got {v!r}")
-    return Entry(config, list(sets), dict(figures),
-                 check_tolerances(raw.get("tolerances", {}), f"{at}.tolerances"))
-
-
-def load_baseline(path: str | os.PathLike) -> Baseline:
-    """Read and validate a baseline file (:class:`RegressError` on any problem)."""
-    p = Path(path)
-    if not p.is_file():
-        raise RegressError(f"baseline {str(p)!r} does not exist "
-                           f"(make one with: kvsim regress --create {p} CONFIG...)")
-    try:
-        data = json.loads(p.read_bytes())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise RegressError(f"{p}: not a JSON baseline file ({err})") from None
-    if not isinstance(data, dict):
-        raise RegressError(f"{p}: the top level must be an object")
-    unknown = sorted(set(data) - {"version", "entries"})
-    if unknown:
-        raise RegressError(f"{p}: {unknown[0]}: unknown key")
-    if data.get("version") != BASELINE_VERSION:
-        raise RegressError(f"{p}: baseline version {data.get('version')!r} is not supported "
-                           f"(this kvsim reads version {BASELINE_VERSION})")
-    entries = data.get("entries")
-    if not isinstance(entries, list) or not entries:
-        raise RegressError(f"{p}: entries: must be a non-empty list")
-    return Baseline(p, [_entry(e, i, str(p)) for i, e in enumerate(entries)])
 
 
 # --- running ----------------------------------------------------------------------------------
@@ -214,8 +116,8 @@ def _scaled_sets(config: Path | None, sets: list[str], scales: Sequence[str]) ->
             factor = math.nan
         if not eq or not key or not math.isfinite(factor):
             raise RegressError(f"--scale {item!r}: expected key=factor (a number)")
-        value = _get(resolved, key)
-        if not _is_number(value):
+        value = _config_value(resolved, key)
+        if not is_number(value):
             raise RegressError(f"--scale {key}: not a numeric config field")
         new = value * factor
         out.append(f"{key}={round(new) if isinstance(value, int) else repr(float(new))}")
@@ -255,145 +157,6 @@ def run_figures(config: str | os.PathLike | None, sets: Sequence[str] = ()) -> d
     from .run import run
 
     return figures_of(run(load_run_config(config, list(sets))).metrics)
-
-
-# --- reports ----------------------------------------------------------------------------------
-
-
-def tolerance_for(name: str, tolerances: Mapping[str, float]) -> float:
-    """The tolerance of figure ``name``: its exact entry, else the longest matching pattern,
-    else 0."""
-    if name in tolerances:
-        return tolerances[name]
-    matches = [p for p in tolerances if fnmatch.fnmatchcase(name, p)]
-    return tolerances[max(matches, key=len)] if matches else 0.0
-
-
-@dataclass(frozen=True)
-class Row:
-    config: str  # the entry's label
-    figure: str
-    old: float | None  # None: not in the baseline
-    new: float | None  # None: the run no longer reports it
-    tolerance: float
-
-    @property
-    def change(self) -> float | None:
-        """Relative change ``new / old - 1`` (inf when a zero became non-zero)."""
-        if self.old is None or self.new is None:
-            return None
-        if self.old == 0:
-            return 0.0 if self.new == 0 else math.copysign(math.inf, self.new)
-        return (self.new - self.old) / abs(self.old)
-
-    @property
-    def status(self) -> str:
-        if self.new is None:
-            return "missing"
-        if self.old is None:
-            return "new"
-        if self.old == self.new:
-            return "ok"
-        return "moved" if abs(self.change) > self.tolerance else "within"
-
-    @property
-    def failed(self) -> bool:
-        return self.status in ("moved", "missing")
-
-    def to_json(self) -> dict[str, Any]:
-        ch = self.change
-        return {"config": self.config, "figure": self.figure, "old": self.old, "new": self.new,
-                "change": None if ch is None or math.isinf(ch) else ch,
-                "tolerance": self.tolerance, "status": self.status}
-
-
-@dataclass
-class Report:
-    baseline: Path
-    rows: list[Row]
-    wall_s: float = 0.0
-
-    @property
-    def failed(self) -> list[Row]:
-        return [r for r in self.rows if r.failed]
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-    def moved_names(self) -> list[str]:
-        """``label: figure`` of every failed row."""
-        return [f"{r.config}: {r.figure}" for r in self.failed]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"baseline": str(self.baseline), "ok": self.ok,
-                "failed": len(self.failed), "rows": [r.to_json() for r in self.rows]}
-
-
-def compare(label: str, old: Mapping[str, float], new: Mapping[str, float],
-            tolerances: Mapping[str, float]) -> list[Row]:
-    names = sorted(set(old) | set(new))
-    return [Row(label, n, old.get(n), new.get(n), tolerance_for(n, tolerances))
-            for n in names]
-
-
-def _fmt_value(name: str, v: float | None) -> str:
-    if v is None:
-        return "-"
-    if name.endswith("tokens_per_s"):
-        return f"{v:,.6g} /s"
-    if name.endswith("_s"):
-        for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
-            if abs(v) >= scale or unit == "ns":
-                return f"{v / scale:,.6f} {unit}"
-    if (name.startswith(GROUP_FIGURES) or name.endswith("_bytes")) and float(v).is_integer():
-        return f"{int(v):,} B"
-    return f"{v:,.6g}"
-
-
-def _fmt_change(ch: float | None) -> str:
-    if ch is None:
-        return "-"
-    if ch == 0:
-        return "0"
-    if math.isinf(ch):
-        return "from 0"
-    pct = ch * 100
-    return f"{pct:+.2e} %" if abs(pct) < 1e-3 else f"{pct:+.3f} %"
-
-
-def print_report(report: Report, console: Console, *, moved_only: bool = False) -> None:
-    """A table of old vs new figures with the change in %, then a line naming every figure
-    that moved beyond its tolerance."""
-    rows = [r for r in report.rows if r.status != "ok"] if moved_only else report.rows
-    style = {"moved": "bold red", "missing": "bold red", "within": "yellow", "new": "cyan"}
-    t = Table(title=escape(f"kvsim regress {report.baseline}"))
-    for col, just in (("config", "left"), ("figure", "left"), ("baseline", "right"),
-                      ("now", "right"), ("change", "right"), ("tolerance", "right"),
-                      ("status", "left")):
-        t.add_column(col, justify=just, no_wrap=col in ("figure", "status"))
-    for r in rows:
-        t.add_row(escape(r.config), escape(r.figure), _fmt_value(r.figure, r.old),
-                  _fmt_value(r.figure, r.new),
-                  _fmt_change(r.change), f"{r.tolerance * 100:g} %", r.status.upper()
-                  if r.failed else r.status, style=style.get(r.status))
-    if rows:
-        console.print(t)
-    failed = report.failed
-    n = len(report.rows)
-    if not failed:
-        console.print(f"[bold green]PASS[/]: {n} figures within tolerance "
-                      f"({report.wall_s:.1f} s)", soft_wrap=True)
-        return
-    by_config: dict[str, list[str]] = {}
-    for r in failed:
-        by_config.setdefault(escape(r.config), []).append(
-            escape(f"{r.figure} ({_fmt_change(r.change) if r.status == 'moved' else r.status})"))
-    console.print(f"[bold red]FAIL[/]: {len(failed)} of {n} figures moved beyond tolerance",
-                  soft_wrap=True)
-    for config, names in by_config.items():
-        console.print(f"  {config}: {', '.join(names)}", soft_wrap=True, highlight=False)
-
 
 # --- the three operations ---------------------------------------------------------------------
 
@@ -575,6 +338,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT if e.code not in (0, None) else EXIT_PASS
     console = make_console()
     return cmd(args, console)
+
+
+
+__all__ = ["BASELINE_VERSION", "DESCRIPTION", "EXIT_BAD_INPUT", "EXIT_MOVED", "EXIT_PASS",
+           "GROUP_FIGURES", "RUN_SETS", "Baseline", "Entry", "RegressError", "Report", "Row",
+           "add_parser", "check", "check_tolerances", "cmd", "compare", "create", "figures_of",
+           "load_baseline", "main", "print_report", "run_figures", "tolerance_for", "update"]
 
 
 if __name__ == "__main__":

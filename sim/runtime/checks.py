@@ -251,6 +251,45 @@ def check_tail_size(tail_size: Any) -> int:
     return tail_size
 
 
+class TailFilter(NamedTuple):
+    """A checked ``filter_cache_tail``: the cache, and the positions it keeps from
+    ``first`` on (the tail starts there; the kept tokens move up to it)."""
+
+    cache_size: int
+    cache_id: int
+    first: int
+    keep: list[int]
+
+
+def check_filter_tail(cm: Any, cache_size: Any, tail_size: Any, mask: Any,
+                      cache_id: Any) -> TailFilter:
+    """The arguments of ``filter_cache_tail``: a tail of 1..32 tokens, a mask of one bool
+    per tail token, a cache size and slot of the model, a tail no longer than the cache."""
+    tail_size = check_tail_size(tail_size)
+    m = check_mask(mask, tail_size)
+    cache_size, cache_id = check_size(cm, cache_size, cache_id)
+    if tail_size > cache_size:
+        raise CacheOpError(f"filter_cache_tail: tail_size {tail_size} exceeds cache_size "
+                           f"{cache_size}")
+    first = cache_size - tail_size
+    return TailFilter(cache_size, cache_id, first, [first + i for i, k in enumerate(m) if k])
+
+
+def check_move_tail(cm: Any, num_head: Any, num_tail: Any, cache_size: Any,
+                    cache_id: Any) -> tuple[int, int, int, int]:
+    """The arguments of ``move_cache_tail``: ``(num_head, num_tail, cache_size,
+    cache_id)``, integers >= 0 whose head and tail fit in the cache."""
+    cache_size, cache_id = check_size(cm, cache_size, cache_id)
+    for name, v in (("num_head", num_head), ("num_tail", num_tail)):
+        if not is_index(v) or v < 0:
+            raise CacheOpError(f"move_cache_tail: {name} must be an integer >= 0, got {v!r}")
+    num_head, num_tail = int(num_head), int(num_tail)
+    if num_head + num_tail > cache_size:
+        raise CacheOpError(f"move_cache_tail: num_head {num_head} + num_tail {num_tail} "
+                           f"exceed cache_size {cache_size}")
+    return num_head, num_tail, cache_size, cache_id
+
+
 def check_bufs(bufs: Any, infos: list, slot: int | None) -> list[bytes]:
     """The buffers of a ``load_cache_memory``: one per cache, each of one slot's bytes
     (``slot`` given) or of every slot's."""

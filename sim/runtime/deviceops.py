@@ -14,10 +14,12 @@ from isa.instructions import HostRead, HostWrite, Nop, Program
 from models.compiler import CompiledModel
 
 from ..cacheops import rearrange_program
-from .checks import Request
+from .checks import Request, RuntimeApiError
 from .rings import check_rearrange
 
 if TYPE_CHECKING:
+    from ..hw import HardwareConfig
+    from .accelerator import Accelerator
     from .model import Model
 
 #: Host-memory layout the runtime uses for its staging buffers.
@@ -84,6 +86,44 @@ def batch_compiled(cm: CompiledModel, dram_bytes: int) -> CompiledModel | None:
     per cache slot), or None where batching runs request by request: a model for which
     :func:`batches` is false, or one whose extra regions do not fit the card's DRAM."""
     return step_compiled(cm, dram_bytes, cm.slots) if batches(cm) else None
+
+
+def step_models(cm: CompiledModel, hw: HardwareConfig, *, all_logits: bool
+                ) -> tuple[CompiledModel | None, CompiledModel | None]:
+    """The compiled models a launch on ``hw`` adds: the one of all-position logits (with
+    ``ModelConfig.all_logits``, else None) and the one batched steps run on (None: batches
+    run request by request). A :class:`RuntimeApiError` if all-position logits do not fit
+    the card's DRAM beside the model."""
+    if not all_logits:
+        return None, batch_compiled(cm, hw.dram.capacity_bytes)
+    wide = step_compiled(cm, hw.dram.capacity_bytes, max(cm.slots, cm.max_seq))
+    if wide is None:
+        raise RuntimeApiError(f"ModelConfig.all_logits: the logits of {cm.max_seq} positions "
+                              f"do not fit {hw.name}'s DRAM beside the model; compile with a "
+                              f"smaller max_sequence_length")
+    return wide, wide if batches(cm) else None
+
+
+def load_weights(model: Model, acc: Accelerator) -> None:
+    """The launch call: the device's memory layout (of the widest compiled model the launch
+    placed), then every weight region over the host link (functional: one transfer of its
+    bytes per region; timing-only: one program of all regions); the simulated clock
+    advances by their time."""
+    cm, hw = model.compiled, acc.hw
+    acc.device.set_layout((model.wide or model.batched or cm).layout(
+        host_bytes=hw.host.memory_bytes))
+    start, before = acc.begin()
+    acc.host_work(hw.host.call_overhead_ns, "launch")
+    if acc.functional:
+        for addr, data in cm.weight_image():
+            acc.device.host_write(HOST_IN, data)
+            acc.run(Program((HostWrite(src=HOST_IN, dst=addr, nbytes=data.size),),
+                            name="load weights"), "launch")
+    else:
+        regions = [r for r in cm.mm.regions if r.kind == "weights"]
+        acc.run(Program(tuple(HostWrite(src=HOST_IN, dst=r.base, nbytes=r.size)
+                              for r in regions), name="load weights"), "launch")
+    acc.end("launch", start, before)
 
 
 def forward_batch(model: Model, reqs: list[Request]) -> list[np.ndarray | None]:

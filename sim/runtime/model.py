@@ -13,23 +13,20 @@ from typing import Any
 
 import numpy as np
 
-from isa.instructions import HostWrite, Program
 from models.compiler import CompiledModel
 
-from ..cacheops import CacheOpError, CacheView, EditFn, EditResult
+from ..cacheops import CacheView, EditFn, EditResult
 from . import cachefiles, deviceops, edits, tracing
 from .accelerator import Accelerator
 from .checks import (
     RuntimeApiError,
     check_all_logits,
     check_bufs,
+    check_filter_tail,
     check_infer,
-    check_mask,
+    check_move_tail,
     check_outputs,
-    check_size,
     check_slot,
-    check_tail_size,
-    is_index,
 )
 from .types import BatchParam, BufferInfo, CacheInfo, CallRecord, ModelConfig
 
@@ -79,32 +76,9 @@ class Model:
         if acc.model is not None:
             raise RuntimeApiError("this accelerator already runs a model; dispose it first")
         tracing.notify("launching", acc, self)
-        if self.model_config.all_logits:
-            wide = deviceops.step_compiled(cm, hw.dram.capacity_bytes,
-                                           max(cm.slots, cm.max_seq))
-            if wide is None:
-                raise RuntimeApiError(f"ModelConfig.all_logits: the logits of "
-                                      f"{cm.max_seq} positions do not fit {hw.name}'s DRAM "
-                                      f"beside the model; compile with a smaller "
-                                      f"max_sequence_length")
-            self.wide = wide
-            self.batched = wide if deviceops.batches(cm) else None
-        else:
-            self.batched = deviceops.batch_compiled(cm, hw.dram.capacity_bytes)
-        acc.device.set_layout((self.wide or self.batched or cm).layout(
-            host_bytes=hw.host.memory_bytes))
-        start, before = acc.begin()
-        acc.host_work(hw.host.call_overhead_ns, "launch")
-        if acc.functional:
-            for addr, data in cm.weight_image():
-                acc.device.host_write(deviceops.HOST_IN, data)
-                acc.run(Program((HostWrite(src=deviceops.HOST_IN, dst=addr, nbytes=data.size),),
-                                name="load weights"), "launch")
-        else:
-            regions = [r for r in cm.mm.regions if r.kind == "weights"]
-            acc.run(Program(tuple(HostWrite(src=deviceops.HOST_IN, dst=r.base, nbytes=r.size)
-                                  for r in regions), name="load weights"), "launch")
-        acc.end("launch", start, before)
+        self.wide, self.batched = deviceops.step_models(cm, hw, all_logits=bool(
+            self.model_config.all_logits))
+        deviceops.load_weights(self, acc)
         acc.model = self
         self.acc = acc
 
@@ -271,17 +245,10 @@ class Model:
         runtime call and an on-device DRAM-to-DRAM program over every cache (KvRead of the
         kept tokens, KvWrite at their new positions)."""
         self._check_alive()
-        tail_size = check_tail_size(tail_size)
-        m = check_mask(mask, tail_size)
-        cache_size, cache_id = check_size(self.compiled, cache_size, cache_id)
-        if tail_size > cache_size:
-            raise CacheOpError(f"filter_cache_tail: tail_size {tail_size} exceeds cache_size "
-                               f"{cache_size}")
-        first = cache_size - tail_size
-        keep = [first + i for i, k in enumerate(m) if k]
-        deviceops.rearrange(self, "filter_cache_tail", keep, first, cache_id,
-                            cache_size=cache_size)
-        return first + len(keep)
+        f = check_filter_tail(self.compiled, cache_size, tail_size, mask, cache_id)
+        deviceops.rearrange(self, "filter_cache_tail", f.keep, f.first, f.cache_id,
+                            cache_size=f.cache_size)
+        return f.first + len(f.keep)
 
     def move_cache_tail(self, num_head: int, num_tail: int, cache_size: int, *,
                         cache_id: int = 0) -> int:
@@ -289,14 +256,8 @@ class Model:
         between); returns the new cache size ``num_head + num_tail``. Cost: as
         ``filter_cache_tail``."""
         self._check_alive()
-        cache_size, cache_id = check_size(self.compiled, cache_size, cache_id)
-        for name, v in (("num_head", num_head), ("num_tail", num_tail)):
-            if not is_index(v) or v < 0:
-                raise CacheOpError(f"move_cache_tail: {name} must be an integer >= 0, got {v!r}")
-        num_head, num_tail = int(num_head), int(num_tail)
-        if num_head + num_tail > cache_size:
-            raise CacheOpError(f"move_cache_tail: num_head {num_head} + num_tail {num_tail} "
-                               f"exceed cache_size {cache_size}")
+        num_head, num_tail, cache_size, cache_id = check_move_tail(
+            self.compiled, num_head, num_tail, cache_size, cache_id)
         keep = list(range(cache_size - num_tail, cache_size))
         deviceops.rearrange(self, "move_cache_tail", keep, num_head, cache_id,
                             cache_size=cache_size)

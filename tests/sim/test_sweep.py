@@ -212,13 +212,23 @@ def test_missing_dask_is_a_clear_error(sweep_file, tmp_path, monkeypatch):
     assert not (tmp_path / "o").exists()
 
 
-def test_flatten_metrics_skips_config_and_lists_of_values():
-    m = {"config": {"a": 1}, "decode": {"tokens": 3, "time_per_call_s": [1.0, 2.0]},
-         "roofline": {"prefill": {"bound_s": 0.5}}, "functional": False, "scenario": "x",
-         "generated_tokens": [1, 2], "cache_ops": [{"op": "evict", "time_s": 1e-3}]}
-    assert flatten_metrics(m) == {"decode.tokens": 3, "roofline.prefill.bound_s": 0.5,
-                                  "functional": False, "scenario": "x",
-                                  "cache_ops[0].op": "evict", "cache_ops[0].time_s": 1e-3}
+def test_a_points_row_is_the_columns_of_its_typed_result():
+    from sim.config import build_run_config
+    from sim.results import ResultsError, run_metrics
+    from sim.run import run
+
+    tree = {"hardware": {"preset": "tiny"}, "workload": {"kind": "gemv", "k": 64, "n": 64,
+                                                          "w_bits": 8}}
+    metrics = run(build_run_config(tree)).metrics
+    row = flatten_metrics(metrics)
+    assert row == run_metrics(metrics).columns()
+    assert row["sim_time_s"] == metrics["sim_time_s"]
+    assert row["roofline.bound_s"] == metrics["roofline"]["bound_s"]
+    assert row["time_breakdown.gemv.critical"] == metrics["time_breakdown"]["gemv"]["critical"]
+    # the resolved config and the per-call rows are not columns
+    assert not any(c.startswith(("config", "calls")) for c in row)
+    with pytest.raises(ResultsError, match=r"metrics.json.roofline: missing"):
+        flatten_metrics({k: v for k, v in metrics.items() if k != "roofline"})
 
 
 def test_kvsim_run_of_a_sweep_file_runs_the_sweep(sweep_file, tmp_path):

@@ -4,10 +4,12 @@
     x_m    = x   + post_attn_norm(o_proj(attn(qk_norm(q(x)), qk_norm(k(x)), v(x))))
     x_next = x_m + post_mlp_norm(down(silu(gate(x_m)) * up(x_m)))
 
-No norm precedes the projections. The attention is :class:`.sliding.SlidingGqaAttention`
-(EXAONE-4.0's larger models mix sliding and global layers) with the GQA hooks for the
-input norm (none: a pass-through on the VPU), the head norms (an RMSNorm over each q and
-k head of ``head_dim`` values before RoPE, gains ``q_norm``/``k_norm``) and the O stage.
+No norm precedes the projections. This file holds the attention block and the two-stage
+post-norm both blocks use; the MLP block is :mod:`.postnorm_mlp`. The attention is
+:class:`.sliding.SlidingGqaAttention` (EXAONE-4.0's larger models mix sliding and global
+layers) with the GQA hooks for the input norm (none: a pass-through on the VPU), the head
+norms (an RMSNorm over each q and k head of ``head_dim`` values before RoPE, gains
+``q_norm``/``k_norm``) and the O stage.
 A post-norm needs whole rows of the projection's output, while the projection is split
 over the cores by output column, so each post-norm is two stages: the projection slices
 to ``act.po`` (int8), then each core normalises a share of the tile's token rows and adds
@@ -19,13 +21,11 @@ from __future__ import annotations
 from isa.instructions import NO_ADDR, DmaStore, Vec, VecFunc
 from isa.vecfuncs import ROW_META_BYTES
 
-from ...config import ModelConfig
 from ..builder import Builder, Matrix, split
-from ..lowering import Lowering, TileSeq
+from ..lowering import Lowering
 from ..memmap import MemoryMap
 from ..ops import residual_bytes, unnormed
 from ..sram import SramPlan
-from .dense import stage_mlp_up
 from .sliding import SlidingGqaAttention
 
 #: The activation region of a projection's output before its post-norm.
@@ -71,30 +71,6 @@ class PostNormAttention(SlidingGqaAttention):
             b, lw, lw.matrix(p + "o_proj", q.o), p + "post_attn_norm", q.post_attn_norm,
             q.add1, m=m, src=lw.mm["act.ao"].base, k=cfg.num_heads * cfg.head_dim, resid=x,
             dst=lw.mm["act.xm"].base, what=("attention output", "o_proj"), per_token=False)
-
-
-class PostNormDenseMlp:
-    """:class:`~.base.MlpBlock` of EXAONE-4.0: SwiGLU on ``act.xm`` unnormalised, then the
-    post-MLP norm and the residual add."""
-
-    kind = "postnorm-dense"
-
-    def __init__(self, cfg: ModelConfig):
-        self.cfg = cfg
-
-    def add_regions(self, mm: MemoryMap, *, m_tile: int) -> None:
-        return None  # act.po belongs to the attention block
-
-    def lower(self, b: Builder, lw: Lowering, layer: int, x_next: int, m: int,
-              segs: tuple[TileSeq, ...]) -> None:
-        q = lw.numerics.layers[layer]
-        p = f"layers.{layer}."
-        stage_mlp_up(b, lw, layer, q, m, norm_name=None)
-        proj_post_norm_residual(
-            b, lw, lw.matrix(p + "down_proj", q.down), p + "post_mlp_norm", q.post_mlp_norm,
-            q.add2, m=m, src=lw.mm["act.hb"].base, k=lw.model.intermediate_size,
-            resid=lw.mm["act.xm"].base, dst=x_next, what=("SwiGLU output", "down_proj"),
-            per_token=True)
 
 
 def proj_post_norm_residual(b: Builder, lw: Lowering, mat: Matrix, norm_name: str, nq, add,

@@ -19,7 +19,8 @@ from .gqa import GqaAttention
 from .mla import MlaAttention
 from .moe import MoeMlp
 from .parallel import ParallelDenseMlp
-from .postnorm import PostNormAttention, PostNormDenseMlp
+from .postnorm import PostNormAttention
+from .postnorm_mlp import PostNormDenseMlp
 from .sliding import SlidingGqaAttention
 
 #: attention kind -> block class

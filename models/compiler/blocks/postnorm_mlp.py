@@ -1,0 +1,38 @@
+"""EXAONE-4.0's MLP block: SwiGLU on the attention's output unnormalised, then the norm
+after the MLP and the residual add (``x_next = x_m + post_mlp_norm(down(...))``; the
+layer as a whole in :mod:`.postnorm`, whose attention block owns the ``act.po`` region
+this block's post-norm stages through).
+"""
+
+from __future__ import annotations
+
+from ...config import ModelConfig
+from ..builder import Builder
+from ..lowering import Lowering, TileSeq
+from ..memmap import MemoryMap
+from .dense import stage_mlp_up
+from .postnorm import proj_post_norm_residual
+
+
+class PostNormDenseMlp:
+    """:class:`~.base.MlpBlock` of EXAONE-4.0: SwiGLU on ``act.xm`` unnormalised, then the
+    post-MLP norm and the residual add."""
+
+    kind = "postnorm-dense"
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+
+    def add_regions(self, mm: MemoryMap, *, m_tile: int) -> None:
+        return None  # act.po belongs to the attention block
+
+    def lower(self, b: Builder, lw: Lowering, layer: int, x_next: int, m: int,
+              segs: tuple[TileSeq, ...]) -> None:
+        q = lw.numerics.layers[layer]
+        p = f"layers.{layer}."
+        stage_mlp_up(b, lw, layer, q, m, norm_name=None)
+        proj_post_norm_residual(
+            b, lw, lw.matrix(p + "down_proj", q.down), p + "post_mlp_norm", q.post_mlp_norm,
+            q.add2, m=m, src=lw.mm["act.hb"].base, k=lw.model.intermediate_size,
+            resid=lw.mm["act.xm"].base, dst=x_next, what=("SwiGLU output", "down_proj"),
+            per_token=True)
