@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 from isa.instructions import NO_ADDR, DmaLoad, Gemm, GemmGroup, GemmRow, GemmRowGroup, Instruction
 from isa.kernels.gemm_group import group_row_bytes
@@ -21,6 +22,11 @@ from .sram import SramOverflow, SramPlan
 
 #: Cores each core mode runs one inference on (qb runtime ModelConfig; FACTS.md).
 CORE_MODES = {"single": 1, "global4": 4, "global8": 8}
+
+#: How an instruction of a memoized block follows the block's varying arguments (the
+#: positions of a token tile): ``vary(recorded, args)`` is the instruction for ``args``,
+#: made from the one recorded for other arguments (every varying field set from ``args``).
+Vary = Callable[[Instruction, Any], Instruction]
 
 @dataclass(frozen=True)
 class Target:
@@ -94,6 +100,9 @@ class Builder:
 
     def __post_init__(self) -> None:
         self._interned: dict[Instruction, Instruction] = {}
+        # the varying instructions ``(index, vary)`` of the blocks being recorded, innermost
+        # last (:meth:`BlockMemo.lower`)
+        self.holes: list[list[tuple[int, Vary]]] = []
         self.flags = Flags(FORWARD, self.target.cores)
         # (core, name) -> flag id, looked up once per instruction field (a hot path)
         self._ids = {(c, name): i for name in FORWARD.per_core
@@ -118,11 +127,15 @@ class Builder:
     def shared(self, name: str) -> int:
         return self.flags.shared(name)
 
-    def emit(self, instr: Instruction) -> None:
+    def emit(self, instr: Instruction, vary: Vary | None = None) -> None:
+        """Append ``instr``; ``vary``: how it follows the varying arguments of the block
+        being recorded (an instruction that reads a tile's positions gives one)."""
         # equal instructions share one object (instructions are frozen values): token
         # tiles re-emit the same weight loads and GEMMs layer after layer, and one object
         # per distinct instruction bounds the program's memory by what differs; whatever
         # walks a program (validation, encoding, rooflines) then handles each object once
+        if vary is not None and self.holes:
+            self.holes[-1].append((len(self.ins), vary))
         self.ins.append(self._interned.setdefault(instr, instr))
 
     def take_bar(self, core: int) -> tuple[int, ...]:
@@ -137,12 +150,13 @@ class Builder:
         return tuple(self.sem(c, "bar") for c in self.target.cores)
 
     def load(self, c: int, src: int, dst: int, nbytes: int, *, to: str, rows: int = 1,
-             src_stride: int = 0, wait: tuple[int, ...] = ()) -> None:
+             src_stride: int = 0, wait: tuple[int, ...] = (),
+             vary: Vary | None = None) -> None:
         """DMA load that signals ``to`` (``"in_vpu"`` or ``"in_mxu"``); it also takes the
-        barrier credits due."""
+        barrier credits due (``vary``: see :meth:`emit`)."""
         self.emit(DmaLoad(core=c, src=src, dst=dst, nbytes=nbytes, rows=rows,
                           src_stride=src_stride, wait=self.take_bar(c) + wait,
-                          signal=(self.sem(c, to),)))
+                          signal=(self.sem(c, to),)), vary)
 
     def tile_load(self, c: int, mat: Matrix, lo: int, hi: int) -> int:
         """Load weight rows ``[lo, hi)`` into the next tile buffer; returns the buffer."""
@@ -260,12 +274,17 @@ class Credits:
 
 @dataclass
 class _Recorded:
-    """What lowering one block emitted from one builder state, and the state after it."""
+    """What lowering one block emitted from one builder state, and the state after it;
+    ``holes``: the instructions that follow the block's varying arguments ``args`` (with
+    the instructions made for the arguments seen last)."""
 
     ins: tuple[Instruction, ...]
     tiles: dict[int, int]  # core -> weight tiles issued by the block
     bar_due: dict[int, int]  # core -> bar credits due after it
     prefetched: dict[tuple, int]  # the prefetches left after it
+    holes: tuple[tuple[int, Vary], ...] = ()
+    args: Any = None
+    last: tuple[Any, tuple[Instruction, ...]] | None = None
 
 
 class BlockMemo:
@@ -274,7 +293,13 @@ class BlockMemo:
     same builder state (:meth:`Builder.state_key`) emits the same instructions and leaves
     the same state, so a repeat is replayed instead of lowered (decode steps at successive
     cache positions share their MLP and head blocks; prefill tiles share their MLPs). The
-    least recently used entries go beyond ``max_entries``."""
+    least recently used entries go beyond ``max_entries``.
+
+    A block may also read arguments outside its key (``args``: the positions of a tile's
+    sequences) in a few instructions only, each emitted with its ``vary``
+    (:meth:`Builder.emit`): a replay for other ``args`` re-makes just those (the attention
+    stage of successive decode steps differs in its RoPE table loads, cache appends and
+    attention lengths). Every other instruction of a replay is the recorded object itself."""
 
     def __init__(self, max_entries: int = 512):
         self.max_entries = max_entries
@@ -285,25 +310,50 @@ class BlockMemo:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lower(self, b: Builder, key: Hashable, lower: Callable[[], None]) -> None:
-        """Emit the block ``lower()`` emits into ``b``, replayed if it was seen before."""
+    def lower(self, b: Builder, key: Hashable, lower: Callable[[], None], *,
+              args: Any = None) -> None:
+        """Emit the block ``lower()`` emits into ``b``, replayed if it was seen before
+        (its varying instructions made for ``args``)."""
+        if b.holes:
+            raise RuntimeError(f"block {key!r}: memoized blocks do not nest")
         full = (key, b.state_key())
         rec = self._entries.get(full)
         if rec is not None:
             self.hits += 1
             self._entries.move_to_end(full)
-            b.ins.extend(rec.ins)
-            for c, n in rec.tiles.items():
-                b.tiles[c] += n
-            b.bar_due.update(rec.bar_due)
-            b.prefetched.clear()
-            b.prefetched.update(rec.prefetched)
+            self._replay(b, rec, args)
             return
         self.misses += 1
         start, tiles0 = len(b.ins), dict(b.tiles)
-        lower()
+        b.holes.append([])
+        try:
+            lower()
+        finally:
+            holes = b.holes.pop()
+        if holes and args is None:
+            raise RuntimeError(f"block {key!r} has varying instructions but was memoized "
+                               "without its varying arguments")
         self._entries[full] = _Recorded(tuple(b.ins[start:]),
                                         {c: b.tiles[c] - tiles0[c] for c in b.tiles},
-                                        dict(b.bar_due), dict(b.prefetched))
+                                        dict(b.bar_due), dict(b.prefetched),
+                                        tuple((i - start, v) for i, v in holes), args)
         if len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
+
+    @staticmethod
+    def _replay(b: Builder, rec: _Recorded, args: Any) -> None:
+        start = len(b.ins)
+        b.ins.extend(rec.ins)
+        if rec.holes and args != rec.args:
+            if rec.last is not None and rec.last[0] == args:
+                made = rec.last[1]
+            else:
+                made = tuple(vary(rec.ins[i], args) for i, vary in rec.holes)
+                rec.last = (args, made)
+            for (i, _), ins in zip(rec.holes, made, strict=True):
+                b.ins[start + i] = ins
+        for c, n in rec.tiles.items():
+            b.tiles[c] += n
+        b.bar_due.update(rec.bar_due)
+        b.prefetched.clear()
+        b.prefetched.update(rec.prefetched)

@@ -170,7 +170,9 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
     h = cfg.hidden_size
     emb = lw.mm["io.emb"].base
     m_all = sum(s.tokens for s in seqs)
-    b.emit(HostWrite(src=host_in, dst=emb, nbytes=4 * m_all * h, signal=b.barrier()))
+    # the host I/O, input and head blocks read no position either: replayed as they are
+    lw.memo.lower(b, ("host_in", host_in, emb, m_all), lambda: b.emit(
+        HostWrite(src=host_in, dst=emb, nbytes=4 * m_all * h, signal=b.barrier())))
     # the tokens (global indices) whose final hidden states the head needs: each sampling
     # sequence's last one (``every_token``: every token of every sampling sequence)
     ends, t = [], 0
@@ -185,7 +187,9 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
     layer_ids = range(cfg.num_layers) if layers is None else layers
     for segs in tiles_of(seqs, lw.m_tile):
         m = sum(sq.n for sq in segs)
-        stage_input(b, lw, emb + 4 * t0 * h, xbuf[cur], m)
+        src, dst = emb + 4 * t0 * h, xbuf[cur]
+        lw.memo.lower(b, ("input", src, dst, m),
+                      lambda src=src, dst=dst, m=m: stage_input(b, lw, src, dst, m))
         for layer in layer_ids:
             first = len(b.ins)
             blocks.attention.lower(b, lw, layer, xbuf[cur], m, segs)
@@ -199,9 +203,15 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
     done = b.shared("logits")
     if one_call:  # the head reads the last token's hidden state where it is
         x_last = xbuf[cur] + (m - 1) * h * lw.numerics.residual_bytes
-        lw.memo.lower(b, ("head", x_last), lambda: stage_head(b, lw, x_last))
-        b.emit(HostRead(src=lw.mm["io.logits"].base, dst=host_out, nbytes=4 * cfg.vocab_size,
-                        wait=(done,) * sum(1 for c in lw.target.cores if head_rows_of(lw, c))))
+
+        def head() -> None:
+            stage_head(b, lw, x_last)
+            b.emit(HostRead(src=lw.mm["io.logits"].base, dst=host_out,
+                            nbytes=4 * cfg.vocab_size,
+                            wait=(done,) * sum(1 for c in lw.target.cores
+                                               if head_rows_of(lw, c))))
+
+        lw.memo.lower(b, ("head", x_last, host_out), head)
         return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))
     n_out = len(ends)
     if not n_out:

@@ -108,3 +108,85 @@ def test_equal_instructions_share_one_object() -> None:
     assert b.ins[1] is first
     assert b.ins[2] is not first and b.ins[2].nbytes == 256
     assert b.ins == [first, first, DmaLoad(src=0, dst=64, nbytes=256)]
+
+
+def _fresh(lw):
+    """The same lowering context with a memo that keeps nothing (every block lowered)."""
+    from dataclasses import replace
+
+    return replace(lw, memo=BlockMemo(max_entries=0))
+
+
+def test_replayed_attention_follows_the_positions_byte_for_byte() -> None:
+    """Attention stages replayed at other positions (decode steps, prefill chunks, a
+    sliding window filling and then sliding, QK norm) equal fresh lowerings."""
+    from models.compiler.driver import lower_call
+
+    for preset, kv in (("tiny", "kivi-4"), ("tiny-cohere2", "int8"),
+                       ("tiny-exaone4", "qserve-kv4")):
+        cm = compile_model(load_preset(preset), build_bit_config({}),
+                           HardwareTarget.from_hw(TINY_HW), kv=kv, core_mode="single",
+                           max_seq=48, cap=256, functional=False, store_programs=False)
+        calls = [(1, c) for c in (3, 4, 5, 6, 9, 10, 11, 40, 41, 200)]
+        calls += [(5, 0), (5, 7), (5, 20), (48, 0), (48, 100)]
+        for tokens, cache in calls:
+            lw = cm.lowering(cm.tile_for(min(tokens, cm.m_tile)))
+            got = cm.program(tokens=tokens, cache_size=cache)
+            want = lower_call(_fresh(lw), n=tokens, cache_size=cache)
+            assert encode_program(got) == encode_program(want), (preset, tokens, cache)
+        assert lw.memo.hits > 0
+
+
+def test_batched_steps_replay_attention_at_their_own_positions() -> None:
+    from models.compiler.driver import StepSeq, lower_step
+
+    cm = _compile("kivi-4")
+    lw = cm.lowering(cm.tile_for(1))
+    for base in (30, 31, 64, 65, 90):
+        seqs = [StepSeq(0, 1, base + 7 * i, False) for i in range(3)]
+        seqs.append(StepSeq(0, 4, 2 * base, False))
+        got = lower_step(lw, seqs)
+        want = lower_step(_fresh(lw), seqs)
+        assert encode_program(got) == encode_program(want), base
+    assert lw.memo.hits > 0
+
+
+def test_a_decode_step_remakes_only_its_position_dependent_instructions() -> None:
+    """From one decode step to the next only the RoPE table loads (cos, sin), the K and V
+    cache appends and the attention of each KV head are new objects; every other
+    instruction is the object the previous step emitted."""
+    cm = _compile()
+    cm.program(tokens=1, cache_size=99)
+    a = cm.program(tokens=1, cache_size=100).instructions
+    lw = cm.lowering(cm.tile_for(1))
+    misses = lw.memo.misses
+    b = cm.program(tokens=1, cache_size=101).instructions
+    assert lw.memo.misses == misses  # attention too comes from the memo
+    new = [type(y).__name__ for x, y in zip(a, b, strict=True) if x is not y]
+    per_layer = ["DmaLoad"] * 2 + ["KvWrite"] * 2 * TINY.num_kv_heads + [
+        "Attn"] * TINY.num_kv_heads
+    assert sorted(new) == sorted(per_layer * TINY.num_layers)
+    # a repeated call gets the very objects of the last call at that position
+    again = cm.program(tokens=1, cache_size=101).instructions
+    assert all(x is y for x, y in zip(b, again, strict=True))
+
+
+def test_a_varying_instruction_needs_the_varying_arguments() -> None:
+    import pytest
+
+    from isa.instructions import DmaLoad
+
+    target = Target((0,), 1 << 20, 1024)
+    memo = BlockMemo()
+    b = Builder(target)
+
+    def block() -> None:
+        b.emit(DmaLoad(src=0, dst=0, nbytes=4), lambda ins, pos: ins.replace(src=pos))
+
+    with pytest.raises(RuntimeError, match="without its varying arguments"):
+        memo.lower(b, "x", block)
+    with pytest.raises(RuntimeError, match="do not nest"):
+        memo.lower(b, "outer", lambda: memo.lower(b, "inner", block, args=1), args=0)
+    memo.lower(b, "y", block, args=8)
+    memo.lower(b, "y", block, args=16)
+    assert [i.src for i in b.ins[-2:]] == [0, 16] and memo.hits == 1
