@@ -102,15 +102,20 @@ def tiles_of(seqs: Sequence[StepSeq], m_tile: int) -> list[tuple[TileSeq, ...]]:
 
 def lower_call(lw: Lowering, *, n: int, cache_size: int, slot: int = 0, host_in: int = 0,
                host_out: int = 0, name: str = "",
-               layers: Sequence[int] | None = None, all_logits: bool = False) -> Program:
+               layers: Sequence[int] | None = None, all_logits: bool = False,
+               head: bool = True) -> Program:
     """The program of one call with ``n`` tokens at cache position ``cache_size``; with
     ``all_logits`` the logits of every one of its tokens go to the host (``n x vocab``
-    int32, row ``i`` the logits after token ``i``), else its last token's."""
+    int32, row ``i`` the logits after token ``i``), else its last token's. ``head=False``
+    leaves out the head and the logits' read (an SRAM probe of the layers: the head of
+    one call needs the same SRAM whatever its tokens)."""
     lw.check_call(n, cache_size)
     name = name or f"forward n={n} cache_size={cache_size} slot={slot}"
     if not all_logits:
         return _lower(lw, [StepSeq(slot, n, cache_size)], layers=layers, host_in=host_in,
-                      host_out=host_out, one_call=True, name=name)
+                      host_out=host_out, one_call=True, name=name, head=head)
+    if not head:
+        raise ConfigError("a call with all-position logits always runs its head")
     h = lw.model.hidden_size * lw.numerics.residual_bytes  # bytes per hidden state
     if LAST_REGION not in lw.mm or LOGITS_REGION not in lw.mm:
         raise ConfigError(f"a call with all-position logits needs the regions "
@@ -163,7 +168,8 @@ def _name(seqs: list[StepSeq]) -> str:
 
 
 def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, host_in: int,
-           host_out: int, one_call: bool, name: str, every_token: bool = False) -> Program:
+           host_out: int, one_call: bool, name: str, every_token: bool = False,
+           head: bool = True) -> Program:
     cfg = lw.model
     blocks = lw.blocks
     b = Builder(lw.target)
@@ -201,6 +207,8 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
             gather_rows(b, lw, xbuf[cur], rows)
         t0 += m
     done = b.shared("logits")
+    if one_call and not head:
+        return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))
     if one_call:  # the head reads the last token's hidden state where it is
         x_last = xbuf[cur] + (m - 1) * h * lw.numerics.residual_bytes
 

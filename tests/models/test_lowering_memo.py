@@ -190,3 +190,20 @@ def test_a_varying_instruction_needs_the_varying_arguments() -> None:
     memo.lower(b, "y", block, args=8)
     memo.lower(b, "y", block, args=16)
     assert [i.src for i in b.ins[-2:]] == [0, 16] and memo.hits == 1
+
+
+def test_an_sram_probe_without_the_head_is_the_call_up_to_its_head() -> None:
+    import pytest
+
+    from isa.errors import ConfigError
+    from isa.instructions import HostRead
+    from models.compiler.driver import lower_call
+
+    cm = _compile()
+    lw = cm.lowering(cm.tile_for(5))
+    full = lower_call(_fresh(lw), n=5, cache_size=0).instructions
+    probe = lower_call(_fresh(lw), n=5, cache_size=0, head=False).instructions
+    assert 0 < len(probe) < len(full) and probe == full[:len(probe)]
+    assert isinstance(full[-1], HostRead) and not any(isinstance(i, HostRead) for i in probe)
+    with pytest.raises(ConfigError, match="always runs its head"):
+        lower_call(lw, n=5, cache_size=0, all_logits=True, head=False)
