@@ -350,8 +350,11 @@ class BlockMemo:
             else:
                 made = tuple(vary(rec.ins[i], args) for i, vary in rec.holes)
                 rec.last = (args, made)
+            # equal ones share one object within the program, as emitted ones do (every
+            # layer of a tile loads the same RoPE table rows)
+            intern = b._interned.setdefault
             for (i, _), ins in zip(rec.holes, made, strict=True):
-                b.ins[start + i] = ins
+                b.ins[start + i] = intern(ins, ins)
         for c, n in rec.tiles.items():
             b.tiles[c] += n
         b.bar_due.update(rec.bar_due)
