@@ -107,6 +107,10 @@ class Builder:
         # (core, name) -> flag id, looked up once per instruction field (a hot path)
         self._ids = {(c, name): i for name in FORWARD.per_core
                      for c, i in self.flags.per_core(name).items()}
+        # core -> the flags of its two weight tile buffers: loaded, free again
+        self._ld = {c: (self.sem(c, "ld0"), self.sem(c, "ld1")) for c in self.target.cores}
+        self._free = {c: (self.sem(c, "free0"), self.sem(c, "free1"))
+                      for c in self.target.cores}
         for c in self.target.cores:
             self.tiles[c] = 0
             self.bar_due[c] = 0
@@ -160,14 +164,13 @@ class Builder:
 
     def tile_load(self, c: int, mat: Matrix, lo: int, hi: int) -> int:
         """Load weight rows ``[lo, hi)`` into the next tile buffer; returns the buffer."""
-        t = self.target
         k = self.tiles[c]
-        self.tiles[c] += 1
+        self.tiles[c] = k + 1
         buf = k % 2
-        self.emit(DmaLoad(core=c, src=mat.w_addr + lo * mat.row_bytes,
-                          dst=buf * t.tile_bytes, nbytes=(hi - lo) * mat.row_bytes,
-                          wait=(self.sem(c, f"free{buf}"),) if k >= 2 else (),
-                          signal=(self.sem(c, f"ld{buf}"),)))
+        rb = mat.row_bytes
+        self.emit(DmaLoad(core=c, src=mat.w_addr + lo * rb, dst=buf * self.target.tile_bytes,
+                          nbytes=(hi - lo) * rb, wait=(self._free[c][buf],) if k >= 2 else (),
+                          signal=(self._ld[c][buf],)))
         return buf
 
     def weight_tiles(self, mat: Matrix, rows: tuple[int, int]) -> list[tuple[int, int]]:
@@ -188,10 +191,12 @@ class Builder:
 
     def gemm(self, c: int, mat: Matrix, rows: tuple[int, int], *, a: int, m: int, out: int,
              plan: SramPlan, first_wait: tuple[int, ...] = (),
-             last_signal: tuple[int, ...] = (), row_meta: int = NO_ADDR) -> None:
+             last_signal: tuple[int, ...] = (), row_meta: int = NO_ADDR,
+             out_stride: int | None = None) -> None:
         """``out[m, :] = a[m, k] @ W[r0:r1].T`` (row-major, ``r1 - r0`` columns) on core
         ``c``, tile by tile through the two weight buffers (GemmRow for a ``gemm_row``
-        matrix, with the input's per-row factors at ``row_meta``)."""
+        matrix, with the input's per-row factors at ``row_meta``); output row ``i`` at
+        ``out + i * out_stride`` (default: rows of the GEMM's own width)."""
         r0, r1 = rows
         nrows = r1 - r0
         t = self.target
@@ -209,21 +214,23 @@ class Builder:
         tiles = self.weight_tiles(mat, rows)
         done = self.prefetched.pop((c, mat.name, rows), 0)
         first_buf = (self.tiles[c] - done) % 2
+        kind, extra = gemm_kind(mat)
+        if mat.gemm_row:
+            extra.update(row_meta=row_meta, row_shift=mat.row_shift, out_bits=mat.out_bits)
+        ld, free = self._ld[c], self._free[c]
+        stride = (nrows * elt if out_stride is None else out_stride) if m > 1 else 0
+        last = len(tiles) - 1
         for i, (lo, hi) in enumerate(tiles):
             buf = (first_buf + i) % 2 if i < done else self.tile_load(c, mat, lo, hi)
             off = lo - r0
-            kind, extra = gemm_kind(mat)
-            if mat.gemm_row:
-                extra.update(row_meta=row_meta, row_shift=mat.row_shift, out_bits=mat.out_bits)
             self.emit(kind(
                 **extra, core=c, m=m, k=mat.k, n=hi - lo, w_bits=mat.bits, a=a,
                 w=buf * t.tile_bytes, out=out + off * elt,
                 bias=NO_ADDR if bias == NO_ADDR else bias + 4 * off,
                 scale=NO_ADDR if scale == NO_ADDR else scale + 4 * off,
-                shift=mat.shift, out_stride=nrows * elt if m > 1 else 0,
-                wait=(self.sem(c, f"ld{buf}"),) + (wait0 if i == 0 else ()),
-                signal=(self.sem(c, f"free{buf}"),) + (last_signal if i == len(tiles) - 1
-                                                       else ()),
+                shift=mat.shift, out_stride=stride,
+                wait=(ld[buf],) + (wait0 if i == 0 else ()),
+                signal=(free[buf],) + (last_signal if i == last else ()),
             ))
 
     def gemm_into(self, c: int, mat: Matrix, rows: tuple[int, int], *, a: int, m: int,
@@ -231,14 +238,8 @@ class Builder:
                   first_wait: tuple[int, ...] = (), last_signal: tuple[int, ...] = ()) -> None:
         """:meth:`Builder.gemm` writing output row ``i`` at ``out + i * row_stride`` (its
         tiles pack rows of the GEMM's own width)."""
-        start = len(self.ins)
         self.gemm(c, mat, rows, a=a, m=m, out=out, plan=plan, first_wait=first_wait,
-                  last_signal=last_signal)
-        if m > 1:
-            for i in range(start, len(self.ins)):
-                ins = self.ins[i]
-                if isinstance(ins, Gemm):
-                    self.ins[i] = ins.replace(out_stride=row_stride)
+                  last_signal=last_signal, out_stride=row_stride)
 
 
 
