@@ -28,6 +28,20 @@ CORE_MODES = {"single": 1, "global4": 4, "global8": 8}
 #: made from the one recorded for other arguments (every varying field set from ``args``).
 Vary = Callable[[Instruction, Any], Instruction]
 
+
+def remade(ins: Instruction, **changes: int) -> Instruction:
+    """``ins.replace(**changes)`` at a tenth of its cost, for the instructions a replayed
+    block re-makes at every step: an instruction is a frozen dataclass whose constructor
+    only stores its fields (no ``__post_init__``), so a copy of its field values with
+    ``changes`` is the instruction the constructor would build from them."""
+    fields = ins.__dict__
+    if not changes.keys() <= fields.keys():
+        raise TypeError(f"{type(ins).__name__} has no field "
+                        f"{', '.join(sorted(changes.keys() - fields.keys()))}")
+    new = object.__new__(type(ins))
+    new.__dict__.update(fields, **changes)
+    return new
+
 @dataclass(frozen=True)
 class Target:
     """What the lowering needs to know of the hardware and the core mode."""

@@ -4,13 +4,18 @@ is lowered again; the memo stays bounded."""
 
 from __future__ import annotations
 
-from isa.encoding import encode_program
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from isa.encoding import encode_instruction, encode_program
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.compiler.builder import BlockMemo, Builder, Matrix, Target
+from models.compiler.builder import BlockMemo, Builder, Matrix, Target, remade
 from models.compiler.sram import SramPlan
 from models.config import load_preset
 from sim.hw import load_hardware
+from tests.isa.strategies import flag_lists, instructions, values_for
 
 TINY_HW = load_hardware("tiny")
 TINY = load_preset("tiny")
@@ -172,8 +177,6 @@ def test_a_decode_step_remakes_only_its_position_dependent_instructions() -> Non
 
 
 def test_a_varying_instruction_needs_the_varying_arguments() -> None:
-    import pytest
-
     from isa.instructions import DmaLoad
 
     target = Target((0,), 1 << 20, 1024)
@@ -193,8 +196,6 @@ def test_a_varying_instruction_needs_the_varying_arguments() -> None:
 
 
 def test_an_sram_probe_without_the_head_is_the_call_up_to_its_head() -> None:
-    import pytest
-
     from isa.errors import ConfigError
     from isa.instructions import HostRead
     from models.compiler.driver import lower_call
@@ -207,3 +208,29 @@ def test_an_sram_probe_without_the_head_is_the_call_up_to_its_head() -> None:
     assert isinstance(full[-1], HostRead) and not any(isinstance(i, HostRead) for i in probe)
     with pytest.raises(ConfigError, match="always runs its head"):
         lower_call(lw, n=5, cache_size=0, all_logits=True, head=False)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ins=instructions(), data=st.data())
+def test_remade_instructions_equal_replaced_ones(ins, data) -> None:
+    """:func:`remade` copies field values past the constructor: for any instruction and
+    any change of its fields it gives what ``replace`` gives (the instruction types keep
+    a constructor that only stores)."""
+    cls = type(ins)
+    assert "__post_init__" not in vars(cls) and not hasattr(cls, "__slots__")
+    fields = data.draw(st.lists(st.sampled_from(cls.body_fields()), unique=True, max_size=3))
+    changes = {f.name: data.draw(values_for(f)) for f in fields}
+    if data.draw(st.booleans()):
+        changes["wait"] = data.draw(flag_lists())
+    got = remade(ins, **changes)
+    want = ins.replace(**changes)
+    assert type(got) is cls and got == want and hash(got) == hash(want)
+    assert encode_instruction(got) == encode_instruction(want)
+    assert got is not ins
+
+
+def test_remade_refuses_a_field_the_instruction_lacks() -> None:
+    from isa.instructions import DmaLoad
+
+    with pytest.raises(TypeError, match="DmaLoad has no field nbytez"):
+        remade(DmaLoad(src=0, dst=0, nbytes=4), nbytez=4)

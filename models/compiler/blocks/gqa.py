@@ -21,7 +21,7 @@ from isa.kvformats import KVFormat, KVPair
 
 from ...config import ModelConfig
 from ...reference import softmax_scale
-from ..builder import Builder, Vary
+from ..builder import Builder, Vary, remade
 from ..kvspec import KvCacheSpec
 from ..lowering import Lowering, TileSeq, kv_region
 from ..memmap import MemoryMap
@@ -275,17 +275,17 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
 
 def _table_rows(i: int, table: int, row_bytes: int) -> Vary:
     """A load of sequence ``i``'s rows of a per-position table (RoPE cos or sin)."""
-    return lambda ins, segs: ins.replace(src=table + segs[i].pos0 * row_bytes)
+    return lambda ins, segs: remade(ins, src=table + segs[i].pos0 * row_bytes)
 
 
 def _append_at(i: int) -> Vary:
     """A cache append of sequence ``i``'s tokens at its positions."""
-    return lambda ins, segs: ins.replace(pos=segs[i].pos0)
+    return lambda ins, segs: remade(ins, pos=segs[i].pos0)
 
 
 def _span_at(i: int, span: Callable[[TileSeq], dict[str, int]]) -> Vary:
     """An attention of sequence ``i``'s queries over its keys (``span``: those fields)."""
-    return lambda ins, segs: ins.replace(**span(segs[i]))
+    return lambda ins, segs: remade(ins, **span(segs[i]))
 
 
 def attention_instruction(lw: Lowering, layer: int, aq: AttnQ, **fields) -> Attn:
