@@ -329,8 +329,9 @@ class BlockMemo:
               args: Any = None) -> None:
         """Emit the block ``lower()`` emits into ``b``, replayed if it was seen before
         (its varying instructions made for ``args``)."""
-        if b.holes:
-            raise RuntimeError(f"block {key!r}: memoized blocks do not nest")
+        if b.holes and args is not None:  # its re-made instructions would be the outer's
+            raise RuntimeError(f"block {key!r} varies: it cannot be part of another "
+                               "memoized block")
         full = (key, b.state_key())
         rec = self._entries.get(full)
         if rec is not None:

@@ -188,11 +188,20 @@ def test_a_varying_instruction_needs_the_varying_arguments() -> None:
 
     with pytest.raises(RuntimeError, match="without its varying arguments"):
         memo.lower(b, "x", block)
-    with pytest.raises(RuntimeError, match="do not nest"):
+    with pytest.raises(RuntimeError, match="cannot be part of another"):
         memo.lower(b, "outer", lambda: memo.lower(b, "inner", block, args=1), args=0)
+    with pytest.raises(RuntimeError, match="without its varying arguments"):
+        memo.lower(b, "outer", lambda: memo.lower(b, "inner", block), args=0)
+    # blocks that do not vary nest: the outer one's replay holds the inner one's
+    n = len(b.ins)
+    plain = lambda: b.emit(DmaLoad(src=4, dst=0, nbytes=4))  # noqa: E731
+    memo.lower(b, "p", lambda: (plain(), memo.lower(b, "q", plain)))
+    memo.lower(b, "p", lambda: (plain(), memo.lower(b, "q", plain)))
+    assert len(b.ins) == n + 4 and len(set(map(id, b.ins[n:]))) == 1
+    hits = memo.hits
     memo.lower(b, "y", block, args=8)
     memo.lower(b, "y", block, args=16)
-    assert [i.src for i in b.ins[-2:]] == [0, 16] and memo.hits == 1
+    assert [i.src for i in b.ins[-2:]] == [0, 16] and memo.hits == hits + 1
 
 
 def test_an_sram_probe_without_the_head_is_the_call_up_to_its_head() -> None:
