@@ -1,10 +1,16 @@
 """The DRAM traffic of a KV cache region (:mod:`.region`): what a read of some positions
 moves, what an append reads and writes, and how many bytes of records a cache of ``T``
 tokens holds. Built on the region's token-to-slot runs (:func:`.region.runs`), so the
-traffic counts the same records the reads and writes touch."""
+traffic counts the same records the reads and writes touch.
+
+The counts are pure functions of (format, positions, width) and are asked for again and
+again (every layer's attention of a decode step reads the same length; the simulator times
+each instruction by them), so they are kept per argument tuple (:data:`CACHED_COUNTS`
+entries each), computed from plain ints."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ..errors import FormatError
@@ -14,8 +20,21 @@ if TYPE_CHECKING:
     from .format import KVFormat
 
 
+#: Argument tuples whose counts each function keeps (least recently used beyond).
+CACHED_COUNTS = 1 << 16
+
+
 def read_bytes(fmt: KVFormat, pos: int, tokens: int, width: int, *,
                cached: int | None = None) -> int:
+    """DRAM bytes a read of positions ``pos .. pos+tokens-1`` moves (see
+    :func:`_read_bytes`)."""
+    return _read_bytes(fmt, int(pos), int(tokens), int(width),
+                       None if cached is None else int(cached))
+
+
+@lru_cache(maxsize=CACHED_COUNTS)
+def _read_bytes(fmt: KVFormat, pos: int, tokens: int, width: int,
+                cached: int | None) -> int:
     """DRAM bytes a read of positions ``pos .. pos+tokens-1`` moves from a region whose
     cache holds ``cached`` tokens (default ``pos + tokens``): the header and every record
     or block it touches. Reading a whole cache of T tokens moves
@@ -27,6 +46,13 @@ def read_bytes(fmt: KVFormat, pos: int, tokens: int, width: int, *,
 
 
 def write_bytes(fmt: KVFormat, pos: int, tokens: int, width: int) -> tuple[int, int]:
+    """DRAM ``(read, written)`` bytes of appending ``tokens`` tokens at ``pos`` (see
+    :func:`_write_bytes`)."""
+    return _write_bytes(fmt, int(pos), int(tokens), int(width))
+
+
+@lru_cache(maxsize=CACHED_COUNTS)
+def _write_bytes(fmt: KVFormat, pos: int, tokens: int, width: int) -> tuple[int, int]:
     """DRAM ``(read, written)`` bytes of appending ``tokens`` tokens at ``pos`` to a cache
     of ``pos`` tokens: the header, the full-precision records re-quantized as they leave
     the window (read) and every record or block written."""

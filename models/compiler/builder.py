@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 from isa.instructions import NO_ADDR, DmaLoad, Gemm, GemmGroup, GemmRow, GemmRowGroup, Instruction
 from isa.kernels.gemm_group import group_row_bytes
@@ -21,6 +22,25 @@ from .sram import SramOverflow, SramPlan
 
 #: Cores each core mode runs one inference on (qb runtime ModelConfig; FACTS.md).
 CORE_MODES = {"single": 1, "global4": 4, "global8": 8}
+
+#: How an instruction of a memoized block follows the block's varying arguments (the
+#: positions of a token tile): ``vary(recorded, args)`` is the instruction for ``args``,
+#: made from the one recorded for other arguments (every varying field set from ``args``).
+Vary = Callable[[Instruction, Any], Instruction]
+
+
+def remade(ins: Instruction, **changes: int) -> Instruction:
+    """``ins.replace(**changes)`` at a tenth of its cost, for the instructions a replayed
+    block re-makes at every step: an instruction is a frozen dataclass whose constructor
+    only stores its fields (no ``__post_init__``), so a copy of its field values with
+    ``changes`` is the instruction the constructor would build from them."""
+    fields = ins.__dict__
+    if not changes.keys() <= fields.keys():
+        raise TypeError(f"{type(ins).__name__} has no field "
+                        f"{', '.join(sorted(changes.keys() - fields.keys()))}")
+    new = object.__new__(type(ins))
+    new.__dict__.update(fields, **changes)
+    return new
 
 @dataclass(frozen=True)
 class Target:
@@ -94,10 +114,17 @@ class Builder:
 
     def __post_init__(self) -> None:
         self._interned: dict[Instruction, Instruction] = {}
+        # the varying instructions ``(index, vary)`` of the blocks being recorded, innermost
+        # last (:meth:`BlockMemo.lower`)
+        self.holes: list[list[tuple[int, Vary]]] = []
         self.flags = Flags(FORWARD, self.target.cores)
         # (core, name) -> flag id, looked up once per instruction field (a hot path)
         self._ids = {(c, name): i for name in FORWARD.per_core
                      for c, i in self.flags.per_core(name).items()}
+        # core -> the flags of its two weight tile buffers: loaded, free again
+        self._ld = {c: (self.sem(c, "ld0"), self.sem(c, "ld1")) for c in self.target.cores}
+        self._free = {c: (self.sem(c, "free0"), self.sem(c, "free1"))
+                      for c in self.target.cores}
         for c in self.target.cores:
             self.tiles[c] = 0
             self.bar_due[c] = 0
@@ -118,11 +145,15 @@ class Builder:
     def shared(self, name: str) -> int:
         return self.flags.shared(name)
 
-    def emit(self, instr: Instruction) -> None:
+    def emit(self, instr: Instruction, vary: Vary | None = None) -> None:
+        """Append ``instr``; ``vary``: how it follows the varying arguments of the block
+        being recorded (an instruction that reads a tile's positions gives one)."""
         # equal instructions share one object (instructions are frozen values): token
         # tiles re-emit the same weight loads and GEMMs layer after layer, and one object
         # per distinct instruction bounds the program's memory by what differs; whatever
         # walks a program (validation, encoding, rooflines) then handles each object once
+        if vary is not None and self.holes:
+            self.holes[-1].append((len(self.ins), vary))
         self.ins.append(self._interned.setdefault(instr, instr))
 
     def take_bar(self, core: int) -> tuple[int, ...]:
@@ -137,23 +168,23 @@ class Builder:
         return tuple(self.sem(c, "bar") for c in self.target.cores)
 
     def load(self, c: int, src: int, dst: int, nbytes: int, *, to: str, rows: int = 1,
-             src_stride: int = 0, wait: tuple[int, ...] = ()) -> None:
+             src_stride: int = 0, wait: tuple[int, ...] = (),
+             vary: Vary | None = None) -> None:
         """DMA load that signals ``to`` (``"in_vpu"`` or ``"in_mxu"``); it also takes the
-        barrier credits due."""
+        barrier credits due (``vary``: see :meth:`emit`)."""
         self.emit(DmaLoad(core=c, src=src, dst=dst, nbytes=nbytes, rows=rows,
                           src_stride=src_stride, wait=self.take_bar(c) + wait,
-                          signal=(self.sem(c, to),)))
+                          signal=(self.sem(c, to),)), vary)
 
     def tile_load(self, c: int, mat: Matrix, lo: int, hi: int) -> int:
         """Load weight rows ``[lo, hi)`` into the next tile buffer; returns the buffer."""
-        t = self.target
         k = self.tiles[c]
-        self.tiles[c] += 1
+        self.tiles[c] = k + 1
         buf = k % 2
-        self.emit(DmaLoad(core=c, src=mat.w_addr + lo * mat.row_bytes,
-                          dst=buf * t.tile_bytes, nbytes=(hi - lo) * mat.row_bytes,
-                          wait=(self.sem(c, f"free{buf}"),) if k >= 2 else (),
-                          signal=(self.sem(c, f"ld{buf}"),)))
+        rb = mat.row_bytes
+        self.emit(DmaLoad(core=c, src=mat.w_addr + lo * rb, dst=buf * self.target.tile_bytes,
+                          nbytes=(hi - lo) * rb, wait=(self._free[c][buf],) if k >= 2 else (),
+                          signal=(self._ld[c][buf],)))
         return buf
 
     def weight_tiles(self, mat: Matrix, rows: tuple[int, int]) -> list[tuple[int, int]]:
@@ -174,10 +205,12 @@ class Builder:
 
     def gemm(self, c: int, mat: Matrix, rows: tuple[int, int], *, a: int, m: int, out: int,
              plan: SramPlan, first_wait: tuple[int, ...] = (),
-             last_signal: tuple[int, ...] = (), row_meta: int = NO_ADDR) -> None:
+             last_signal: tuple[int, ...] = (), row_meta: int = NO_ADDR,
+             out_stride: int | None = None) -> None:
         """``out[m, :] = a[m, k] @ W[r0:r1].T`` (row-major, ``r1 - r0`` columns) on core
         ``c``, tile by tile through the two weight buffers (GemmRow for a ``gemm_row``
-        matrix, with the input's per-row factors at ``row_meta``)."""
+        matrix, with the input's per-row factors at ``row_meta``); output row ``i`` at
+        ``out + i * out_stride`` (default: rows of the GEMM's own width)."""
         r0, r1 = rows
         nrows = r1 - r0
         t = self.target
@@ -195,21 +228,23 @@ class Builder:
         tiles = self.weight_tiles(mat, rows)
         done = self.prefetched.pop((c, mat.name, rows), 0)
         first_buf = (self.tiles[c] - done) % 2
+        kind, extra = gemm_kind(mat)
+        if mat.gemm_row:
+            extra.update(row_meta=row_meta, row_shift=mat.row_shift, out_bits=mat.out_bits)
+        ld, free = self._ld[c], self._free[c]
+        stride = (nrows * elt if out_stride is None else out_stride) if m > 1 else 0
+        last = len(tiles) - 1
         for i, (lo, hi) in enumerate(tiles):
             buf = (first_buf + i) % 2 if i < done else self.tile_load(c, mat, lo, hi)
             off = lo - r0
-            kind, extra = gemm_kind(mat)
-            if mat.gemm_row:
-                extra.update(row_meta=row_meta, row_shift=mat.row_shift, out_bits=mat.out_bits)
             self.emit(kind(
                 **extra, core=c, m=m, k=mat.k, n=hi - lo, w_bits=mat.bits, a=a,
                 w=buf * t.tile_bytes, out=out + off * elt,
                 bias=NO_ADDR if bias == NO_ADDR else bias + 4 * off,
                 scale=NO_ADDR if scale == NO_ADDR else scale + 4 * off,
-                shift=mat.shift, out_stride=nrows * elt if m > 1 else 0,
-                wait=(self.sem(c, f"ld{buf}"),) + (wait0 if i == 0 else ()),
-                signal=(self.sem(c, f"free{buf}"),) + (last_signal if i == len(tiles) - 1
-                                                       else ()),
+                shift=mat.shift, out_stride=stride,
+                wait=(ld[buf],) + (wait0 if i == 0 else ()),
+                signal=(free[buf],) + (last_signal if i == last else ()),
             ))
 
     def gemm_into(self, c: int, mat: Matrix, rows: tuple[int, int], *, a: int, m: int,
@@ -217,14 +252,8 @@ class Builder:
                   first_wait: tuple[int, ...] = (), last_signal: tuple[int, ...] = ()) -> None:
         """:meth:`Builder.gemm` writing output row ``i`` at ``out + i * row_stride`` (its
         tiles pack rows of the GEMM's own width)."""
-        start = len(self.ins)
         self.gemm(c, mat, rows, a=a, m=m, out=out, plan=plan, first_wait=first_wait,
-                  last_signal=last_signal)
-        if m > 1:
-            for i in range(start, len(self.ins)):
-                ins = self.ins[i]
-                if isinstance(ins, Gemm):
-                    self.ins[i] = ins.replace(out_stride=row_stride)
+                  last_signal=last_signal, out_stride=row_stride)
 
 
 
@@ -260,12 +289,17 @@ class Credits:
 
 @dataclass
 class _Recorded:
-    """What lowering one block emitted from one builder state, and the state after it."""
+    """What lowering one block emitted from one builder state, and the state after it;
+    ``holes``: the instructions that follow the block's varying arguments ``args`` (with
+    the instructions made for the arguments seen last)."""
 
     ins: tuple[Instruction, ...]
     tiles: dict[int, int]  # core -> weight tiles issued by the block
     bar_due: dict[int, int]  # core -> bar credits due after it
     prefetched: dict[tuple, int]  # the prefetches left after it
+    holes: tuple[tuple[int, Vary], ...] = ()
+    args: Any = None
+    last: tuple[Any, tuple[Instruction, ...]] | None = None
 
 
 class BlockMemo:
@@ -274,7 +308,13 @@ class BlockMemo:
     same builder state (:meth:`Builder.state_key`) emits the same instructions and leaves
     the same state, so a repeat is replayed instead of lowered (decode steps at successive
     cache positions share their MLP and head blocks; prefill tiles share their MLPs). The
-    least recently used entries go beyond ``max_entries``."""
+    least recently used entries go beyond ``max_entries``.
+
+    A block may also read arguments outside its key (``args``: the positions of a tile's
+    sequences) in a few instructions only, each emitted with its ``vary``
+    (:meth:`Builder.emit`): a replay for other ``args`` re-makes just those (the attention
+    stage of successive decode steps differs in its RoPE table loads, cache appends and
+    attention lengths). Every other instruction of a replay is the recorded object itself."""
 
     def __init__(self, max_entries: int = 512):
         self.max_entries = max_entries
@@ -285,25 +325,54 @@ class BlockMemo:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lower(self, b: Builder, key: Hashable, lower: Callable[[], None]) -> None:
-        """Emit the block ``lower()`` emits into ``b``, replayed if it was seen before."""
+    def lower(self, b: Builder, key: Hashable, lower: Callable[[], None], *,
+              args: Any = None) -> None:
+        """Emit the block ``lower()`` emits into ``b``, replayed if it was seen before
+        (its varying instructions made for ``args``)."""
+        if b.holes and args is not None:  # its re-made instructions would be the outer's
+            raise RuntimeError(f"block {key!r} varies: it cannot be part of another "
+                               "memoized block")
         full = (key, b.state_key())
         rec = self._entries.get(full)
         if rec is not None:
             self.hits += 1
             self._entries.move_to_end(full)
-            b.ins.extend(rec.ins)
-            for c, n in rec.tiles.items():
-                b.tiles[c] += n
-            b.bar_due.update(rec.bar_due)
-            b.prefetched.clear()
-            b.prefetched.update(rec.prefetched)
+            self._replay(b, rec, args)
             return
         self.misses += 1
         start, tiles0 = len(b.ins), dict(b.tiles)
-        lower()
+        b.holes.append([])
+        try:
+            lower()
+        finally:
+            holes = b.holes.pop()
+        if holes and args is None:
+            raise RuntimeError(f"block {key!r} has varying instructions but was memoized "
+                               "without its varying arguments")
         self._entries[full] = _Recorded(tuple(b.ins[start:]),
                                         {c: b.tiles[c] - tiles0[c] for c in b.tiles},
-                                        dict(b.bar_due), dict(b.prefetched))
+                                        dict(b.bar_due), dict(b.prefetched),
+                                        tuple((i - start, v) for i, v in holes), args)
         if len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
+
+    @staticmethod
+    def _replay(b: Builder, rec: _Recorded, args: Any) -> None:
+        start = len(b.ins)
+        b.ins.extend(rec.ins)
+        if rec.holes and args != rec.args:
+            if rec.last is not None and rec.last[0] == args:
+                made = rec.last[1]
+            else:
+                made = tuple(vary(rec.ins[i], args) for i, vary in rec.holes)
+                rec.last = (args, made)
+            # equal ones share one object within the program, as emitted ones do (every
+            # layer of a tile loads the same RoPE table rows)
+            intern = b._interned.setdefault
+            for (i, _), ins in zip(rec.holes, made, strict=True):
+                b.ins[start + i] = intern(ins, ins)
+        for c, n in rec.tiles.items():
+            b.tiles[c] += n
+        b.bar_due.update(rec.bar_due)
+        b.prefetched.clear()
+        b.prefetched.update(rec.prefetched)

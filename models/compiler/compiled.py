@@ -352,17 +352,19 @@ class _TileSearch:
                                                   m_tile=m_tile)
         return self._maps[m_tile]
 
-    def lower(self, m_tile: int, tile_bytes: int, m: int) -> None:
-        """Lower a pass of ``m`` tokens (raises :class:`SramOverflow` if it does not fit)."""
+    def lower(self, m_tile: int, tile_bytes: int, m: int, *, head: bool = False) -> None:
+        """Lower a pass of ``m`` tokens (raises :class:`SramOverflow` if it does not fit);
+        ``head``: with the head (its buffers do not grow with the tokens, so each tile
+        size checks it once, in its first probe)."""
         lw = _lowering(self.model, self.bits, self.kv, self.hw, self.core_mode,
                        max_seq=self.max_seq, cap=self.cap, m_tile=m_tile,
                        mm=self.memory_map(m_tile), numerics=self.numerics,
                        tile_bytes=tile_bytes, blocks=self.blocks)
-        lower_call(lw, n=m, cache_size=0, layers=self.layers)
+        lower_call(lw, n=m, cache_size=0, layers=self.layers, head=head)
 
-    def fits(self, m_tile: int, tile_bytes: int, m: int) -> bool:
+    def fits(self, m_tile: int, tile_bytes: int, m: int, *, head: bool = False) -> bool:
         try:
-            self.lower(m_tile, tile_bytes, m)
+            self.lower(m_tile, tile_bytes, m, head=head)
         except SramOverflow:
             return False
         return True
@@ -370,7 +372,7 @@ class _TileSearch:
     def m_tile(self, tile_bytes: int) -> int:
         """The most tokens per pass whose stage buffers fit in SRAM (binary search)."""
         try:
-            self.lower(1, tile_bytes, 1)
+            self.lower(1, tile_bytes, 1, head=True)
         except SramOverflow as err:
             raise CompileError(f"model {self.model.name!r} does not fit {self.hw.name}'s SRAM "
                                f"even one token at a time: {err}") from None
@@ -380,7 +382,9 @@ class _TileSearch:
         """The most tokens (0..m_tile) of a pass whose buffers fit beside two ``big``
         tiles, in the memory map of ``m_tile``-token tiles (buffers grow with the tokens,
         so the passes that fit are those up to a bound: binary search)."""
-        return _largest(0, m_tile, lambda m: self.fits(m_tile, big, m))
+        if not self.fits(m_tile, big, 1, head=True):
+            return 0
+        return _largest(1, m_tile, lambda m: self.fits(m_tile, big, m))
 
 
 def _largest(lo: int, hi: int, ok) -> int:

@@ -102,15 +102,20 @@ def tiles_of(seqs: Sequence[StepSeq], m_tile: int) -> list[tuple[TileSeq, ...]]:
 
 def lower_call(lw: Lowering, *, n: int, cache_size: int, slot: int = 0, host_in: int = 0,
                host_out: int = 0, name: str = "",
-               layers: Sequence[int] | None = None, all_logits: bool = False) -> Program:
+               layers: Sequence[int] | None = None, all_logits: bool = False,
+               head: bool = True) -> Program:
     """The program of one call with ``n`` tokens at cache position ``cache_size``; with
     ``all_logits`` the logits of every one of its tokens go to the host (``n x vocab``
-    int32, row ``i`` the logits after token ``i``), else its last token's."""
+    int32, row ``i`` the logits after token ``i``), else its last token's. ``head=False``
+    leaves out the head and the logits' read (an SRAM probe of the layers: the head of
+    one call needs the same SRAM whatever its tokens)."""
     lw.check_call(n, cache_size)
     name = name or f"forward n={n} cache_size={cache_size} slot={slot}"
     if not all_logits:
         return _lower(lw, [StepSeq(slot, n, cache_size)], layers=layers, host_in=host_in,
-                      host_out=host_out, one_call=True, name=name)
+                      host_out=host_out, one_call=True, name=name, head=head)
+    if not head:
+        raise ConfigError("a call with all-position logits always runs its head")
     h = lw.model.hidden_size * lw.numerics.residual_bytes  # bytes per hidden state
     if LAST_REGION not in lw.mm or LOGITS_REGION not in lw.mm:
         raise ConfigError(f"a call with all-position logits needs the regions "
@@ -163,14 +168,17 @@ def _name(seqs: list[StepSeq]) -> str:
 
 
 def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, host_in: int,
-           host_out: int, one_call: bool, name: str, every_token: bool = False) -> Program:
+           host_out: int, one_call: bool, name: str, every_token: bool = False,
+           head: bool = True) -> Program:
     cfg = lw.model
     blocks = lw.blocks
     b = Builder(lw.target)
     h = cfg.hidden_size
     emb = lw.mm["io.emb"].base
     m_all = sum(s.tokens for s in seqs)
-    b.emit(HostWrite(src=host_in, dst=emb, nbytes=4 * m_all * h, signal=b.barrier()))
+    # the host I/O, input and head blocks read no position either: replayed as they are
+    lw.memo.lower(b, ("host_in", host_in, emb, m_all), lambda: b.emit(
+        HostWrite(src=host_in, dst=emb, nbytes=4 * m_all * h, signal=b.barrier())))
     # the tokens (global indices) whose final hidden states the head needs: each sampling
     # sequence's last one (``every_token``: every token of every sampling sequence)
     ends, t = [], 0
@@ -185,7 +193,9 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
     layer_ids = range(cfg.num_layers) if layers is None else layers
     for segs in tiles_of(seqs, lw.m_tile):
         m = sum(sq.n for sq in segs)
-        stage_input(b, lw, emb + 4 * t0 * h, xbuf[cur], m)
+        src, dst = emb + 4 * t0 * h, xbuf[cur]
+        lw.memo.lower(b, ("input", src, dst, m),
+                      lambda src=src, dst=dst, m=m: stage_input(b, lw, src, dst, m))
         for layer in layer_ids:
             first = len(b.ins)
             blocks.attention.lower(b, lw, layer, xbuf[cur], m, segs)
@@ -197,11 +207,19 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
             gather_rows(b, lw, xbuf[cur], rows)
         t0 += m
     done = b.shared("logits")
+    if one_call and not head:
+        return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))
     if one_call:  # the head reads the last token's hidden state where it is
         x_last = xbuf[cur] + (m - 1) * h * lw.numerics.residual_bytes
-        lw.memo.lower(b, ("head", x_last), lambda: stage_head(b, lw, x_last))
-        b.emit(HostRead(src=lw.mm["io.logits"].base, dst=host_out, nbytes=4 * cfg.vocab_size,
-                        wait=(done,) * sum(1 for c in lw.target.cores if head_rows_of(lw, c))))
+
+        def head() -> None:
+            stage_head(b, lw, x_last)
+            b.emit(HostRead(src=lw.mm["io.logits"].base, dst=host_out,
+                            nbytes=4 * cfg.vocab_size,
+                            wait=(done,) * sum(1 for c in lw.target.cores
+                                               if head_rows_of(lw, c))))
+
+        lw.memo.lower(b, ("head", x_last, host_out), head)
         return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))
     n_out = len(ends)
     if not n_out:

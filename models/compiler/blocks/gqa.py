@@ -14,12 +14,14 @@ the regions ``kv.s<slot>.l<layer>.k`` and ``.v``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from isa.instructions import Attn, AttnDq, DmaStore, Engine, KvWrite, Nop, Vec, VecFunc, f32_bits
 from isa.kvformats import KVFormat, KVPair
 
 from ...config import ModelConfig
 from ...reference import softmax_scale
-from ..builder import Builder
+from ..builder import Builder, Vary, remade
 from ..kvspec import KvCacheSpec
 from ..lowering import Lowering, TileSeq, kv_region
 from ..memmap import MemoryMap
@@ -66,7 +68,11 @@ class GqaAttention:
     def lower(self, b: Builder, lw: Lowering, layer: int, x: int, m: int,
               segs: tuple[TileSeq, ...]) -> None:
         q = lw.numerics.layers[layer]
-        _stage_attention(b, lw, layer, q, x, m, segs)
+        # stages A and B read the tile's positions in a few instructions only (RoPE table
+        # loads, cache appends, attention spans): replayed, with those made for ``segs``
+        shape = tuple((sq.slot, sq.n, sq.off) for sq in segs)
+        lw.memo.lower(b, ("attn", layer, x, m, shape),
+                      lambda: _stage_attention(b, lw, layer, q, x, m, segs), args=segs)
         # stage C reads no position: decode steps and prefill tiles of a size share it
         lw.memo.lower(b, ("o", layer, x, m), lambda: self.stage_o(b, lw, layer, q, x, m))
 
@@ -166,10 +172,12 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
         xn = att.input_norm(b, lw, c, plan, layer, q, xs, m)
         meta = row_meta(lw, xn, m, h)
         tab = plan.take(2 * m * rot, "RoPE tables")
-        for sq in segs:  # per sequence: [cos | sin] of its positions
+        for i, sq in enumerate(segs):  # per sequence: [cos | sin] of its positions
             t = tab + 2 * sq.off * rot
-            b.load(c, cos + sq.pos0 * rot, t, sq.n * rot, to="in_vpu")
-            b.load(c, sin + sq.pos0 * rot, t + sq.n * rot, sq.n * rot, to="in_vpu")
+            b.load(c, cos + sq.pos0 * rot, t, sq.n * rot, to="in_vpu",
+                   vary=_table_rows(i, cos, rot))
+            b.load(c, sin + sq.pos0 * rot, t + sq.n * rot, sq.n * rot, to="in_vpu",
+                   vary=_table_rows(i, sin, rot))
         gains = att.head_norm_gains(b, lw, c, plan, layer)
         first = (b.sem(c, "vpu_mxu"),)
         vpu_ops: list[tuple[str, int, int, int]] = []  # (kind, buf, width, kv head)
@@ -218,10 +226,10 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
                     wait = ()
             if kind in ("k", "v"):
                 fmt, regs, sub = (ki, kregs, k_sub) if kind == "k" else (vi, vregs, v_sub)
-                for sq, reg in zip(segs, regs, strict=True):
+                for i, (sq, reg) in enumerate(zip(segs, regs, strict=True)):
                     b.emit(KvWrite(core=c, fmt=fmt, tokens=sq.n, width=hd, pos=sq.pos0,
                                    cap=lw.cap, src=buf + sq.off * hd, dst=reg.base + j * sub,
-                                   nbytes=sub, wait=wait))
+                                   nbytes=sub, wait=wait), _append_at(i))
                     wait = ()
         if not tables_taken:  # the tables were loaded for nothing: consume their credits
             b.emit(Nop(core=c, on=Engine.VPU, wait=(b.sem(c, "in_vpu"),) * (2 * len(segs))))
@@ -231,6 +239,13 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
     # --- stage B: attention over the cache ---------------------------------------------
     ao = lw.mm["act.ao"].base
     qh = cfg.num_heads * hd
+
+    def span(sq: TileSeq) -> dict[str, int]:
+        """The fields of an attention instruction that follow the sequence's positions."""
+        first, ctx = att.key_span(lw, layer, sq.pos0, sq.n)
+        return {"ctx": ctx, "pos": sq.pos0 - first, "k_nbytes": kf.read_bytes(first, ctx, hd),
+                "v_nbytes": vf.read_bytes(first, ctx, hd)}
+
     for c in lw.target.cores:
         if not held.get(c):
             continue
@@ -243,20 +258,34 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
             outs.append((ob, ha, hb))
             w = (hb - ha) * hd
             for i, (sq, kreg, vreg) in enumerate(zip(segs, kregs, vregs, strict=True)):
-                first, ctx = att.key_span(lw, layer, sq.pos0, sq.n)
                 b.emit(attention_instruction(
-                    lw, layer, q.attn, core=c, q_len=sq.n, ctx=ctx, heads=hb - ha, kv_heads=1,
-                    head_dim=hd, pos=sq.pos0 - first, cap=lw.cap, k_fmt=ki, v_fmt=vi,
+                    lw, layer, q.attn, core=c, q_len=sq.n, heads=hb - ha, kv_heads=1,
+                    head_dim=hd, cap=lw.cap, k_fmt=ki, v_fmt=vi,
                     q=qb + sq.off * w, k=kreg.base + j * k_sub, v=vreg.base + j * v_sub,
-                    out=ob + sq.off * w, k_nbytes=kf.read_bytes(first, ctx, hd),
-                    v_nbytes=vf.read_bytes(first, ctx, hd), wait=wait,
-                    signal=(b.sem(c, "mxu_out"),) if i == len(segs) - 1 else ()))
+                    out=ob + sq.off * w, wait=wait,
+                    signal=(b.sem(c, "mxu_out"),) if i == len(segs) - 1 else (),
+                    **span(sq)), _span_at(i, span))
                 wait = ()
         for idx, (ob, ha, hb) in enumerate(outs):
             last = idx == len(outs) - 1
             b.emit(DmaStore(core=c, src=ob, dst=ao + ha * hd, nbytes=(hb - ha) * hd,
                             rows=m, dst_stride=qh, wait=(b.sem(c, "mxu_out"),),
                             signal=b.barrier() if last else ()))
+
+
+def _table_rows(i: int, table: int, row_bytes: int) -> Vary:
+    """A load of sequence ``i``'s rows of a per-position table (RoPE cos or sin)."""
+    return lambda ins, segs: remade(ins, src=table + segs[i].pos0 * row_bytes)
+
+
+def _append_at(i: int) -> Vary:
+    """A cache append of sequence ``i``'s tokens at its positions."""
+    return lambda ins, segs: remade(ins, pos=segs[i].pos0)
+
+
+def _span_at(i: int, span: Callable[[TileSeq], dict[str, int]]) -> Vary:
+    """An attention of sequence ``i``'s queries over its keys (``span``: those fields)."""
+    return lambda ins, segs: remade(ins, **span(segs[i]))
 
 
 def attention_instruction(lw: Lowering, layer: int, aq: AttnQ, **fields) -> Attn:
