@@ -21,10 +21,14 @@ SOFTMAX    row softmax, int8 probabilities (Q7)        mult, shift, out_shift
 REQUANT    int32 src0 -> int8                          mult, shift
 FROM_F32   float32 src0 -> int8, ``x * p0 / 2**p1``    mult, shift
 TOPK_GATE  router logits -> int32 (id, Q24 weight) x k   mult, shift, k, flags
+GATE_ACC   int32 src0 x gate -> int32 dst (see below)    shift, gate stride, accumulate
+SIGMOID    int8 src0 -> int32 Q24 sigmoid                mult, shift
 ========== =========================================== ==================================
 
 TOPK_GATE (:mod:`isa.kernels.moe`) writes ``8 * k`` bytes per row at ``dst``: the routing
-table of a MoE layer.
+table of a MoE layer. GATE_ACC reads row ``r``'s int32 gate at ``src1 + r * p1`` (``p1`` 0:
+4) and writes ``dst = sat32(rs(src0 * gate, p0))``, plus the old ``dst`` when ``p2 & 1``
+(it reads ``dst`` then): a routed expert's output weighted and summed per token.
 
 The wide functions (``isa.kernels.wide``; "wide" = int16 or int32 as ``p2`` says):
 
@@ -106,7 +110,7 @@ from .kernels import softmax as ksm
 from .kernels import vector as kvec
 from .kernels import wide as kwide
 from .kernels.fpbits import Q as Q24
-from .vecfuncs import ROW_META_BYTES, wide_bytes
+from .vecfuncs import GATE_ACCUMULATE, ROW_META_BYTES, gate_stride, wide_bytes
 
 
 class Memory(Protocol):
@@ -349,8 +353,33 @@ def _vec(v: Vec, mem: Memory) -> None:
         kmoe.topk_gate_rows(x, v.p0, v.p1, v.p2, v.p3, table)
         mem.write(Space.SRAM, c, v.dst, table.reshape(-1).view(np.uint8))
         return
+    elif f == VecFunc.GATE_ACC:
+        _gate_acc(v, mem)
+        return
+    elif f == VecFunc.SIGMOID:
+        x = _sram(mem, c, v.src0, n).reshape(r, cols)
+        q = np.empty((r, cols), np.int32)
+        kmoe.sigmoid_rows(x, v.p0, v.p1, q)
+        mem.write(Space.SRAM, c, v.dst, q.reshape(-1).view(np.uint8))
+        return
     else:  # pragma: no cover - the validator rejects unknown functions
         raise IsaError(f"vec: unknown function {v.func}")
+    mem.write(Space.SRAM, c, v.dst, out.reshape(-1).view(np.uint8))
+
+
+def _gate_acc(v: Vec, mem: Memory) -> None:
+    """GATE_ACC: int32 rows at src0 times each row's int32 gate (at src1, p1 apart) into
+    (or onto, ``p2 & 1``) the int32 rows at dst."""
+    c, r, cols = v.core, v.rows, v.cols
+    y = _sram(mem, c, v.src0, 4 * r * cols, np.int32).reshape(r, cols)
+    step = gate_stride(v.p1)
+    raw = _sram(mem, c, v.src1, step * (r - 1) + 4, np.uint8) if r else np.zeros(0, np.uint8)
+    gates = np.array([int.from_bytes(raw[i * step:i * step + 4].tobytes(), "little",
+                                     signed=True) for i in range(r)], np.int32)
+    acc = v.p2 & GATE_ACCUMULATE
+    out = (_sram(mem, c, v.dst, 4 * r * cols, np.int32).reshape(r, cols).copy() if acc
+           else np.zeros((r, cols), np.int32))
+    kmoe.gate_acc_rows(y, gates, v.p0, bool(acc), out)
     mem.write(Space.SRAM, c, v.dst, out.reshape(-1).view(np.uint8))
 
 
