@@ -105,12 +105,12 @@ from .kernels import attention as katt
 from .kernels import attention_fp as katf
 from .kernels import gemm_group as kgg
 from .kernels import matrix as kmat
-from .kernels import moe as kmoe
 from .kernels import softmax as ksm
 from .kernels import vector as kvec
 from .kernels import wide as kwide
 from .kernels.fpbits import Q as Q24
-from .vecfuncs import GATE_ACCUMULATE, ROW_META_BYTES, gate_stride, wide_bytes
+from .semantics_moe import MOE_FUNCS, moe_vec
+from .vecfuncs import ROW_META_BYTES, wide_bytes
 
 
 class Memory(Protocol):
@@ -347,39 +347,11 @@ def _vec(v: Vec, mem: Memory) -> None:
         flat = np.empty(n, np.int8)
         kvec.from_f32(bits, v.p0, v.p1, flat)
         out = flat.reshape(r, cols)
-    elif f == VecFunc.TOPK_GATE:
-        x = _sram(mem, c, v.src0, n).reshape(r, cols)
-        table = np.empty((r, 2 * v.p2), np.int32)
-        kmoe.topk_gate_rows(x, v.p0, v.p1, v.p2, v.p3, table)
-        mem.write(Space.SRAM, c, v.dst, table.reshape(-1).view(np.uint8))
-        return
-    elif f == VecFunc.GATE_ACC:
-        _gate_acc(v, mem)
-        return
-    elif f == VecFunc.SIGMOID:
-        x = _sram(mem, c, v.src0, n).reshape(r, cols)
-        q = np.empty((r, cols), np.int32)
-        kmoe.sigmoid_rows(x, v.p0, v.p1, q)
-        mem.write(Space.SRAM, c, v.dst, q.reshape(-1).view(np.uint8))
+    elif f in MOE_FUNCS:
+        moe_vec(v, mem)
         return
     else:  # pragma: no cover - the validator rejects unknown functions
         raise IsaError(f"vec: unknown function {v.func}")
-    mem.write(Space.SRAM, c, v.dst, out.reshape(-1).view(np.uint8))
-
-
-def _gate_acc(v: Vec, mem: Memory) -> None:
-    """GATE_ACC: int32 rows at src0 times each row's int32 gate (at src1, p1 apart) into
-    (or onto, ``p2 & 1``) the int32 rows at dst."""
-    c, r, cols = v.core, v.rows, v.cols
-    y = _sram(mem, c, v.src0, 4 * r * cols, np.int32).reshape(r, cols)
-    step = gate_stride(v.p1)
-    raw = _sram(mem, c, v.src1, step * (r - 1) + 4, np.uint8) if r else np.zeros(0, np.uint8)
-    gates = np.array([int.from_bytes(raw[i * step:i * step + 4].tobytes(), "little",
-                                     signed=True) for i in range(r)], np.int32)
-    acc = v.p2 & GATE_ACCUMULATE
-    out = (_sram(mem, c, v.dst, 4 * r * cols, np.int32).reshape(r, cols).copy() if acc
-           else np.zeros((r, cols), np.int32))
-    kmoe.gate_acc_rows(y, gates, v.p0, bool(acc), out)
     mem.write(Space.SRAM, c, v.dst, out.reshape(-1).view(np.uint8))
 
 
