@@ -64,10 +64,12 @@ class DmaLoadIndexed(DmaLoad):
     count: int = u32(default=1)
 
     def accesses(self) -> list[Access]:
-        span = (max(self.count, 1) - 1) * self.stride
+        # one extent per entry: the entries may be regions of their own (a MoE layer's
+        # experts), each of which must hold its whole block
+        extent = _rows_extent(self.nbytes, self.rows, self.src_stride)
         return [
-            Access(Space.DRAM, 0, self.src,
-                   span + _rows_extent(self.nbytes, self.rows, self.src_stride), False, "src"),
+            *(Access(Space.DRAM, 0, self.src + i * self.stride, extent, False,
+                     f"src[{i}]" if i else "src") for i in range(max(self.count, 1))),
             Access(Space.SRAM, self.core, self.index, 4, False, "index"),
             Access(Space.SRAM, self.core, self.dst,
                    _rows_extent(self.nbytes, self.rows, self.dst_stride), True, "dst"),

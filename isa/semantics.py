@@ -21,10 +21,14 @@ SOFTMAX    row softmax, int8 probabilities (Q7)        mult, shift, out_shift
 REQUANT    int32 src0 -> int8                          mult, shift
 FROM_F32   float32 src0 -> int8, ``x * p0 / 2**p1``    mult, shift
 TOPK_GATE  router logits -> int32 (id, Q24 weight) x k   mult, shift, k, flags
+GATE_ACC   int32 src0 x gate -> int32 dst (see below)    shift, gate stride, accumulate
+SIGMOID    int8 src0 -> int32 Q24 sigmoid                mult, shift
 ========== =========================================== ==================================
 
 TOPK_GATE (:mod:`isa.kernels.moe`) writes ``8 * k`` bytes per row at ``dst``: the routing
-table of a MoE layer.
+table of a MoE layer. GATE_ACC reads row ``r``'s int32 gate at ``src1 + r * p1`` (``p1`` 0:
+4) and writes ``dst = sat32(rs(src0 * gate, p0))``, plus the old ``dst`` when ``p2 & 1``
+(it reads ``dst`` then): a routed expert's output weighted and summed per token.
 
 The wide functions (``isa.kernels.wide``; "wide" = int16 or int32 as ``p2`` says):
 
@@ -101,11 +105,11 @@ from .kernels import attention as katt
 from .kernels import attention_fp as katf
 from .kernels import gemm_group as kgg
 from .kernels import matrix as kmat
-from .kernels import moe as kmoe
 from .kernels import softmax as ksm
 from .kernels import vector as kvec
 from .kernels import wide as kwide
 from .kernels.fpbits import Q as Q24
+from .semantics_moe import MOE_FUNCS, moe_vec
 from .vecfuncs import ROW_META_BYTES, wide_bytes
 
 
@@ -343,11 +347,8 @@ def _vec(v: Vec, mem: Memory) -> None:
         flat = np.empty(n, np.int8)
         kvec.from_f32(bits, v.p0, v.p1, flat)
         out = flat.reshape(r, cols)
-    elif f == VecFunc.TOPK_GATE:
-        x = _sram(mem, c, v.src0, n).reshape(r, cols)
-        table = np.empty((r, 2 * v.p2), np.int32)
-        kmoe.topk_gate_rows(x, v.p0, v.p1, v.p2, v.p3, table)
-        mem.write(Space.SRAM, c, v.dst, table.reshape(-1).view(np.uint8))
+    elif f in MOE_FUNCS:
+        moe_vec(v, mem)
         return
     else:  # pragma: no cover - the validator rejects unknown functions
         raise IsaError(f"vec: unknown function {v.func}")

@@ -24,6 +24,8 @@ class VecFunc(IntEnum):
     FROM_F32 = 7  # float32 input -> int8 (the input converter at the host boundary)
     LAYERNORM = 8  # LayerNorm without bias (Cohere): RMSNorm of the mean-free row
     TOPK_GATE = 9  # MoE router: int8 logits -> top-k (expert id, Q24 weight) int32 pairs
+    GATE_ACC = 10  # MoE: int32 rows scaled by a Q24 gate per row (from SRAM), accumulated
+    SIGMOID = 11  # int8 logits -> int32 Q24 sigmoid (Qwen2-MoE's shared-expert gate)
     # --- the wide pipeline (codes from 16 on) ----------------------------------------
     ADD_WIDE = 16  # wide residual + int32 projection output -> wide residual
     RMSNORM_WIDE = 17  # int16/int32 rows -> int32
@@ -56,6 +58,9 @@ VEC_OPS_PER_ELEMENT = {
     VecFunc.LAYERNORM: 8,  # RMSNorm's 6 plus the row sum and the subtraction of the mean
     # SOFTMAX's 10 plus a compare and a select per element for the top-k selection
     VecFunc.TOPK_GATE: 12,
+    VecFunc.GATE_ACC: 3,  # multiply, shift, add
+    # SOFTMAX's exponential and one division per element
+    VecFunc.SIGMOID: 10,
     VecFunc.ADD_WIDE: 3,
     VecFunc.RMSNORM_WIDE: 8,
     VecFunc.QUANT_ROW: 4,
@@ -123,7 +128,20 @@ def vec_operand_bytes(func: int, rows: int, cols: int, p1: int,
         return 4 * n, 0, wide_bytes(p2) * n
     if f == VecFunc.TOPK_GATE:
         return n, 0, TOPK_ENTRY_BYTES * rows * max(p2, 0)  # p2 = k entries per row
+    if f == VecFunc.GATE_ACC:  # one int32 gate per row, p1 bytes apart
+        return 4 * n, gate_stride(p1) * (rows - 1) + 4 if rows else 0, 4 * n
+    if f == VecFunc.SIGMOID:
+        return n, 0, 4 * n
     return n, 0, n
+
+
+#: ``p2`` bit of GATE_ACC: add to ``dst`` (else overwrite it).
+GATE_ACCUMULATE = 1
+
+
+def gate_stride(p1: int) -> int:
+    """Bytes between the gates of consecutive rows of GATE_ACC (``p1``; 0: packed int32)."""
+    return p1 if p1 > 0 else 4
 
 
 def vec_problem(func: int, p2: int, cols: int | None = None, *, p1: int = 1
@@ -136,6 +154,9 @@ def vec_problem(func: int, p2: int, cols: int | None = None, *, p1: int = 1
     if func in _WIDTH_PARAM and p2 not in WIDE_BITS:
         return (f"{VecFunc(func).name}: p2 (the wide operand's bits) must be one of "
                 f"{WIDE_BITS}, got {p2}")
+    if func == VecFunc.GATE_ACC and (p1 < 0 or p1 % 4):
+        return ("GATE_ACC: p1 (the bytes between rows' gates) must be 0 or a positive "
+                f"multiple of 4, got {p1}")
     if func == VecFunc.TOPK_GATE:
         top = MAX_TOPK if cols is None else min(MAX_TOPK, cols)
         if not 1 <= p2 <= top:

@@ -416,37 +416,8 @@ class ReferenceModel:
 
     def route(self, layer: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """MoE routing of normed hidden states ``h`` (n, hidden) in layer ``layer``:
-        expert ids int ``(n, top_k)`` (best first; ties to the lower id) and their weights
-        float32 ``(n, top_k)``: softmax over every expert's router logit, the top
-        ``num_experts_per_tok``, then (DeepSeek-V2's ``MoEGate``) renormalised when
-        ``norm_topk_prob`` and top_k > 1, else scaled by ``routed_scaling_factor``;
-        Qwen2-MoE (``Qwen2MoeSparseMoeBlock``) renormalises when ``norm_topk_prob`` at
-        any top_k and never scales; Mixtral (``MixtralSparseMoeBlock``) always
-        renormalises (its import sets ``norm_topk_prob``), which equals its softmax over
-        the top-k logits."""
-        c = self.config
-        assert c.n_routed_experts is not None and c.num_experts_per_tok is not None
-        k = c.num_experts_per_tok
-        scores = softmax(self._linear(h, f"layers.{layer}.router"), axis=-1)
-        select = scores
-        if c.topk_method == "group_limited_greedy":
-            n = h.shape[0]
-            group_scores = scores.reshape(n, c.n_group, -1).max(axis=-1)
-            top_groups = np.argsort(-group_scores, axis=-1, kind="stable")[:, : c.topk_group]
-            keep = np.zeros((n, c.n_group), dtype=bool)
-            np.put_along_axis(keep, top_groups, True, axis=-1)
-            mask = np.repeat(keep, c.n_routed_experts // c.n_group, axis=-1)
-            select = np.where(mask, scores, np.float32(0))
-        ids = np.argsort(-select, axis=-1, kind="stable")[:, :k]
-        weights = np.take_along_axis(select, ids, axis=-1)
-        if c.family != "deepseek_v2":
-            if c.norm_topk_prob:
-                weights = weights / weights.sum(axis=-1, keepdims=True)
-        elif k > 1 and c.norm_topk_prob:
-            weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
-        else:
-            weights = weights * np.float32(c.routed_scaling_factor)
-        return ids, weights.astype(np.float32)
+        :func:`route_logits` of its router's logits."""
+        return route_logits(self.config, self._linear(h, f"layers.{layer}.router"))
 
     def _moe(self, layer: int, h: np.ndarray) -> np.ndarray:
         c = self.config
@@ -465,3 +436,36 @@ class ReferenceModel:
                 shared = shared / (np.float32(1) + np.exp(-gate))
             out += shared
         return out.astype(np.float32)
+
+
+def route_logits(c: ModelConfig, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MoE routing from router logits ``(n, n_routed_experts)``: expert ids int ``(n,
+    top_k)`` (best first; ties to the lower id) and their weights float32 ``(n, top_k)``:
+    softmax over every expert's router logit, the top ``num_experts_per_tok``, then
+    (DeepSeek-V2's ``MoEGate``) renormalised when ``norm_topk_prob`` and top_k > 1, else
+    scaled by ``routed_scaling_factor``; Qwen2-MoE (``Qwen2MoeSparseMoeBlock``)
+    renormalises when ``norm_topk_prob`` at any top_k and never scales; Mixtral
+    (``MixtralSparseMoeBlock``) always renormalises (its import sets ``norm_topk_prob``),
+    which equals its softmax over the top-k logits."""
+    assert c.n_routed_experts is not None and c.num_experts_per_tok is not None
+    k = c.num_experts_per_tok
+    scores = softmax(logits, axis=-1)
+    select = scores
+    if c.topk_method == "group_limited_greedy":
+        n = logits.shape[0]
+        group_scores = scores.reshape(n, c.n_group, -1).max(axis=-1)
+        top_groups = np.argsort(-group_scores, axis=-1, kind="stable")[:, : c.topk_group]
+        keep = np.zeros((n, c.n_group), dtype=bool)
+        np.put_along_axis(keep, top_groups, True, axis=-1)
+        mask = np.repeat(keep, c.n_routed_experts // c.n_group, axis=-1)
+        select = np.where(mask, scores, np.float32(0))
+    ids = np.argsort(-select, axis=-1, kind="stable")[:, :k]
+    weights = np.take_along_axis(select, ids, axis=-1)
+    if c.family != "deepseek_v2":
+        if c.norm_topk_prob:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+    elif k > 1 and c.norm_topk_prob:
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
+    else:
+        weights = weights * np.float32(c.routed_scaling_factor)
+    return ids, weights.astype(np.float32)

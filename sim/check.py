@@ -16,6 +16,7 @@ from isa import kvformats
 from isa.errors import ConfigError, KvsimError
 from models.bits import BitConfig
 from models.compiler.blocks.mla import mla_kv_problem
+from models.compiler.blocks.moe_calib import moe_problem
 from models.compiler.compiled import CORE_MODES, build_memory_map, dram_problem
 from models.config import ModelConfig, load_model
 from models.source import resolve_model
@@ -92,9 +93,8 @@ def _check_generate(cfg: RunConfig) -> Checked:
         problem = mla_kv_problem(model, cfg.kv.format)
         if problem:
             raise ConfigError(f"kv.format: {problem}")
-    if cfg.sim.fidelity == "functional" and model.is_moe:
-        raise ConfigError(f"sim.fidelity: model {_name(model)!r} has MoE layers: timing only "
-                          f"(functional MoE is not built); use 'timing'")
+    if cfg.sim.fidelity == "functional" and model.is_moe and (why := moe_problem(model)):
+        raise ConfigError(f"sim.fidelity: model {_name(model)!r}: {why}")
     max_seq = min(c.max_sequence_length, cap)
 
     try:

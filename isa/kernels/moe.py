@@ -16,6 +16,12 @@ row per token, one column per routed expert) and writes each row's routing-table
 
 A routing table row of ``k`` entries takes ``8 * k`` bytes; it is what later
 instructions read the chosen experts' weight addresses and gate weights from.
+
+``gate_acc_rows(y, gates, shift, accumulate, out)`` scales an expert's int32 output rows by
+their tokens' gate weights: ``out[r, :] = sat32((out[r, :] if accumulate else 0) +
+rs(y[r, :] * gates[r], shift))`` (``|y * g| < 2**31 * 2**31``: int64 holds it).
+``sigmoid_rows(x, mult, shift, out)``: int8 ``x`` -> Q24 ``sigmoid(rs(x * mult, shift) /
+2**20)`` (Qwen2-MoE's shared-expert gate; :func:`.softmax.isigmoid` in Q20, times 16).
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .fixed import round_shift
-from .softmax import softmax_q
+from .fixed import round_shift, sat32
+from .softmax import F, P, isigmoid, softmax_q
 
 #: ``flags`` bit: renormalise the chosen weights (softmax over the top-k logits).
 RENORM = 1
@@ -71,3 +77,28 @@ def topk_gate_rows(x, mult, shift, k, flags, out):
             for j in range(k):
                 out[i, 2 * j] = chosen[j]
                 out[i, 2 * j + 1] = probs[chosen[j]]
+
+
+@njit(cache=True)
+def gate_acc_rows(y, gates, shift, accumulate, out):
+    """int32 ``y[r, c]`` times the Q24 (or any ``shift``) ``gates[r]`` into int32 ``out``;
+    see the module doc."""
+    r, c = y.shape
+    for i in range(r):
+        g = np.int64(gates[i])
+        for j in range(c):
+            v = round_shift(np.int64(y[i, j]) * g, shift)
+            if accumulate:
+                v += np.int64(out[i, j])
+            out[i, j] = sat32(v)
+
+
+@njit(cache=True)
+def sigmoid_rows(x, mult, shift, out):
+    """int8 ``x[r, c]`` -> int32 ``out[r, c]``: Q24 sigmoid of the Q20 logits
+    ``rs(x * mult, shift)``."""
+    r, c = x.shape
+    for i in range(r):
+        for j in range(c):
+            z = round_shift(np.int64(x[i, j]) * np.int64(mult), shift)
+            out[i, j] = isigmoid(z) << (P - F)

@@ -139,10 +139,6 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
     norm's output (float32 ``[tokens, hidden]``). ``norm``: the norm function instead of
     the model's own (a LayerNorm in a rotated residual's space)."""
     quantize = quantize or (lambda name: quantize_weight(source.tensor(name), bits_for(name)))
-    if cfg.is_moe:
-        raise NotImplementedError(
-            f"model {cfg.name or cfg.family!r}: MoE layers: timing only (functional MoE is "
-            "not built); use sim.fidelity = 'timing'")
     if cfg.is_mla:
         raise NotImplementedError(
             f"model {cfg.name or cfg.family!r}: this float pass is grouped-query "
@@ -213,10 +209,15 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
             xn2 = rec(f"{i}.xn2", xn)
         else:
             xn2 = rec(f"{i}.xn2", normf(x, source.tensor(p + "mlp_norm"), cfg.rms_norm_eps))
-        gt = rec(f"{i}.gate", lin(xn2, p + "gate_proj"))
-        up = rec(f"{i}.up", lin(xn2, p + "up_proj"))
-        hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
-        d = rec(f"{i}.down", lin(hh, p + "down_proj"))
+        if cfg.layer_is_moe(i):  # routed and shared experts (imported here: it imports us)
+            from .blocks.moe_calib import moe_float
+
+            d = moe_float(cfg, i, xn2, rec, lin)
+        else:
+            gt = rec(f"{i}.gate", lin(xn2, p + "gate_proj"))
+            up = rec(f"{i}.up", lin(xn2, p + "up_proj"))
+            hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
+            d = rec(f"{i}.down", lin(hh, p + "down_proj"))
         if post:
             d = rec(f"{i}.dn", rms_norm(d, source.tensor(p + "post_mlp_norm"),
                                         cfg.rms_norm_eps))
@@ -273,6 +274,13 @@ def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float]
         else:
             L.mlp_norm = norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"],
                                      s[f"{i}.xn2"], eps)
+        if cfg.layer_is_moe(i):
+            from .blocks.moe_calib import moe_params
+
+            moe_params(cfg, i, s, w, L)
+            layers.append(L)
+            qw = {k: v for k, v in qw.items() if not k.startswith(p)}
+            continue
         L.gate = gemm_params(s[f"{i}.xn2"], w(p + "gate_proj"), s[f"{i}.gate"], None)
         L.up = gemm_params(s[f"{i}.xn2"], w(p + "up_proj"), s[f"{i}.up"], None)
         L.silu = silu_params(s[f"{i}.gate"], s[f"{i}.up"], s[f"{i}.h"])

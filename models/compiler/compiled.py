@@ -29,6 +29,7 @@ from ..reference import rope_cos_sin
 from ..weights import WeightSource
 from . import kvm
 from .blocks.mla_image import mla_layer_image
+from .blocks.moe_calib import moe_gemms
 from .blocks.registry import ModelBlocks, blocks_for, probe_layers
 from .builder import CORE_MODES, Target
 from .calibrate_wide import calibrate_for, device_weights
@@ -178,6 +179,11 @@ class CompiledModel:
                 p[n:] = gq.mult
             yield self.mm[f"p.{name}"].base, p.view(np.uint8)
 
+        def moe_entries(i: int, L):
+            if cfg.layer_is_moe(i):  # router, routed and shared experts (blocks/moe_calib.py)
+                for nm, gq in moe_gemms(cfg, i, L):
+                    yield from gemm_entries(nm, gq)
+
         for i, L in enumerate(nq.layers):
             pre = f"layers.{i}."
             if cfg.is_mla:  # matrices in the device's basis (blocks/mla_calib.py)
@@ -186,10 +192,14 @@ class CompiledModel:
                     yield from gemm_entries(nm, gq, values)
                 for region, data in raw:
                     yield self.mm[region].base, data
+                yield from moe_entries(i, L)
                 continue
+            mlp = () if cfg.layer_is_moe(i) else (("gate_proj", L.gate), ("up_proj", L.up),
+                                                   ("down_proj", L.down))
             for nm, gq in (("q_proj", L.q), ("k_proj", L.k), ("v_proj", L.v), ("o_proj", L.o),
-                           ("gate_proj", L.gate), ("up_proj", L.up), ("down_proj", L.down)):
+                           *mlp):
                 yield from gemm_entries(pre + nm, gq)
+            yield from moe_entries(i, L)
             for nm in ("attn_norm", "mlp_norm", "q_norm", "k_norm", "post_attn_norm",
                        "post_mlp_norm"):  # the norms this model's layers have
                 if f"p.{pre}{nm}" in self.mm:

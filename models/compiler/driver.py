@@ -49,6 +49,7 @@ from .blocks.io import (
     stage_head_rows,
     stage_input,
 )
+from .blocks.moe import MoeMlp
 from .builder import Builder
 from .lowering import Lowering, TileSeq
 
@@ -241,7 +242,8 @@ def _lower_mlp(b: Builder, lw: Lowering, layer: int, x_next: int, m: int,
                segs: tuple[TileSeq, ...]) -> None:
     """The MLP of ``layer``, replayed from the memo when it was lowered before with the
     same arguments: a dense MLP does not read the tile's positions (``segs``), so decode
-    steps and prefill tiles of one size share it; other MLPs (MoE routing) key by them."""
+    steps and prefill tiles of one size share it, as do MoE layers (their schedule does not
+    depend on the routing: blocks/moe.py); other MLPs key by them."""
     mlp = lw.blocks.mlp(layer)
-    key = ("mlp", layer, x_next, m, None if isinstance(mlp, DenseMlp) else segs)
+    key = ("mlp", layer, x_next, m, None if isinstance(mlp, DenseMlp | MoeMlp) else segs)
     lw.memo.lower(b, key, lambda: mlp.lower(b, lw, layer, x_next, m, segs))

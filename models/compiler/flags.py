@@ -51,6 +51,7 @@ FORWARD = FlagLayout(
         "bar",  # any core's DMA_OUT, or the host link -> this core's DMA_IN
         "out_in",  # DMA_OUT -> DMA_IN of the same core: a store the core reloads
         "out_mxu",  # DMA_OUT -> MXU: a logits output buffer is free again
+        "vpu_in",  # VPU -> DMA_IN: an index a load reads (a MoE routing table) is written
     ),
     shared=(
         ("logits", 1),  # every core's DMA_OUT -> the D2H engine: the logits are stored

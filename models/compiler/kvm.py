@@ -11,6 +11,7 @@ import json
 import zipfile
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from isa.instructions import Program
 
 from ..bits import build_bit_config
 from ..config import build_model
+from .blocks.moe_file import moe_from_header, moe_ints, moe_scalars, moe_to_header, moe_vectors
 from .builder import CORE_MODES
 from .dram import build_memory_map, dram_problem
 from .errors import CompileError
@@ -133,6 +135,8 @@ def to_header(cm: CompiledModel) -> tuple[dict, dict[str, np.ndarray]]:
             d["mla"] = {"q_a": gemm(f"{i}.q_a", m.q_a), "k_b": gemm(f"{i}.k_b", m.k_b),
                         "q_a_norm": norm(f"{i}.q_a_norm", m.q_a_norm),
                         "kv_a_norm": norm(f"{i}.kv_a_norm", m.kv_a_norm)}
+        if L.moe is not None:  # a MoE layer's own parameters (numerics.MoeQ)
+            d["moe"] = moe_to_header(i, L.moe, gemm)
         d["attn"] = vars(L.attn)
         d["add1"] = vars(L.add1)
         d["add2"] = vars(L.add2)
@@ -187,6 +191,8 @@ def fields_from_header(h: dict, arrays: dict[str, np.ndarray]) -> dict[str, Any]
                 L.mla = MlaQ(q_a=gemm(f"{i}.q_a", m["q_a"]), k_b=gemm(f"{i}.k_b", m["k_b"]),
                              q_a_norm=norm(f"{i}.q_a_norm", m["q_a_norm"]),
                              kv_a_norm=norm(f"{i}.kv_a_norm", m["kv_a_norm"]))
+            if "moe" in d:
+                L.moe = moe_from_header(i, d["moe"], gemm)
             layers.append(L)
         numerics = Numerics(input_scale=n["input_scale"], layers=layers,
                             final_norm=norm("final_norm", n["final_norm"]),
@@ -269,14 +275,20 @@ def _check_numerics(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
     if len(nq.layers) != cfg.num_layers:
         raise bad("layers", f"has {len(nq.layers)} entries; the model has {cfg.num_layers} "
                             "layers")
-    if nq.functional and cfg.is_moe:
-        raise bad("functional", "is true for a MoE model (MoE layers: timing only)")
+    if nq.functional and any(cfg.layer_is_moe(i) != (L.moe is not None)
+                             for i, L in enumerate(nq.layers)):
+        raise bad("layers", "of a functional MoE model lack their MoE parameters (moe), or "
+                            "a dense layer has them")
     if nq.functional and cfg.is_mla and any(L.mla is None for L in nq.layers):
         raise bad("layers", "of a functional MLA model lack their MLA parameters (mla)")
     for i, L in enumerate(nq.layers):
         for f in ("attn_norm", "q", "k", "v", "attn", "o", "add1", "mlp_norm", "gate", "up",
                   "silu", "down", "add2") + EXTRA_NORMS:
             ints(f"layers[{i}].{f}", getattr(L, f))
+        if L.moe is not None:
+            ints(f"layers[{i}].moe", SimpleNamespace(**moe_ints(L.moe)))
+            for where, obj in moe_scalars(L.moe):
+                ints(f"layers[{i}].moe.{where}", obj)
     ints("final_norm", nq.final_norm)
     ints("head", nq.head)
     if not nq.functional:
@@ -293,7 +305,17 @@ def _check_numerics(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
     h = cfg.hidden_size
     names = {t.name for t in cfg.tensors()}
     for i in range(cfg.num_layers):
+        moe = nq.layers[i].moe
+        if moe is not None:
+            try:
+                want = moe_vectors(cfg, i, moe)
+            except ValueError as err:
+                raise bad(f"layers[{i}].moe", str(err)) from None
+            for key, n in want:
+                vector(key, np.int32, n)
         for f, name in _mla_gemms(cfg) if cfg.is_mla else _GEMMS:
+            if moe is not None and f in ("gate", "up", "down"):
+                continue  # a MoE layer's MLP: its moe entries
             n = cfg.tensor_spec(f"layers.{i}.{name}").shape[0]
             vector(f"{i}.{f}.mult", np.int32, n)
             if f"{i}.{f}.bias" in arrays:

@@ -89,6 +89,42 @@ class MlaQ:
 
 
 @dataclass
+class MoeQ:
+    """A MoE layer's parameters (blocks/moe.py, blocks/moe_calib.py). The experts of a
+    layer share one program, so their GEMMs share ``shift`` and their activations one
+    step; the per-row multipliers of each expert (``experts[e]``: gate, up, down) sit in
+    that expert's parameter regions, which the routed loads index."""
+
+    router: GemmQ = field(default_factory=GemmQ)
+    #: TOPK_GATE: int8 router logit -> Q20 (mult, shift) and its flags (RENORM)
+    topk_mult: int = 1
+    topk_shift: int = 0
+    topk_flags: int = 0
+    gate: GemmQ = field(default_factory=GemmQ)  # shift (and, per expert, multipliers)
+    up: GemmQ = field(default_factory=GemmQ)
+    silu: SiluQ = field(default_factory=SiluQ)
+    down: GemmQ = field(default_factory=GemmQ)  # GemmRow into int32 (the routed step)
+    experts: list[tuple[GemmQ, GemmQ, GemmQ]] = field(default_factory=list)
+    #: the routed sum (int32, the down projections' step) -> int8
+    routed_mult: int = 1
+    routed_shift: int = 0
+    shared_gate: GemmQ = field(default_factory=GemmQ)  # shared experts' gate/up/SwiGLU/down
+    shared_up: GemmQ = field(default_factory=GemmQ)
+    shared_silu: SiluQ = field(default_factory=SiluQ)
+    shared_down: GemmQ = field(default_factory=GemmQ)
+    #: Qwen2-MoE: the shared expert's gate logit (one column), its SIGMOID (mult, shift)
+    #: and the requantization of the gated shared output (int32 -> int8)
+    shared_logit: GemmQ = field(default_factory=GemmQ)
+    sigmoid_mult: int = 1
+    sigmoid_shift: int = 0
+    gated_mult: int = 1
+    gated_shift: int = 0
+    #: the combine: residual + first operand, then + each further routed partial sum
+    add_first: AddQ = field(default_factory=AddQ)
+    add_next: AddQ = field(default_factory=AddQ)
+
+
+@dataclass
 class LayerQ:
     attn_norm: NormQ = field(default_factory=NormQ)
     q: GemmQ = field(default_factory=GemmQ)
@@ -110,6 +146,8 @@ class LayerQ:
     post_mlp_norm: NormQ = field(default_factory=NormQ)
     #: MLA layers of a calibrated model (blocks/mla_calib.py); None: timing-only or GQA
     mla: MlaQ | None = None
+    #: MoE layers of a calibrated model (blocks/moe_calib.py); None: timing-only or dense
+    moe: MoeQ | None = None
 
 
 @dataclass

@@ -15,7 +15,7 @@ from isa.instructions import MemoryLayout, Program, Vec, VecFunc
 from isa.kernels import moe
 from isa.semantics import execute
 from isa.validate import validate_program
-from tests.isa.test_kernels_softmax import ref_softmax_q, rhu_shift
+from tests.isa.test_kernels_softmax import ref_isigmoid, ref_softmax_q, rhu_shift
 from tests.isa.test_wide_instructions import Mem
 
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -108,3 +108,69 @@ def test_k_out_of_range_is_refused(k: int, cols: int) -> None:
     ins = Vec(func=VecFunc.TOPK_GATE, rows=1, cols=cols, src0=0x0, dst=0x100, p2=k)
     with pytest.raises(ProgramError, match=r"TOPK_GATE: p2 \(k, the experts chosen per row\)"):
         validate_program(Program(instructions=(ins,)), LAYOUT)
+
+
+# --- GATE_ACC and SIGMOID (the MoE block's gate weights) --------------------------------
+
+
+def ref_gate_acc(y: np.ndarray, gates: list[int], shift: int, acc: np.ndarray | None
+                 ) -> np.ndarray:
+    """Python ints: ``sat32((acc or 0) + rhu(y * g, shift))`` per element."""
+    out = np.zeros(y.shape, np.int64)
+    for i, row in enumerate(y.astype(int).tolist()):
+        for j, v in enumerate(row):
+            t = rhu_shift(v * gates[i], shift) + (int(acc[i, j]) if acc is not None else 0)
+            out[i, j] = min(max(t, -(2**31)), 2**31 - 1)
+    return out.astype(np.int32)
+
+
+@SETTINGS
+@given(y=hnp.arrays(np.int32, st.tuples(st.integers(1, 4), st.integers(1, 9)),
+                    elements=st.integers(-(2**31), 2**31 - 1)),
+       gates=st.lists(st.integers(0, 2**24), min_size=4, max_size=4),
+       shift=st.integers(0, 30), accumulate=st.booleans(), seed=st.integers(0, 99))
+def test_gate_acc_rows_matches_reference(y, gates, shift, accumulate, seed) -> None:
+    r = y.shape[0]
+    acc = np.random.default_rng(seed).integers(-(2**31), 2**31, y.shape).astype(np.int32)
+    out = acc.copy()
+    moe.gate_acc_rows(y, np.array(gates[:r], np.int32), shift, accumulate, out)
+    np.testing.assert_array_equal(
+        out, ref_gate_acc(y, gates, shift, acc if accumulate else None))
+
+
+@SETTINGS
+@given(x=hnp.arrays(np.int8, st.tuples(st.integers(1, 4), st.integers(1, 6))),
+       mult=st.integers(1, 2**31 - 1), shift=st.integers(0, 40))
+def test_sigmoid_rows_matches_reference(x, mult, shift) -> None:
+    out = np.zeros(x.shape, np.int32)
+    moe.sigmoid_rows(x, mult, shift, out)
+    want = [[ref_isigmoid(rhu_shift(v * mult, shift)) << 4 for v in row]
+            for row in x.astype(int).tolist()]
+    np.testing.assert_array_equal(out, np.array(want, np.int64).astype(np.int32))
+
+
+def test_gate_acc_instruction_reads_strided_gates_and_accumulates() -> None:
+    """GATE_ACC through the semantics: row r's gate at src1 + r * p1 (a routing table's
+    weights, 8 bytes apart), added onto dst with p2 = 1, overwriting it with p2 = 0."""
+    from isa.vecfuncs import GATE_ACCUMULATE, vec_operand_bytes
+
+    mem = Mem()
+    y = np.array([[1000, -2000, 3], [7, 8, -9]], np.int32)
+    table = np.array([5, 1 << 23, 6, 1 << 24], np.int32)  # (id, gate) pairs
+    old = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
+    mem.put(0x0, y)
+    mem.put(0x100, table)
+    for flag, base in ((GATE_ACCUMULATE, old), (0, None)):
+        mem.put(0x200, old)
+        v = Vec(core=0, func=VecFunc.GATE_ACC, rows=2, cols=3, src0=0x0, src1=0x104,
+                dst=0x200, p0=24, p1=8, p2=flag)
+        execute(v, mem)
+        got = mem.get(0x200, 6, np.int32).reshape(2, 3)
+        np.testing.assert_array_equal(got, ref_gate_acc(y, [1 << 23, 1 << 24], 24, base))
+    assert vec_operand_bytes(VecFunc.GATE_ACC, 2, 3, 8, 0) == (24, 12, 24)
+    bad = Vec(core=0, func=VecFunc.GATE_ACC, rows=2, cols=3, src0=0x0, src1=0x104,
+              dst=0x200, p0=24, p1=6)
+    with pytest.raises(ProgramError, match="GATE_ACC: p1"):
+        validate_program(Program((bad,)), MemoryLayout(dram_bytes=1 << 20,
+                                                       sram_bytes=1 << 16, host_bytes=0,
+                                                       num_cores=1))

@@ -55,8 +55,6 @@ CASES = [
     ("two-format layout on an MLA model", "",
      ["model.preset=deepseek-v2-lite", "hardware.preset=aries", "kv.format=kivi-4"],
      "kv.format: 'kivi-4' has different K and V formats"),
-    ("functional MoE", "", ["model.preset=tiny-mla", "sim.fidelity=functional"],
-     "has MoE layers: timing only"),
     ("core mode beyond the cores", "", ["compile.core_mode=global8"],
      "compile.core_mode: 'global8' needs 8 cores; tiny has 2"),
     ("cache too short", "", ["compile.cache_length=4"],

@@ -40,8 +40,8 @@ A tile of several sequences (a batched step) attends in two parts with a barrier
 Functionally (:mod:`.mla_calib`): ``k_b_proj`` is stored per head transposed, so the
 absorption reads its own operand; ``Attn`` sees its V address inside the K region and
 takes the one latent cache as key and value (:mod:`isa.semantics`); the PV product also
-runs over the rope part of each record, whose outputs nothing reads. The router of a MoE
-layer is timing only (:mod:`.moe`).
+runs over the rope part of each record, whose outputs nothing reads. A MoE layer's MLP
+is :mod:`.moe`'s (functional too: :mod:`.moe_calib`).
 """
 
 from __future__ import annotations

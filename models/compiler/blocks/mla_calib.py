@@ -61,6 +61,7 @@ from ..errors import CompileError
 from ..numerics import LayerQ, MlaQ, NormQ, Numerics
 from ..wgroup import GroupQuantizedWeight
 from .mla_shape import MlaDims
+from .moe_calib import moe_float, moe_params
 
 #: Bits of the int32 latent rows' calibrated maximum (x MARGIN), as the wide pipeline's
 #: int32 GEMM outputs (``calibrate_wide.WIDE_Q``); RMSNORM_WIDE pre-shifts them to 15 bits.
@@ -122,13 +123,9 @@ def _rows(s_a: float, n_a: int, s_b: float, n_b: int) -> np.ndarray:
 
 def calibrate_mla(cfg: ModelConfig, source: WeightSource, bits_for, tokens: np.ndarray,
                   quantize=None) -> Numerics:
-    """Integer parameters of an MLA model with dense MLPs for the int8 scheme, from a float
-    forward pass over ``tokens`` with the weights as the device holds them (quantized, then
-    dequantized). ``quantize(name)`` as for :func:`..calibrate.calibrate`."""
-    if cfg.is_moe:
-        raise NotImplementedError(
-            f"model {cfg.name or cfg.family!r}: MoE layers: timing only (functional MoE is "
-            "not built); use sim.fidelity = 'timing'")
+    """Integer parameters of an MLA model (its MoE layers: :mod:`.moe_calib`) for the int8
+    scheme, from a float forward pass over ``tokens`` with the weights as the device holds
+    them (quantized, then dequantized). ``quantize(name)`` as for :func:`..calibrate.calibrate`."""
     d = MlaDims.of(cfg)
     quantize = quantize or (lambda name: quantize_weight(source.tensor(name), bits_for(name)))
     qw: dict[str, QuantizedWeight] = {}
@@ -191,11 +188,14 @@ def calibrate_mla(cfg: ModelConfig, source: WeightSource, bits_for, tokens: np.n
         o = rec(f"{i}.o", lin(ao, p + "o_proj"))
         x = rec(f"{i}.xm", (x + o).astype(np.float32))
         xn2 = rec(f"{i}.xn2", rms_norm(x, source.tensor(p + "mlp_norm"), eps))
-        gt = rec(f"{i}.gate", lin(xn2, p + "gate_proj"))
-        up = rec(f"{i}.up", lin(xn2, p + "up_proj"))
-        hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
-        x = rec(f"x{i + 1}", (x + rec(f"{i}.down", lin(hh, p + "down_proj")))
-                .astype(np.float32))
+        if cfg.layer_is_moe(i):
+            mlp = moe_float(cfg, i, xn2, rec, lin)
+        else:
+            gt = rec(f"{i}.gate", lin(xn2, p + "gate_proj"))
+            up = rec(f"{i}.up", lin(xn2, p + "up_proj"))
+            hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
+            mlp = rec(f"{i}.down", lin(hh, p + "down_proj"))
+        x = rec(f"x{i + 1}", (x + mlp).astype(np.float32))
     rec("fn", rms_norm(x, source.tensor("final_norm"), eps))
     s = {k: activation_scale(v) for k, v in amax.items()}
     return _derive(cfg, source, s, weight)
@@ -242,6 +242,10 @@ def _derive(cfg: ModelConfig, source: WeightSource, s: dict[str, float],
         L.add1 = add_params(s[f"x{i}"], s[f"{i}.o"], s[f"{i}.xm"])
         L.mlp_norm = norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"], s[f"{i}.xn2"],
                                  eps)
+        if cfg.layer_is_moe(i):
+            moe_params(cfg, i, s, weight, L)
+            layers.append(L)
+            continue
         L.gate = gemm_params(s[f"{i}.xn2"], weight(p + "gate_proj"), s[f"{i}.gate"], None)
         L.up = gemm_params(s[f"{i}.xn2"], weight(p + "up_proj"), s[f"{i}.up"], None)
         L.silu = silu_params(s[f"{i}.gate"], s[f"{i}.up"], s[f"{i}.h"])

@@ -29,8 +29,9 @@ def mla_layer_image(cfg: ModelConfig, source: WeightSource, layer: int, q: Layer
     p = f"layers.{layer}."
     mq = mla_params(q)
     names = [("q_b_proj", q.q), ("q_a_proj", mq.q_a)] if d.qr else [("q_proj", q.q)]
-    names += [("kv_a_proj", q.k), ("v_b_proj", q.v), ("o_proj", q.o), ("gate_proj", q.gate),
-              ("up_proj", q.up), ("down_proj", q.down)]
+    names += [("kv_a_proj", q.k), ("v_b_proj", q.v), ("o_proj", q.o)]
+    if not cfg.layer_is_moe(layer):  # a MoE layer's matrices: moe_calib.moe_gemms
+        names += [("gate_proj", q.gate), ("up_proj", q.up), ("down_proj", q.down)]
     gemms = [(p + nm, gq, device_matrix(cfg, source, p + nm)) for nm, gq in names]
     kb = p + "k_b_proj"
     codes = quantize_weight(device_matrix(cfg, source, kb), bits_for(kb)).data.reshape(-1)
