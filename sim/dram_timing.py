@@ -345,7 +345,10 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
     channel's scalars (bus, last ACTIVATE and column command, direction, refresh, what
     ``per_ch[c]`` receives) held in locals. A piece that does not begin a row run is a row
     hit whose bursts follow the bus back to back (its bank's tRCD and the direction were
-    settled by the run's first piece), unless a refresh is due at its start."""
+    settled by the run's first piece), unless a refresh is due at its start; so when the
+    granule boundaries fall between bursts and no refresh is due at the start of a run's
+    last piece, the run's remaining pieces are one step (their bursts back to back from the
+    bus): one step per row run instead of one per granule piece."""
     gran, page, run, bb, ccd, banks = (p[_P_GRAN], p[_P_PAGE], p[_P_RUN], p[_P_BURST],
                                        p[_P_CCD], p[_P_BANKS])
     rrd, faw_ck, rcd, ras, rppb = p[_P_RRD], p[_P_FAW], p[_P_RCD], p[_P_RAS], p[_P_RPPB]
