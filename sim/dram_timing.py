@@ -130,14 +130,25 @@ class LpddrTiming:
                          self.refi_ck, self.rl_ck, self.wl_ck, self.read_to_write_ck,
                          self.write_to_read_ck, self.read_to_precharge_ck,
                          self.write_to_precharge_ck, int(self.bank_xor),
-                         self.run_bytes or self.page_bytes], dtype=np.int64)
+                         self.run_bytes or self.page_bytes,
+                         *(_log2_or_none(x) for x in (self.granule_bytes, self.page_bytes,
+                                                      self.banks, self.channels,
+                                                      self.burst_bytes))], dtype=np.int64)
         v.setflags(write=False)
         return v
 
 
 (_P_CH, _P_GRAN, _P_BANKS, _P_PAGE, _P_BURST, _P_CCD, _P_RCD, _P_RPPB, _P_RPAB, _P_RAS,
  _P_RRD, _P_FAW, _P_RFC, _P_REFI, _P_RL, _P_WL, _P_RTW, _P_WTRG, _P_RTP2PRE,
- _P_WR2PRE, _P_XOR, _P_RUN) = range(22)
+ _P_WR2PRE, _P_XOR, _P_RUN, _P_SH_GRAN, _P_SH_PAGE, _P_SH_BANKS, _P_SH_CH,
+ _P_SH_BURST) = range(27)
+
+
+def _log2_or_none(x: int) -> int:
+    """``log2(x)`` when ``x`` is a power of two, else -1: the loops divide by a power of two
+    with a shift (a 64-bit division by a value read at run time costs tens of cycles, and a
+    chunk needs a dozen of them per channel)."""
+    return x.bit_length() - 1 if x > 0 and x & (x - 1) == 0 else -1
 
 
 def _min_cycles(ns: float, tck_ns: float) -> int:
@@ -152,6 +163,9 @@ def timing_from_config(dram: DramConfig) -> LpddrTiming:
         raise ValueError("dram.timing: this hardware has no [dram.timing] table; the protocol "
                          "model needs one (see the aries preset)")
     tck_ns = 2000.0 / dram.data_rate_mtps  # DDR: two transfers per clock
+    if t.trefi_ns < tck_ns:
+        raise ValueError(f"dram.timing.trefi_ns ({t.trefi_ns}) is under one clock cycle "
+                         f"({tck_ns:.3f} ns): refreshes would never end")
     burst_bytes = t.burst_length * dram.bus_width_bits_per_channel // 8
     return LpddrTiming(
         tck_ps=tck_ns * 1000, channels=dram.channels, granule_bytes=dram.interleave_bytes,
@@ -313,12 +327,16 @@ def _chunk_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr, 
 
 
 @njit(cache=True, inline="always")
-def _burst_of(x, bb, shift):
-    """``x // bb`` (a shift when ``bb`` is a power of two: ``shift >= 0``)."""
-    return x >> shift if shift >= 0 else x // bb
+def _div(x, d, shift):
+    """``x // d`` for ``x >= 0``: a shift when ``d`` is a power of two (``shift >= 0``)."""
+    return x >> shift if shift >= 0 else x // d
 
 
-@njit(cache=True)
+# The fast step: no division-by-zero checks (every divisor is a validated positive size, and
+# ``timing_from_config`` checks tREFI), and the channel step inlined into the chunk step. Both
+# matter because the step runs once per DMA chunk: the checks' raise paths keep Numba from
+# pruning the reference counting of the nine state arrays (an atomic add each, per call).
+@njit(cache=True, error_model="numpy", inline="always")
 def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, sc,
                     next_ref, per_ch):
     """Channel ``c``'s share of a chunk, the contiguous local range ``[lo, hi)``: the same
@@ -327,16 +345,16 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
     channel's scalars (bus, last ACTIVATE and column command, direction, refresh, what
     ``per_ch[c]`` receives) held in locals. A piece that does not begin a row run is a row
     hit whose bursts follow the bus back to back (its bank's tRCD and the direction were
-    settled by the run's first piece), unless a refresh is due at its start."""
+    settled by the run's first piece), unless a refresh is due at its start; so when the
+    granule boundaries fall between bursts and no refresh is due at the start of a run's
+    last piece, the run's remaining pieces are one step (their bursts back to back from the
+    bus): one step per row run instead of one per granule piece."""
     gran, page, run, bb, ccd, banks = (p[_P_GRAN], p[_P_PAGE], p[_P_RUN], p[_P_BURST],
                                        p[_P_CCD], p[_P_BANKS])
     rrd, faw_ck, rcd, ras, rppb = p[_P_RRD], p[_P_FAW], p[_P_RCD], p[_P_RAS], p[_P_RPPB]
     xor = p[_P_XOR] != 0
-    shift = -1
-    if bb & (bb - 1) == 0:
-        shift = 0
-        while (1 << shift) < bb:
-            shift += 1
+    whole = gran % bb == 0  # granule boundaries fall between bursts
+    shift, sg, sp, sb = p[_P_SH_BURST], p[_P_SH_GRAN], p[_P_SH_PAGE], p[_P_SH_BANKS]
     to_pre = p[_P_WR2PRE] if w == 1 else p[_P_RTP2PRE]
     lat = p[_P_WL] + 1 + ccd if w == 1 else p[_P_RL] + ccd
     turn = 0  # the spacing from the last column command when the direction changes
@@ -348,14 +366,14 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
     nref = next_ref[c]
     first_cas = -1
     last_done = t0
-    row_idx = lo // page
+    row_idx = _div(lo, page, sp)
     row_start = row_idx * page
-    row = row_idx // banks
+    row = _div(row_idx, banks, sb)
     bank_lin = row_idx - row * banks  # the bank before hashing
-    row_mod = row % banks
+    row_mod = row - _div(row, banks, sb) * banks
     run_start = (lo - row_start) // run * run  # in-row offsets of the current run
     run_end = min(page, run_start + run)
-    g_next = (lo // gran + 1) * gran  # the next granule boundary
+    g_next = (_div(lo, gran, sg) + 1) * gran  # the next granule boundary
     a = lo
     while True:
         seg_end = min(hi, row_start + run_end)
@@ -363,9 +381,6 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
         head = True
         while a < seg_end:
             sub = min(seg_end, g_next)
-            if sub == g_next:
-                g_next += gran
-            more = _burst_of(sub - 1, bb, shift) - _burst_of(a, bb, shift)
             if head or bus >= nref:
                 start = max(t0, bus)
                 if start >= nref:
@@ -392,6 +407,17 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
                 head = False
             else:
                 t_cas = bus
+            if whole and sub < seg_end:
+                # The rest of the row run in this one step: its granule pieces' bursts add up
+                # to the bursts of [a, seg_end) (the boundaries fall between bursts), each
+                # piece follows the bus, and no refresh falls due at a piece's start if none
+                # is due at the start of the last one (the bus only moves forward).
+                last_start = _div(seg_end - 1, gran, sg) * gran
+                if t_cas + (_div(last_start, bb, shift) - _div(a, bb, shift)) * ccd < nref:
+                    sub = seg_end
+            if sub >= g_next:
+                g_next = (_div(sub, gran, sg) + 1) * gran
+            more = _div(sub - 1, bb, shift) - _div(a, bb, shift)
             last_cas = t_cas + more * ccd
             bus = last_cas + ccd
             if last_cas + to_pre > pre_ok[c, bank]:
@@ -419,7 +445,7 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
     return last_done
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _chunk_runs_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr, nbytes,
                    is_write, t0, per_ch):
     """:func:`_chunk_end_ck` channel by channel: the granules of a chunk on one channel are
@@ -429,17 +455,19 @@ def _chunk_runs_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr,
     if nbytes <= 0:
         return t0
     chans, gran = p[_P_CH], p[_P_GRAN]
+    sg, sc_ = p[_P_SH_GRAN], p[_P_SH_CH]
     w = 1 if is_write else 0
     end = addr + nbytes
-    g0 = addr // gran
-    g1 = (end - 1) // gran
+    g0 = _div(addr, gran, sg)
+    g1 = _div(end - 1, gran, sg)
     done_all = t0
     for k in range(min(chans, g1 - g0 + 1)):
         g = g0 + k  # the channel's first granule
-        c = g % chans
-        lo = (g // chans) * gran + (addr - g * gran if k == 0 else 0)
-        gl = g + (g1 - g) // chans * chans  # its last
-        hi = (gl // chans) * gran + (end - gl * gran if gl == g1 else gran)
+        gc = _div(g, chans, sc_)
+        c = g - gc * chans
+        lo = gc * gran + (addr - g * gran if k == 0 else 0)
+        gl = g + _div(g1 - g, chans, sc_) * chans  # its last
+        hi = _div(gl, chans, sc_) * gran + (end - gl * gran if gl == g1 else gran)
         done = _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, sc,
                                next_ref, per_ch)
         if done > done_all:

@@ -222,12 +222,15 @@ def test_a_preset_without_timing_is_named_and_bad_timing_is_rejected():
 
 # --- the per-channel run step against the per-piece reference -----------------------------
 
-def _run_both(t, accesses):
+def _run_both(t, accesses, start=None):
     """Each access ``(addr, nbytes, write, t0_ck)`` through :data:`chunk_channels_ck` and
-    :data:`chunk_channels_ck_reference` on states of their own; asserts after every access
-    that the end cycle, the per-channel report and every state array agree, and returns how
-    many accesses had a refresh fall inside them (after their first column command)."""
-    fast, ref = ChannelState.fresh(t), ChannelState.fresh(t)
+    :data:`chunk_channels_ck_reference` on states of their own (copies of ``start``, fresh by
+    default); asserts after every access that the end cycle, the per-channel report and
+    every state array agree, and returns how many accesses had a refresh fall inside them
+    (after their first column command)."""
+    start = start or ChannelState.fresh(t)
+    fast, ref = (ChannelState(**{k: v.copy() for k, v in vars(start).items()})
+                 for _ in range(2))
     refreshed_inside = 0
     fields = ("open_row", "act_ok", "pre_ok", "cas_ok", "faw", "scalars", "next_ref")
     for k, (addr, nbytes, write, t0) in enumerate(accesses):
@@ -263,35 +266,80 @@ def _random_accesses(seed, n, span_bytes, gap_ck):
     return out
 
 
-@pytest.mark.parametrize("variant", ["aries", "jedec_ideal", "bank_xor", "short_trefi",
-                                     "odd_granule"])
+def _random_state(t, rng, base_ck):
+    """A channel state no stream need have left: open rows, bank timers, the ACTIVATE ring,
+    bus, last column command and its direction and the refresh phase drawn around
+    ``base_ck`` (both steps must agree from any state, not only from reachable ones)."""
+    c, b = t.channels, t.banks
+    around = lambda lo, hi, shape: base_ck + rng.integers(lo, hi, shape)  # noqa: E731
+    scalars = np.stack([rng.integers(0, 4, c), around(-150, 60, c), around(-300, 500, c),
+                        around(-200, 100, c), rng.integers(-1, 2, c)], axis=1)
+    return ChannelState(open_row=rng.integers(-1, 40, (c, b)), act_ok=around(-400, 300, (c, b)),
+                        pre_ok=around(-400, 300, (c, b)), cas_ok=around(-400, 300, (c, b)),
+                        faw=around(-300, 60, (c, 4)), scalars=scalars.astype(np.int64),
+                        next_ref=around(1, t.refi_ck, c), per_channel=np.zeros((c, 3), np.int64))
+
+
+def _variant(name):
+    t = timing_from_config(load_hardware("aries").dram)
+    return {"aries": t, "jedec_ideal": _timing(),
+            "bank_xor": dataclasses.replace(t, bank_xor=True),
+            "short_trefi": dataclasses.replace(t, refi_ck=1500, rfc_ab_ck=200),
+            "odd_granule": dataclasses.replace(t, granule_bytes=80, run_bytes=600,
+                                               refi_ck=3000)}[name]
+
+
+_VARIANTS = ["aries", "jedec_ideal", "bank_xor", "short_trefi", "odd_granule"]
+
+
+@pytest.mark.parametrize("variant", _VARIANTS)
 def test_channel_runs_equal_the_per_piece_reference(variant):
     """Random address/size/direction streams, arriving bunched and spread out: the same end
     cycles, per-channel reports and bank state as the per-piece loop, including row-run
     reopens (aries' 704 B runs), XOR-hashed banks, refreshes falling inside a chunk and
     granules that do not hold whole bursts."""
-    t = timing_from_config(load_hardware("aries").dram)
-    t = {"aries": t, "jedec_ideal": _timing(),
-         "bank_xor": dataclasses.replace(t, bank_xor=True),
-         "short_trefi": dataclasses.replace(t, refi_ck=1500, rfc_ab_ck=200),
-         "odd_granule": dataclasses.replace(t, granule_bytes=80, run_bytes=600,
-                                            refi_ck=3000)}[variant]
+    t = _variant(variant)
     accesses = _random_accesses(7, 1500, 4 * MiB, 4000)
     # and a sequential stream back to back, the decode's weight stream
     accesses += [(8 * MiB + k * 64 * KiB, 64 * KiB, False, accesses[-1][3]) for k in range(64)]
     assert _run_both(t, accesses) > 0  # refreshes did fall inside chunks
 
 
+@pytest.mark.parametrize("variant", _VARIANTS)
+def test_long_streams_from_random_channel_states_equal_the_reference(variant):
+    """Chunks of up to 1 MiB (dozens of whole rows per channel, so a row run's granule pieces
+    go in one step) and short records, from channel states drawn at random: the same end
+    cycles, reports and bank state as the per-piece loop, refreshes falling inside included."""
+    refreshed = 0
+    for seed in range(6):
+        rng = np.random.default_rng(100 + seed)
+        t = _variant(variant)
+        start = _random_state(t, rng, 20_000)
+        t0, accesses = 20_000 + int(rng.integers(-500, 500)), []
+        for k in range(40):
+            t0 += int(rng.integers(0, 6000))
+            long = k % 3 != 2
+            nbytes = int(rng.integers(64 * KiB, MiB + 1) if long else rng.integers(1, 3000))
+            addr = int(rng.integers(0, 64 * MiB))
+            if rng.random() < 0.7:
+                addr -= addr % 256
+            accesses.append((addr, nbytes, bool(rng.random() < 0.3), t0))
+        refreshed += _run_both(t, accesses, start)
+    assert refreshed > 0
+
+
 @given(st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 20000), st.booleans(),
                           st.integers(0, 3000)), min_size=1, max_size=40),
-       st.booleans(), st.sampled_from([0, 256, 704]))
+       st.booleans(), st.sampled_from([0, 256, 704]), st.none() | st.integers(0, 2**32 - 1))
 @settings(max_examples=60, deadline=None)
-def test_channel_runs_equal_the_reference_on_any_stream(steps, xor, run):
+def test_channel_runs_equal_the_reference_on_any_stream(steps, xor, run, state_seed):
     t = dataclasses.replace(timing_from_config(load_hardware("aries").dram), bank_xor=xor,
                             run_bytes=run or 2048, refi_ck=2500)
-    t0 = 0
+    start = (None if state_seed is None
+             else _random_state(t, np.random.default_rng(state_seed), 1000))
+    t0 = 0 if start is None else 1000
     accesses = []
     for addr, nbytes, write, gap in steps:
         t0 += gap
         accesses.append((addr, nbytes, write, t0))
-    _run_both(t, accesses)
+    _run_both(t, accesses, start)
