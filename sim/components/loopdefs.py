@@ -33,7 +33,7 @@ D_COPY = 2
 D_READ = 3
 D_WRITE = 4
 
-# --- instruction fields (columns of the instruction table) ---------------------------------
+# --- instruction fields (columns of the table of distinct rows) ---------------------------
 I_KIND = 0
 I_DUR = 1
 I_RES = 2
@@ -48,7 +48,13 @@ I_SRC2 = 10
 I_DST2 = 11
 I_N2 = 12
 I_FLAGS = 13  # FL_* bits
-I_FIELDS = 14
+I_OPS = 14  # integer ops, added to the stats when the instruction ends
+I_NADD = 15  # stats additions when its timing begins (0-2): (link, kind) pair, bytes
+I_PAIR1 = 16
+I_BYTES1 = 17
+I_PAIR2 = 18
+I_BYTES2 = 19
+I_FIELDS = 20
 
 # --- instruction flag bits (column I_FLAGS) ---------------------------------------------------
 FL_DISPATCH = 1  # pays the dispatch cost (every instruction but a Nop)
