@@ -30,10 +30,14 @@ from sim import program_tables
 from sim.components import kernel
 from sim.components import loopdefs as pl
 from sim.components.dram import efficiency_split
-from sim.components.programloop import run_program
+from sim.components.programloop import new_state, run_program
 from sim.units import cycles_to_ps, ns_to_ps
 
 _DIRECTIONS = ("load", "store", "copy", "read", "write")
+#: Log rows the loop gathers before it hands them over for replay (each 48 bytes): bounds
+#: the memory of a traced long program. A choice of this module, not a measurement.
+LOG_FLUSH_ROWS = 1 << 16
+
 
 
 @dataclass(frozen=True)
@@ -122,16 +126,27 @@ def run(dev, program: Program) -> LoopResult:
     dispatch_ps = cycles_to_ps(cores_cfg.dispatch_cycles, cores_cfg.clock_hz)
     sync_ps = ns_to_ps(cores_cfg.barrier_sync_ns)
 
-    (result, now, eid, d_read, d_written, order, nd, ops, logs, nl, blocked, pending, counts,
-     pair_bytes, pair_first) = run_program(
-        env.now, env.insertion_id, tb.table, tb.row_of, tb.w_ptr, tb.w_flag, tb.s_ptr,
-        tb.s_flag,
-        tb.q_ptr, tb.q_items, len(tb.flags), res_cap, res_setup,
-        res_chunk, dram_free, dram.latency_ps, keys, plan_ptr, plan[:, 0].copy(),
-        plan[:, 1].copy(), plan[:, 2].copy(), stripe, key_mul, port_free,
-        float(dev.srams[0].port_bytes_per_s), link_free, link_bps, link.latency_ps,
-        link.cfg.chunk_bytes, log_level, dram.protocol, *d_state, launch_ps, dispatch_ps,
-        sync_ps, tb.pairs, dev.functional)
+    state = new_state(env.now, env.insertion_id, len(tb.queues), len(tb.flags), len(res),
+                      len(instrs), tb.pairs, log_level=log_level, keep_order=dev.functional)
+    while True:  # the logs handed over in bounded batches, replayed in order
+        state, nl = run_program(
+            state, LOG_FLUSH_ROWS, tb.table, tb.row_of, tb.w_ptr, tb.w_flag, tb.s_ptr,
+            tb.s_flag, tb.q_ptr, tb.q_items, res_cap, res_setup, res_chunk, dram_free,
+            dram.latency_ps, keys, plan_ptr, plan[:, 0].copy(), plan[:, 1].copy(),
+            plan[:, 2].copy(), stripe, key_mul, port_free, float(dev.srams[0].port_bytes_per_s),
+            link_free, link_bps, link.latency_ps, link.cfg.chunk_bytes, log_level,
+            dram.protocol, *d_state, launch_ps, dispatch_ps, sync_ps)
+        if nl:
+            _replay(rec, state[pl.ST_LOGS][:nl].tolist(), names, instrs, res, link.block)
+        if not state[pl.ST_SC][pl.SC_PAUSED]:
+            break
+    sc = state[pl.ST_SC]
+    result, now, eid, pending = (int(sc[k]) for k in (pl.SC_RESULT, pl.SC_NOW, pl.SC_EID,
+                                                        pl.SC_HS))
+    d_read, d_written, nd, ops = (int(sc[k]) for k in (pl.SC_DREAD, pl.SC_DWRITE, pl.SC_ND,
+                                                         pl.SC_OPS))
+    order, pair_bytes, pair_first, blocked, counts = (state[k] for k in (
+        pl.ST_ORDER, pl.ST_PAIR_BYTES, pl.ST_PAIR_FIRST, pl.ST_BLOCKED, pl.ST_COUNTS))
     if pending:
         raise RuntimeError(f"program {program.name!r}: {pending} events left scheduled")
 
@@ -176,9 +191,6 @@ def run(dev, program: Program) -> LoopResult:
         mem = dev.mem
         for i in order[:nd].tolist():
             semantics.execute(instrs[i], mem, program.formats)
-
-    if nl:
-        _replay(rec, logs[:nl].tolist(), names, instrs, res, link.block)
 
     blocked_by = {}
     if result != pl.R_DONE:

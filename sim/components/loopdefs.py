@@ -150,6 +150,34 @@ LOG_FIELDS = 6
 R_DONE = 0
 R_DEADLOCK = 1
 
+# --- the loop's scalars between calls (``programloop.new_state``) ----------------------------
+SC_NOW = 0
+SC_EID = 1
+SC_HS = 2  # events scheduled (the heap's size)
+SC_NP = 3  # process records used
+SC_FREE = 4  # first free process record (-1: none)
+SC_ND = 5  # instructions ended
+SC_OPS = 6  # their ops
+SC_NPAIRS = 7  # stats pairs seen
+SC_DREAD = 8  # DRAM bytes read, written
+SC_DWRITE = 9
+SC_FDISP = 10  # queues seen first dispatching, syncing, ending an instruction
+SC_FSYNC = 11
+SC_FDONE = 12
+SC_RESULT = 13
+SC_STARTED = 14
+SC_PAUSED = 15  # the run stopped to hand over its logs
+SC_FIELDS = 16
+
+# --- positions in the loop's state tuple (``programloop.new_state``) ---------------------------
+ST_SC = 0
+ST_ORDER = 9
+ST_PAIR_BYTES = 10
+ST_PAIR_FIRST = 11
+ST_LOGS = 12
+ST_BLOCKED = 13
+ST_COUNTS = 14
+
 
 @njit(cache=True)
 def grow(a: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ from isa.instructions import (
     Nop,
     Program,
 )
-from sim import program_tables
+from sim import array_engine, program_tables
 from sim.components import loopdefs
 from sim.device import Device
 from sim.hw import load_hardware
@@ -32,7 +32,7 @@ from sim.program_rows import (
     RowCache,
     build_rows,
 )
-from tests.sim.test_engines import TINY, _run, assert_same
+from tests.sim.test_engines import TINY, TINY_PROTOCOL, _run, assert_same
 
 LOAD = DmaLoad(core=0, src=0, dst=0, nbytes=3000, signal=(1,))
 GEMM = Gemm(core=1, m=1, k=256, n=4, w_bits=8, a=0, w=0, out=4096, wait=(1,), signal=(2,))
@@ -144,3 +144,21 @@ def test_the_timeline_does_not_depend_on_what_the_cache_held():
              Program((LOAD, GEMM, COPY))]
     ref = assert_same(TINY, progs)
     assert _run("fast", TINY, progs, setup=_tiny_cache) == ref
+
+
+def test_logs_handed_over_in_small_batches_give_the_same_trace(monkeypatch):
+    # the loop pauses every few log rows and the replay resumes it: spans, byte bins,
+    # stats and channel state as from one call (tiles: chunk spans too; protocol DRAM)
+    progs = [Program((LOAD, GEMM, COPY, H2D, LOAD, GEMM, COPY)), Program((H2D, LOAD))]
+    ref = assert_same(TINY_PROTOCOL, progs)
+    calls = []
+    run_program = array_engine.run_program
+
+    def counted(*args):
+        calls.append(args[1])
+        return run_program(*args)
+
+    monkeypatch.setattr(array_engine, "LOG_FLUSH_ROWS", 3)
+    monkeypatch.setattr(array_engine, "run_program", counted)
+    assert _run("fast", TINY_PROTOCOL, progs) == ref
+    assert len(calls) > 10 and set(calls) == {3}
