@@ -137,7 +137,7 @@ def run(dev, program: Program) -> LoopResult:
             link_free, link_bps, link.latency_ps, link.cfg.chunk_bytes, log_level,
             dram.protocol, *d_state, launch_ps, dispatch_ps, sync_ps)
         if nl:
-            _replay(rec, state[pl.ST_LOGS][:nl].tolist(), names, instrs, res, link.block)
+            _replay(rec, state[pl.ST_LOGS][:nl], names, instrs, res, link.block)
         if not state[pl.ST_SC][pl.SC_PAUSED]:
             break
     sc = state[pl.ST_SC]
@@ -201,7 +201,45 @@ def run(dev, program: Program) -> LoopResult:
     return LoopResult(result == pl.R_DONE, blocked_by)
 
 
-def _replay(rec, logs: list[list[int]], names, instrs, res, link_block: str) -> None:
+def _replay(rec, logs: np.ndarray, names, instrs, res, link_block: str) -> None:
+    """The recorder's calls the loop logged, in order. When nothing can be dropped at the
+    event limit (so order cannot matter to it), the bytes moved go in one batch
+    (``Recorder.moved_many``: the same bins) and only the spans one call each."""
+    code = logs[:, 0]
+    is_move = (code == pl.LOG_DRAM) | (code == pl.LOG_LINK)
+    moves = np.flatnonzero(is_move)
+    if not rec.can_take(len(logs), logs[moves, 2], logs[moves, 3]):
+        _replay_each(rec, logs.tolist(), names, instrs, res, link_block)
+        return
+    tiles = rec.wants("tiles")
+    span = rec.span
+    rows = logs if tiles else logs[~is_move]
+    for code_, a, b, c, d, e in rows.tolist():
+        if code_ == pl.LOG_INS:
+            block, lane = names[a]
+            span(block, lane, instrs[b].mnemonic, c, d, args={"index": b})
+        elif code_ == pl.LOG_DRAM:
+            span("dram", f"ch{a}", "write" if e else "read", b, c, detail="tiles",
+                 args={"bytes": d})
+        elif code_ == pl.LOG_LINK:
+            span(link_block, "h2d" if a == 0 else "d2h", "chunk", b, c, detail="tiles",
+                 args={"bytes": d})
+        else:
+            r = res[a]
+            span(r.block, r.lane, f"{_DIRECTIONS[b]} chunk", c, d, detail="tiles",
+                 args={"bytes": e})
+    if not len(moves):
+        return
+    m = logs[moves]
+    dram = m[:, 0] == pl.LOG_DRAM
+    channels = int(m[dram, 1].max(initial=-1)) + 1
+    tracks = [("dram", f"ch{c}") for c in range(channels)] + [(link_block, "h2d"),
+                                                               (link_block, "d2h")]
+    track_of = np.where(dram, m[:, 1], channels + m[:, 1])
+    rec.moved_many(tracks, track_of, m[:, 2], m[:, 3], m[:, 4])
+
+
+def _replay_each(rec, logs: list[list[int]], names, instrs, res, link_block: str) -> None:
     tiles = rec.wants("tiles")
     span = rec.span
     moved = rec.moved
