@@ -42,14 +42,16 @@ def measure(model_name: str, hw_name: str, functional: bool, prompt: int, tokens
     acc = Accelerator(hw=hw, functional=functional)
     acc.device = dev = Device(hw, functional=functional, recorder=acc.recorder, engine=engine)
     run_walls: list[float] = []
+    run_cpus: list[float] = []
     device_run = dev.run
 
     def timed_run(*args, **kw):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         try:
             return device_run(*args, **kw)
         finally:
             run_walls.append(time.perf_counter() - t)
+            run_cpus.append(time.process_time() - c)
 
     dev.run = timed_run
     model = Model(cm)
@@ -65,6 +67,7 @@ def measure(model_name: str, hw_name: str, functional: bool, prompt: int, tokens
     t_prefill = time.perf_counter() - t0
     walls, cpus = [], []
     run_walls.clear()
+    run_cpus.clear()
     for i in range(tokens):
         tok = int(np.argmax(logits)) if logits is not None else int(rng.integers(cfg.vocab_size))
         t0, c0 = time.perf_counter(), time.process_time()
@@ -80,6 +83,7 @@ def measure(model_name: str, hw_name: str, functional: bool, prompt: int, tokens
         "decode_wall_s_per_token": float(np.mean(walls)),
         "decode_cpu_s_per_token": float(np.mean(cpus)),
         "decode_device_run_wall_s_per_token": float(np.sum(run_walls) / tokens),
+        "decode_device_run_cpu_s_per_token": float(np.sum(run_cpus) / tokens),
         "simulated_decode_s_per_token": acc.calls[-1].time_s,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
@@ -151,6 +155,7 @@ def main() -> None:
               f"{r['prefill_wall_s']:.2f} s, decode {r['decode_wall_s_per_token']:.3f} s wall "
               f"({r['decode_cpu_s_per_token']:.3f} s CPU) per token, of which device run "
               f"{r['decode_device_run_wall_s_per_token']:.3f} s "
+              f"({r['decode_device_run_cpu_s_per_token']:.3f} s CPU) "
               f"(simulated {r['simulated_decode_s_per_token'] * 1e3:.2f} ms), "
               f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB")
 

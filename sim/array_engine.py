@@ -1,13 +1,15 @@
 """Run a program on the array event loop (:mod:`sim.components.programloop`).
 
-A program becomes tables (one row per instruction: kind, precomputed duration, DMA
-engine, transfers; waits and signals as index lists; engine queues in the device's
-order; dispatch and cross-core bits), the DRAM timing of every distinct chunk is planned
-as ``Dram`` plans it in the efficiency model (the protocol model runs in the loop on the
-DRAM's own bank-state arrays, which it updates in place), the loop runs, and its logs are
-replayed in order into what the generator processes would have changed: the stats (the
-same additions, so counters keep their key order; the fixed costs of launch, dispatch and
-sync), the recorder (the same calls in the same order), the components' state (DRAM
+A program becomes tables (:mod:`sim.program_tables`: one row per distinct instruction
+object, built once per object by the device's :class:`sim.program_rows.RowCache`, and
+one row index per instruction; waits and signals as index lists; engine queues in the
+device's order; dispatch and cross-core bits), the DRAM timing of every distinct chunk is
+planned as ``Dram`` plans it in the efficiency model (the protocol model runs in the loop
+on the DRAM's own bank-state arrays, which it updates in place), the loop runs (summing
+the stats additions, busy times and ops as it goes), and its logs are replayed in order
+into what the generator processes would have changed: the stats (the same additions, so
+counters keep their key order; the fixed costs of launch, dispatch and sync), the
+recorder (the same calls in the same order), the components' state (DRAM
 channels, SRAM ports, link directions, the kernel's clock and insertion id) and, in
 functional mode, memory (``isa.semantics`` in the order instructions ended, which is the
 order the processes execute them: an instruction's bytes never influence timing).
@@ -28,10 +30,14 @@ from sim import program_tables
 from sim.components import kernel
 from sim.components import loopdefs as pl
 from sim.components.dram import efficiency_split
-from sim.components.programloop import run_program
+from sim.components.programloop import new_state, run_program
 from sim.units import cycles_to_ps, ns_to_ps
 
 _DIRECTIONS = ("load", "store", "copy", "read", "write")
+#: Log rows the loop gathers before it hands them over for replay (each 48 bytes): bounds
+#: the memory of a traced long program. A choice of this module, not a measurement.
+LOG_FLUSH_ROWS = 1 << 16
+
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,7 @@ def run(dev, program: Program) -> LoopResult:
     from sim.device import engine_name
 
     instrs = program.instructions
-    tb = program_tables.build(program, dev.cores, dev.num_cores, dev.kinds_of)
+    tb = program_tables.build(program, dev.program_rows, dev.kinds_of, len(dev.kind_names))
     names = [engine_name(Engine(eng), core) for eng, core in tb.queues]
 
     # efficiency model: the DRAM timing of every distinct chunk, as ``Dram`` plans it
@@ -120,15 +126,27 @@ def run(dev, program: Program) -> LoopResult:
     dispatch_ps = cycles_to_ps(cores_cfg.dispatch_cycles, cores_cfg.clock_hz)
     sync_ps = ns_to_ps(cores_cfg.barrier_sync_ns)
 
-    (result, now, eid, d_read, d_written, done, nd, starts, nst, logs, nl, blocked,
-     pending, counts) = run_program(
-        env.now, env.insertion_id, tb.table, tb.w_ptr, tb.w_flag, tb.s_ptr, tb.s_flag,
-        tb.q_ptr, tb.q_items, len(tb.flags), res_cap, res_setup,
-        res_chunk, dram_free, dram.latency_ps, keys, plan_ptr, plan[:, 0].copy(),
-        plan[:, 1].copy(), plan[:, 2].copy(), stripe, key_mul, port_free,
-        float(dev.srams[0].port_bytes_per_s), link_free, link_bps, link.latency_ps,
-        link.cfg.chunk_bytes, log_level, dram.protocol, *d_state, launch_ps, dispatch_ps,
-        sync_ps)
+    state = new_state(env.now, env.insertion_id, len(tb.queues), len(tb.flags), len(res),
+                      len(instrs), tb.pairs, log_level=log_level, keep_order=dev.functional)
+    while True:  # the logs handed over in bounded batches, replayed in order
+        state, nl = run_program(
+            state, LOG_FLUSH_ROWS, tb.table, tb.row_of, tb.w_ptr, tb.w_flag, tb.s_ptr,
+            tb.s_flag, tb.q_ptr, tb.q_items, res_cap, res_setup, res_chunk, dram_free,
+            dram.latency_ps, keys, plan_ptr, plan[:, 0].copy(), plan[:, 1].copy(),
+            plan[:, 2].copy(), stripe, key_mul, port_free, float(dev.srams[0].port_bytes_per_s),
+            link_free, link_bps, link.latency_ps, link.cfg.chunk_bytes, log_level,
+            dram.protocol, *d_state, launch_ps, dispatch_ps, sync_ps)
+        if nl:
+            _replay(rec, state[pl.ST_LOGS][:nl], names, instrs, res, link.block)
+        if not state[pl.ST_SC][pl.SC_PAUSED]:
+            break
+    sc = state[pl.ST_SC]
+    result, now, eid, pending = (int(sc[k]) for k in (pl.SC_RESULT, pl.SC_NOW, pl.SC_EID,
+                                                        pl.SC_HS))
+    d_read, d_written, nd, ops = (int(sc[k]) for k in (pl.SC_DREAD, pl.SC_DWRITE, pl.SC_ND,
+                                                         pl.SC_OPS))
+    order, pair_bytes, pair_first, blocked, counts = (state[k] for k in (
+        pl.ST_ORDER, pl.ST_PAIR_BYTES, pl.ST_PAIR_FIRST, pl.ST_BLOCKED, pl.ST_COUNTS))
     if pending:
         raise RuntimeError(f"program {program.name!r}: {pending} events left scheduled")
 
@@ -145,52 +163,34 @@ def run(dev, program: Program) -> LoopResult:
         s.port_free_ps[:] = port_free[c].tolist()
     link.free_ps["h2d"], link.free_ps["d2h"] = (int(x) for x in link_free)
 
-    # stats: the additions the processes make when an instruction's timing begins, summed
-    # per (link, kind) in the order each pair first occurs: every counter then gets the
-    # same keys in the same order and the same totals
     st = dev.stats
     st.launch_ps += launch_ps  # once per program, as Device.start adds it
     # the fixed costs per engine queue, keys in the order the processes first add them
-    for col, order, counter, ps in ((0, 2, st.dispatch_ps, dispatch_ps),
+    for col, first, counter, ps in ((0, 2, st.dispatch_ps, dispatch_ps),
                                     (1, 3, st.sync_ps, sync_ps)):
-        qs = np.flatnonzero(counts[: len(names), order] >= 0)
-        for q in qs[np.argsort(counts[qs, order])].tolist():
+        qs = np.flatnonzero(counts[: len(names), first] >= 0)
+        for q in qs[np.argsort(counts[qs, first])].tolist():
             block, lane = names[q]
             counter[f"{block}.{lane}"] += int(counts[q, col]) * ps
-    rank = np.full(len(instrs), -1, np.int64)
-    rank[starts[:nst]] = np.arange(nst)
-    r = rank[tb.add_ins]
-    sel = np.flatnonzero(r >= 0)
-    sel = sel[np.argsort(r[sel], kind="stable")]
-    if len(sel):
-        nkinds = len(dev.kind_names)
-        pair = tb.add_link[sel] * nkinds + tb.add_kind[sel]
-        upairs, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
-        sums = np.zeros(len(upairs), np.int64)
-        np.add.at(sums, inverse.reshape(-1), tb.add_bytes[sel])
-        for u in np.argsort(first).tolist():
-            link_id, kind_id = divmod(int(upairs[u]), nkinds)
-            st.add(program_tables.LINKS[link_id], dev.kind_names[kind_id], int(sums[u]))
-    done = done[:nd]
-    idx = done[:, 0]
-    st.instructions += nd
-    st.ops += int(tb.ops[idx].sum())
-    if nd:
-        qd = tb.q_of[idx]
-        busy = np.zeros(len(names), np.int64)
-        np.add.at(busy, qd, done[:, 2] - done[:, 1])
-        _, firsts = np.unique(qd, return_index=True)
-        for q in qd[np.sort(firsts)].tolist():
-            block, lane = names[q]
-            st.busy_ps[f"{block}.{lane}"] += int(busy[q])
+    # the additions the processes make when an instruction's timing begins, summed per
+    # (link, kind) in the order each pair first occurs: every counter then gets the same
+    # keys in the same order and the same totals (busy time likewise per engine queue)
+    nkinds = len(dev.kind_names)
+    seen = np.flatnonzero(pair_first >= 0)
+    for pair in seen[np.argsort(pair_first[seen])].tolist():
+        link_id, kind_id = divmod(pair, nkinds)
+        st.add(program_tables.LINKS[link_id], dev.kind_names[kind_id], int(pair_bytes[pair]))
+    st.instructions += int(nd)
+    st.ops += int(ops)
+    qs = np.flatnonzero(counts[: len(names), 5] >= 0)
+    for q in qs[np.argsort(counts[qs, 5])].tolist():
+        block, lane = names[q]
+        st.busy_ps[f"{block}.{lane}"] += int(counts[q, 4])
 
     if dev.functional:
         mem = dev.mem
-        for i in idx.tolist():
+        for i in order[:nd].tolist():
             semantics.execute(instrs[i], mem, program.formats)
-
-    if nl:
-        _replay(rec, logs[:nl].tolist(), names, instrs, res, link.block)
 
     blocked_by = {}
     if result != pl.R_DONE:
@@ -201,7 +201,45 @@ def run(dev, program: Program) -> LoopResult:
     return LoopResult(result == pl.R_DONE, blocked_by)
 
 
-def _replay(rec, logs: list[list[int]], names, instrs, res, link_block: str) -> None:
+def _replay(rec, logs: np.ndarray, names, instrs, res, link_block: str) -> None:
+    """The recorder's calls the loop logged, in order. When nothing can be dropped at the
+    event limit (so order cannot matter to it), the bytes moved go in one batch
+    (``Recorder.moved_many``: the same bins) and only the spans one call each."""
+    code = logs[:, 0]
+    is_move = (code == pl.LOG_DRAM) | (code == pl.LOG_LINK)
+    moves = np.flatnonzero(is_move)
+    if not rec.can_take(len(logs), logs[moves, 2], logs[moves, 3]):
+        _replay_each(rec, logs.tolist(), names, instrs, res, link_block)
+        return
+    tiles = rec.wants("tiles")
+    span = rec.span
+    rows = logs if tiles else logs[~is_move]
+    for code_, a, b, c, d, e in rows.tolist():
+        if code_ == pl.LOG_INS:
+            block, lane = names[a]
+            span(block, lane, instrs[b].mnemonic, c, d, args={"index": b})
+        elif code_ == pl.LOG_DRAM:
+            span("dram", f"ch{a}", "write" if e else "read", b, c, detail="tiles",
+                 args={"bytes": d})
+        elif code_ == pl.LOG_LINK:
+            span(link_block, "h2d" if a == 0 else "d2h", "chunk", b, c, detail="tiles",
+                 args={"bytes": d})
+        else:
+            r = res[a]
+            span(r.block, r.lane, f"{_DIRECTIONS[b]} chunk", c, d, detail="tiles",
+                 args={"bytes": e})
+    if not len(moves):
+        return
+    m = logs[moves]
+    dram = m[:, 0] == pl.LOG_DRAM
+    channels = int(m[dram, 1].max(initial=-1)) + 1
+    tracks = [("dram", f"ch{c}") for c in range(channels)] + [(link_block, "h2d"),
+                                                               (link_block, "d2h")]
+    track_of = np.where(dram, m[:, 1], channels + m[:, 1])
+    rec.moved_many(tracks, track_of, m[:, 2], m[:, 3], m[:, 4])
+
+
+def _replay_each(rec, logs: list[list[int]], names, instrs, res, link_block: str) -> None:
     tiles = rec.wants("tiles")
     span = rec.span
     moved = rec.moved

@@ -53,6 +53,7 @@ from sim import array_engine
 from sim.components import ComputeCore, DmaEngine, Dram, HostLink, Sram, kernel
 from sim.hw import HardwareConfig
 from sim.memory import DeviceMemory
+from sim.program_rows import RowCache
 from sim.stats import Stats
 from sim.units import cycles_to_ps, ns_to_ps
 from traces.recorder import Recorder
@@ -176,6 +177,8 @@ class Device:
         self.dram = Dram(self.env, hw.dram, self.recorder)
         self.srams = [Sram(self.env, hw.sram, hw.cores.clock_hz, c) for c in range(n)]
         self.cores = [ComputeCore(hw.cores, c) for c in range(n)]
+        #: the array loop's rows of the instruction objects this device has run
+        self.program_rows = RowCache(self.cores, n)
         self.dma_in = [
             DmaEngine(self.env, f"core{c}", "dma_in", hw.dma, self.dram, self.srams[c],
                       self.recorder)

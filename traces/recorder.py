@@ -192,6 +192,98 @@ class Recorder:
                 if hi > cell[2]:
                     cell[2] = hi
 
+    def can_take(self, spans: int, start_ps, end_ps) -> bool:
+        """Whether ``spans`` more spans and transfers over ``start_ps .. end_ps`` (arrays,
+        in order) fit under ``max_events`` in any order: each transfer counted with every
+        bin it could open at the width it would be binned at (that which the latest end
+        so far needs; coarsening only merges bins)."""
+        import numpy as np
+
+        start = np.asarray(start_ps, np.int64)
+        end = np.asarray(end_ps, np.int64)
+        last = np.where(end > start, end - 1, start)
+        need = np.maximum.accumulate(last) if len(last) else last
+        w = np.full(len(last), self._width, np.int64)
+        wide = need // w >= self.max_byte_bins
+        while wide.any():
+            w[wide] *= 2
+            wide = need // w >= self.max_byte_bins
+        could_open = int((last // w - start // w + 1).sum())
+        return len(self.spans) + self._nbins + spans + could_open <= self.max_events
+
+    def moved_many(self, tracks: Sequence[tuple[str, str]], track_of, start_ps, end_ps,
+                   nbytes) -> None:
+        """:meth:`moved` of many transfers, transfer ``j`` on track ``tracks[track_of[j]]``
+        (arrays of int64): the same totals, bins and track order as calling it for each in
+        turn. Binned at once at the width the last of them needs, which gives the bins
+        that coarsening finer ones would (each bin's bytes are differences of the same
+        cumulative floors, taken at edges every coarser width shares); when the event
+        limit could be reached on the way, or the floor products could leave int64, it
+        calls :meth:`moved` for each instead, since the limit depends on the order."""
+        import numpy as np
+
+        if self._rank < 1 or not len(start_ps):
+            return
+        start = np.asarray(start_ps, np.int64)
+        end = np.asarray(end_ps, np.int64)
+        nb = np.asarray(nbytes, np.int64)
+        tid = np.asarray(track_of, np.int64)
+        last = np.where(end > start, end - 1, start)
+        too_big = bool(((end - start).astype(np.float64) * nb.astype(np.float64)
+                        >= 2.0 ** 62).any())
+        if too_big or not self.can_take(0, start, end):
+            for t, a, b, n in zip(tid.tolist(), start.tolist(), end.tolist(), nb.tolist(),
+                                  strict=True):
+                self.moved(*tracks[t], a, b, n)
+            return
+        # the tracks in the order they first occur, totals per track
+        firsts = np.unique(tid, return_index=True)[1]
+        sums = np.zeros(len(tracks), np.int64)
+        np.add.at(sums, tid, nb)
+        for t in tid[np.sort(firsts)].tolist():
+            key = tracks[t]
+            self.byte_totals[key] = self.byte_totals.get(key, 0) + int(sums[t])
+            if key not in self._bins:
+                self._bins[key] = {}
+        while int(last.max()) // self._width >= self.max_byte_bins:
+            self._coarsen()
+        w = self._width
+        k0, k1 = start // w, last // w
+        # every (transfer, bin) part: bin k covers [lo, hi) and gets the bytes moved by
+        # its hi (floor) minus those moved by its lo; a one-bin transfer gets them all
+        parts = k1 - k0 + 1
+        j = np.repeat(np.arange(len(start)), parts)
+        k = k0[j] + np.arange(int(parts.sum())) - np.repeat(np.cumsum(parts) - parts, parts)
+        lo = np.where(k == k0[j], start[j], k * w)
+        hi = np.where(k == k1[j], end[j], (k + 1) * w)
+        dur = np.maximum(end - start, 1)[j]
+        upto_hi = np.where(k == k1[j], nb[j], nb[j] * (hi - start[j]) // dur)
+        upto_lo = np.where(k == k0[j], 0, nb[j] * (lo - start[j]) // dur)
+        cell = tid[j] * (int(k1.max()) + 1) + k
+        cells, inv = np.unique(cell, return_inverse=True)
+        inv = inv.reshape(-1)
+        add = np.zeros(len(cells), np.int64)
+        np.add.at(add, inv, upto_hi - upto_lo)
+        first_lo = np.full(len(cells), np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(first_lo, inv, lo)
+        last_hi = np.full(len(cells), np.iinfo(np.int64).min, np.int64)
+        np.maximum.at(last_hi, inv, hi)
+        per = int(k1.max()) + 1
+        for c, n, a, b in zip(cells.tolist(), add.tolist(), first_lo.tolist(),
+                              last_hi.tolist(), strict=True):
+            t, kk = divmod(c, per)
+            track = self._bins[tracks[t]]
+            held = track.get(kk)
+            if held is None:
+                track[kk] = [n, a, b]
+                self._nbins += 1
+            else:
+                held[0] += n
+                if a < held[1]:
+                    held[1] = a
+                if b > held[2]:
+                    held[2] = b
+
     def _coarsen(self) -> None:
         """Double the bin width: bins ``2j`` and ``2j + 1`` merge into bin ``j``."""
         self._width *= 2

@@ -33,7 +33,7 @@ D_COPY = 2
 D_READ = 3
 D_WRITE = 4
 
-# --- instruction fields (columns of the instruction table) ---------------------------------
+# --- instruction fields (columns of the table of distinct rows) ---------------------------
 I_KIND = 0
 I_DUR = 1
 I_RES = 2
@@ -48,7 +48,13 @@ I_SRC2 = 10
 I_DST2 = 11
 I_N2 = 12
 I_FLAGS = 13  # FL_* bits
-I_FIELDS = 14
+I_OPS = 14  # integer ops, added to the stats when the instruction ends
+I_NADD = 15  # stats additions when its timing begins (0-2): (link, kind) pair, bytes
+I_PAIR1 = 16
+I_BYTES1 = 17
+I_PAIR2 = 18
+I_BYTES2 = 19
+I_FIELDS = 20
 
 # --- instruction flag bits (column I_FLAGS) ---------------------------------------------------
 FL_DISPATCH = 1  # pays the dispatch cost (every instruction but a Nop)
@@ -143,6 +149,34 @@ LOG_FIELDS = 6
 # --- results -----------------------------------------------------------------------------------
 R_DONE = 0
 R_DEADLOCK = 1
+
+# --- the loop's scalars between calls (``programloop.new_state``) ----------------------------
+SC_NOW = 0
+SC_EID = 1
+SC_HS = 2  # events scheduled (the heap's size)
+SC_NP = 3  # process records used
+SC_FREE = 4  # first free process record (-1: none)
+SC_ND = 5  # instructions ended
+SC_OPS = 6  # their ops
+SC_NPAIRS = 7  # stats pairs seen
+SC_DREAD = 8  # DRAM bytes read, written
+SC_DWRITE = 9
+SC_FDISP = 10  # queues seen first dispatching, syncing, ending an instruction
+SC_FSYNC = 11
+SC_FDONE = 12
+SC_RESULT = 13
+SC_STARTED = 14
+SC_PAUSED = 15  # the run stopped to hand over its logs
+SC_FIELDS = 16
+
+# --- positions in the loop's state tuple (``programloop.new_state``) ---------------------------
+ST_SC = 0
+ST_ORDER = 9
+ST_PAIR_BYTES = 10
+ST_PAIR_FIRST = 11
+ST_LOGS = 12
+ST_BLOCKED = 13
+ST_COUNTS = 14
 
 
 @njit(cache=True)

@@ -39,9 +39,10 @@ from . import loopdefs as lp
 
 @njit(cache=True)
 def run_program(  # noqa: C901 - one state machine per process kind, kept together
-    now0: int, eid0: int, ins: np.ndarray, w_ptr: np.ndarray, w_flag: np.ndarray,
+    state: tuple, flush_at: int, ins: np.ndarray, row_of: np.ndarray, w_ptr: np.ndarray,
+    w_flag: np.ndarray,
     s_ptr: np.ndarray, s_flag: np.ndarray, q_ptr: np.ndarray, q_items: np.ndarray,
-    nflags: int, res_cap: np.ndarray, res_setup: np.ndarray, res_chunk: np.ndarray,
+    res_cap: np.ndarray, res_setup: np.ndarray, res_chunk: np.ndarray,
     dram_free: np.ndarray, dram_lat: int, plan_keys: np.ndarray, plan_ptr: np.ndarray,
     plan_ch: np.ndarray, plan_b: np.ndarray, plan_dur: np.ndarray, stripe: int,
     key_mul: int, port_free: np.ndarray, port_bps: float, link_free: np.ndarray,
@@ -51,74 +52,78 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
     d_ref: np.ndarray, d_per: np.ndarray, tck_ps: float, launch_ps: int, dispatch_ps: int,
     sync_ps: int,
 ):
-    """Runs one program from time ``now0`` with insertion ids from ``eid0``; updates
+    """Runs one program from the ``state`` of :func:`new_state` (time, insertion id, the
+    processes, flags, resources, results), which it updates, until it is done or, with
+    ``flush_at > 0``, until its logs hold at least ``flush_at`` rows between two events:
+    the caller replays them and calls again with the state returned (logs start afresh).
+    Instruction ``i`` is row ``row_of[i]`` of ``ins`` (its waits and signals too); updates
     ``dram_free``, ``port_free`` and ``link_free`` in place. With ``protocol`` the DRAM
     chunks are timed by :func:`sim.dram_timing.chunk_channels_ck` over the channel state
     arrays ``d_*`` (updated in place, as ``Dram.chunk_plan`` does), else by the plans.
     ``launch_ps``, ``dispatch_ps`` and ``sync_ps`` are the fixed costs ``Device._engine``
     pays (0: none).
 
-    Returns ``(result, now, eid, dram_read, dram_written, done, ndone, starts, nstarts,
-    logs, nlogs, blocked, pending, counts)``: ``done`` rows are ``(instruction, start,
-    end)`` in the order instructions ended, ``starts`` the non-compute instructions in the
-    order their timing began, ``logs`` rows the recorder's reports in order (level 0: none,
-    1: instruction spans and bytes moved, 2: also chunk spans), ``blocked[q]`` =
-    ``(instruction, flag)`` for each queue waiting on a flag it found empty, else ``-1``;
-    ``pending`` the events left scheduled (none after a complete program), ``counts[q]`` =
-    (dispatches done, syncs done, order of the first dispatch, order of the first sync; -1:
-    none).
+    Returns ``(state, nlogs)``. The state's scalars (``loopdefs.SC_*``) hold the result,
+    whether the run paused, the time and next insertion id, the DRAM bytes read and
+    written, how many instructions ended and their ops, and the events left scheduled
+    (none after a complete program); its arrays: ``order`` the instructions in the order
+    they ended (if the state was made to keep it), ``logs`` rows the recorder's reports in
+    order (level 0: none, 1: instruction spans and bytes moved, 2: also chunk spans; the
+    first ``nlogs``), ``blocked[q]`` = ``(instruction, flag)`` for each queue waiting on a
+    flag it found empty, else ``-1``; ``counts[q]`` = (dispatches done, syncs done, order
+    of the first dispatch, order of the first sync, busy ps, order of the first
+    instruction ended; -1: none); ``pair_bytes[k]`` the bytes
+    of the stats additions of pair ``k`` (made when an instruction's timing begins) and
+    ``pair_first[k]`` the order of its first addition (-1: none).
     """
     nq = q_ptr.shape[0] - 1
-    nres = res_cap.shape[0]
-    now = now0
-    eid = eid0
-    heap = np.zeros((256, 5), np.int64)
-    hs = 0
-    P = np.zeros((max(64, 2 * nq + 8), lp.P_FIELDS), np.int64)
-    np_used = 0
-    free_head = -1
-    level = np.zeros(nflags, np.int64)
-    f_head = np.full(nflags, -1, np.int64)
-    f_tail = np.full(nflags, -1, np.int64)
-    users = np.zeros(nres, np.int64)
-    r_head = np.full(nres, -1, np.int64)
-    r_tail = np.full(nres, -1, np.int64)
-    done = np.zeros((ins.shape[0] + 1, 3), np.int64)
-    nd = 0
-    starts = np.zeros(ins.shape[0] + 1, np.int64)
-    nst = 0
-    logs = np.zeros((1024 if log_level else 1, lp.LOG_FIELDS), np.int64)
+    (sc, heap, P, level, f_head, f_tail, users, r_head, r_tail, order, pair_bytes,
+     pair_first, logs, blocked, counts) = state
+    want_order = order.shape[0] > 0
+    now = sc[lp.SC_NOW]
+    eid = sc[lp.SC_EID]
+    hs = sc[lp.SC_HS]
+    np_used = sc[lp.SC_NP]
+    free_head = sc[lp.SC_FREE]
+    nd = sc[lp.SC_ND]
+    ops = sc[lp.SC_OPS]
+    n_pairs_seen = sc[lp.SC_NPAIRS]
+    dram_read = sc[lp.SC_DREAD]
+    dram_written = sc[lp.SC_DWRITE]
+    n_first_disp = sc[lp.SC_FDISP]
+    n_first_sync = sc[lp.SC_FSYNC]
+    n_first_done = sc[lp.SC_FDONE]
+    result = sc[lp.SC_RESULT]
     nl = 0
-    blocked = np.full((max(nq, 1), 2), -1, np.int64)
-    dram_read = 0
-    dram_written = 0
     nports = port_free.shape[1]
-    counts = np.full((max(nq, 1), 4), -1, np.int64)
-    counts[:, :2] = 0
-    n_first_disp = 0
-    n_first_sync = 0
 
-    # the engine processes, in queue order, then the join: each starts with an lp.URGENT event
-    for q in range(nq):
-        p = np_used
+    if not sc[lp.SC_STARTED]:
+        sc[lp.SC_STARTED] = 1
+        # the engine processes, in queue order, then the join: each starts with an URGENT
+        # event
+        for q in range(nq):
+            p = np_used
+            np_used += 1
+            P[p, lp.F_TYPE] = lp.P_ENGINE
+            P[p, lp.F_STATE] = lp.S_E_LAUNCH
+            P[p, lp.F_Q] = q
+            P[p, lp.F_POS] = q_ptr[q]
+            P[p, lp.F_PARENT] = nq
+            hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, p)
+            eid += 1
+        join = np_used
         np_used += 1
-        P[p, lp.F_TYPE] = lp.P_ENGINE
-        P[p, lp.F_STATE] = lp.S_E_LAUNCH
-        P[p, lp.F_Q] = q
-        P[p, lp.F_POS] = q_ptr[q]
-        P[p, lp.F_PARENT] = nq
-        hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, p)
+        P[join, lp.F_TYPE] = lp.P_JOIN
+        P[join, lp.F_STATE] = lp.S_JOIN_INIT
+        P[join, lp.F_PARENT] = -1
+        hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, join)
         eid += 1
-    join = np_used
-    np_used += 1
-    P[join, lp.F_TYPE] = lp.P_JOIN
-    P[join, lp.F_STATE] = lp.S_JOIN_INIT
-    P[join, lp.F_PARENT] = -1
-    hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, join)
-    eid += 1
 
-    result = lp.R_DEADLOCK
+    paused = 0
     while hs > 0:
+        if flush_at > 0 and nl >= flush_at:
+            paused = 1
+            break
         hs = lp.hpop(heap, hs)
         now = heap[hs, 0]
         kind = heap[hs, 3]
@@ -195,7 +200,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     st = lp.S_END
                 else:
                     i = q_items[P[p, lp.F_POS]]
-                    if dispatch_ps and ins[i, lp.I_FLAGS] & lp.FL_DISPATCH:
+                    if dispatch_ps and ins[row_of[i], lp.I_FLAGS] & lp.FL_DISPATCH:
                         P[p, lp.F_STATE] = lp.S_E_DISPATCHED
                         hs = lp.hpush(heap, hs, now + dispatch_ps, lp.NORMAL, eid,
                                       lp.CB_RESUME, p)
@@ -220,8 +225,9 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 continue
             if st == lp.S_E_WAIT:
                 i = q_items[P[p, lp.F_POS]]
-                k = w_ptr[i] + P[p, lp.F_WK]
-                if k < w_ptr[i + 1]:
+                ri = row_of[i]
+                k = w_ptr[ri] + P[p, lp.F_WK]
+                if k < w_ptr[ri + 1]:
                     f = w_flag[k]
                     P[p, lp.F_WK] += 1
                     if level[f] < 1:
@@ -253,7 +259,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                             hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, w)
                             eid += 1
                     break
-                if sync_ps and ins[i, lp.I_FLAGS] & lp.FL_CROSS:
+                if sync_ps and ins[ri, lp.I_FLAGS] & lp.FL_CROSS:
                     P[p, lp.F_STATE] = lp.S_E_SYNCED
                     hs = lp.hpush(heap, hs, now + sync_ps, lp.NORMAL, eid, lp.CB_RESUME, p)
                     eid += 1
@@ -268,40 +274,47 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 st = lp.S_E_TIMING
             if st == lp.S_E_TIMING:
                 i = q_items[P[p, lp.F_POS]]
+                ri = row_of[i]
                 P[p, lp.F_ISTART] = now
-                ik = ins[i, lp.I_KIND]
+                ik = ins[ri, lp.I_KIND]
                 if ik == lp.K_COMPUTE:
                     P[p, lp.F_STATE] = lp.S_E_FINISH
-                    d = ins[i, lp.I_DUR]
+                    d = ins[ri, lp.I_DUR]
                     if d:
                         hs = lp.hpush(heap, hs, now + d, lp.NORMAL, eid, lp.CB_RESUME, p)
                         eid += 1
                         break
                     continue
-                starts[nst] = i
-                nst += 1
+                # the stats additions, made as the instruction's timing begins
+                for a in range(ins[ri, lp.I_NADD]):
+                    pr = ins[ri, lp.I_PAIR1 + 2 * a]
+                    if pair_first[pr] < 0:
+                        pair_first[pr] = n_pairs_seen
+                        n_pairs_seen += 1
+                    pair_bytes[pr] += ins[ri, lp.I_BYTES1 + 2 * a]
                 if ik == lp.K_DMA:
-                    P[p, lp.F_T_RES] = ins[i, lp.I_RES]
-                    P[p, lp.F_T_DIR] = ins[i, lp.I_DIR1]
-                    P[p, lp.F_T_SRC] = ins[i, lp.I_SRC1]
-                    P[p, lp.F_T_DST] = ins[i, lp.I_DST1]
-                    P[p, lp.F_T_N] = ins[i, lp.I_N1]
-                    P[p, lp.F_CORE] = ins[i, lp.I_CORE]
+                    P[p, lp.F_T_RES] = ins[ri, lp.I_RES]
+                    P[p, lp.F_T_DIR] = ins[ri, lp.I_DIR1]
+                    P[p, lp.F_T_SRC] = ins[ri, lp.I_SRC1]
+                    P[p, lp.F_T_DST] = ins[ri, lp.I_DST1]
+                    P[p, lp.F_T_N] = ins[ri, lp.I_N1]
+                    P[p, lp.F_CORE] = ins[ri, lp.I_CORE]
                     P[p, lp.F_T_RET] = lp.S_E_FINISH
                     P[p, lp.F_STATE] = lp.S_T_START
                     continue
                 if ik == lp.K_LINK:
-                    P[p, lp.F_L_DIR] = ins[i, lp.I_DIR1]
-                    P[p, lp.F_L_N] = ins[i, lp.I_N1]
+                    P[p, lp.F_L_DIR] = ins[ri, lp.I_DIR1]
+                    P[p, lp.F_L_N] = ins[ri, lp.I_N1]
                     P[p, lp.F_L_RET] = lp.S_E_FINISH
                     P[p, lp.F_STATE] = lp.S_L_START
                     continue
                 # K_PAR: all_of([timeout(dur), process(transfer 1), process(transfer 2)])
-                nsub = ins[i, lp.I_NSUB]
+                nsub = ins[ri, lp.I_NSUB]
                 P[p, lp.F_AO_COUNT] = 0
                 P[p, lp.F_AO_TRIG] = 0
                 P[p, lp.F_AO_ON] = 0
-                hs = lp.hpush(heap, hs, now + ins[i, lp.I_DUR], lp.NORMAL, eid, lp.CB_CHECK, p)
+                hs = lp.hpush(heap, hs, now + ins[ri, lp.I_DUR], lp.NORMAL, eid, lp.CB_CHECK,
+                              p)
                 eid += 1
                 for s in range(nsub):
                     if free_head >= 0:
@@ -314,13 +327,13 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     P[c, lp.F_PARENT] = p
                     P[c, lp.F_STATE] = lp.S_T_START
                     P[c, lp.F_T_RET] = lp.S_XFER_RET
-                    P[c, lp.F_T_RES] = ins[i, lp.I_RES]
-                    P[c, lp.F_CORE] = ins[i, lp.I_CORE]
+                    P[c, lp.F_T_RES] = ins[ri, lp.I_RES]
+                    P[c, lp.F_CORE] = ins[ri, lp.I_CORE]
                     base = lp.I_DIR1 if s == 0 else lp.I_DIR2
-                    P[c, lp.F_T_DIR] = ins[i, base]
-                    P[c, lp.F_T_SRC] = ins[i, base + 1]
-                    P[c, lp.F_T_DST] = ins[i, base + 2]
-                    P[c, lp.F_T_N] = ins[i, base + 3]
+                    P[c, lp.F_T_DIR] = ins[ri, base]
+                    P[c, lp.F_T_SRC] = ins[ri, base + 1]
+                    P[c, lp.F_T_DST] = ins[ri, base + 2]
+                    P[c, lp.F_T_N] = ins[ri, base + 3]
                     hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, c)
                     eid += 1
                 P[p, lp.F_AO_N] = 1 + nsub
@@ -329,10 +342,16 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 break
             if st == lp.S_E_FINISH:
                 i = q_items[P[p, lp.F_POS]]
-                done[nd, 0] = i
-                done[nd, 1] = P[p, lp.F_ISTART]
-                done[nd, 2] = now
+                ri = row_of[i]
+                if want_order:
+                    order[nd] = i
                 nd += 1
+                ops += ins[ri, lp.I_OPS]
+                q = P[p, lp.F_Q]
+                if counts[q, 5] < 0:
+                    counts[q, 5] = n_first_done
+                    n_first_done += 1
+                counts[q, 4] += now - P[p, lp.F_ISTART]
                 if log_level >= 1:
                     logs[nl, 0] = lp.LOG_INS
                     logs[nl, 1] = P[p, lp.F_Q]
@@ -340,7 +359,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     logs[nl, 3] = P[p, lp.F_ISTART]
                     logs[nl, 4] = now
                     nl += 1
-                for k in range(s_ptr[i], s_ptr[i + 1]):
+                for k in range(s_ptr[ri], s_ptr[ri + 1]):
                     if hs + 2 > heap.shape[0]:
                         heap = lp.grow(heap)
                     f = s_flag[k]
@@ -609,5 +628,51 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 break
             raise RuntimeError("program loop: unknown process state")
 
-    return (result, now, eid, dram_read, dram_written, done, nd, starts, nst, logs, nl,
-            blocked, hs, counts)
+    sc[lp.SC_NOW] = now
+    sc[lp.SC_EID] = eid
+    sc[lp.SC_HS] = hs
+    sc[lp.SC_NP] = np_used
+    sc[lp.SC_FREE] = free_head
+    sc[lp.SC_ND] = nd
+    sc[lp.SC_OPS] = ops
+    sc[lp.SC_NPAIRS] = n_pairs_seen
+    sc[lp.SC_DREAD] = dram_read
+    sc[lp.SC_DWRITE] = dram_written
+    sc[lp.SC_FDISP] = n_first_disp
+    sc[lp.SC_FSYNC] = n_first_sync
+    sc[lp.SC_FDONE] = n_first_done
+    sc[lp.SC_RESULT] = result
+    sc[lp.SC_PAUSED] = paused
+    return (sc, heap, P, level, f_head, f_tail, users, r_head, r_tail, order, pair_bytes,
+            pair_first, logs, blocked, counts), nl
+
+
+def new_state(now: int, eid: int, queues: int, flags: int, resources: int,
+              instructions: int, pairs: int, *, log_level: int, keep_order: bool) -> tuple:
+    """The state :func:`run_program` starts a program from: at time ``now`` with insertion
+    ids from ``eid``, no process started, every flag empty and every resource free."""
+    sc = np.zeros(lp.SC_FIELDS, np.int64)
+    sc[lp.SC_NOW] = now
+    sc[lp.SC_EID] = eid
+    sc[lp.SC_FREE] = -1
+    sc[lp.SC_RESULT] = lp.R_DEADLOCK
+    counts = np.full((max(queues, 1), 6), -1, np.int64)
+    counts[:, :2] = 0
+    counts[:, 4] = 0
+    return (
+        sc,
+        np.zeros((256, 5), np.int64),  # the event heap
+        np.zeros((max(64, 2 * queues + 8), lp.P_FIELDS), np.int64),  # the processes
+        np.zeros(flags, np.int64),  # flag levels, waiter queues
+        np.full(flags, -1, np.int64),
+        np.full(flags, -1, np.int64),
+        np.zeros(resources, np.int64),  # resource users, waiter queues
+        np.full(resources, -1, np.int64),
+        np.full(resources, -1, np.int64),
+        np.zeros(instructions if keep_order else 0, np.int32),
+        np.zeros(pairs, np.int64),
+        np.full(pairs, -1, np.int64),
+        np.zeros((1024 if log_level else 1, lp.LOG_FIELDS), np.int64),
+        np.full((max(queues, 1), 2), -1, np.int64),
+        counts,
+    )

@@ -230,8 +230,8 @@ def test_the_fixed_cost_bits_are_the_devices():
                        HardwareTarget.from_hw(hw), max_seq=8, cap=320, functional=False)
     prog = cm.program(tokens=1, cache_size=300)
     dev = Device(hw, functional=False)
-    tb = program_tables.build(prog, dev.cores, dev.num_cores, dev.kinds_of)
-    bits = tb.table[:, loopdefs.I_FLAGS]
+    tb = program_tables.build(prog, dev.program_rows, dev.kinds_of, len(dev.kind_names))
+    bits = tb.table[tb.row_of, loopdefs.I_FLAGS]
     cross = np.flatnonzero(bits & loopdefs.FL_CROSS)
     assert cross.tolist() == sorted(cross_core_waits(prog)) and len(cross) > 0
     nops = np.asarray([isinstance(i, Nop) for i in prog.instructions])

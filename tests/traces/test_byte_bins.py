@@ -207,3 +207,38 @@ def test_the_bins_of_a_simulated_run_hold_every_byte_the_dram_and_link_moved():
     for direction in ("h2d", "d2h"):
         assert binned.get(("pcie", direction), 0) == traffic.get(f"pcie_{direction}", 0)
     assert max(Counter((b.block, b.lane) for b in fine.bytes).values()) <= 16
+
+
+def _many(rec: Recorder, transfers: list[tuple]) -> None:
+    tracks = sorted({(b, lane) for b, lane, *_ in transfers})
+    ids = {t: k for k, t in enumerate(tracks)}
+    rec.moved_many(tracks, [ids[(b, lane)] for b, lane, *_ in transfers],
+                   [t[2] for t in transfers], [t[3] for t in transfers],
+                   [t[4] for t in transfers])
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("max_events", [2_000_000, 300, 40])
+def test_moving_many_at_once_bins_as_moving_each(seed, max_events):
+    # in batches, after some single moves, across coarsenings, near and past the limit
+    transfers = _transfers(400, seed=seed)
+    one = Recorder(level="ops", max_events=max_events, byte_bin_ps=100, max_byte_bins=64)
+    many = Recorder(level="ops", max_events=max_events, byte_bin_ps=100, max_byte_bins=64)
+    _record(one, transfers)
+    _record(many, transfers[:7])
+    for lo in range(7, 400, 131):
+        _many(many, transfers[lo: lo + 131])
+    assert many._bins == one._bins
+    assert list(many._bins) == list(one._bins)  # tracks in the order they first moved
+    assert list(many.byte_totals.items()) == list(one.byte_totals.items())
+    assert (many._nbins, many.dropped, many.byte_bin_width_ps) == (
+        one._nbins, one.dropped, one.byte_bin_width_ps)
+    assert many.bytes == one.bytes
+
+
+def test_the_batch_takes_its_fast_path_when_nothing_can_be_dropped():
+    rec = Recorder(level="ops", byte_bin_ps=100, max_byte_bins=64)
+    calls = []
+    rec.moved = lambda *a: calls.append(a)  # the one-by-one path would call it
+    _many(rec, _transfers(300, seed=1))
+    assert not calls and rec.byte_records > 0
