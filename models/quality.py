@@ -33,9 +33,10 @@ class DegenerateOutput(KvsimError):
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax in float64 (``(..., vocab)``)."""
-    z = np.asarray(logits, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    z = np.array(logits, dtype=np.float64)  # a copy, worked on in place (the same values)
+    z -= z.max(axis=-1, keepdims=True)
+    z -= np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    return z
 
 
 def _check_pair(ref: np.ndarray, npu: np.ndarray) -> None:
@@ -49,8 +50,13 @@ def next_token_nll(logits: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
     t = np.asarray(tokens, dtype=np.int64)
     if logits.ndim != 2 or logits.shape[0] != t.size or t.size < 2:
         raise ValueError(f"logits {logits.shape}: need (n, vocab) for n = {t.size} >= 2 tokens")
-    lp = log_softmax(logits[:-1])
-    return -lp[np.arange(t.size - 1), t[1:]]
+    return _nll(log_softmax(logits[:-1]), t)
+
+
+def _nll(logp: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """NLL (nats) of ``tokens[1:]`` under the log-probabilities ``logp`` of the rows that
+    predict them."""
+    return -logp[np.arange(tokens.size - 1), tokens[1:]]
 
 
 def perplexity(logits: np.ndarray, tokens: Sequence[int]) -> float:
@@ -61,7 +67,11 @@ def perplexity(logits: np.ndarray, tokens: Sequence[int]) -> float:
 def kl_per_position(ref: np.ndarray, npu: np.ndarray) -> np.ndarray:
     """``KL(softmax(ref) || softmax(npu))`` per row, nats (>= 0)."""
     _check_pair(ref, npu)
-    lp, lq = log_softmax(ref), log_softmax(npu)
+    return _kl(log_softmax(ref), log_softmax(npu))
+
+
+def _kl(lp: np.ndarray, lq: np.ndarray) -> np.ndarray:
+    """``KL(p || q)`` per row (nats, >= 0) from the log-probabilities of both."""
     return np.maximum((np.exp(lp) * (lp - lq)).sum(axis=-1), 0.0)
 
 
@@ -205,11 +215,15 @@ def compare(ref: np.ndarray, npu: np.ndarray, tokens: Sequence[int], *,
         raise DegenerateOutput(f"NPU logits: {why} (the integer pipeline's output cannot be "
                                f"right; allow_degenerate measures it anyway)")
     r, q = ref[first:-1], npu[first:-1]
-    kl = kl_per_position(r, q)
+    # each side's log-softmax once, for its KL and its perplexity (the rows that predict
+    # the text are the rows the KL compares; log_softmax works row by row, so the figures
+    # are those of kl_per_position and perplexity, bit for bit)
+    lp, lq = log_softmax(r), log_softmax(q)
+    kl = _kl(lp, lq)
     agree = r.argmax(axis=-1) == q.argmax(axis=-1)
-    tail = list(tokens)[first:]
-    return Quality(tokens=n, perplexity=perplexity(npu[first:], tail),
-                   reference_perplexity=perplexity(ref[first:], tail),
+    tail = np.asarray(list(tokens)[first:], dtype=np.int64)
+    return Quality(tokens=n, perplexity=float(np.exp(_nll(lq, tail).mean())),
+                   reference_perplexity=float(np.exp(_nll(lp, tail).mean())),
                    kl_mean=float(kl.mean()), kl_max=float(kl.max()),
                    top1_agreement=float(agree.mean()), degenerate=why,
                    buckets=position_buckets(kl, agree, first=first), first_position=first,

@@ -1,4 +1,5 @@
 import os
+import time
 
 import pytest
 import simpy
@@ -32,6 +33,29 @@ def pytest_configure(config: pytest.Config) -> None:
                    for a in config.invocation_params.args)
     if getattr(config.option, "dist", "no") == "load" and not explicit:
         config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under ``-n N`` (N >= 2), the controller compiles the Numba kernels of the heavy
+    tests once, in a few processes side by side, before the workers start
+    (:mod:`tests.jit_warmup`: otherwise both workers compile the same kernels on a fresh
+    checkout). Runs first, before xdist's own session start launches the workers."""
+    config = session.config
+    workers = getattr(config.option, "numprocesses", None)
+    if hasattr(config, "workerinput") or not isinstance(workers, int) or workers < 2:
+        return
+    from tests.jit_warmup import PARTS, run_parts
+
+    t0 = time.perf_counter()
+    problems = run_parts(config.rootpath)
+    say = config.pluginmanager.get_plugin("terminalreporter")
+    line = (f"Numba kernels compiled or loaded in {len(PARTS)} processes: "
+            f"{time.perf_counter() - t0:.1f} s")
+    for problem in problems:  # the tests that use them compile what they need themselves
+        line += f"\nwarm-up {problem}"
+    if say is not None:
+        say.write_line(line)
 
 
 @pytest.fixture

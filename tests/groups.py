@@ -13,6 +13,7 @@ left for the end.
 #: weights): the teacher-forced and greedy checks, the dequantize-on-read check and the
 #: quality-table order.
 REAL_W8 = "real-w8"
-#: The other heavy tests (the ``w4g32`` numerics, the static-int8 guard, the real-size
-#: program hashes), about as much work as :data:`REAL_W8`, for the other worker.
+#: The other heavy tests (the ``w4g32`` numerics, the static-int8 guard), for the other
+#: worker. The real-size program hashes are four tests of their own (one compile each), in
+#: no group, so the scheduler spreads them over both workers.
 REAL_OTHER = "real-other"

@@ -117,38 +117,54 @@ def _cacheops(cm: CompiledModel) -> Iterator[tuple[str, Program]]:
                                            via=kvformats.pair("kivi-2").k)
 
 
-def programs(*, slow: bool, first_format_only: bool = False) -> Iterator[tuple[str, Program]]:
+def programs(*, slow: bool, first_format_only: bool = False, model: str | None = None,
+             steps: bool | None = None) -> Iterator[tuple[str, Program]]:
     """Every (case name, program) of the fast set, or of the slow set; with
     ``first_format_only``, each case's first KV format only (the slow set's part that the
-    test suite checks: one compile per real-size model; the script checks them all)."""
-    for model, hw, mode, max_seq, cap, kvs, functional, tile in (
+    test suite checks: one compile per real-size model; the script checks them all).
+    ``model`` keeps that model's cases only; ``steps`` keeps the batched serving steps
+    only (True) or everything but them (False): the parts the test suite checks as
+    separate tests, so that the workers share them."""
+    for case_model, hw, mode, max_seq, cap, kvs, functional, tile in (
             SLOW_CASES if slow else FAST_CASES):
+        if steps or model not in (None, case_model):
+            continue
         for kv in kvs[:1] if first_format_only else kvs:
             for fn in (False, True) if functional else (False,):
-                cm = _compiled(model, hw, mode, max_seq, cap, kv, fn, 1, tile)
-                tag = (f"{model}.{kv}.{'functional' if fn else 'timing'}"
+                cm = _compiled(case_model, hw, mode, max_seq, cap, kv, fn, 1, tile)
+                tag = (f"{case_model}.{kv}.{'functional' if fn else 'timing'}"
                        + (f".tile{tile}" if tile else ""))
                 for name, prog in _calls(cm):
                     yield f"{tag}.{name}", prog
                 if hw == "tiny":
                     for name, prog in _cacheops(cm):
                         yield f"{tag}.{name}", prog
-    if not slow:
+    if not slow and not steps and model in (None, "tiny"):
         two = _compiled("tiny", "tiny", "single", 16, 64, "int8", False, 2)
         for name, prog in _calls(two):
             yield f"tiny.int8.slots2.{name}", prog
         for name, prog in _cacheops(two):
             yield f"tiny.int8.slots2.{name}", prog
-    for model, hw, mode, kv, is_slow in STEP_CASES:
-        if is_slow == slow:
-            for name, prog in _steps(model, hw, mode, kv):
-                yield f"{model}.{kv}.{name}", prog
+    for case_model, hw, mode, kv, is_slow in STEP_CASES:
+        if is_slow == slow and steps is not False and model in (None, case_model):
+            for name, prog in _steps(case_model, hw, mode, kv):
+                yield f"{case_model}.{kv}.{name}", prog
 
 
-def compute(*, slow: bool, first_format_only: bool = False) -> dict[str, str]:
-    """``{case: sha256 of the encoded program}`` of the fast or the slow set."""
+def slow_parts() -> list[tuple[str, bool]]:
+    """``(model, steps)`` of the slow set's parts: each real-size model's calls, and each
+    real-size model's batched serving steps (a compile of their own)."""
+    return ([(case[0], False) for case in SLOW_CASES]
+            + [(case[0], True) for case in STEP_CASES if case[4]])
+
+
+def compute(*, slow: bool, first_format_only: bool = False, model: str | None = None,
+            steps: bool | None = None) -> dict[str, str]:
+    """``{case: sha256 of the encoded program}`` of the fast or the slow set (or of its
+    part: :func:`programs`)."""
     out: dict[str, str] = {}
-    for name, prog in programs(slow=slow, first_format_only=first_format_only):
+    for name, prog in programs(slow=slow, first_format_only=first_format_only, model=model,
+                               steps=steps):
         if name in out:
             raise AssertionError(f"case {name!r} twice")
         out[name] = digest(prog)
