@@ -101,14 +101,28 @@ def measure(task: tuple) -> int:
         r = task[1]
         return _run_ps(lower_step(lw, [StepSeq(0, 1, 0, True, i + 1) for i in range(r)],
                                   layers=()))
-    # a tile through some layers: ("decode", k, ctx, layers) | ("prefill", n, pos, layers);
-    # MoE routing keys that do not depend on the position, so that the grid is smooth in it
-    _, a, b, layers = task
+    seqs, layers = tile_step(task)
+    return _run_ps(lower_step(lw, list(seqs), layers=layers))
+
+
+def tile_step(task: tuple) -> tuple[tuple[StepSeq, ...], tuple[int, ...]]:
+    """The step of a tile task, ``("decode", k, ctx, layers)`` (``k`` one-token sequences
+    at context ``ctx``) or ``("prefill", n, pos, layers)`` (one piece of ``n`` tokens at
+    cache position ``pos``): its sequences and layers. MoE routing keys do not depend on
+    the position, so that the grid is smooth in it."""
+    kind, a, b, layers = task
     if kind == "decode":
-        seqs = [StepSeq(0, 1, b - 1, False, i + 1, (i + 1) << 32) for i in range(a)]
+        seqs = tuple(StepSeq(0, 1, b - 1, False, i + 1, (i + 1) << 32) for i in range(a))
     else:
-        seqs = [StepSeq(0, a, b, False, 1, 1 << 32)]
-    return _run_ps(lower_step(lw, seqs, layers=layers))
+        seqs = (StepSeq(0, a, b, False, 1, 1 << 32),)
+    return seqs, layers
+
+
+def program_key(task: tuple) -> tuple:
+    """What the program of ``task`` is made from: two tasks with one key lower the same
+    program and so take the same time (a one-token prefill piece at position ``p`` is the
+    decode of one sequence at context ``p + 1``)."""
+    return tile_step(task) if task[0] in ("decode", "prefill") else task
 
 
 def run_tasks(cm: CompiledModel, hw: HardwareConfig, tasks: list[tuple], jobs: int,
@@ -116,22 +130,33 @@ def run_tasks(cm: CompiledModel, hw: HardwareConfig, tasks: list[tuple], jobs: i
     """Measure every task (:func:`measure`'s forms), in ``jobs`` forked workers if more
     than one; returns picoseconds by task."""
     _CTX["cm"], _CTX["hw"] = cm, hw
-    out: dict[tuple, int] = {}
+    first: dict[tuple, tuple] = {}  # program key -> the first task that lowers it
+    for t in tasks:
+        first.setdefault(program_key(t), t)
+    unique = list(first.values())  # each program is simulated once, in the tasks' order
+    by_task: dict[tuple, int] = {}
     if progress is not None:
-        progress.start("measure the step-cost grid", total=len(tasks))
-    if jobs <= 1 or len(tasks) < 2:
-        for t in tasks:
-            out[t] = measure(t)
+        progress.start("measure the step-cost grid", total=len(unique))
+    if jobs <= 1 or len(unique) < 2:
+        for t in unique:
+            by_task[t] = measure(t)
             if progress is not None:
                 progress.advance()
-        return out
-    ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        for t, v in zip(tasks, pool.map(measure, tasks, chunksize=1), strict=True):
-            out[t] = v
-            if progress is not None:
-                progress.advance()
-    return out
+    else:
+        # the cheapest program first, here: the device's compiled kernels are then loaded
+        # once, before the workers fork, instead of once in every worker
+        warm = min(unique, key=lambda t: (t[0] != "logits", t[1] if len(t) == 2 else 0))
+        by_task[warm] = measure(warm)
+        if progress is not None:
+            progress.advance()
+        rest = [t for t in unique if t != warm]
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            for t, v in zip(rest, pool.map(measure, rest, chunksize=1), strict=True):
+                by_task[t] = v
+                if progress is not None:
+                    progress.advance()
+    return {t: by_task[first[program_key(t)]] for t in tasks}
 
 
 def task_from_json(t: list) -> tuple:
