@@ -19,11 +19,12 @@ def _tiny():
 
 def test_a_one_token_prefill_piece_is_the_decode_of_one_sequence():
     cm, hw = _tiny()
-    grid._CTX["cm"], grid._CTX["hw"] = cm, hw
     for layers in [(0,), (0, 1)]:
         pre, dec = ("prefill", 1, 63, layers), ("decode", 1, 64, layers)
         assert grid.program_key(pre) == grid.program_key(dec)
-        assert grid.measure(pre) == grid.measure(dec)
+        # each simulated on its own
+        assert (grid.run_tasks(cm, hw, [pre], jobs=1, progress=None)[pre]
+                == grid.run_tasks(cm, hw, [dec], jobs=1, progress=None)[dec])
     # a longer piece, another context or another layer set is another program
     keys = {grid.program_key(t) for t in [("prefill", 2, 63, (0,)), ("decode", 1, 65, (0,)),
                                           ("decode", 1, 64, (0, 1)), ("decode", 2, 64, (0,))]}
@@ -46,3 +47,21 @@ def test_run_tasks_simulates_each_program_once(monkeypatch):
     assert out == {("logits", 1): 1000, ("decode", 1, 1, (0,)): 2000,
                    ("prefill", 1, 0, (0,)): 2000, ("prefill", 4, 0, (0,)): 3000,
                    ("io", 8): 4000}
+
+
+def test_workers_measure_what_one_process_measures():
+    cm, hw = _tiny()
+    tasks = [("decode", 2, 64, (0, 1)), ("prefill", 1, 0, (0,)), ("decode", 1, 1, (0,)),
+             ("prefill", 8, 32, (0,)), ("decode", 4, 128, (0,))]
+    one = grid.run_tasks(cm, hw, tasks, jobs=1, progress=None)
+    assert grid.run_tasks(cm, hw, tasks, jobs=2, progress=None) == one
+    assert one[("prefill", 1, 0, (0,))] == one[("decode", 1, 1, (0,))]
+    assert len(set(one.values())) == 4 and min(one.values()) > 0
+
+
+def test_the_program_run_before_the_fork_is_the_cheapest():
+    tasks = [("decode", 2, 64, (0, 1)), ("prefill", 4, 0, (0,)), ("decode", 1, 1, (0, 1)),
+             ("head", 8), ("io", 4), ("decode", 1, 64, (0,))]
+    assert min(tasks, key=grid.cheapness) == ("io", 4)
+    assert min(tasks[:4] + tasks[5:], key=grid.cheapness) == ("head", 8)
+    assert min(tasks[:3] + tasks[5:], key=grid.cheapness) == ("decode", 1, 64, (0,))
