@@ -21,7 +21,7 @@ from tests.traces.test_trace_levels import assert_perfetto_ready
 from traces.browser import check, find_chromium
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-RUNS = ["quickstart.toml", "real-model.toml"]
+RUNS = ["quickstart.toml", "real-model.toml", "long-context-decode.toml"]
 SWEEPS = ["kv-bits-sweep.toml", "w8-vs-w4v8.toml", "mla-quantmla-vs-bf16.toml",
           "host-vs-device-edit.toml"]
 
@@ -57,7 +57,8 @@ def test_quickstart_is_the_embedded_default():
 
 
 @pytest.mark.parametrize("name", RUNS + SWEEPS)
-def test_example_config_validates(name, capsys):
+def test_example_config_validates(name, capsys, monkeypatch):
+    monkeypatch.chdir(CONFIGS.parent)  # model.hf_config paths are relative to the repository
     assert main(["check", str(CONFIGS / name)]) == 0
     assert capsys.readouterr().out.startswith("ok: ")
 

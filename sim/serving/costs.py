@@ -23,35 +23,32 @@ dense model, ``(0,)`` and ``(0, .., 8)`` for a MoE model (its MoE layers differ 
 routing and rotate their cache owner over the 8 cores, so 8 of them are averaged).
 :meth:`StepCostModel.validate` measures the model's error against a direct simulation of
 whole steps. Grids are cached on disk, keyed by everything that changes the programs.
+
+Where the grid lies and how its points are measured: :mod:`.grid`; the interpolation:
+:mod:`.interp` (both re-exported here).
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
-import multiprocessing
 import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from isa.instructions import HostRead, Program
 from models.compiler import CompiledModel
-from models.compiler.driver import (
-    LOGITS_REGION,
-    StepSeq,
-    head_rows,
-    lower_step,
-    tiles_of,
-)
-from sim.device import Device
+from models.compiler.driver import StepSeq, head_rows, lower_step, tiles_of
 from sim.hw import HardwareConfig
 from sim.progress import Phases
 from traces.io import atomic_write_json
+
+from .grid import GridSpec, default_cache_dir, run_tasks, task_from_json, timing_device
+from .interp import Line, Plane
+
+__all__ = ["COST_MODEL_VERSION", "MOE_PROBE_LAYERS", "GridSpec", "Line", "Plane",
+           "StepCostModel", "default_cache_dir"]
 
 #: Bumped when the programs or the grid's meaning change (invalidates cached grids).
 COST_MODEL_VERSION = 2
@@ -59,170 +56,6 @@ COST_MODEL_VERSION = 2
 #: of the cache owner over ARIES's 8 cores).
 MOE_PROBE_LAYERS = 8
 
-
-def default_cache_dir() -> Path:
-    """``$KVSIM_CACHE_DIR/step-costs`` or ``~/.cache/kvsim/step-costs``."""
-    root = os.environ.get("KVSIM_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "kvsim"
-    return base / "step-costs"
-
-
-# --- interpolation --------------------------------------------------------------------------
-
-def _bracket(xs: Sequence[float], x: float) -> tuple[int, float]:
-    """Index ``i`` and weight ``w`` with ``x = (1 - w) xs[i] + w xs[i + 1]`` (``w`` outside
-    [0, 1] past the ends: linear extrapolation); one point: ``(0, 0.0)``."""
-    if len(xs) == 1:
-        return 0, 0.0
-    i = bisect.bisect_right(xs, x) - 1
-    i = min(max(i, 0), len(xs) - 2)
-    return i, (x - xs[i]) / (xs[i + 1] - xs[i])
-
-
-@dataclass(frozen=True)
-class Line:
-    """Piecewise-linear ``f(x)`` through ``(xs[i], ys[i])``."""
-
-    xs: tuple[float, ...]
-    ys: tuple[float, ...]
-
-    def __call__(self, x: float) -> float:
-        i, w = _bracket(self.xs, x)
-        if len(self.xs) == 1:
-            return self.ys[0]
-        return self.ys[i] + w * (self.ys[i + 1] - self.ys[i])
-
-
-@dataclass(frozen=True)
-class Plane:
-    """Bilinear ``f(x, y)`` over the grid ``xs x ys`` (``zs[i][j] = f(xs[i], ys[j])``)."""
-
-    xs: tuple[float, ...]
-    ys: tuple[float, ...]
-    zs: tuple[tuple[float, ...], ...]
-
-    def __call__(self, x: float, y: float) -> float:
-        i, u = _bracket(self.xs, x)
-        j, v = _bracket(self.ys, y)
-        z = self.zs
-        if len(self.xs) == 1:
-            a = z[0][j] if len(self.ys) == 1 else z[0][j] + v * (z[0][j + 1] - z[0][j])
-            return a
-        if len(self.ys) == 1:
-            return z[i][0] + u * (z[i + 1][0] - z[i][0])
-        a = z[i][j] + v * (z[i][j + 1] - z[i][j])
-        b = z[i + 1][j] + v * (z[i + 1][j + 1] - z[i + 1][j])
-        return a + u * (b - a)
-
-
-# --- the grid --------------------------------------------------------------------------------
-
-def _powers(top: int, start: int = 1, factor: int = 2) -> list[int]:
-    out, x = [], start
-    while x < top:
-        out.append(x)
-        x *= factor
-    return out
-
-
-@dataclass(frozen=True)
-class GridSpec:
-    """Where the cost model measures (all token counts and positions)."""
-
-    decode_k: tuple[int, ...]  # sequences in a decode tile
-    decode_ctx: tuple[int, ...]  # their (mean) context, tokens
-    prefill_n: tuple[int, ...]  # tokens of a prefill piece
-    prefill_pos: tuple[int, ...]  # its first cache position
-    io_tokens: tuple[int, ...]  # tokens of a step (host input, input stages)
-    head_r: tuple[int, ...]  # rows of a head pass
-    logits_n: tuple[int, ...]  # sequences whose logits return
-
-    @classmethod
-    def default(cls, *, m_tile: int, cap: int, max_tokens: int, max_seqs: int,
-                head_rows: int, fp_tokens: int = 0) -> GridSpec:
-        """Powers of two up to the tile, contexts 1, 64, 256, 1024, ... up to the cache
-        length, and the end of a format's full-precision tokens (``fp_tokens``: sink +
-        window), where the bytes per token of the context change."""
-        ks = sorted(set(_powers(m_tile)) | {m_tile})
-        ctx = sorted({c for c in [1, *_powers(cap, 64, 4)] if c <= cap} | {cap}
-                     | ({fp_tokens, fp_tokens + 64} if 0 < fp_tokens < cap - 64 else set()))
-        pos = sorted({p for p in [0, *_powers(cap - m_tile, 64, 4)] if p <= cap - m_tile}
-                     | {cap - m_tile} | ({fp_tokens} if 0 < fp_tokens < cap - m_tile
-                                         else set()))
-        io = sorted(set(_powers(max_tokens, 1, 4)) | {m_tile, max_tokens})
-        rows = min(head_rows, max_seqs)  # a head pass never has more rows than samplers
-        hr = sorted({1, max(1, rows // 4), max(1, rows // 2), rows})
-        return cls(decode_k=tuple(ks), decode_ctx=tuple(ctx), prefill_n=tuple(ks),
-                   prefill_pos=tuple(pos), io_tokens=tuple(io), head_r=tuple(hr),
-                   logits_n=tuple(sorted({1, max_seqs})))
-
-    def to_json(self) -> dict[str, list[int]]:
-        return {k: list(v) for k, v in vars(self).items()}
-
-
-# --- measurement (worker processes fork with the model in a global) --------------------------
-
-_CTX: dict[str, Any] = {}
-
-
-def _device(cm: CompiledModel, hw: HardwareConfig) -> Device:
-    return Device(hw, functional=False, layout=cm.layout(host_bytes=hw.host.memory_bytes))
-
-
-def _run_ps(prog: Program) -> int:
-    return _device(_CTX["cm"], _CTX["hw"]).run(prog, validate=False).duration_ps
-
-
-def _measure(task: tuple) -> int:
-    """One grid measurement, picoseconds (runs in a worker)."""
-    cm = _CTX["cm"]
-    lw = cm.lowering()
-    kind = task[0]
-    if kind == "logits":
-        n = task[1]
-        base = cm.mm[LOGITS_REGION].base
-        return _run_ps(Program((HostRead(src=base, dst=0, nbytes=4 * n * cm.model.vocab_size),),
-                               name=f"logits of {n}"))
-    if kind == "io":  # m tokens in pieces the cache length allows (no layers: no cache)
-        m, part = task[1], cm.cap
-        seqs = [StepSeq(0, min(part, m - a), 0, False) for a in range(0, m, part)]
-        return _run_ps(lower_step(lw, seqs, layers=()))
-    if kind == "head":
-        r = task[1]
-        return _run_ps(lower_step(lw, [StepSeq(0, 1, 0, True, i + 1) for i in range(r)],
-                                  layers=()))
-    # a tile through some layers: ("decode", k, ctx, layers) | ("prefill", n, pos, layers);
-    # MoE routing keys that do not depend on the position, so that the grid is smooth in it
-    _, a, b, layers = task
-    if kind == "decode":
-        seqs = [StepSeq(0, 1, b - 1, False, i + 1, (i + 1) << 32) for i in range(a)]
-    else:
-        seqs = [StepSeq(0, a, b, False, 1, 1 << 32)]
-    return _run_ps(lower_step(lw, seqs, layers=layers))
-
-
-def _run_tasks(cm: CompiledModel, hw: HardwareConfig, tasks: list[tuple], jobs: int,
-               progress: Phases | None) -> dict[tuple, int]:
-    _CTX["cm"], _CTX["hw"] = cm, hw
-    out: dict[tuple, int] = {}
-    if progress is not None:
-        progress.start("measure the step-cost grid", total=len(tasks))
-    if jobs <= 1 or len(tasks) < 2:
-        for t in tasks:
-            out[t] = _measure(t)
-            if progress is not None:
-                progress.advance()
-        return out
-    ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        for t, v in zip(tasks, pool.map(_measure, tasks, chunksize=1), strict=True):
-            out[t] = v
-            if progress is not None:
-                progress.advance()
-    return out
-
-
-# --- the model -------------------------------------------------------------------------------
 
 class StepCostModel:
     """Step latency of a compiled model on one chip (see the module docstring).
@@ -339,14 +172,14 @@ class StepCostModel:
             if path.is_file():
                 try:
                     data = json.loads(path.read_text())
-                    self._fit({_task_from_json(t): v for t, v in data["measured"]})
+                    self._fit({task_from_json(t): v for t, v in data["measured"]})
                     self.cache_hit = True
                     self.build_s = float(data.get("build_s", 0.0))
                     return
                 except (ValueError, KeyError, TypeError):
                     pass  # a damaged cache file: measure again
         t0 = time.perf_counter()
-        measured = _run_tasks(self.cm, self.hw, self._tasks(), jobs, progress)
+        measured = run_tasks(self.cm, self.hw, self._tasks(), jobs, progress)
         self.build_s = time.perf_counter() - t0
         self._fit(measured)
         if path is not None:
@@ -543,7 +376,7 @@ class StepCostModel:
         key = tuple(seqs)
         if key not in self._direct_cache:
             prog = lower_step(self.lw, seqs)
-            self._direct_cache[key] = _device(self.cm, self.hw).run(
+            self._direct_cache[key] = timing_device(self.cm, self.hw).run(
                 prog, validate=False).duration_ps
         return self._direct_cache[key]
 
@@ -578,7 +411,3 @@ class StepCostModel:
             "build_s": self.build_s, "cache_hit": self.cache_hit,
             "cache_file": str(self.cache_path) if self.cache_path else None,
         }
-
-
-def _task_from_json(t: list) -> tuple:
-    return tuple(tuple(x) if isinstance(x, list) else x for x in t)
