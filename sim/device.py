@@ -464,6 +464,12 @@ class Device:
         if self.mem is not None:
             self.mem.host.write(addr, data)
 
+    def host_discard(self, addr: int, nbytes: int) -> None:
+        """Drop the host memory pages wholly inside ``[addr, addr + nbytes)`` (host-side
+        code: a staging buffer the host frees; costs no device time)."""
+        if self.mem is not None:
+            self.mem.host.discard(addr, nbytes)
+
     def host_read(self, addr: int, nbytes: int):
         if self.mem is None:
             raise DeviceError("host memory has no bytes in timing-only mode")

@@ -62,6 +62,14 @@ class SparseMemory:
             buf[off : off + take] = data[pos : pos + take]
             pos += take
 
+    def discard(self, addr: int, nbytes: int) -> None:
+        """Forget the pages wholly inside ``[addr, addr + nbytes)`` (they read as zeros
+        again); pages only partly inside keep their bytes."""
+        self._check(addr, nbytes)
+        pb = self.page_bytes
+        for page in range(-(-addr // pb), (addr + nbytes) // pb):
+            self._pages.pop(page, None)
+
 
 class DeviceMemory:
     """The three address spaces of the device, in the interface ``isa.semantics`` uses."""

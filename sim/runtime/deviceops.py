@@ -115,10 +115,16 @@ def load_weights(model: Model, acc: Accelerator) -> None:
     start, before = acc.begin()
     acc.host_work(hw.host.call_overhead_ns, "launch")
     if acc.functional:
+        # one program, as in timing-only mode (a program per region would pay the
+        # program launch once per region): the image is staged in host memory, region
+        # after region, and the staging pages are dropped once it has crossed the link
+        writes, off = [], 0
         for addr, data in cm.weight_image():
-            acc.device.host_write(HOST_IN, data)
-            acc.run(Program((HostWrite(src=HOST_IN, dst=addr, nbytes=data.size),),
-                            name="load weights"), "launch")
+            acc.device.host_write(HOST_IN + off, data)
+            writes.append(HostWrite(src=HOST_IN + off, dst=addr, nbytes=data.size))
+            off += data.size
+        acc.run(Program(tuple(writes), name="load weights"), "launch")
+        acc.device.host_discard(HOST_IN, off)
     else:
         regions = [r for r in cm.mm.regions if r.kind == "weights"]
         acc.run(Program(tuple(HostWrite(src=HOST_IN, dst=r.base, nbytes=r.size)
