@@ -76,7 +76,6 @@ from typing import Protocol
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import kv
 from .errors import IsaError
 from .instructions import (
     NO_ADDR,
@@ -99,16 +98,13 @@ from .instructions import (
     Space,
     Vec,
     VecFunc,
-    f32_value,
 )
-from .kernels import attention as katt
-from .kernels import attention_fp as katf
 from .kernels import gemm_group as kgg
 from .kernels import matrix as kmat
 from .kernels import softmax as ksm
 from .kernels import vector as kvec
 from .kernels import wide as kwide
-from .kernels.fpbits import Q as Q24
+from .semantics_kv import attn, attn_dq, format_of, kv_read, kv_write
 from .semantics_moe import MOE_FUNCS, moe_vec
 from .vecfuncs import ROW_META_BYTES, wide_bytes
 
@@ -355,133 +351,6 @@ def _vec(v: Vec, mem: Memory) -> None:
     mem.write(Space.SRAM, c, v.dst, out.reshape(-1).view(np.uint8))
 
 
-def _region(mem: Memory, fmt: kv.KVFormat, base: int, cap: int, width: int,
-            what: str) -> np.ndarray:
-    """The bytes of the cache region of ``cap`` tokens at DRAM ``base`` (a copy)."""
-    if cap <= 0:
-        raise IsaError(f"{what}: the cache capacity (cap) must be given")
-    return mem.read(Space.DRAM, 0, base, fmt.region_bytes(cap, width))
-
-
-def _check_nbytes(what: str, fmt: kv.KVFormat, cap: int, width: int,
-                  nbytes: int) -> None:
-    need = fmt.region_bytes(cap, width)
-    if nbytes != need:
-        raise IsaError(f"{what}: a {fmt} region of {cap} tokens of width {width} is {need} "
-                       f"bytes (KVFormat.region_bytes), the instruction says {nbytes}")
-
-
-def _kv_write(ins: KvWrite, mem: Memory, fmt: kv.KVFormat) -> None:
-    _check_nbytes("kv.write", fmt, ins.cap, ins.width, ins.nbytes)
-    new = _sram(mem, ins.core, ins.src, ins.tokens * ins.width).reshape(ins.tokens, ins.width)
-    region = _region(mem, fmt, ins.dst, ins.cap, ins.width, "kv.write")
-    patches = sorted(fmt.region_write(region, ins.cap, ins.pos, new))
-    merged: list[list[int]] = []
-    for off, n in patches:  # region holds the final bytes: write each touched range once
-        if merged and off <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], off + n)
-        else:
-            merged.append([off, off + n])
-    for a, b in merged:
-        mem.write(Space.DRAM, 0, ins.dst + a, region[a:b])
-
-
-def _kv_read(ins: KvRead, mem: Memory, fmt: kv.KVFormat) -> None:
-    _check_nbytes("kv.read", fmt, ins.cap, ins.width, ins.nbytes)
-    region = _region(mem, fmt, ins.src, ins.cap, ins.width, "kv.read")
-    vals = fmt.region_read(region, ins.cap, ins.width, ins.pos, ins.tokens)
-    mem.write(Space.SRAM, ins.core, ins.dst, vals.reshape(-1).view(np.uint8))
-
-
-def _attn(a: Attn, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
-    dk = a.head_dim
-    q = _sram(mem, a.core, a.q, a.q_len * a.heads * dk).reshape(a.q_len, a.heads, dk)
-    width = a.kv_heads * dk
-    if kf.slide != vf.slide:
-        raise IsaError(f"attn: K format {kf} and V format {vf} have different windows")
-    kreg = _region(mem, kf, a.k, a.cap, width, "attn")
-    # a sliding-window cache (ring): ctx and pos count from the first of its last ctx keys
-    first = kf.region_first(kreg, a.cap, a.ctx)
-    k = kf.region_read(kreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
-    if kf == vf and a.k <= a.v < a.k + kreg.size:  # MLA: the latent cache is K and V
-        v = k
-    else:
-        vreg = _region(mem, vf, a.v, a.cap, width, "attn")
-        if vf.region_first(vreg, a.cap, a.ctx) != first:
-            raise IsaError("attn: the K and V caches hold different positions")
-        v = vf.region_read(vreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
-    kw = dict(score_mult=a.score_mult, score_shift=a.score_shift, out_mult=a.out_mult,
-              out_shift=a.out_shift)
-    w = kf.slide
-    if not w or a.pos + a.q_len <= w:  # every query sees all keys up to its own
-        out = katt.attend(q, k, v, pos=a.pos, **kw)
-    else:  # query i (position pos + i) sees the w positions up to its own
-        out = np.empty((a.q_len, a.heads, v.shape[2]), np.int8)
-        for i in range(a.q_len):
-            p = a.pos + i
-            lo = max(0, p - w + 1)
-            out[i:i + 1] = katt.attend(q[i:i + 1], k[lo:p + 1], v[lo:p + 1], pos=p - lo, **kw)
-    mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
-
-
-def fp16_values(x: np.ndarray, scale: float) -> np.ndarray:
-    """The dequant pass: ``fp16(x * scale)`` (x in float64), as float32 arrays."""
-    return (np.asarray(x, np.float64) * scale).astype(np.float16).astype(np.float32)
-
-
-def _attn_dq(a: AttnDq, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
-    dk = a.head_dim
-    q = _sram(mem, a.core, a.q, a.q_len * a.heads * dk).reshape(a.q_len, a.heads, dk)
-    width = a.kv_heads * dk
-    grid = 2.0 ** -Q24  # Q24 int8-grid units -> int8-grid units
-    if kf.slide != vf.slide:
-        raise IsaError(f"attn.dq: K format {kf} and V format {vf} have different windows")
-    kreg = _region(mem, kf, a.k, a.cap, width, "attn.dq")
-    # a sliding-window cache (ring): ctx and pos count from the first of its last ctx keys
-    first = kf.region_first(kreg, a.cap, a.ctx)
-    kq = kf.region_read_q24(kreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
-    if kf == vf and a.k <= a.v < a.k + kreg.size:  # MLA: the latent cache is K and V
-        vq = kq
-    else:
-        vreg = _region(mem, vf, a.v, a.cap, width, "attn.dq")
-        if vf.region_first(vreg, a.cap, a.ctx) != first:
-            raise IsaError("attn.dq: the K and V caches hold different positions")
-        vq = vf.region_read_q24(vreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads,
-                                                                          dk)
-    qf = fp16_values(q, f32_value(a.q_scale_f32))
-    kv = (fp16_values(kq, grid * f32_value(a.k_scale_f32)),
-          fp16_values(vq, grid * f32_value(a.v_scale_f32)))
-    scales = dict(scale=f32_value(a.softmax_scale_f32), out_scale=f32_value(a.out_scale_f32))
-    w = kf.slide
-    try:
-        if not w or a.pos + a.q_len <= w:  # every query sees all keys up to its own
-            out = katf.attend_fp(qf, *kv, pos=a.pos, **scales)
-        else:  # query i (position pos + i) sees the w positions up to its own
-            out = np.empty((a.q_len, a.heads, dk), np.int8)
-            for i in range(a.q_len):
-                p = a.pos + i
-                lo = max(0, p - w + 1)
-                out[i:i + 1] = katf.attend_fp(qf[i:i + 1], kv[0][lo:p + 1], kv[1][lo:p + 1],
-                                              pos=p - lo, **scales)
-    except ValueError as err:
-        raise IsaError(str(err)) from None
-    mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
-
-
-_FORMATS: dict[str, kv.KVFormat] = {}
-
-
-def _format(formats: tuple[str, ...], index: int) -> kv.KVFormat:
-    if index >= len(formats):
-        raise IsaError(f"format index {index} is not in the program's table of "
-                       f"{len(formats)} formats")
-    text = formats[index]
-    fmt = _FORMATS.get(text)
-    if fmt is None:
-        fmt = _FORMATS[text] = kv.parse(text)
-    return fmt
-
-
 def execute(instr: Instruction, mem: Memory, formats: tuple[str, ...] = ()) -> None:
     """Apply ``instr``'s effect to ``mem``."""
     if isinstance(instr, Nop):
@@ -503,12 +372,12 @@ def execute(instr: Instruction, mem: Memory, formats: tuple[str, ...] = ()) -> N
     elif isinstance(instr, Vec):
         _vec(instr, mem)
     elif isinstance(instr, KvWrite):
-        _kv_write(instr, mem, _format(formats, instr.fmt))
+        kv_write(instr, mem, format_of(formats, instr.fmt))
     elif isinstance(instr, KvRead):
-        _kv_read(instr, mem, _format(formats, instr.fmt))
+        kv_read(instr, mem, format_of(formats, instr.fmt))
     elif isinstance(instr, AttnDq):
-        _attn_dq(instr, mem, _format(formats, instr.k_fmt), _format(formats, instr.v_fmt))
+        attn_dq(instr, mem, format_of(formats, instr.k_fmt), format_of(formats, instr.v_fmt))
     elif isinstance(instr, Attn):
-        _attn(instr, mem, _format(formats, instr.k_fmt), _format(formats, instr.v_fmt))
+        attn(instr, mem, format_of(formats, instr.k_fmt), format_of(formats, instr.v_fmt))
     else:
         raise IsaError(f"no semantics for {type(instr).__name__}")

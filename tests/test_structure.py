@@ -11,20 +11,10 @@ import inspect
 import pkgutil
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 500
 #: the folders whose files must stay under MAX_LINES
 SIZED = ("models/compiler", "isa")
-#: files over the limit that another change owns, each with the reason it is not split here
-#: (each has its own strict xfail below: it fails as soon as the file is split, so the
-#: entry is removed then)
-OVER_LIMIT_OWNED_ELSEWHERE = {
-    "isa/semantics.py": "513 lines; its functional speed is being changed in a parallel "
-                        "branch (the DRAM protocol work): split it by instruction family "
-                        "after that merges",
-}
 
 
 def _lines(path: Path) -> int:
@@ -38,15 +28,7 @@ def _sized_files() -> list[Path]:
 def test_no_file_over_500_lines_in_the_compiler_and_the_isa():
     over = {p.relative_to(ROOT).as_posix(): _lines(p) for p in _sized_files()
             if _lines(p) > MAX_LINES}
-    unexplained = {k: v for k, v in over.items() if k not in OVER_LIMIT_OWNED_ELSEWHERE}
-    assert unexplained == {}, f"files over {MAX_LINES} lines: {unexplained}"
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=reason))
-    for name, reason in OVER_LIMIT_OWNED_ELSEWHERE.items()])
-def test_files_owned_elsewhere_get_under_500_lines(name):
-    assert _lines(ROOT / name) <= MAX_LINES
+    assert over == {}, f"files over {MAX_LINES} lines: {over}"
 
 
 def test_the_size_check_sees_the_compiler_and_isa_files():
