@@ -62,34 +62,50 @@ def kv_read(ins: KvRead, mem: Memory, fmt: kv.KVFormat) -> None:
     mem.write(Space.SRAM, ins.core, ins.dst, vals.reshape(-1).view(np.uint8))
 
 
-def attn(a: Attn, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
+def _q_k_v(a: Attn | AttnDq, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat, what: str,
+           q24: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The query (int8, ``q_len x heads x head_dim``) and the ``ctx`` keys and values an
+    attention instruction reads from its caches: stored values, or with ``q24`` their
+    Q24 values (dequantize-on-read). A sliding-window cache (ring): ``ctx`` and ``pos``
+    count from the first of its last ``ctx`` keys."""
     dk = a.head_dim
     q = _sram(mem, a.core, a.q, a.q_len * a.heads * dk).reshape(a.q_len, a.heads, dk)
     width = a.kv_heads * dk
     if kf.slide != vf.slide:
-        raise IsaError(f"attn: K format {kf} and V format {vf} have different windows")
-    kreg = _region(mem, kf, a.k, a.cap, width, "attn")
-    # a sliding-window cache (ring): ctx and pos count from the first of its last ctx keys
+        raise IsaError(f"{what}: K format {kf} and V format {vf} have different windows")
+    kreg = _region(mem, kf, a.k, a.cap, width, what)
     first = kf.region_first(kreg, a.cap, a.ctx)
-    k = kf.region_read(kreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+    read = kf.region_read_q24 if q24 else kf.region_read
+    k = read(kreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
     if kf == vf and a.k <= a.v < a.k + kreg.size:  # MLA: the latent cache is K and V
-        v = k
-    else:
-        vreg = _region(mem, vf, a.v, a.cap, width, "attn")
-        if vf.region_first(vreg, a.cap, a.ctx) != first:
-            raise IsaError("attn: the K and V caches hold different positions")
-        v = vf.region_read(vreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
-    kw = dict(score_mult=a.score_mult, score_shift=a.score_shift, out_mult=a.out_mult,
-              out_shift=a.out_shift)
-    w = kf.slide
-    if not w or a.pos + a.q_len <= w:  # every query sees all keys up to its own
-        out = katt.attend(q, k, v, pos=a.pos, **kw)
-    else:  # query i (position pos + i) sees the w positions up to its own
-        out = np.empty((a.q_len, a.heads, v.shape[2]), np.int8)
-        for i in range(a.q_len):
-            p = a.pos + i
-            lo = max(0, p - w + 1)
-            out[i:i + 1] = katt.attend(q[i:i + 1], k[lo:p + 1], v[lo:p + 1], pos=p - lo, **kw)
+        return q, k, k
+    vreg = _region(mem, vf, a.v, a.cap, width, what)
+    if vf.region_first(vreg, a.cap, a.ctx) != first:
+        raise IsaError(f"{what}: the K and V caches hold different positions")
+    read = vf.region_read_q24 if q24 else vf.region_read
+    return q, k, read(vreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
+
+
+def _attend_window(attend, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: int,
+                   window: int, **kw) -> np.ndarray:
+    """``attend(q, k, v, pos=..., **kw)`` with query ``i`` (position ``pos + i``) seeing
+    the keys up to its own, or only the last ``window`` of them (``window`` 0: all)."""
+    q_len = q.shape[0]
+    if not window or pos + q_len <= window:  # every query sees all keys up to its own
+        return attend(q, k, v, pos=pos, **kw)
+    out = np.empty((q_len, q.shape[1], v.shape[2]), np.int8)
+    for i in range(q_len):
+        p = pos + i
+        lo = max(0, p - window + 1)
+        out[i:i + 1] = attend(q[i:i + 1], k[lo:p + 1], v[lo:p + 1], pos=p - lo, **kw)
+    return out
+
+
+def attn(a: Attn, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
+    q, k, v = _q_k_v(a, mem, kf, vf, "attn", q24=False)
+    out = _attend_window(katt.attend, q, k, v, a.pos, kf.slide, score_mult=a.score_mult,
+                         score_shift=a.score_shift, out_mult=a.out_mult,
+                         out_shift=a.out_shift)
     mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
 
 
@@ -99,39 +115,15 @@ def fp16_values(x: np.ndarray, scale: float) -> np.ndarray:
 
 
 def attn_dq(a: AttnDq, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
-    dk = a.head_dim
-    q = _sram(mem, a.core, a.q, a.q_len * a.heads * dk).reshape(a.q_len, a.heads, dk)
-    width = a.kv_heads * dk
+    q, kq, vq = _q_k_v(a, mem, kf, vf, "attn.dq", q24=True)
     grid = 2.0 ** -Q24  # Q24 int8-grid units -> int8-grid units
-    if kf.slide != vf.slide:
-        raise IsaError(f"attn.dq: K format {kf} and V format {vf} have different windows")
-    kreg = _region(mem, kf, a.k, a.cap, width, "attn.dq")
-    # a sliding-window cache (ring): ctx and pos count from the first of its last ctx keys
-    first = kf.region_first(kreg, a.cap, a.ctx)
-    kq = kf.region_read_q24(kreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads, dk)
-    if kf == vf and a.k <= a.v < a.k + kreg.size:  # MLA: the latent cache is K and V
-        vq = kq
-    else:
-        vreg = _region(mem, vf, a.v, a.cap, width, "attn.dq")
-        if vf.region_first(vreg, a.cap, a.ctx) != first:
-            raise IsaError("attn.dq: the K and V caches hold different positions")
-        vq = vf.region_read_q24(vreg, a.cap, width, first, a.ctx).reshape(a.ctx, a.kv_heads,
-                                                                          dk)
     qf = fp16_values(q, f32_value(a.q_scale_f32))
-    kv = (fp16_values(kq, grid * f32_value(a.k_scale_f32)),
-          fp16_values(vq, grid * f32_value(a.v_scale_f32)))
-    scales = dict(scale=f32_value(a.softmax_scale_f32), out_scale=f32_value(a.out_scale_f32))
-    w = kf.slide
+    kf16 = fp16_values(kq, grid * f32_value(a.k_scale_f32))
+    vf16 = fp16_values(vq, grid * f32_value(a.v_scale_f32))
     try:
-        if not w or a.pos + a.q_len <= w:  # every query sees all keys up to its own
-            out = katf.attend_fp(qf, *kv, pos=a.pos, **scales)
-        else:  # query i (position pos + i) sees the w positions up to its own
-            out = np.empty((a.q_len, a.heads, dk), np.int8)
-            for i in range(a.q_len):
-                p = a.pos + i
-                lo = max(0, p - w + 1)
-                out[i:i + 1] = katf.attend_fp(qf[i:i + 1], kv[0][lo:p + 1], kv[1][lo:p + 1],
-                                              pos=p - lo, **scales)
+        out = _attend_window(katf.attend_fp, qf, kf16, vf16, a.pos, kf.slide,
+                             scale=f32_value(a.softmax_scale_f32),
+                             out_scale=f32_value(a.out_scale_f32))
     except ValueError as err:
         raise IsaError(str(err)) from None
     mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
