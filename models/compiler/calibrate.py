@@ -21,7 +21,6 @@ from ..reference import (
     layer_norm,
     rms_norm,
     rope_cos_sin,
-    silu,
     softmax,
     softmax_scale,
 )
@@ -209,15 +208,10 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
             xn2 = rec(f"{i}.xn2", xn)
         else:
             xn2 = rec(f"{i}.xn2", normf(x, source.tensor(p + "mlp_norm"), cfg.rms_norm_eps))
-        if cfg.layer_is_moe(i):  # routed and shared experts (imported here: it imports us)
-            from .blocks.moe_calib import moe_float
+        # dense or MoE (imported here: moe_calib imports this module)
+        from .blocks.moe_calib import mlp_float
 
-            d = moe_float(cfg, i, xn2, rec, lin)
-        else:
-            gt = rec(f"{i}.gate", lin(xn2, p + "gate_proj"))
-            up = rec(f"{i}.up", lin(xn2, p + "up_proj"))
-            hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
-            d = rec(f"{i}.down", lin(hh, p + "down_proj"))
+        d = mlp_float(cfg, i, xn2, rec, lin)
         if post:
             d = rec(f"{i}.dn", rms_norm(d, source.tensor(p + "post_mlp_norm"),
                                         cfg.rms_norm_eps))

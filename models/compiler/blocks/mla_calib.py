@@ -45,7 +45,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...config import ModelConfig
-from ...reference import apply_rope, rms_norm, rope_cos_sin, silu, softmax, softmax_scale
+from ...reference import apply_rope, rms_norm, rope_cos_sin, softmax, softmax_scale
 from ...weights import QuantizedWeight, WeightSource, quantize_weight
 from ..calibrate import (
     INT8_MAX,
@@ -61,7 +61,7 @@ from ..errors import CompileError
 from ..numerics import LayerQ, MlaQ, NormQ, Numerics
 from ..wgroup import GroupQuantizedWeight
 from .mla_shape import MlaDims
-from .moe_calib import moe_float, moe_params
+from .moe_calib import mlp_float, moe_params
 
 #: Bits of the int32 latent rows' calibrated maximum (x MARGIN), as the wide pipeline's
 #: int32 GEMM outputs (``calibrate_wide.WIDE_Q``); RMSNORM_WIDE pre-shifts them to 15 bits.
@@ -188,13 +188,7 @@ def calibrate_mla(cfg: ModelConfig, source: WeightSource, bits_for, tokens: np.n
         o = rec(f"{i}.o", lin(ao, p + "o_proj"))
         x = rec(f"{i}.xm", (x + o).astype(np.float32))
         xn2 = rec(f"{i}.xn2", rms_norm(x, source.tensor(p + "mlp_norm"), eps))
-        if cfg.layer_is_moe(i):
-            mlp = moe_float(cfg, i, xn2, rec, lin)
-        else:
-            gt = rec(f"{i}.gate", lin(xn2, p + "gate_proj"))
-            up = rec(f"{i}.up", lin(xn2, p + "up_proj"))
-            hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
-            mlp = rec(f"{i}.down", lin(hh, p + "down_proj"))
+        mlp = mlp_float(cfg, i, xn2, rec, lin)
         x = rec(f"x{i + 1}", (x + mlp).astype(np.float32))
     rec("fn", rms_norm(x, source.tensor("final_norm"), eps))
     s = {k: activation_scale(v) for k, v in amax.items()}

@@ -49,6 +49,18 @@ def moe_problem(cfg: ModelConfig) -> str | None:
     return None
 
 
+def mlp_float(cfg: ModelConfig, layer: int, xn: np.ndarray, rec, lin) -> np.ndarray:
+    """The float MLP of layer ``layer`` over its normed input ``xn``: the MoE MLP on a MoE
+    layer (:func:`moe_float`), else the dense SwiGLU; ``rec`` and ``lin`` as there."""
+    if cfg.layer_is_moe(layer):
+        return moe_float(cfg, layer, xn, rec, lin)
+    i, p = layer, f"layers.{layer}."
+    gt = rec(f"{i}.gate", lin(xn, p + "gate_proj"))
+    up = rec(f"{i}.up", lin(xn, p + "up_proj"))
+    hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
+    return rec(f"{i}.down", lin(hh, p + "down_proj"))
+
+
 def moe_float(cfg: ModelConfig, layer: int, xn: np.ndarray, rec, lin) -> np.ndarray:
     """The float MoE MLP of layer ``layer`` over its normed input ``xn`` (n, hidden), with
     the weights ``lin(x, name)`` multiplies by, recording every activation the device
