@@ -179,14 +179,20 @@ ST_BLOCKED = 13
 ST_COUNTS = 14
 
 
-@njit(cache=True)
+# Every helper is compiled with ``error_model="numpy"``: their divisors are validated
+# positive sizes and rates (``transfer_ps`` still fails loudly on a zero rate: the infinite
+# time overflows), and without the division checks' raise paths Numba can drop the
+# reference counting of the arrays passed in. The heap's pop, its comparisons, the small
+# helpers and the DRAM step are inlined into the loop; the push, called at ~40 sites, is not
+# (inlining it there doubles the loop's compile time for a few per cent of run time).
+@njit(cache=True, error_model="numpy")
 def grow(a: np.ndarray) -> np.ndarray:
     out = np.empty((a.shape[0] * 2, a.shape[1]), a.dtype)
     out[: a.shape[0]] = a
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def grow_to(a: np.ndarray, rows: int) -> np.ndarray:
     """``a`` doubled until it has at least ``rows`` rows."""
     while a.shape[0] < rows:
@@ -194,7 +200,7 @@ def grow_to(a: np.ndarray, rows: int) -> np.ndarray:
     return a
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy", inline="always")
 def _less(h: np.ndarray, i: int, j: int) -> bool:
     if h[i, 0] != h[j, 0]:
         return h[i, 0] < h[j, 0]
@@ -203,7 +209,7 @@ def _less(h: np.ndarray, i: int, j: int) -> bool:
     return h[i, 2] < h[j, 2]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy", inline="always")
 def _swap(h: np.ndarray, i: int, j: int) -> None:
     for k in range(5):
         t = h[i, k]
@@ -211,7 +217,7 @@ def _swap(h: np.ndarray, i: int, j: int) -> None:
         h[j, k] = t
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def hpush(h: np.ndarray, n: int, t: int, prio: int, eid: int, kind: int, arg: int) -> int:
     h[n, 0] = t
     h[n, 1] = prio
@@ -229,7 +235,7 @@ def hpush(h: np.ndarray, n: int, t: int, prio: int, eid: int, kind: int, arg: in
     return n + 1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy", inline="always")
 def hpop(h: np.ndarray, n: int) -> int:
     """Moves the smallest entry to row ``n - 1``; returns the new size."""
     n -= 1
@@ -250,7 +256,7 @@ def hpop(h: np.ndarray, n: int) -> int:
     return n
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy", inline="always")
 def transfer_ps(nbytes: int, bytes_per_s: float) -> int:
     """``sim.units.transfer_ps`` for a float ``bytes_per_s``: ``ceil(nbytes * 1e12 / bw)``.
     With ``nbytes < 2**53`` float(nbytes) is exact and the product is the correctly
@@ -263,7 +269,7 @@ def transfer_ps(nbytes: int, bytes_per_s: float) -> int:
     return int(ps)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy", inline="always")
 def plan_index(keys: np.ndarray, key: int) -> int:
     i = np.searchsorted(keys, key)
     if i >= keys.shape[0] or keys[i] != key:
@@ -271,7 +277,7 @@ def plan_index(keys: np.ndarray, key: int) -> int:
     return i
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy", inline="always")
 def _log_dram(logs: np.ndarray, nl: int, c: int, start: int, stop: int, nbytes: int,
               write: int) -> int:
     logs[nl, 0] = LOG_DRAM
@@ -283,7 +289,7 @@ def _log_dram(logs: np.ndarray, nl: int, c: int, start: int, stop: int, nbytes: 
     return nl + 1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy", inline="always")
 def protocol_access(now, addr, nbytes, write, tck_ps, params, open_row, act_ok, pre_ok,
                     cas_ok, faw, scalars, next_ref, per_ch, dram_free, logs, nl, log_level):
     """``Dram.chunk_plan`` and ``Dram.access`` after the latency, protocol model: one
@@ -311,7 +317,7 @@ def protocol_access(now, addr, nbytes, write, tck_ps, params, open_row, act_ok, 
     return end, nl
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy", inline="always")
 def planned_access(now, u, write, plan_ptr, plan_ch, plan_b, plan_dur, dram_free, logs, nl,
                    log_level):
     """The same, efficiency model: plan ``u``'s channels in order, each from when it falls
@@ -327,3 +333,26 @@ def planned_access(now, u, write, plan_ptr, plan_ch, plan_b, plan_dur, dram_free
         if log_level >= 1:
             nl = _log_dram(logs, nl, c, start, stop, plan_b[k], write)
     return end, nl
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def dram_access(now, addr, nbytes, write, protocol, tck_ps, params, open_row, act_ok, pre_ok,
+                cas_ok, faw, scalars, next_ref, per_ch, plan_keys, plan_ptr, plan_ch, plan_b,
+                plan_dur, stripe, key_mul, dram_free, logs, nl, log_level):
+    """``Dram.access`` after the latency: the chunk timed by the protocol model
+    (:func:`protocol_access`) or by its precomputed plan (:func:`planned_access`, the plan
+    keyed by ``(addr modulo the stripe) * key_mul + nbytes``); returns ``(when the last
+    channel is done, logs, logs used)`` (the logs grown to room for a row per channel)."""
+    if log_level >= 1 and nl + dram_free.shape[0] > logs.shape[0]:
+        logs = grow_to(logs, nl + dram_free.shape[0])
+    if protocol:
+        end, nl = protocol_access(now, addr, nbytes, write, tck_ps, params, open_row, act_ok,
+                                  pre_ok, cas_ok, faw, scalars, next_ref, per_ch, dram_free,
+                                  logs, nl, log_level)
+        return end, logs, nl
+    u = plan_index(plan_keys, (addr % stripe) * key_mul + nbytes)
+    if u < 0:
+        raise RuntimeError("program loop: a DRAM access has no chunk plan")
+    end, nl = planned_access(now, u, write, plan_ptr, plan_ch, plan_b, plan_dur, dram_free,
+                             logs, nl, log_level)
+    return end, logs, nl

@@ -16,13 +16,9 @@ updated at the same points of the same processes. The state machines mirror, lin
 - ``HostLink.transfer`` for ``kind = "pcie"``;
 - the kernel's ``Resource``, ``Container``, ``AllOf`` and process start/end events.
 
-DRAM chunks are timed as ``Dram.chunk_plan`` times them: in the protocol model by the
-same Numba step (:func:`sim.dram_timing.chunk_channels_ck`) over the same channel state
-arrays, at the same point of the same process; in the efficiency model from plans
-precomputed for every distinct ``(address modulo the interleave stripe, bytes)`` a
-program's chunks use (:mod:`sim.array_engine`).
-The fixed costs (launch, dispatch, cross-core sync) are timeouts where
-``Device._engine`` yields them.
+DRAM chunks are timed as ``Dram.chunk_plan`` times them (``loopdefs.dram_access``); the
+kernel's primitives are :mod:`sim.components.loopprocs`. The fixed costs (launch,
+dispatch, cross-core sync) are timeouts where ``Device._engine`` yields them.
 
 The loop does not touch memory bytes or the recorder: it returns logs (instruction
 starts and ends, DRAM bursts, link chunks, DMA chunks) that the caller replays, in order,
@@ -35,9 +31,13 @@ import numpy as np
 from numba import njit
 
 from . import loopdefs as lp
+from . import loopprocs as kp
+from .loopprocs import new_state
+
+__all__ = ["new_state", "run_program"]
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def run_program(  # noqa: C901 - one state machine per process kind, kept together
     state: tuple, flush_at: int, ins: np.ndarray, row_of: np.ndarray, w_ptr: np.ndarray,
     w_flag: np.ndarray,
@@ -63,61 +63,20 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
     ``launch_ps``, ``dispatch_ps`` and ``sync_ps`` are the fixed costs ``Device._engine``
     pays (0: none).
 
-    Returns ``(state, nlogs)``. The state's scalars (``loopdefs.SC_*``) hold the result,
-    whether the run paused, the time and next insertion id, the DRAM bytes read and
-    written, how many instructions ended and their ops, and the events left scheduled
-    (none after a complete program); its arrays: ``order`` the instructions in the order
-    they ended (if the state was made to keep it), ``logs`` rows the recorder's reports in
-    order (level 0: none, 1: instruction spans and bytes moved, 2: also chunk spans; the
-    first ``nlogs``), ``blocked[q]`` = ``(instruction, flag)`` for each queue waiting on a
-    flag it found empty, else ``-1``; ``counts[q]`` = (dispatches done, syncs done, order
-    of the first dispatch, order of the first sync, busy ps, order of the first
-    instruction ended; -1: none); ``pair_bytes[k]`` the bytes
-    of the stats additions of pair ``k`` (made when an instruction's timing begins) and
-    ``pair_first[k]`` the order of its first addition (-1: none).
+    Returns ``(state, nlogs)``: the state as :func:`new_state` lays it out, the first
+    ``nlogs`` rows of its logs the recorder's reports in order.
     """
     nq = q_ptr.shape[0] - 1
     (sc, heap, P, level, f_head, f_tail, users, r_head, r_tail, order, pair_bytes,
      pair_first, logs, blocked, counts) = state
     want_order = order.shape[0] > 0
-    now = sc[lp.SC_NOW]
-    eid = sc[lp.SC_EID]
-    hs = sc[lp.SC_HS]
-    np_used = sc[lp.SC_NP]
-    free_head = sc[lp.SC_FREE]
-    nd = sc[lp.SC_ND]
-    ops = sc[lp.SC_OPS]
-    n_pairs_seen = sc[lp.SC_NPAIRS]
-    dram_read = sc[lp.SC_DREAD]
-    dram_written = sc[lp.SC_DWRITE]
-    n_first_disp = sc[lp.SC_FDISP]
-    n_first_sync = sc[lp.SC_FSYNC]
-    n_first_done = sc[lp.SC_FDONE]
-    result = sc[lp.SC_RESULT]
+    (now, eid, hs, np_used, free_head, nd, ops, n_pairs_seen, dram_read, dram_written,
+     n_first_disp, n_first_sync, n_first_done, result) = kp.load_scalars(sc)
     nl = 0
-    nports = port_free.shape[1]
 
     if not sc[lp.SC_STARTED]:
         sc[lp.SC_STARTED] = 1
-        # the engine processes, in queue order, then the join: each starts with an URGENT
-        # event
-        for q in range(nq):
-            p = np_used
-            np_used += 1
-            P[p, lp.F_TYPE] = lp.P_ENGINE
-            P[p, lp.F_STATE] = lp.S_E_LAUNCH
-            P[p, lp.F_Q] = q
-            P[p, lp.F_POS] = q_ptr[q]
-            P[p, lp.F_PARENT] = nq
-            hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, p)
-            eid += 1
-        join = np_used
-        np_used += 1
-        P[join, lp.F_TYPE] = lp.P_JOIN
-        P[join, lp.F_STATE] = lp.S_JOIN_INIT
-        P[join, lp.F_PARENT] = -1
-        hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, join)
-        eid += 1
+        heap, hs, eid, np_used = kp.start_processes(heap, hs, P, np_used, now, eid, nq, q_ptr)
 
     paused = 0
     while hs > 0:
@@ -129,30 +88,10 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
         kind = heap[hs, 3]
         arg = heap[hs, 4]
         if kind == lp.CB_GRANT:
-            r = arg
-            if r_head[r] >= 0 and users[r] < res_cap[r]:
-                users[r] += 1
-                h = r_head[r]
-                r_head[r] = P[h, lp.F_NEXT]
-                if r_head[r] < 0:
-                    r_tail[r] = -1
-                if hs + 2 > heap.shape[0]:
-                    heap = lp.grow(heap)
-                hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, h)
-                eid += 1
+            heap, hs, eid = kp.grant(heap, hs, eid, now, arg, users, res_cap, r_head, r_tail, P)
             continue
         if kind == lp.CB_SERVE:
-            f = arg
-            while f_head[f] >= 0 and level[f] >= 1:
-                level[f] -= 1
-                w = f_head[f]
-                f_head[f] = P[w, lp.F_NEXT]
-                if f_head[f] < 0:
-                    f_tail[f] = -1
-                if hs + 2 > heap.shape[0]:
-                    heap = lp.grow(heap)
-                hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, w)
-                eid += 1
+            heap, hs, eid = kp.serve_flag(heap, hs, eid, now, arg, level, f_head, f_tail, P)
             continue
         if kind == lp.CB_END or kind == lp.CB_CHECK:
             p = arg
@@ -242,22 +181,9 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                         hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, p)
                         eid += 1
                     else:
-                        P[p, lp.F_NEXT] = -1
-                        if f_tail[f] >= 0:
-                            P[f_tail[f], lp.F_NEXT] = p
-                        else:
-                            f_head[f] = p
-                        f_tail[f] = p
-                        while f_head[f] >= 0 and level[f] >= 1:
-                            level[f] -= 1
-                            w = f_head[f]
-                            f_head[f] = P[w, lp.F_NEXT]
-                            if f_head[f] < 0:
-                                f_tail[f] = -1
-                            if hs + 2 > heap.shape[0]:
-                                heap = lp.grow(heap)
-                            hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, w)
-                            eid += 1
+                        kp.enqueue(P, f_head, f_tail, f, p)
+                        heap, hs, eid = kp.serve_flag(heap, hs, eid, now, f, level, f_head,
+                                                      f_tail, P)
                     break
                 if sync_ps and ins[ri, lp.I_FLAGS] & lp.FL_CROSS:
                     P[p, lp.F_STATE] = lp.S_E_SYNCED
@@ -293,12 +219,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                         n_pairs_seen += 1
                     pair_bytes[pr] += ins[ri, lp.I_BYTES1 + 2 * a]
                 if ik == lp.K_DMA:
-                    P[p, lp.F_T_RES] = ins[ri, lp.I_RES]
-                    P[p, lp.F_T_DIR] = ins[ri, lp.I_DIR1]
-                    P[p, lp.F_T_SRC] = ins[ri, lp.I_SRC1]
-                    P[p, lp.F_T_DST] = ins[ri, lp.I_DST1]
-                    P[p, lp.F_T_N] = ins[ri, lp.I_N1]
-                    P[p, lp.F_CORE] = ins[ri, lp.I_CORE]
+                    kp.set_transfer(P, p, ins, ri, lp.I_DIR1)
                     P[p, lp.F_T_RET] = lp.S_E_FINISH
                     P[p, lp.F_STATE] = lp.S_T_START
                     continue
@@ -317,23 +238,12 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                               p)
                 eid += 1
                 for s in range(nsub):
-                    if free_head >= 0:
-                        c = free_head
-                        free_head = P[c, lp.F_NEXT]
-                    else:
-                        c = np_used
-                        np_used += 1
+                    c, free_head, np_used = kp.new_process(P, free_head, np_used)
                     P[c, lp.F_TYPE] = lp.P_XFER
                     P[c, lp.F_PARENT] = p
                     P[c, lp.F_STATE] = lp.S_T_START
                     P[c, lp.F_T_RET] = lp.S_XFER_RET
-                    P[c, lp.F_T_RES] = ins[ri, lp.I_RES]
-                    P[c, lp.F_CORE] = ins[ri, lp.I_CORE]
-                    base = lp.I_DIR1 if s == 0 else lp.I_DIR2
-                    P[c, lp.F_T_DIR] = ins[ri, base]
-                    P[c, lp.F_T_SRC] = ins[ri, base + 1]
-                    P[c, lp.F_T_DST] = ins[ri, base + 2]
-                    P[c, lp.F_T_N] = ins[ri, base + 3]
+                    kp.set_transfer(P, c, ins, ri, lp.I_DIR1 if s == 0 else lp.I_DIR2)
                     hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, c)
                     eid += 1
                 P[p, lp.F_AO_N] = 1 + nsub
@@ -353,12 +263,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     n_first_done += 1
                 counts[q, 4] += now - P[p, lp.F_ISTART]
                 if log_level >= 1:
-                    logs[nl, 0] = lp.LOG_INS
-                    logs[nl, 1] = P[p, lp.F_Q]
-                    logs[nl, 2] = i
-                    logs[nl, 3] = P[p, lp.F_ISTART]
-                    logs[nl, 4] = now
-                    nl += 1
+                    nl = kp.log_row(logs, nl, lp.LOG_INS, q, i, P[p, lp.F_ISTART], now, 0)
                 for k in range(s_ptr[ri], s_ptr[ri + 1]):
                     if hs + 2 > heap.shape[0]:
                         heap = lp.grow(heap)
@@ -408,12 +313,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     # a slot is ours: start the chunk at the current offset in its process
                     off = P[p, lp.F_T_OFF]
                     n = min(chunk, total - off)
-                    if free_head >= 0:
-                        c = free_head
-                        free_head = P[c, lp.F_NEXT]
-                    else:
-                        c = np_used
-                        np_used += 1
+                    c, free_head, np_used = kp.new_process(P, free_head, np_used)
                     P[c, lp.F_TYPE] = lp.P_CHUNK
                     P[c, lp.F_PARENT] = p
                     P[c, lp.F_STATE] = lp.S_C_START
@@ -444,20 +344,9 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, p)
                     eid += 1
                 else:
-                    P[p, lp.F_NEXT] = -1
-                    if r_tail[r] >= 0:
-                        P[r_tail[r], lp.F_NEXT] = p
-                    else:
-                        r_head[r] = p
-                    r_tail[r] = p
-                    if r_head[r] >= 0 and users[r] < res_cap[r]:
-                        users[r] += 1
-                        h = r_head[r]
-                        r_head[r] = P[h, lp.F_NEXT]
-                        if r_head[r] < 0:
-                            r_tail[r] = -1
-                        hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, h)
-                        eid += 1
+                    kp.enqueue(P, r_head, r_tail, r, p)
+                    heap, hs, eid = kp.grant(heap, hs, eid, now, r, users, res_cap, r_head,
+                                             r_tail, P)
                 break
             if st == lp.S_T_SINGLE_GOT:
                 P[p, lp.F_C_DIR] = P[p, lp.F_T_DIR]
@@ -484,14 +373,8 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     P[p, lp.F_A_W] = 1
                 else:
                     # Sram.reserve_port: the earliest free port (the lowest index on ties)
-                    core = P[p, lp.F_CORE]
-                    best = 0
-                    for k in range(1, nports):
-                        if port_free[core, k] < port_free[core, best]:
-                            best = k
-                    s0 = max(now, port_free[core, best])
-                    port_free[core, best] = s0 + lp.transfer_ps(n, port_bps)
-                    P[p, lp.F_C_PORT] = port_free[core, best]
+                    P[p, lp.F_C_PORT] = kp.reserve_port(port_free, P[p, lp.F_CORE], now, n,
+                                                        port_bps)
                     if d == lp.D_LOAD:
                         P[p, lp.F_A_ADDR] = P[p, lp.F_C_SRC]
                         P[p, lp.F_A_W] = 0
@@ -522,13 +405,8 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_GRANT, r)
                 eid += 1
                 if log_level >= 2:
-                    logs[nl, 0] = lp.LOG_CHUNK
-                    logs[nl, 1] = r
-                    logs[nl, 2] = P[p, lp.F_C_DIR]
-                    logs[nl, 3] = P[p, lp.F_C_START]
-                    logs[nl, 4] = now
-                    logs[nl, 5] = P[p, lp.F_C_N]
-                    nl += 1
+                    nl = kp.log_row(logs, nl, lp.LOG_CHUNK, r, P[p, lp.F_C_DIR],
+                                    P[p, lp.F_C_START], now, P[p, lp.F_C_N])
                 P[p, lp.F_STATE] = P[p, lp.F_C_RET]
                 continue
             # ---------------- Dram.access ----------------------------------------------------
@@ -544,22 +422,11 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     break
                 st = lp.S_A_AFTER_LAT
             if st == lp.S_A_AFTER_LAT:
-                a = P[p, lp.F_A_ADDR]
-                n = P[p, lp.F_A_N]
-                # room for one log row per channel
-                if log_level >= 1 and nl + dram_free.shape[0] > logs.shape[0]:
-                    logs = lp.grow_to(logs, nl + dram_free.shape[0])
-                if protocol:
-                    end, nl = lp.protocol_access(now, a, n, P[p, lp.F_A_W], tck_ps, d_params,
-                                                 d_open, d_act, d_pre, d_cas, d_faw, d_sc,
-                                                 d_ref, d_per, dram_free, logs, nl, log_level)
-                else:
-                    u = lp.plan_index(plan_keys, (a % stripe) * key_mul + n)
-                    if u < 0:
-                        raise RuntimeError("program loop: a DRAM access has no chunk plan")
-                    end, nl = lp.planned_access(now, u, P[p, lp.F_A_W], plan_ptr, plan_ch,
-                                                plan_b, plan_dur, dram_free, logs, nl,
-                                                log_level)
+                end, logs, nl = lp.dram_access(
+                    now, P[p, lp.F_A_ADDR], P[p, lp.F_A_N], P[p, lp.F_A_W], protocol, tck_ps,
+                    d_params, d_open, d_act, d_pre, d_cas, d_faw, d_sc, d_ref, d_per, plan_keys,
+                    plan_ptr, plan_ch, plan_b, plan_dur, stripe, key_mul, dram_free, logs, nl,
+                    log_level)
                 if end > now:
                     P[p, lp.F_STATE] = lp.S_A_DONE
                     hs = lp.hpush(heap, hs, end, lp.NORMAL, eid, lp.CB_RESUME, p)
@@ -608,12 +475,8 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 break
             if st == lp.S_L_AFTER_CHUNK:
                 if log_level >= 1:
-                    logs[nl, 0] = lp.LOG_LINK
-                    logs[nl, 1] = P[p, lp.F_L_DIR]
-                    logs[nl, 2] = P[p, lp.F_L_START]
-                    logs[nl, 3] = now
-                    logs[nl, 4] = P[p, lp.F_L_NN]
-                    nl += 1
+                    nl = kp.log_row(logs, nl, lp.LOG_LINK, P[p, lp.F_L_DIR], P[p, lp.F_L_START],
+                                    now, P[p, lp.F_L_NN], 0)
                 P[p, lp.F_L_OFF] += link_chunk
                 P[p, lp.F_STATE] = lp.S_L_CHUNK
                 continue
@@ -628,51 +491,8 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 break
             raise RuntimeError("program loop: unknown process state")
 
-    sc[lp.SC_NOW] = now
-    sc[lp.SC_EID] = eid
-    sc[lp.SC_HS] = hs
-    sc[lp.SC_NP] = np_used
-    sc[lp.SC_FREE] = free_head
-    sc[lp.SC_ND] = nd
-    sc[lp.SC_OPS] = ops
-    sc[lp.SC_NPAIRS] = n_pairs_seen
-    sc[lp.SC_DREAD] = dram_read
-    sc[lp.SC_DWRITE] = dram_written
-    sc[lp.SC_FDISP] = n_first_disp
-    sc[lp.SC_FSYNC] = n_first_sync
-    sc[lp.SC_FDONE] = n_first_done
-    sc[lp.SC_RESULT] = result
-    sc[lp.SC_PAUSED] = paused
+    kp.store_scalars(sc, now, eid, hs, np_used, free_head, nd, ops, n_pairs_seen, dram_read,
+                     dram_written, n_first_disp, n_first_sync, n_first_done, result, paused)
     return (sc, heap, P, level, f_head, f_tail, users, r_head, r_tail, order, pair_bytes,
             pair_first, logs, blocked, counts), nl
 
-
-def new_state(now: int, eid: int, queues: int, flags: int, resources: int,
-              instructions: int, pairs: int, *, log_level: int, keep_order: bool) -> tuple:
-    """The state :func:`run_program` starts a program from: at time ``now`` with insertion
-    ids from ``eid``, no process started, every flag empty and every resource free."""
-    sc = np.zeros(lp.SC_FIELDS, np.int64)
-    sc[lp.SC_NOW] = now
-    sc[lp.SC_EID] = eid
-    sc[lp.SC_FREE] = -1
-    sc[lp.SC_RESULT] = lp.R_DEADLOCK
-    counts = np.full((max(queues, 1), 6), -1, np.int64)
-    counts[:, :2] = 0
-    counts[:, 4] = 0
-    return (
-        sc,
-        np.zeros((256, 5), np.int64),  # the event heap
-        np.zeros((max(64, 2 * queues + 8), lp.P_FIELDS), np.int64),  # the processes
-        np.zeros(flags, np.int64),  # flag levels, waiter queues
-        np.full(flags, -1, np.int64),
-        np.full(flags, -1, np.int64),
-        np.zeros(resources, np.int64),  # resource users, waiter queues
-        np.full(resources, -1, np.int64),
-        np.full(resources, -1, np.int64),
-        np.zeros(instructions if keep_order else 0, np.int32),
-        np.zeros(pairs, np.int64),
-        np.full(pairs, -1, np.int64),
-        np.zeros((1024 if log_level else 1, lp.LOG_FIELDS), np.int64),
-        np.full((max(queues, 1), 2), -1, np.int64),
-        counts,
-    )
