@@ -12,6 +12,15 @@ from isa.errors import DeviceError
 from isa.instructions import Space
 
 
+def as_bytes(data: np.ndarray) -> np.ndarray:
+    """``data``'s bytes as a flat contiguous ``uint8`` array (a view where it can be; an
+    array that is one already is returned as it is, without the three conversions)."""
+    if (type(data) is np.ndarray and data.dtype == np.uint8 and data.ndim == 1
+            and data.flags.c_contiguous):
+        return data
+    return np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+
+
 class SparseMemory:
     """A byte-addressable memory of ``size`` bytes stored as lazily allocated pages."""
 
@@ -33,8 +42,14 @@ class SparseMemory:
 
     def read(self, addr: int, nbytes: int) -> np.ndarray:
         self._check(addr, nbytes)
-        out = np.zeros(nbytes, dtype=np.uint8)
         pb = self.page_bytes
+        page, off = divmod(addr, pb)
+        if off + nbytes <= pb:  # within one page (most accesses): one copy
+            data = self._pages.get(page)
+            if data is None:
+                return np.zeros(nbytes, dtype=np.uint8)
+            return data[off : off + nbytes].copy()
+        out = np.zeros(nbytes, dtype=np.uint8)
         pos = 0
         while pos < nbytes:
             a = addr + pos
@@ -47,10 +62,19 @@ class SparseMemory:
         return out
 
     def write(self, addr: int, data: np.ndarray) -> None:
-        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        data = as_bytes(data)
         nbytes = data.size
         self._check(addr, nbytes)
         pb = self.page_bytes
+        page, off = divmod(addr, pb)
+        if nbytes == 0:  # allocates no page
+            return
+        if off + nbytes <= pb:  # within one page (most accesses)
+            buf = self._pages.get(page)
+            if buf is None:
+                buf = self._pages[page] = np.zeros(pb, dtype=np.uint8)
+            buf[off : off + nbytes] = data
+            return
         pos = 0
         while pos < nbytes:
             a = addr + pos
@@ -96,7 +120,7 @@ class DeviceMemory:
         return (self.dram if space == Space.DRAM else self.host).read(addr, nbytes)
 
     def write(self, space: Space, core: int, addr: int, data: np.ndarray) -> None:
-        data = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        data = as_bytes(data)
         if space == Space.SRAM:
             self._sram(core, addr, data.size)[:] = data
         else:
