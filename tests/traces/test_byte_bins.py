@@ -5,6 +5,7 @@ bytes that were moved)."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 
@@ -14,7 +15,7 @@ import pytest
 from models.demo import gemv_layer
 from sim.device import Device
 from sim.hw import load_hardware
-from traces.chrome import bandwidth_series, chrome_trace
+from traces.chrome import bandwidth_series, chrome_trace, chrome_trace_json
 from traces.recorder import Recorder
 
 from .test_trace_levels import assert_perfetto_ready
@@ -274,3 +275,6 @@ def test_a_full_recorder_decides_what_to_drop_in_bulk_as_one_by_one(seed, max_ev
     assert (many._nbins, many.dropped) == (one._nbins, one.dropped)
     assert many.can_take(5, [0], [10**6])  # full and staying so: order cannot matter
     assert chrome_trace(many, counter_bins=64) == chrome_trace(one, counter_bins=64)
+    # the trace text encoded one event at a time is json.dumps of the whole dict
+    assert chrome_trace_json(many, counter_bins=64) == json.dumps(
+        chrome_trace(one, counter_bins=64), separators=(",", ":"))
