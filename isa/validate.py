@@ -325,22 +325,63 @@ def _instruction_ok(instr: Instruction, program: Program, layout: MemoryLayout,
     return True
 
 
+#: Most instruction objects remembered as checked across calls (an assumption sized to
+#: hold the distinct objects of a large model's prefill and decode programs: each entry
+#: keeps its object alive, so its id cannot be reused by another object).
+MAX_REMEMBERED_INSTRUCTIONS = 1 << 20
+
+# (id of a layout, a program's formats) -> (that layout, {id(instr): instr} checked
+# against both); the layout is held so its id stays its own
+_REMEMBERED: dict[tuple[int, tuple[str, ...]],
+                  tuple[MemoryLayout, dict[int, Instruction]]] = {}
+
+
+def _remembered(layout: MemoryLayout, formats: tuple[str, ...]) -> dict[int, Instruction]:
+    key = (id(layout), formats)
+    entry = _REMEMBERED.get(key)
+    if entry is None:
+        entry = _REMEMBERED[key] = (layout, {})
+    return entry[1]
+
+
+def _remember(seen: dict[int, Instruction], new: list[Instruction]) -> None:
+    held = sum(len(e[1]) for e in _REMEMBERED.values())
+    if held + len(new) > MAX_REMEMBERED_INSTRUCTIONS:
+        _REMEMBERED.clear()  # bounded: start again rather than grow
+        return
+    for instr in new:
+        seen[id(instr)] = instr
+
+
 def validate_program(program: Program, layout: MemoryLayout) -> None:
-    """Raise :class:`ProgramError` for the first problem in ``program``; else return None."""
+    """Raise :class:`ProgramError` for the first problem in ``program``; else return None.
+
+    An instruction object found well-formed against a layout and a format table is not
+    checked again in later calls with the same layout and formats (instructions are
+    frozen, and their checks read only them, the formats and the layout); the checks of
+    the program as a whole (its flags) run on every call."""
     instrs = program.instructions
     sizes = {s: layout.space_bytes(s) for s in Space}
+    seen = _remembered(layout, tuple(program.formats))
     # A compiled program repeats instruction objects (its block memo hands out the same
     # ones for repeated tiles), and an instruction's checks read only it, the program's
     # formats and the layout: check each object once. The ids are of objects the program
     # holds, so they stay valid for the whole loop.
     checked: set[int] = set()
+    new: list[Instruction] = []
     for index, instr in enumerate(instrs):
-        if id(instr) not in checked:
-            if not _instruction_ok(instr, program, layout, sizes):
-                problem = _instruction_problem(instr, program, layout)
-                if problem is not None:
-                    raise ProgramError(index, problem)
-            checked.add(id(instr))
+        i = id(instr)
+        if i in checked:
+            continue
+        checked.add(i)
+        if seen.get(i) is instr:
+            continue
+        if not _instruction_ok(instr, program, layout, sizes):
+            problem = _instruction_problem(instr, program, layout)
+            if problem is not None:
+                raise ProgramError(index, problem)
+        new.append(instr)
+    _remember(seen, new)
 
     # A flag is a counting semaphore: every wait takes one count, every signal gives one,
     # so more waits than signals in total leaves some waiter blocked forever.

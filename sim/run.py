@@ -23,7 +23,7 @@ from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.config import load_model
 from models.demo import demo_data, gemv_layer
 from models.source import resolve_model
-from traces.chrome import chrome_trace
+from traces.chrome import chrome_trace_json
 from traces.io import atomic_write_text
 from traces.recorder import Recorder
 from traces.report import run_report
@@ -398,8 +398,8 @@ def render_outputs(result: RunResult) -> dict[str, str]:
     unless the trace level is ``off``, ``trace.json``."""
     texts = {}
     if result.recorder.level != "off":
-        trace = chrome_trace(result.recorder, counter_bins=result.config.outputs.counter_bins)
-        texts["trace.json"] = json.dumps(trace, separators=(",", ":"))
+        texts["trace.json"] = chrome_trace_json(result.recorder,
+                                                counter_bins=result.config.outputs.counter_bins)
     texts["report.html"] = run_report(result.metrics, result.recorder,
                                       bins=result.config.outputs.counter_bins)
     texts["metrics.json"] = json.dumps(result.metrics, indent=1) + "\n"

@@ -7,7 +7,9 @@ direction. ``ts``/``dur`` are in microseconds (the format's unit); no ``displayT
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -94,6 +96,25 @@ def _tracks(spans: list[Span]) -> list[int]:
 
 def chrome_trace(recorder: Recorder, *, counter_bins: int = 200) -> dict[str, Any]:
     """The trace as a JSON-ready dict (``{"traceEvents": [...]}``)."""
+    return {"traceEvents": list(_events(recorder, counter_bins)),
+            "otherData": _meta(recorder)}
+
+
+def chrome_trace_json(recorder: Recorder, *, counter_bins: int = 200) -> str:
+    """``json.dumps(chrome_trace(...), separators=(",", ":"))``, the same text, encoded one
+    event at a time: a long run's events are never all held as dicts at once (each
+    encoded event is a short string), which bounds the peak memory of writing it."""
+    encode = json.JSONEncoder(separators=(",", ":")).encode
+    events = ",".join(map(encode, _events(recorder, counter_bins)))
+    return f'{{"traceEvents":[{events}],"otherData":{encode(_meta(recorder))}}}'
+
+
+def _meta(recorder: Recorder) -> dict[str, Any]:
+    return {"dropped_events": recorder.dropped, "trace_level": recorder.level}
+
+
+def _events(recorder: Recorder, counter_bins: int) -> Iterator[dict[str, Any]]:
+    """The trace's events in order: names of processes and threads, spans, counters."""
     blocks = sorted({s.block for s in recorder.spans} | {b.block for b in recorder.bytes},
                     key=_block_key)
     pid = {b: i + 1 for i, b in enumerate(blocks)}
@@ -116,15 +137,14 @@ def chrome_trace(recorder: Recorder, *, counter_bins: int = 200) -> dict[str, An
             for k in range(tracks[(b, lane)]):
                 n += 1
                 tid[(b, lane, k)] = n
-    events: list[dict[str, Any]] = []
     for b in blocks:
-        events.append({"ph": "M", "name": "process_name", "pid": pid[b], "tid": 0,
+        yield ({"ph": "M", "name": "process_name", "pid": pid[b], "tid": 0,
                        "args": {"name": b}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": pid[b], "tid": 0,
+        yield ({"ph": "M", "name": "process_sort_index", "pid": pid[b], "tid": 0,
                        "args": {"sort_index": pid[b]}})
         for lane in sorted(lanes.get(b, [])):
             for k in range(tracks[(b, lane)]):
-                events.append({"ph": "M", "name": "thread_name", "pid": pid[b],
+                yield ({"ph": "M", "name": "thread_name", "pid": pid[b],
                                "tid": tid[(b, lane, k)],
                                "args": {"name": lane if k == 0 else f"{lane} #{k + 1}"}})
     for s, k in zip(recorder.spans, span_track, strict=True):
@@ -138,11 +158,9 @@ def chrome_trace(recorder: Recorder, *, counter_bins: int = 200) -> dict[str, An
         }
         if s.args:
             ev["args"] = s.args
-        events.append(ev)
+        yield ev
     for (block, lane), (t_ps, bps) in sorted(bandwidth_series(recorder, bins=counter_bins).items()):
         name = f"{lane} GB/s"
         for t, v in zip(t_ps.tolist(), bps.tolist(), strict=True):
-            events.append({"ph": "C", "name": name, "pid": pid[block], "tid": 0,
+            yield ({"ph": "C", "name": name, "pid": pid[block], "tid": 0,
                            "ts": t / PS_PER_US, "args": {"GB/s": round(v / 1e9, 6)}})
-    meta = {"dropped_events": recorder.dropped, "trace_level": recorder.level}
-    return {"traceEvents": events, "otherData": meta}

@@ -192,22 +192,38 @@ class Recorder:
                 if hi > cell[2]:
                     cell[2] = hi
 
-    def can_take(self, spans: int, start_ps, end_ps) -> bool:
-        """Whether ``spans`` more spans and transfers over ``start_ps .. end_ps`` (arrays,
-        in order) fit under ``max_events`` in any order: each transfer counted with every
-        bin it could open at the width it would be binned at (that which the latest end
-        so far needs; coarsening only merges bins)."""
+    def _widths(self, last):
+        """The bin width each transfer of a batch is binned at, one call each in order:
+        that which the latest end so far needs (``last``: an int64 array)."""
         import numpy as np
 
-        start = np.asarray(start_ps, np.int64)
-        end = np.asarray(end_ps, np.int64)
-        last = np.where(end > start, end - 1, start)
         need = np.maximum.accumulate(last) if len(last) else last
         w = np.full(len(last), self._width, np.int64)
         wide = need // w >= self.max_byte_bins
         while wide.any():
             w[wide] *= 2
             wide = need // w >= self.max_byte_bins
+        return w
+
+    def _full(self) -> bool:
+        return len(self.spans) + self._nbins >= self.max_events
+
+    def can_take(self, spans: int, start_ps, end_ps) -> bool:
+        """Whether ``spans`` more spans and transfers over ``start_ps .. end_ps`` (arrays,
+        in order) give the same record in any order. Either they all fit under
+        ``max_events``: each transfer counted with every bin it could open at the width
+        it would be binned at (coarsening only merges bins); or the recorder is already
+        full and stays so (no bin merges on the way): then every span is dropped and a
+        transfer is kept exactly when all its bins are already stored, whatever the
+        order."""
+        import numpy as np
+
+        start = np.asarray(start_ps, np.int64)
+        end = np.asarray(end_ps, np.int64)
+        last = np.where(end > start, end - 1, start)
+        w = self._widths(last)
+        if self._full() and not (w != self._width).any():
+            return True
         could_open = int((last // w - start // w + 1).sum())
         return len(self.spans) + self._nbins + spans + could_open <= self.max_events
 
@@ -231,11 +247,24 @@ class Recorder:
         last = np.where(end > start, end - 1, start)
         too_big = bool(((end - start).astype(np.float64) * nb.astype(np.float64)
                         >= 2.0 ** 62).any())
-        if too_big or not self.can_take(0, start, end):
-            for t, a, b, n in zip(tid.tolist(), start.tolist(), end.tolist(), nb.tolist(),
-                                  strict=True):
-                self.moved(*tracks[t], a, b, n)
+        if too_big:
+            self._moved_each(tracks, tid, start, end, nb)
             return
+        if not self.can_take(0, start, end):
+            if self._full() or int(self._widths(last)[-1]) != self._width:
+                # bins may merge on the way and make room again: the order decides
+                self._moved_each(tracks, tid, start, end, nb)
+                return
+            # room for some: one call each until the recorder is full, then the rest at
+            # once (full and staying so, order no longer matters)
+            j = 0
+            tl, sl, el, nl = tid.tolist(), start.tolist(), end.tolist(), nb.tolist()
+            while j < len(tl) and not self._full():
+                self.moved(*tracks[tl[j]], sl[j], el[j], nl[j])
+                j += 1
+            if j == len(tl):
+                return
+            start, end, nb, tid, last = start[j:], end[j:], nb[j:], tid[j:], last[j:]
         # the tracks in the order they first occur, totals per track
         firsts = np.unique(tid, return_index=True)[1]
         sums = np.zeros(len(tracks), np.int64)
@@ -259,16 +288,30 @@ class Recorder:
         dur = np.maximum(end - start, 1)[j]
         upto_hi = np.where(k == k1[j], nb[j], nb[j] * (hi - start[j]) // dur)
         upto_lo = np.where(k == k0[j], 0, nb[j] * (lo - start[j]) // dur)
-        cell = tid[j] * (int(k1.max()) + 1) + k
+        per = int(k1.max()) + 1
+        cell = tid[j] * per + k
         cells, inv = np.unique(cell, return_inverse=True)
         inv = inv.reshape(-1)
+        if self._full():
+            # full (and staying so): a transfer is kept when all its bins are stored,
+            # else dropped whole, as one call each would decide
+            stored = np.array([divmod(c, per)[1] in self._bins[tracks[divmod(c, per)[0]]]
+                               for c in cells.tolist()], bool)
+            lacking = np.zeros(len(start), np.int64)
+            np.add.at(lacking, j, (~stored[inv]).astype(np.int64))
+            keep = lacking == 0
+            self.dropped += int((~keep).sum())
+            part = keep[j]
+            lo, hi, upto_hi, upto_lo, cell = (lo[part], hi[part], upto_hi[part],
+                                              upto_lo[part], cell[part])
+            cells, inv = np.unique(cell, return_inverse=True)
+            inv = inv.reshape(-1)
         add = np.zeros(len(cells), np.int64)
         np.add.at(add, inv, upto_hi - upto_lo)
         first_lo = np.full(len(cells), np.iinfo(np.int64).max, np.int64)
         np.minimum.at(first_lo, inv, lo)
         last_hi = np.full(len(cells), np.iinfo(np.int64).min, np.int64)
         np.maximum.at(last_hi, inv, hi)
-        per = int(k1.max()) + 1
         for c, n, a, b in zip(cells.tolist(), add.tolist(), first_lo.tolist(),
                               last_hi.tolist(), strict=True):
             t, kk = divmod(c, per)
@@ -283,6 +326,11 @@ class Recorder:
                     held[1] = a
                 if b > held[2]:
                     held[2] = b
+
+    def _moved_each(self, tracks, tid, start, end, nb) -> None:
+        for t, a, b, n in zip(tid.tolist(), start.tolist(), end.tolist(), nb.tolist(),
+                              strict=True):
+            self.moved(*tracks[t], a, b, n)
 
     def _coarsen(self) -> None:
         """Double the bin width: bins ``2j`` and ``2j + 1`` merge into bin ``j``."""

@@ -384,3 +384,43 @@ def test_a_repeated_bad_object_is_reported_at_its_first_place() -> None:
     err = fails([GEMM, bad, GEMM, bad])
     assert err.index == 1
     assert "core 2 out of range" in err.reason
+
+
+def test_an_instruction_checked_once_is_not_checked_again_against_the_same_layout(
+        monkeypatch):
+    import isa.validate as validate
+
+    gemm = Gemm(m=1, k=64, n=128, w_bits=8, a=0, w=TILE, out=4 * TILE)
+    seen = []
+    check = validate._instruction_ok
+
+    def counted(instr, *args):
+        seen.append(instr)
+        return check(instr, *args)
+
+    monkeypatch.setattr(validate, "_instruction_ok", counted)
+    validate_program(Program([gemm, gemm], formats=FORMATS), LAYOUT)
+    validate_program(Program([gemm], formats=FORMATS), LAYOUT)  # a later call: remembered
+    assert seen == [gemm]
+    validate_program(Program([gemm], formats=FORMATS[:1]), LAYOUT)  # other formats
+    small = MemoryLayout(dram_bytes=4 * MiB, sram_bytes=16 * KiB, host_bytes=1 * MiB,
+                         num_cores=2)
+    with pytest.raises(ProgramError, match="overflows the 16384-byte SRAM"):  # another layout
+        validate_program(Program([gemm], formats=FORMATS), small)
+    assert seen == [gemm, gemm, gemm]
+    # the flags of each program are still checked on every call
+    waiting = Nop(on=Engine.DMA_OUT, wait=(3,))
+    with pytest.raises(ProgramError, match="never signalled"):
+        validate_program(Program([gemm, waiting], formats=FORMATS), LAYOUT)
+
+
+def test_the_remembered_instructions_are_bounded(monkeypatch):
+    import isa.validate as validate
+
+    monkeypatch.setattr(validate, "MAX_REMEMBERED_INSTRUCTIONS", 3)
+    monkeypatch.setattr(validate, "_REMEMBERED", {})
+    gemms = [Gemm(m=1, k=64, n=128, w_bits=8, a=0, w=TILE, out=4 * TILE) for _ in range(4)]
+    validate_program(Program(gemms[:3], formats=FORMATS), LAYOUT)
+    assert sum(len(e[1]) for e in validate._REMEMBERED.values()) == 3
+    validate_program(Program(gemms[3:], formats=FORMATS), LAYOUT)
+    assert sum(len(e[1]) for e in validate._REMEMBERED.values()) <= 3

@@ -5,6 +5,7 @@ bytes that were moved)."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 
@@ -14,7 +15,7 @@ import pytest
 from models.demo import gemv_layer
 from sim.device import Device
 from sim.hw import load_hardware
-from traces.chrome import bandwidth_series, chrome_trace
+from traces.chrome import bandwidth_series, chrome_trace, chrome_trace_json
 from traces.recorder import Recorder
 
 from .test_trace_levels import assert_perfetto_ready
@@ -242,3 +243,38 @@ def test_the_batch_takes_its_fast_path_when_nothing_can_be_dropped():
     rec.moved = lambda *a: calls.append(a)  # the one-by-one path would call it
     _many(rec, _transfers(300, seed=1))
     assert not calls and rec.byte_records > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("max_events", [60, 150, 400])
+def test_a_full_recorder_decides_what_to_drop_in_bulk_as_one_by_one(seed, max_events):
+    # bins wide enough never to coarsen: once full, a transfer is kept exactly when all its
+    # bins are stored, so the batch decides it at once (near the limit: one call each only
+    # until the recorder is full); the trace JSON is the same as one call per transfer's
+    transfers = [t for t in _transfers(900, seed=seed, horizon_ps=10**7)
+                 if t[3] < 512 * 10**5][:600]
+    one = Recorder(level="ops", max_events=max_events, byte_bin_ps=10**5, max_byte_bins=512)
+    many = Recorder(level="ops", max_events=max_events, byte_bin_ps=10**5, max_byte_bins=512)
+    for rec in (one, many):
+        rec.span("core0", "mat", "gemm", 0, 10, args={"index": 0})
+    _record(one, transfers)
+    _record(many, transfers[:50])
+    calls = []
+    single = many.moved
+    def moved(*a):  # note whether the recorder was full when called one by one
+        calls.append(many.byte_records + len(many.spans) >= many.max_events)
+        single(*a)
+
+    many.moved = moved
+    for lo in range(50, 600, 110):
+        _many(many, transfers[lo: lo + 110])
+    assert one.dropped > 0 and one.byte_bin_width_ps == 10**5  # past the limit, no merges
+    assert not any(calls)  # one call each only where the order could matter
+    assert many._bins == one._bins and list(many._bins) == list(one._bins)
+    assert list(many.byte_totals.items()) == list(one.byte_totals.items())
+    assert (many._nbins, many.dropped) == (one._nbins, one.dropped)
+    assert many.can_take(5, [0], [10**6])  # full and staying so: order cannot matter
+    assert chrome_trace(many, counter_bins=64) == chrome_trace(one, counter_bins=64)
+    # the trace text encoded one event at a time is json.dumps of the whole dict
+    assert chrome_trace_json(many, counter_bins=64) == json.dumps(
+        chrome_trace(one, counter_bins=64), separators=(",", ":"))
