@@ -214,6 +214,12 @@ def _replay(rec, logs: np.ndarray, names, instrs, res, link_block: str) -> None:
     tiles = rec.wants("tiles")
     span = rec.span
     rows = logs if tiles else logs[~is_move]
+    if rec.full():
+        # full and staying full (``can_take``): every span is dropped, one count each; of
+        # the rows only instruction spans are of detail "ops", the rest are "tiles"
+        ins = int((rows[:, 0] == pl.LOG_INS).sum())
+        rec.drop((ins if rec.wants("ops") else 0) + (len(rows) - ins if tiles else 0))
+        rows = rows[:0]
     for code_, a, b, c, d, e in rows.tolist():
         if code_ == pl.LOG_INS:
             block, lane = names[a]

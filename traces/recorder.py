@@ -208,6 +208,19 @@ class Recorder:
     def _full(self) -> bool:
         return len(self.spans) + self._nbins >= self.max_events
 
+    def full(self) -> bool:
+        """Whether the recorder is at ``max_events``: every further span is dropped."""
+        return self._full()
+
+    def drop(self, spans: int) -> None:
+        """Count ``spans`` spans dropped at the event limit, as that many :meth:`span`
+        calls (of a detail this level wants) on a full recorder would."""
+        if spans < 0:
+            raise ValueError(f"drop: spans must be at least 0, got {spans}")
+        if spans and not self._full():
+            raise ValueError("drop: the recorder is not full; its spans are not dropped")
+        self.dropped += spans
+
     def can_take(self, spans: int, start_ps, end_ps) -> bool:
         """Whether ``spans`` more spans and transfers over ``start_ps .. end_ps`` (arrays,
         in order) give the same record in any order. Either they all fit under

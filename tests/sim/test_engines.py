@@ -77,8 +77,9 @@ def _state(dev: Device, rec: Recorder, runs: list) -> dict:
 
 
 def _run(engine: str, hw, programs, *, functional=False, layout=None, setup=None,
-         level="tiles") -> dict:
-    rec = Recorder(level=level)
+         level="tiles", max_events: int | None = None) -> dict:
+    rec = Recorder(level=level) if max_events is None else Recorder(level=level,
+                                                                     max_events=max_events)
     dev = Device(hw, functional=functional, recorder=rec, layout=layout, engine=engine)
     assert dev.engine == engine
     if engine == "fast" and array_engine.eligible(dev):
@@ -177,6 +178,19 @@ def test_programs_back_to_back_carry_channel_and_link_state():
     p = Program((DmaLoad(core=0, src=0, dst=0, nbytes=5000),
                  HostWrite(src=0, dst=0, nbytes=6000)))
     assert_same(TINY, [p, p, Program(()), p])
+
+
+@pytest.mark.parametrize("level", ["ops", "tiles"])
+@pytest.mark.parametrize("max_events", [1, 7, 40, 120])
+def test_an_event_limit_drops_the_same_spans_and_bins(level, max_events):
+    # programs back to back fill the recorder part way through: the array loop's replay
+    # of a full recorder counts its drops in bulk, the processes one call each
+    p = Program((DmaLoad(core=0, src=0, dst=0, nbytes=5000),
+                 HostWrite(src=0, dst=0, nbytes=6000),
+                 DmaLoad(core=1, src=0, dst=0, nbytes=3000),
+                 HostRead(src=0, dst=20_000, nbytes=2_000)))
+    out = assert_same(TINY, [p] * 6, level=level, max_events=max_events)
+    assert out["dropped"] > 0  # the limit was reached
 
 
 def test_a_deadlock_is_reported_the_same_way():
