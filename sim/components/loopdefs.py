@@ -278,14 +278,16 @@ def plan_index(keys: np.ndarray, key: int) -> int:
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _log_dram(logs: np.ndarray, nl: int, c: int, start: int, stop: int, nbytes: int,
-              write: int) -> int:
-    logs[nl, 0] = LOG_DRAM
-    logs[nl, 1] = c
-    logs[nl, 2] = start
-    logs[nl, 3] = stop
-    logs[nl, 4] = nbytes
-    logs[nl, 5] = write
+def log_row(logs: np.ndarray, nl: int, code: int, a: int, b: int, c: int, d: int,
+            e: int) -> int:
+    """Row ``nl`` of the logs (which must have room): ``code`` and its five fields (see
+    ``LOG_*``; unused ones 0); returns the rows used."""
+    logs[nl, 0] = code
+    logs[nl, 1] = a
+    logs[nl, 2] = b
+    logs[nl, 3] = c
+    logs[nl, 4] = d
+    logs[nl, 5] = e
     return nl + 1
 
 
@@ -313,7 +315,7 @@ def protocol_access(now, addr, nbytes, write, tck_ps, params, open_row, act_ok, 
         if stop > end:
             end = stop
         if log_level >= 1:
-            nl = _log_dram(logs, nl, c, start, stop, b, write)
+            nl = log_row(logs, nl, LOG_DRAM, c, start, stop, b, write)
     return end, nl
 
 
@@ -331,7 +333,7 @@ def planned_access(now, u, write, plan_ptr, plan_ch, plan_b, plan_dur, dram_free
         if stop > end:
             end = stop
         if log_level >= 1:
-            nl = _log_dram(logs, nl, c, start, stop, plan_b[k], write)
+            nl = log_row(logs, nl, LOG_DRAM, c, start, stop, plan_b[k], write)
     return end, nl
 
 

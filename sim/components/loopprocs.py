@@ -39,20 +39,28 @@ def enqueue(P: np.ndarray, head: np.ndarray, tail: np.ndarray, x: int, p: int) -
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def resume_head(heap: np.ndarray, hs: int, eid: int, now: int, q: int, head: np.ndarray,
+                tail: np.ndarray, P: np.ndarray) -> tuple:
+    """Take the process at the head of queue ``q`` (linked through ``F_NEXT``) off it and
+    schedule its resumption (NORMAL, now); returns ``(heap, hs, eid)``."""
+    w = head[q]
+    head[q] = P[w, lp.F_NEXT]
+    if head[q] < 0:
+        tail[q] = -1
+    if hs + 2 > heap.shape[0]:
+        heap = lp.grow(heap)
+    hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, w)
+    return heap, hs, eid + 1
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def serve_flag(heap: np.ndarray, hs: int, eid: int, now: int, f: int, level: np.ndarray,
                f_head: np.ndarray, f_tail: np.ndarray, P: np.ndarray) -> tuple:
     """``Container`` serving its get queue: while flag ``f`` has a count and a waiter,
     take one and resume the waiter (NORMAL, now); returns ``(heap, hs, eid)``."""
     while f_head[f] >= 0 and level[f] >= 1:
         level[f] -= 1
-        w = f_head[f]
-        f_head[f] = P[w, lp.F_NEXT]
-        if f_head[f] < 0:
-            f_tail[f] = -1
-        if hs + 2 > heap.shape[0]:
-            heap = lp.grow(heap)
-        hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, w)
-        eid += 1
+        heap, hs, eid = resume_head(heap, hs, eid, now, f, f_head, f_tail, P)
     return heap, hs, eid
 
 
@@ -64,14 +72,7 @@ def grant(heap: np.ndarray, hs: int, eid: int, now: int, r: int, users: np.ndarr
     head of its queue holds it and resumes (NORMAL, now); returns ``(heap, hs, eid)``."""
     if r_head[r] >= 0 and users[r] < res_cap[r]:
         users[r] += 1
-        h = r_head[r]
-        r_head[r] = P[h, lp.F_NEXT]
-        if r_head[r] < 0:
-            r_tail[r] = -1
-        if hs + 2 > heap.shape[0]:
-            heap = lp.grow(heap)
-        hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, h)
-        eid += 1
+        heap, hs, eid = resume_head(heap, hs, eid, now, r, r_head, r_tail, P)
     return heap, hs, eid
 
 
@@ -170,20 +171,6 @@ def set_transfer(P: np.ndarray, p: int, ins: np.ndarray, ri: int, base: int) -> 
     P[p, lp.F_T_SRC] = ins[ri, base + 1]
     P[p, lp.F_T_DST] = ins[ri, base + 2]
     P[p, lp.F_T_N] = ins[ri, base + 3]
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def log_row(logs: np.ndarray, nl: int, code: int, a: int, b: int, c: int, d: int,
-            e: int) -> int:
-    """Row ``nl`` of the logs (which must have room): ``code`` and its five fields (see
-    ``loopdefs.LOG_*``; unused ones 0); returns the rows used."""
-    logs[nl, 0] = code
-    logs[nl, 1] = a
-    logs[nl, 2] = b
-    logs[nl, 3] = c
-    logs[nl, 4] = d
-    logs[nl, 5] = e
-    return nl + 1
 
 
 @njit(cache=True, error_model="numpy", inline="always")

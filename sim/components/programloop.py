@@ -263,7 +263,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     n_first_done += 1
                 counts[q, 4] += now - P[p, lp.F_ISTART]
                 if log_level >= 1:
-                    nl = kp.log_row(logs, nl, lp.LOG_INS, q, i, P[p, lp.F_ISTART], now, 0)
+                    nl = lp.log_row(logs, nl, lp.LOG_INS, q, i, P[p, lp.F_ISTART], now, 0)
                 for k in range(s_ptr[ri], s_ptr[ri + 1]):
                     if hs + 2 > heap.shape[0]:
                         heap = lp.grow(heap)
@@ -405,7 +405,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_GRANT, r)
                 eid += 1
                 if log_level >= 2:
-                    nl = kp.log_row(logs, nl, lp.LOG_CHUNK, r, P[p, lp.F_C_DIR],
+                    nl = lp.log_row(logs, nl, lp.LOG_CHUNK, r, P[p, lp.F_C_DIR],
                                     P[p, lp.F_C_START], now, P[p, lp.F_C_N])
                 P[p, lp.F_STATE] = P[p, lp.F_C_RET]
                 continue
@@ -475,7 +475,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 break
             if st == lp.S_L_AFTER_CHUNK:
                 if log_level >= 1:
-                    nl = kp.log_row(logs, nl, lp.LOG_LINK, P[p, lp.F_L_DIR], P[p, lp.F_L_START],
+                    nl = lp.log_row(logs, nl, lp.LOG_LINK, P[p, lp.F_L_DIR], P[p, lp.F_L_START],
                                     now, P[p, lp.F_L_NN], 0)
                 P[p, lp.F_L_OFF] += link_chunk
                 P[p, lp.F_STATE] = lp.S_L_CHUNK
