@@ -138,15 +138,15 @@ def _events(recorder: Recorder, counter_bins: int) -> Iterator[dict[str, Any]]:
                 n += 1
                 tid[(b, lane, k)] = n
     for b in blocks:
-        yield ({"ph": "M", "name": "process_name", "pid": pid[b], "tid": 0,
-                       "args": {"name": b}})
-        yield ({"ph": "M", "name": "process_sort_index", "pid": pid[b], "tid": 0,
-                       "args": {"sort_index": pid[b]}})
+        yield {"ph": "M", "name": "process_name", "pid": pid[b], "tid": 0,
+               "args": {"name": b}}
+        yield {"ph": "M", "name": "process_sort_index", "pid": pid[b], "tid": 0,
+               "args": {"sort_index": pid[b]}}
         for lane in sorted(lanes.get(b, [])):
             for k in range(tracks[(b, lane)]):
-                yield ({"ph": "M", "name": "thread_name", "pid": pid[b],
-                               "tid": tid[(b, lane, k)],
-                               "args": {"name": lane if k == 0 else f"{lane} #{k + 1}"}})
+                yield {"ph": "M", "name": "thread_name", "pid": pid[b],
+                       "tid": tid[(b, lane, k)],
+                       "args": {"name": lane if k == 0 else f"{lane} #{k + 1}"}}
     for s, k in zip(recorder.spans, span_track, strict=True):
         ev = {
             "ph": "X",
@@ -162,5 +162,5 @@ def _events(recorder: Recorder, counter_bins: int) -> Iterator[dict[str, Any]]:
     for (block, lane), (t_ps, bps) in sorted(bandwidth_series(recorder, bins=counter_bins).items()):
         name = f"{lane} GB/s"
         for t, v in zip(t_ps.tolist(), bps.tolist(), strict=True):
-            yield ({"ph": "C", "name": name, "pid": pid[block], "tid": 0,
-                           "ts": t / PS_PER_US, "args": {"GB/s": round(v / 1e9, 6)}})
+            yield {"ph": "C", "name": name, "pid": pid[block], "tid": 0,
+                   "ts": t / PS_PER_US, "args": {"GB/s": round(v / 1e9, 6)}}

@@ -205,19 +205,16 @@ class Recorder:
             wide = need // w >= self.max_byte_bins
         return w
 
-    def _full(self) -> bool:
-        return len(self.spans) + self._nbins >= self.max_events
-
     def full(self) -> bool:
         """Whether the recorder is at ``max_events``: every further span is dropped."""
-        return self._full()
+        return len(self.spans) + self._nbins >= self.max_events
 
     def drop(self, spans: int) -> None:
         """Count ``spans`` spans dropped at the event limit, as that many :meth:`span`
         calls (of a detail this level wants) on a full recorder would."""
         if spans < 0:
             raise ValueError(f"drop: spans must be at least 0, got {spans}")
-        if spans and not self._full():
+        if spans and not self.full():
             raise ValueError("drop: the recorder is not full; its spans are not dropped")
         self.dropped += spans
 
@@ -235,7 +232,7 @@ class Recorder:
         end = np.asarray(end_ps, np.int64)
         last = np.where(end > start, end - 1, start)
         w = self._widths(last)
-        if self._full() and not (w != self._width).any():
+        if self.full() and not (w != self._width).any():
             return True
         could_open = int((last // w - start // w + 1).sum())
         return len(self.spans) + self._nbins + spans + could_open <= self.max_events
@@ -264,7 +261,7 @@ class Recorder:
             self._moved_each(tracks, tid, start, end, nb)
             return
         if not self.can_take(0, start, end):
-            if self._full() or int(self._widths(last)[-1]) != self._width:
+            if self.full() or int(self._widths(last)[-1]) != self._width:
                 # bins may merge on the way and make room again: the order decides
                 self._moved_each(tracks, tid, start, end, nb)
                 return
@@ -272,7 +269,7 @@ class Recorder:
             # once (full and staying so, order no longer matters)
             j = 0
             tl, sl, el, nl = tid.tolist(), start.tolist(), end.tolist(), nb.tolist()
-            while j < len(tl) and not self._full():
+            while j < len(tl) and not self.full():
                 self.moved(*tracks[tl[j]], sl[j], el[j], nl[j])
                 j += 1
             if j == len(tl):
@@ -305,7 +302,7 @@ class Recorder:
         cell = tid[j] * per + k
         cells, inv = np.unique(cell, return_inverse=True)
         inv = inv.reshape(-1)
-        if self._full():
+        if self.full():
             # full (and staying so): a transfer is kept when all its bins are stored,
             # else dropped whole, as one call each would decide
             stored = np.array([divmod(c, per)[1] in self._bins[tracks[divmod(c, per)[0]]]
