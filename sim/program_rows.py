@@ -22,7 +22,10 @@ that its ``id`` stays its own) until the cache is full, then starts afresh.
 
 from __future__ import annotations
 
-from itertools import chain, repeat
+import dataclasses
+import functools
+import struct
+from itertools import chain, count, repeat, starmap
 from operator import attrgetter
 
 import numpy as np
@@ -54,12 +57,17 @@ _READ, _WRITE, _H2D, _D2H = range(4)
 LAST_PER_CORE = max(int(e) for e in PER_CORE_ENGINES)
 if {int(e) for e in PER_CORE_ENGINES} != set(range(LAST_PER_CORE + 1)):
     raise ImportError("per-core engines must be numbered first")
-_TYPES = (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead, Attn, KvWrite, KvRead, Gemm, Vec,
+FAMILIES = (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead, Attn, KvWrite, KvRead, Gemm, Vec,
           Nop)
-_CODE = {t: k for k, t in enumerate(_TYPES)}
-#: Every concrete instruction type seen, numbered: a subclass (``GemmRow``, ``AttnDq``, ...)
-#: runs on its base's engine but may take its own time and ops, so shape keys include it.
+_CODE = {t: k for k, t in enumerate(FAMILIES)}
+#: Every concrete instruction type seen, numbered, with the family (a type of ``FAMILIES``)
+#: it belongs to: a subclass (``GemmRow``, ``AttnDq``, ...) runs on its base's engine but
+#: may take its own time and ops, so rows are built per concrete type.
 _TYPE_IDS: dict[type, int] = {}
+_TYPE_LIST: list[type] = []
+_FAMILY: list[type] = []
+#: The ``int64`` that a field of :data:`NO_ADDR` reads as in the extracted columns.
+NO_ADDR_I64 = int(np.array(NO_ADDR, np.uint64).view(np.int64))
 
 # --- the row's columns past the loop's own (``loopdefs.I_FIELDS``) -------------------------
 X_ENG = pl.I_FIELDS  # engine kind
@@ -83,244 +91,268 @@ ROW_FIELDS = X_ENG + 15
 #: a row is ROW_FIELDS int64 (280 bytes) plus its index entry, so a full cache is about
 #: 100 MB; a decode step of Qwen2.5-0.5B has ~13,600 distinct objects, ~1,000 of them new.
 MAX_ROWS = 1 << 18
+_HEADER = attrgetter("wait", "signal")
 
 
-def _code_of(t: type) -> int:
-    """The code of instruction type ``t``: its own, or its nearest base's (a subclass is
-    registered on first sight)."""
-    code = _CODE.get(t)
-    if code is None:
-        base = next((b for b in t.__mro__ if b in _CODE), None)
-        if base is None:
-            raise KeyError(t)
-        code = _CODE[t] = _CODE[base]
-    return code
+def _register(t: type) -> None:
+    """Numbers instruction type ``t`` under its nearest base of ``FAMILIES``."""
+    family = next((b for b in t.__mro__ if b in _CODE), None)
+    if family is None:
+        raise DeviceError(f"no engine executes {t.__name__}")
+    _TYPE_IDS[t] = len(_TYPE_LIST)
+    _TYPE_LIST.append(t)
+    _FAMILY.append(family)
 
 
-def _ints(values, n: int) -> np.ndarray:
-    return np.fromiter(values, np.int64, n)
+@functools.cache
+def _packer(t: type, names: tuple[str, ...]):
+    """The packer of fields ``names`` of type ``t`` as 8-byte integers: signed where the
+    field's declared struct code is (``fmt``, :mod:`isa.instr_base`), else unsigned (a u64
+    above ``2**63``, such as :data:`NO_ADDR`, reads back as a negative ``int64``)."""
+    fmt = {f.name: f.metadata.get("fmt", "Q") for f in dataclasses.fields(t)}
+    return struct.Struct("<" + "".join("q" if fmt[n].islower() else "Q" for n in names)).pack
 
 
-def _type_ids(group: list) -> np.ndarray:
-    """One column: the id of each instruction's concrete type."""
-    ids = _TYPE_IDS
-    return _ints((ids.setdefault(type(i), len(ids)) for i in group), len(group))
-
-
-def _with_type(group: list, f: np.ndarray) -> np.ndarray:
-    return np.column_stack([f, _type_ids(group)])
-
-
-def _fields(group: list, names: tuple[str, ...]) -> np.ndarray:
+def _fields(t: type, group: list, names: tuple[str, ...]) -> np.ndarray:
+    """Fields ``names`` of the instructions of type ``t`` in ``group``, one column each."""
+    pack = _packer(t, names)
     get = attrgetter(*names)
-    flat = chain.from_iterable(map(get, group)) if len(names) > 1 else map(get, group)
-    return _ints(flat, len(group) * len(names)).reshape(len(group), len(names))
+    try:
+        if len(names) > 1:
+            buf = b"".join(starmap(pack, map(get, group)))
+        else:
+            buf = b"".join(map(pack, map(get, group)))
+    except struct.error:
+        bad = next(i for i in group if not all(
+            isinstance(v, int) and -(1 << 63) <= v < (1 << 64) for v in map(
+                i.__getattribute__, names)))
+        raise DeviceError(f"{t.__name__}: a field of {', '.join(names)} is not a 64-bit "
+                          f"integer: {bad}") from None
+    return np.frombuffer(buf, np.int64).reshape(len(group), len(names))
 
 
-def _per_shape(group: list, shapes: np.ndarray, *fns) -> np.ndarray:
-    """``fn(instruction)`` of each ``fn`` (a column each) for every instruction, computed
-    once per distinct shape row."""
-    keys = list(map(tuple, shapes.tolist()))
-    ids: dict[tuple, int] = {}
-    first: list[int] = []
-    inverse = []
-    for j, key in enumerate(keys):
-        u = ids.get(key)
-        if u is None:
-            u = ids[key] = len(first)
-            first.append(j)
-        inverse.append(u)
-    values = np.asarray([[fn(group[j]) for fn in fns] for j in first], np.int64)
-    return values.reshape(len(first), len(fns))[inverse]
+def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, inverse)``: the index of the first occurrence of each distinct row of the
+    2-D ``a`` and, for every row, the number of its distinct row (``a[first][inverse]``
+    equals ``a``); distinct rows in lexicographic order (what ``np.unique(a, axis=0)``
+    gives, without its slow path)."""
+    n = len(a)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.lexsort(a.T[::-1])  # stable: the first of equal rows comes first
+    s = a[order]
+    new = np.empty(n, bool)
+    new[0] = True
+    np.any(s[1:] != s[:-1], axis=1, out=new[1:])
+    inverse = np.empty(n, np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return order[new], inverse
 
 
-def _ops(i: Instruction) -> int:
-    return i.ops()
+def _per_shape(group: list, shapes: np.ndarray, fn) -> np.ndarray:
+    """``fn(instruction)`` (a tuple of ints, a column each) for every instruction, called
+    once per distinct row of ``shapes``."""
+    first, inverse = unique_rows(shapes)
+    values = np.asarray([fn(group[j]) for j in first.tolist()], np.int64)
+    return values.reshape(len(first), -1)[inverse]
 
 
-def _one_add(r: np.ndarray, idx: np.ndarray, link, addr, nbytes) -> None:
-    r[idx, pl.I_NADD] = 1
-    r[idx, X_LINK1] = link
-    r[idx, X_ADDR1] = addr
-    r[idx, pl.I_BYTES1] = nbytes
+class _Rows:
+    """The rows of one build, filled one concrete type at a time (``b``: the block of
+    rows of the type being filled)."""
+
+    def __init__(self, cores: list, num_cores: int, formats: tuple[str, ...]) -> None:
+        self.cores = cores
+        self.num_cores = num_cores
+        self.formats = formats
+        self.fmts: dict[str, kvformats.KVFormat] = {}
+
+    def timed(self, i: Instruction) -> tuple[int, int]:
+        return self.cores[i.core].duration_ps(i, self.formats), i.ops()
+
+    def kv(self, i: Instruction) -> tuple[int, int, int, int]:
+        """Time, ops and the bytes the KV format's layout really reads and writes."""
+        text = self.formats[i.fmt]
+        fmt = self.fmts.get(text)
+        if fmt is None:
+            fmt = self.fmts[text] = kvformats.parse(text)
+        if isinstance(i, KvWrite):
+            rd, wr = fmt.write_bytes(i.pos, i.tokens, i.width)
+        else:
+            rd, wr = fmt.read_bytes(i.pos, i.tokens, i.width), 0
+        return (*self.timed(i), rd, wr)
+
+    def dma(self, b: np.ndarray, t: type, group: list, family: type) -> None:
+        f = _fields(t, group, ("core", "src", "dst", "nbytes", "rows"))
+        core = f[:, 0]
+        total = f[:, 3] * f[:, 4]
+        load = family is DmaLoad
+        b[:, X_QCORE] = core
+        b[:, pl.I_KIND] = pl.K_DMA
+        b[:, pl.I_RES] = core + (0 if load else self.num_cores)
+        b[:, pl.I_CORE] = core
+        b[:, pl.I_DIR1] = pl.D_LOAD if load else pl.D_STORE
+        b[:, pl.I_SRC1] = f[:, 1]
+        b[:, pl.I_DST1] = f[:, 2]
+        b[:, pl.I_N1] = total
+        addr = f[:, 1] if load else f[:, 2]
+        _adds(b, (_READ if load else _WRITE, addr, total))
+        _streams(b, (addr, total))
+
+    def copy(self, b: np.ndarray, t: type, group: list, family: type) -> None:
+        f = _fields(t, group, ("src", "dst", "nbytes"))
+        b[:, pl.I_KIND] = pl.K_DMA
+        b[:, pl.I_RES] = 3 * self.num_cores
+        b[:, pl.I_DIR1] = pl.D_COPY
+        b[:, pl.I_SRC1] = f[:, 0]
+        b[:, pl.I_DST1] = f[:, 1]
+        b[:, pl.I_N1] = f[:, 2]
+        # the read, then the write
+        _adds(b, (_READ, f[:, 0], f[:, 2]), (_WRITE, f[:, 1], f[:, 2]))
+        _streams(b, (f[:, 0], f[:, 2]), (f[:, 1], f[:, 2]))
+
+    def host(self, b: np.ndarray, t: type, group: list, family: type) -> None:
+        h2d = family is HostWrite
+        f = _fields(t, group, ("dst" if h2d else "src", "nbytes"))
+        b[:, pl.I_KIND] = pl.K_LINK
+        b[:, pl.I_DIR1] = 0 if h2d else 1
+        b[:, pl.I_N1] = f[:, 1]
+        _adds(b, (_H2D if h2d else _D2H, f[:, 0], f[:, 1]),
+              (_WRITE if h2d else _READ, f[:, 0], f[:, 1]))
+
+    def attn(self, b: np.ndarray, t: type, group: list, family: type) -> None:
+        f = _fields(t, group, ("core", "q_len", "ctx", "head_dim", "heads", "k_fmt", "v_fmt",
+                               "kv_heads", "k", "v", "k_nbytes", "v_nbytes"))
+        core = f[:, 0]
+        b[:, X_QCORE] = core
+        b[:, pl.I_KIND] = pl.K_PAR
+        b[:, [pl.I_DUR, pl.I_OPS]] = _per_shape(group, f[:, :8], self.timed)
+        b[:, pl.I_RES] = 2 * self.num_cores + core
+        b[:, pl.I_CORE] = core
+        b[:, pl.I_NSUB] = 2
+        b[:, pl.I_DIR1] = pl.D_READ
+        b[:, pl.I_SRC1] = f[:, 8]
+        b[:, pl.I_N1] = f[:, 10]
+        b[:, pl.I_DIR2] = pl.D_READ
+        b[:, pl.I_SRC2] = f[:, 9]
+        b[:, pl.I_N2] = f[:, 11]
+        _adds(b, (_READ, f[:, 8], f[:, 10] + f[:, 11]))
+        _streams(b, (f[:, 8], f[:, 10]), (f[:, 9], f[:, 11]))
+
+    def kv_rows(self, b: np.ndarray, t: type, group: list, family: type) -> None:
+        # the layers of a step write the same positions: the format's layout is asked once
+        # per distinct (core, format, positions, width)
+        write = family is KvWrite
+        f = _fields(t, group, ("core", "fmt", "pos", "tokens", "width",
+                               "dst" if write else "src"))
+        core, base = f[:, 0], f[:, 5]
+        dur, ops, rd, wr = _per_shape(group, f[:, :5], self.kv).T
+        b[:, X_QCORE] = core
+        b[:, pl.I_KIND] = pl.K_PAR
+        b[:, pl.I_DUR] = dur
+        b[:, pl.I_RES] = 2 * self.num_cores + core
+        b[:, pl.I_CORE] = core
+        b[:, pl.I_OPS] = ops
+        # one transfer each for the bytes read and written, the read first
+        has_rd, has_wr = rd > 0, wr > 0
+        one = has_rd | has_wr
+        b[:, pl.I_DIR1] = np.where(has_rd, pl.D_READ, pl.D_WRITE) * one
+        b[:, pl.I_SRC1] = base * has_rd
+        b[:, pl.I_DST1] = base * (has_wr & ~has_rd)
+        n1 = np.where(has_rd, rd, wr)
+        b[:, pl.I_N1] = n1
+        two = has_rd & has_wr
+        b[:, pl.I_DIR2] = pl.D_WRITE * two
+        b[:, pl.I_DST2] = base * two
+        b[:, pl.I_N2] = wr * two
+        b[:, X_LINK1] = np.where(has_rd, _READ, _WRITE) * one
+        b[:, X_ADDR1] = b[:, X_SB1] = base * one
+        b[:, pl.I_BYTES1] = b[:, X_SN1] = n1
+        b[:, X_LINK2] = _WRITE * two
+        b[:, X_ADDR2] = b[:, X_SB2] = base * two
+        b[:, pl.I_BYTES2] = b[:, X_SN2] = wr * two
+        b[:, pl.I_NSUB] = b[:, pl.I_NADD] = b[:, X_NSTREAM] = one.astype(np.int64) + two
+
+    def gemm(self, b: np.ndarray, t: type, group: list, family: type) -> None:
+        # the variants' own fields (group size, output width, per-row input factors) enter
+        # their time or ops
+        own = tuple(n for n in ("group", "out_bits", "row_meta")
+                    if n in {f.name for f in dataclasses.fields(t)})
+        f = _fields(t, group, ("core", "m", "k", "n", "w_bits", *own))
+        if "row_meta" in own:
+            f = f.copy()
+            f[:, -1] = f[:, -1] != NO_ADDR_I64
+        b[:, X_QCORE] = f[:, 0]
+        b[:, [pl.I_DUR, pl.I_OPS]] = _per_shape(group, f, self.timed)
+
+    def vec(self, b: np.ndarray, t: type, group: list, family: type) -> None:
+        f = _fields(t, group, ("core", "func", "rows", "cols", "p1", "p2"))
+        b[:, X_QCORE] = f[:, 0]
+        b[:, [pl.I_DUR, pl.I_OPS]] = _per_shape(group, f, self.timed)
+
+    def nop(self, b: np.ndarray, t: type, group: list, family: type) -> None:
+        f = _fields(t, group, ("core", "on"))
+        b[:, X_ENG] = f[:, 1]
+        b[:, X_QCORE] = np.where(f[:, 1] <= LAST_PER_CORE, f[:, 0], 0)
 
 
-def _two_adds(r: np.ndarray, idx: np.ndarray, links, addrs, nbytes) -> None:
-    r[idx, pl.I_NADD] = 2
-    r[idx, X_LINK1], r[idx, X_LINK2] = links
-    r[idx, X_ADDR1], r[idx, X_ADDR2] = addrs
-    r[idx, pl.I_BYTES1], r[idx, pl.I_BYTES2] = nbytes
+def _adds(b: np.ndarray, *adds) -> None:
+    """The stats additions ``(link, DRAM address, bytes)`` a row makes (one or two)."""
+    b[:, pl.I_NADD] = len(adds)
+    for (link, addr, nbytes), cl, ca, cn in zip(adds, (X_LINK1, X_LINK2), (X_ADDR1, X_ADDR2),
+                                                (pl.I_BYTES1, pl.I_BYTES2), strict=False):
+        b[:, cl] = link
+        b[:, ca] = addr
+        b[:, cn] = nbytes
 
 
-def _streams(r: np.ndarray, idx: np.ndarray, *pairs) -> None:
-    r[idx, X_NSTREAM] = len(pairs)
+def _streams(b: np.ndarray, *pairs) -> None:
+    b[:, X_NSTREAM] = len(pairs)
     for (base, nbytes), cb, cn in zip(pairs, (X_SB1, X_SB2), (X_SN1, X_SN2), strict=False):
-        r[idx, cb] = base
-        r[idx, cn] = nbytes
+        b[:, cb] = base
+        b[:, cn] = nbytes
+
+
+#: The filler of each family's rows (compute kinds keep ``I_KIND = K_COMPUTE``, 0).
+_FILL = {DmaLoad: _Rows.dma, DmaStore: _Rows.dma, DmaCopy: _Rows.copy, HostWrite: _Rows.host,
+         HostRead: _Rows.host, Attn: _Rows.attn, KvWrite: _Rows.kv_rows, KvRead: _Rows.kv_rows,
+         Gemm: _Rows.gemm, Vec: _Rows.vec, Nop: _Rows.nop}
 
 
 def build_rows(objs: list[Instruction], cores: list, num_cores: int,
                formats: tuple[str, ...]) -> np.ndarray:
     """The rows (``len(objs)`` x :data:`ROW_FIELDS`) of distinct instruction objects run on
-    ``cores`` (the device's compute cores) in a program whose KV formats are ``formats``."""
+    ``cores`` (the device's compute cores) in a program whose KV formats are ``formats``.
+
+    The objects are grouped by concrete type (a stable sort of their type ids); each
+    type's fields are read in one pass of C-level getters and packers, and its rows filled
+    column by column over the group."""
     n = len(objs)
     types = list(map(type, objs))
-    codes = list(map(_CODE.get, types, repeat(-1)))
-    if -1 in codes:  # a subclass seen for the first time, or no engine's
-        try:
-            codes = list(map(_code_of, types))
-        except KeyError as err:
-            raise DeviceError(f"no engine executes {err.args[0].__name__}") from None
-    code = np.asarray(codes, np.int64)
-    r = np.zeros((n, ROW_FIELDS), np.int64)
-    groups = {t: np.flatnonzero(code == k) for k, t in enumerate(_TYPES)}
-    get = objs.__getitem__
-
-    def members(t):
-        idx = groups[t]
-        return idx, list(map(get, idx.tolist()))
-
-    def duration(i: Instruction) -> int:
-        return cores[i.core].duration_ps(i, formats)
-
-    for t in (DmaLoad, DmaStore):
-        idx, group = members(t)
-        if not len(idx):
+    ids = _TYPE_IDS
+    for t in set(types).difference(ids):
+        _register(t)  # may raise: nothing built yet
+    tid = np.fromiter(map(ids.__getitem__, types), np.int64, n)
+    order = np.argsort(tid, kind="stable")
+    counts = np.bincount(tid, minlength=len(_TYPE_LIST)).tolist()
+    grouped = list(map(objs.__getitem__, order.tolist()))
+    rows = _Rows(cores, num_cores, formats)
+    s = np.zeros((n, ROW_FIELDS), np.int64)  # the rows in grouped order
+    start = 0
+    for k, size in enumerate(counts):
+        if not size:
             continue
-        f = _fields(group, ("core", "src", "dst", "nbytes", "rows"))
-        total = f[:, 3] * f[:, 4]
-        load = t is DmaLoad
-        r[idx, X_ENG] = int(t.engine_kind)
-        r[idx, pl.I_KIND] = pl.K_DMA
-        r[idx, pl.I_RES] = f[:, 0] + (0 if load else num_cores)
-        r[idx, pl.I_CORE] = f[:, 0]
-        r[idx, pl.I_DIR1] = pl.D_LOAD if load else pl.D_STORE
-        r[idx, pl.I_SRC1] = f[:, 1]
-        r[idx, pl.I_DST1] = f[:, 2]
-        r[idx, pl.I_N1] = total
-        addr = f[:, 1] if load else f[:, 2]
-        _one_add(r, idx, _READ if load else _WRITE, addr, total)
-        _streams(r, idx, (addr, total))
-    idx, group = members(DmaCopy)
-    if len(idx):
-        f = _fields(group, ("src", "dst", "nbytes"))
-        r[idx, X_ENG] = int(DmaCopy.engine_kind)
-        r[idx, pl.I_KIND] = pl.K_DMA
-        r[idx, pl.I_RES] = 3 * num_cores
-        r[idx, pl.I_DIR1] = pl.D_COPY
-        r[idx, pl.I_SRC1] = f[:, 0]
-        r[idx, pl.I_DST1] = f[:, 1]
-        r[idx, pl.I_N1] = f[:, 2]
-        # the read, then the write
-        _two_adds(r, idx, (_READ, _WRITE), (f[:, 0], f[:, 1]), (f[:, 2], f[:, 2]))
-        _streams(r, idx, (f[:, 0], f[:, 2]), (f[:, 1], f[:, 2]))
-    for t, direction, link in ((HostWrite, 0, _H2D), (HostRead, 1, _D2H)):
-        idx, group = members(t)
-        if not len(idx):
-            continue
-        f = _fields(group, ("dst" if t is HostWrite else "src", "nbytes"))
-        r[idx, X_ENG] = int(t.engine_kind)
-        r[idx, pl.I_KIND] = pl.K_LINK
-        r[idx, pl.I_DIR1] = direction
-        r[idx, pl.I_N1] = f[:, 1]
-        dram = _WRITE if t is HostWrite else _READ
-        _two_adds(r, idx, (link, dram), (f[:, 0], f[:, 0]), (f[:, 1], f[:, 1]))
-    idx, group = members(Attn)
-    if len(idx):
-        f = _fields(group, ("core", "q_len", "ctx", "head_dim", "heads", "k_fmt", "v_fmt",
-                            "k", "v", "k_nbytes", "v_nbytes"))
-        r[idx, X_ENG] = int(Attn.engine_kind)
-        r[idx, pl.I_KIND] = pl.K_PAR
-        shape = _with_type(group, f[:, :7])
-        r[idx, pl.I_DUR], r[idx, pl.I_OPS] = _per_shape(group, shape, duration, _ops).T
-        r[idx, pl.I_RES] = 2 * num_cores + f[:, 0]
-        r[idx, pl.I_CORE] = f[:, 0]
-        r[idx, pl.I_NSUB] = 2
-        r[idx, pl.I_DIR1] = pl.D_READ
-        r[idx, pl.I_SRC1] = f[:, 7]
-        r[idx, pl.I_N1] = f[:, 9]
-        r[idx, pl.I_DIR2] = pl.D_READ
-        r[idx, pl.I_SRC2] = f[:, 8]
-        r[idx, pl.I_N2] = f[:, 10]
-        _one_add(r, idx, _READ, f[:, 7], f[:, 9] + f[:, 10])
-        _streams(r, idx, (f[:, 7], f[:, 9]), (f[:, 8], f[:, 10]))
-    _kv_rows(r, members, cores, num_cores, formats)
-    idx, group = members(Gemm)
-    if len(idx):
-        f = _fields(group, ("core", "m", "k", "n", "w_bits"))
-        # the variants' own fields (group size, output width, per-row input factors) enter
-        # their time or ops
-        extra = _ints(chain.from_iterable(
-            (getattr(i, "group", 0), getattr(i, "out_bits", 0),
-             int(getattr(i, "row_meta", NO_ADDR) != NO_ADDR)) for i in group),
-            3 * len(group)).reshape(-1, 3)
-        shape = _with_type(group, np.column_stack([f, extra]))
-        r[idx, X_ENG] = int(Gemm.engine_kind)
-        r[idx, pl.I_DUR], r[idx, pl.I_OPS] = _per_shape(group, shape, duration, _ops).T
-    idx, group = members(Vec)
-    if len(idx):
-        f = _fields(group, ("core", "func", "rows", "cols", "p1", "p2"))
-        r[idx, X_ENG] = int(Vec.engine_kind)
-        r[idx, pl.I_DUR], r[idx, pl.I_OPS] = _per_shape(group, f, duration, _ops).T
-    idx, group = members(Nop)
-    if len(idx):
-        r[idx, X_ENG] = _ints(map(attrgetter("on"), group), len(group))
-    # compute kinds (Gemm, Vec, Nop) keep I_KIND = K_COMPUTE (0)
-
-    # every instruction but a Nop is dispatched (the cross-core bit is the program's)
-    r[:, pl.I_FLAGS] = np.where(code == _CODE[Nop], 0, pl.FL_DISPATCH)
-    per_core = r[:, X_ENG] <= LAST_PER_CORE
-    r[per_core, X_QCORE] = _ints(map(attrgetter("core"), objs), n)[per_core]
+        end = start + size
+        t, family = _TYPE_LIST[k], _FAMILY[k]
+        b = s[start:end]
+        if family is not Nop:  # every instruction but a Nop is dispatched (the cross-core
+            b[:, pl.I_FLAGS] = pl.FL_DISPATCH  # bit is the program's)
+            b[:, X_ENG] = int(family.engine_kind)
+        _FILL[family](rows, b, t, grouped[start:end], family)
+        start = end
+    r = np.empty_like(s)
+    r[order] = s
     return r
-
-
-def _kv_rows(r: np.ndarray, members, cores: list, num_cores: int,
-             formats: tuple[str, ...]) -> None:
-    fmt_cache: dict[str, kvformats.KVFormat] = {}
-    moved: dict[tuple, tuple[int, int]] = {}
-    for t in (KvWrite, KvRead):
-        idx, group = members(t)
-        out: list[list[int]] = []
-        for ins in group:
-            # the bytes each format's layout really moves: the layers of a step write the
-            # same positions, so one call per distinct (format, positions, width)
-            key = (t, ins.fmt, ins.pos, ins.tokens, ins.width)
-            rd_wr = moved.get(key)
-            if rd_wr is None:
-                text = formats[ins.fmt]
-                fmt = fmt_cache.get(text)
-                if fmt is None:
-                    fmt = fmt_cache[text] = kvformats.parse(text)
-                rd_wr = moved[key] = (
-                    fmt.write_bytes(ins.pos, ins.tokens, ins.width) if t is KvWrite
-                    else (fmt.read_bytes(ins.pos, ins.tokens, ins.width), 0))
-            rd, wr = rd_wr
-            base = ins.dst if t is KvWrite else ins.src
-            row = [0] * ROW_FIELDS
-            row[X_ENG] = int(t.engine_kind)
-            row[pl.I_KIND] = pl.K_PAR
-            row[pl.I_DUR] = cores[ins.core].duration_ps(ins, formats)
-            row[pl.I_RES] = 2 * num_cores + ins.core
-            row[pl.I_CORE] = ins.core
-            row[pl.I_OPS] = ins.ops()
-            col = pl.I_DIR1
-            k = 0
-            for d, nbytes, link in ((pl.D_READ, rd, _READ), (pl.D_WRITE, wr, _WRITE)):
-                if not nbytes:
-                    continue
-                row[col: col + 4] = (d, base if d == pl.D_READ else 0,
-                                     0 if d == pl.D_READ else base, nbytes)
-                col += 4
-                row[(X_LINK1, X_LINK2)[k]] = link
-                row[(X_ADDR1, X_ADDR2)[k]] = base
-                row[(pl.I_BYTES1, pl.I_BYTES2)[k]] = nbytes
-                row[(X_SB1, X_SB2)[k]] = base
-                row[(X_SN1, X_SN2)[k]] = nbytes
-                k += 1
-            row[pl.I_NSUB] = row[pl.I_NADD] = row[X_NSTREAM] = k
-            out.append(row)
-        if out:
-            r[idx] = np.asarray(out, np.int64)
 
 
 class RowStore:
@@ -344,28 +376,38 @@ class RowStore:
     def flags(self) -> np.ndarray:
         return self._flags[: self._nflags]
 
-    def append(self, objs: list[Instruction], rows: np.ndarray) -> int:
-        """Adds the rows of new objects (their flags too); returns the index of the first."""
+    def append(self, objs: list[Instruction], rows: np.ndarray,
+               ids: list[int] | None = None) -> int:
+        """Adds the rows of new objects (``ids``: their ids, if known) and their
+        flags; returns the index of the first. Each distinct ``(wait, signal)`` pair is held
+        once, and the rows that have it point at it."""
         base = len(self.objs)
         end = base + len(objs)
-        waits = list(map(attrgetter("wait"), objs))
-        sigs = list(map(attrgetter("signal"), objs))
-        wl = _ints(map(len, waits), len(objs))
-        sl = _ints(map(len, sigs), len(objs))
+        heads = list(map(_HEADER, objs))
+        # each object's first object with its pair (one hash each), then the pairs numbered
+        first_of: dict = {}
+        first = np.fromiter(map(first_of.setdefault, heads, count()), np.int64, len(objs))
+        distinct, which = np.unique(first, return_inverse=True)
+        pos = list(map(heads.__getitem__, distinct.tolist()))
+        waits = [w for w, _ in pos]
+        sigs = [s for _, s in pos]
+        wl = np.fromiter(map(len, waits), np.int64, len(waits))
+        sl = np.fromiter(map(len, sigs), np.int64, len(sigs))
         nw, ns = int(wl.sum()), int(sl.sum())
-        flags = np.concatenate([_ints(chain.from_iterable(waits), nw),
-                                _ints(chain.from_iterable(sigs), ns)])
+        flags = np.fromiter(chain(chain.from_iterable(waits), chain.from_iterable(sigs)),
+                            np.int64, nw + ns)
         f0 = self._nflags
-        rows[:, X_WLEN] = wl
-        rows[:, X_WOFF] = f0 + np.cumsum(wl) - wl
-        rows[:, X_SLEN] = sl
-        rows[:, X_SOFF] = f0 + nw + np.cumsum(sl) - sl
+        rows[:, X_WLEN] = wl[which]
+        rows[:, X_WOFF] = (f0 + np.cumsum(wl) - wl)[which]
+        rows[:, X_SLEN] = sl[which]
+        rows[:, X_SOFF] = (f0 + nw + np.cumsum(sl) - sl)[which]
         self._rows = _room(self._rows, base, end)
         self._rows[base:end] = rows
         self._flags = _room(self._flags, f0, f0 + nw + ns)
         self._flags[f0: f0 + nw + ns] = flags
         self._nflags += nw + ns
-        self.index.update(zip(map(id, objs), range(base, end), strict=True))
+        self.index.update(zip(map(id, objs) if ids is None else ids, range(base, end),
+                              strict=True))
         self.objs.extend(objs)
         return base
 
@@ -413,17 +455,20 @@ class RowCache:
             missing = np.flatnonzero(index < 0)
             if not len(missing):
                 return index, store
-        else:
-            index = np.zeros(n, np.int64)
-            missing = np.arange(n)
-        ids = np.fromiter(map(id, map(instrs.__getitem__, missing.tolist())), np.int64,
-                          len(missing))
-        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+            ids = np.fromiter(map(id, map(instrs.__getitem__, missing.tolist())), np.int64,
+                              len(missing))
+        else:  # every object is new
+            index = np.empty(n, np.int64)
+            missing = None
+            ids = np.fromiter(map(id, instrs), np.int64, n)
+        uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
         # the new objects in the order they first occur
         rank = np.argsort(first)
         at = np.empty(len(rank), np.int64)
         at[rank] = np.arange(len(rank))
-        new = [instrs[k] for k in missing[first[rank]].tolist()]
+        pick = first[rank] if missing is None else missing[first[rank]]
+        # (every object new and distinct: the program's own order)
+        new = list(instrs) if len(pick) == n else list(map(instrs.__getitem__, pick.tolist()))
         rows = build_rows(new, self.cores, self.num_cores, formats)  # may raise: no change
         if self._held + len(new) > self.max_rows and self._held:
             self.clear()
@@ -432,6 +477,7 @@ class RowCache:
         store = self._by_formats.get(formats)
         if store is None:
             store = self._by_formats[formats] = RowStore()
-        index[missing] = store.append(new, rows) + at[inverse.reshape(-1)]
+        at += store.append(new, rows, uniq[rank].tolist())
+        index[slice(None) if missing is None else missing] = at[inverse.reshape(-1)]
         self._held += len(new)
         return index, store
