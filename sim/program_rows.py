@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import struct
-from itertools import chain, count, repeat, starmap
+from itertools import chain, count, starmap
 from operator import attrgetter
 
 import numpy as np
@@ -356,13 +356,14 @@ def build_rows(objs: list[Instruction], cores: list, num_cores: int,
 
 
 class RowStore:
-    """The rows of one KV-format table's objects: an index by identity, the objects (held
-    so that no other object takes their id) and the rows, in order of arrival, and the
-    flags their rows point into (``X_WOFF`` ...): each the used head of a buffer that
-    doubles as it fills."""
+    """The rows of one KV-format table's objects: an index by identity (the objects' ids,
+    sorted, and the row of each), the objects (held so that no other object takes their
+    id) and the rows, in order of arrival, and the flags their rows point into (``X_WOFF``
+    ...): each the used head of a buffer that doubles as it fills."""
 
     def __init__(self) -> None:
-        self.index: dict[int, int] = {}
+        self._ids = np.zeros(0, np.int64)
+        self._at = np.zeros(0, np.int64)
         self.objs: list[Instruction] = []
         self._rows = np.zeros((0, ROW_FIELDS), np.int64)
         self._flags = np.zeros(0, np.int64)
@@ -376,8 +377,17 @@ class RowStore:
     def flags(self) -> np.ndarray:
         return self._flags[: self._nflags]
 
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        """The row of each object id of ``ids`` (-1: not held)."""
+        held = self._ids
+        if not len(held):
+            return np.full(len(ids), -1, np.int64)
+        k = np.searchsorted(held, ids)
+        k[k == len(held)] = 0
+        return np.where(held[k] == ids, self._at[k], -1)
+
     def append(self, objs: list[Instruction], rows: np.ndarray,
-               ids: list[int] | None = None) -> int:
+               ids: np.ndarray | None = None) -> int:
         """Adds the rows of new objects (``ids``: their ids, if known) and their
         flags; returns the index of the first. Each distinct ``(wait, signal)`` pair is held
         once, and the rows that have it point at it."""
@@ -406,8 +416,13 @@ class RowStore:
         self._flags = _room(self._flags, f0, f0 + nw + ns)
         self._flags[f0: f0 + nw + ns] = flags
         self._nflags += nw + ns
-        self.index.update(zip(map(id, objs) if ids is None else ids, range(base, end),
-                              strict=True))
+        if ids is None:
+            ids = np.fromiter(map(id, objs), np.int64, len(objs))
+        order = np.argsort(ids)
+        new = ids[order]
+        at = np.searchsorted(self._ids, new)
+        self._ids = np.insert(self._ids, at, new)
+        self._at = np.insert(self._at, at, base + order)
         self.objs.extend(objs)
         return base
 
@@ -450,17 +465,16 @@ class RowCache:
         rows of ``formats``' objects), building the rows of objects not seen before."""
         store = self._by_formats.get(formats)
         n = len(instrs)
+        ids = np.fromiter(map(id, instrs), np.int64, n)
         if store is not None:
-            index = np.fromiter(map(store.index.get, map(id, instrs), repeat(-1)), np.int64, n)
+            index = store.find(ids)
             missing = np.flatnonzero(index < 0)
             if not len(missing):
                 return index, store
-            ids = np.fromiter(map(id, map(instrs.__getitem__, missing.tolist())), np.int64,
-                              len(missing))
+            ids = ids[missing]
         else:  # every object is new
             index = np.empty(n, np.int64)
             missing = None
-            ids = np.fromiter(map(id, instrs), np.int64, n)
         uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
         # the new objects in the order they first occur
         rank = np.argsort(first)
@@ -477,7 +491,7 @@ class RowCache:
         store = self._by_formats.get(formats)
         if store is None:
             store = self._by_formats[formats] = RowStore()
-        at += store.append(new, rows, uniq[rank].tolist())
+        at += store.append(new, rows, uniq[rank])
         index[slice(None) if missing is None else missing] = at[inverse.reshape(-1)]
         self._held += len(new)
         return index, store
