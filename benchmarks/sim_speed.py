@@ -64,12 +64,15 @@ def measure(k: int, n: int, tile_bytes: int, functional: bool, trace: str,
     }
 
 
-def warm_up() -> float:
-    """Wall seconds to load (or compile) the array loop: one tiny program, not measured."""
+def warm_up(hw_name: str = "aries") -> float:
+    """Wall seconds to load (or compile) the array loop: one tiny program on the measured
+    hardware, not measured (the loop is compiled once per kind of argument, and a preset's
+    DRAM model decides some of them, so a warm-up on another preset could leave a load
+    inside the first measurement)."""
     from isa.instructions import DmaLoad, Program
 
     t0 = time.perf_counter()
-    Device(load_hardware("tiny"), functional=False).run(
+    Device(load_hardware(hw_name), functional=False).run(
         Program((DmaLoad(core=0, src=0, dst=0, nbytes=64),)), validate=False)
     return time.perf_counter() - t0
 

@@ -25,8 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import struct
-from itertools import chain, count, starmap
-from operator import attrgetter
+from itertools import chain, count
 
 import numpy as np
 
@@ -91,7 +90,6 @@ ROW_FIELDS = X_ENG + 15
 #: a row is ROW_FIELDS int64 (280 bytes) plus its index entry, so a full cache is about
 #: 100 MB; a decode step of Qwen2.5-0.5B has ~13,600 distinct objects, ~1,000 of them new.
 MAX_ROWS = 1 << 18
-_HEADER = attrgetter("wait", "signal")
 
 
 def _register(t: type) -> None:
@@ -105,30 +103,22 @@ def _register(t: type) -> None:
 
 
 @functools.cache
-def _packer(t: type, names: tuple[str, ...]):
-    """The packer of fields ``names`` of type ``t`` as 8-byte integers: signed where the
-    field's declared struct code is (``fmt``, :mod:`isa.instr_base`), else unsigned (a u64
-    above ``2**63``, such as :data:`NO_ADDR`, reads back as a negative ``int64``)."""
+def _reader(t: type, names: tuple[str, ...]):
+    """``read(group)``: for each instruction of type ``t`` in ``group``, its fields
+    ``names`` packed as 8-byte integers (signed where the field's declared struct code is,
+    ``fmt`` in :mod:`isa.instr_base`, else unsigned: a u64 above ``2**63``, such as
+    :data:`NO_ADDR`, reads back as a negative ``int64``) and its ``(wait, signal)``. The
+    reads are a list comprehension of plain attribute loads, which the interpreter
+    specialises per type: about twice as fast as an ``attrgetter`` per instruction.
+    ``names`` are this module's own field names."""
     fmt = {f.name: f.metadata.get("fmt", "Q") for f in dataclasses.fields(t)}
-    return struct.Struct("<" + "".join("q" if fmt[n].islower() else "Q" for n in names)).pack
-
-
-def _fields(t: type, group: list, names: tuple[str, ...]) -> np.ndarray:
-    """Fields ``names`` of the instructions of type ``t`` in ``group``, one column each."""
-    pack = _packer(t, names)
-    get = attrgetter(*names)
-    try:
-        if len(names) > 1:
-            buf = b"".join(starmap(pack, map(get, group)))
-        else:
-            buf = b"".join(map(pack, map(get, group)))
-    except struct.error:
-        bad = next(i for i in group if not all(
-            isinstance(v, int) and -(1 << 63) <= v < (1 << 64) for v in map(
-                i.__getattribute__, names)))
-        raise DeviceError(f"{t.__name__}: a field of {', '.join(names)} is not a 64-bit "
-                          f"integer: {bad}") from None
-    return np.frombuffer(buf, np.int64).reshape(len(group), len(names))
+    if not set(names) <= fmt.keys() or not all(n.isidentifier() for n in names):
+        raise KeyError(f"{t.__name__} has no field among {names}")
+    pack = struct.Struct("<" + "".join("q" if fmt[n].islower() else "Q" for n in names)).pack
+    values = ", ".join(f"i.{n}" for n in names)
+    # with each instruction's waits and signals, read while the object is at hand
+    return eval(f"lambda group: [(pack({values}), (i.wait, i.signal)) for i in group]",
+                {"pack": pack})
 
 
 def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -166,6 +156,21 @@ class _Rows:
         self.num_cores = num_cores
         self.formats = formats
         self.fmts: dict[str, kvformats.KVFormat] = {}
+        self.heads: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # in grouped order
+
+    def fields(self, t: type, group: list, names: tuple[str, ...]) -> np.ndarray:
+        """Fields ``names`` of the instructions of type ``t`` in ``group``, one column each
+        (their waits and signals go to :attr:`heads`)."""
+        try:
+            bufs, heads = zip(*_reader(t, names)(group), strict=True)
+        except struct.error:
+            bad = next(i for i in group if not all(
+                isinstance(v, int) and -(1 << 63) <= v < (1 << 64) for v in map(
+                    i.__getattribute__, names)))
+            raise DeviceError(f"{t.__name__}: a field of {', '.join(names)} is not a 64-bit "
+                              f"integer: {bad}") from None
+        self.heads.extend(heads)
+        return np.frombuffer(b"".join(bufs), np.int64).reshape(len(group), len(names))
 
     def timed(self, i: Instruction) -> tuple[int, int]:
         return self.cores[i.core].duration_ps(i, self.formats), i.ops()
@@ -183,7 +188,7 @@ class _Rows:
         return (*self.timed(i), rd, wr)
 
     def dma(self, b: np.ndarray, t: type, group: list, family: type) -> None:
-        f = _fields(t, group, ("core", "src", "dst", "nbytes", "rows"))
+        f = self.fields(t, group, ("core", "src", "dst", "nbytes", "rows"))
         core = f[:, 0]
         total = f[:, 3] * f[:, 4]
         load = family is DmaLoad
@@ -200,7 +205,7 @@ class _Rows:
         _streams(b, (addr, total))
 
     def copy(self, b: np.ndarray, t: type, group: list, family: type) -> None:
-        f = _fields(t, group, ("src", "dst", "nbytes"))
+        f = self.fields(t, group, ("src", "dst", "nbytes"))
         b[:, pl.I_KIND] = pl.K_DMA
         b[:, pl.I_RES] = 3 * self.num_cores
         b[:, pl.I_DIR1] = pl.D_COPY
@@ -213,7 +218,7 @@ class _Rows:
 
     def host(self, b: np.ndarray, t: type, group: list, family: type) -> None:
         h2d = family is HostWrite
-        f = _fields(t, group, ("dst" if h2d else "src", "nbytes"))
+        f = self.fields(t, group, ("dst" if h2d else "src", "nbytes"))
         b[:, pl.I_KIND] = pl.K_LINK
         b[:, pl.I_DIR1] = 0 if h2d else 1
         b[:, pl.I_N1] = f[:, 1]
@@ -221,7 +226,7 @@ class _Rows:
               (_WRITE if h2d else _READ, f[:, 0], f[:, 1]))
 
     def attn(self, b: np.ndarray, t: type, group: list, family: type) -> None:
-        f = _fields(t, group, ("core", "q_len", "ctx", "head_dim", "heads", "k_fmt", "v_fmt",
+        f = self.fields(t, group, ("core", "q_len", "ctx", "head_dim", "heads", "k_fmt", "v_fmt",
                                "kv_heads", "k", "v", "k_nbytes", "v_nbytes"))
         core = f[:, 0]
         b[:, X_QCORE] = core
@@ -243,7 +248,7 @@ class _Rows:
         # the layers of a step write the same positions: the format's layout is asked once
         # per distinct (core, format, positions, width)
         write = family is KvWrite
-        f = _fields(t, group, ("core", "fmt", "pos", "tokens", "width",
+        f = self.fields(t, group, ("core", "fmt", "pos", "tokens", "width",
                                "dst" if write else "src"))
         core, base = f[:, 0], f[:, 5]
         dur, ops, rd, wr = _per_shape(group, f[:, :5], self.kv).T
@@ -278,7 +283,7 @@ class _Rows:
         # their time or ops
         own = tuple(n for n in ("group", "out_bits", "row_meta")
                     if n in {f.name for f in dataclasses.fields(t)})
-        f = _fields(t, group, ("core", "m", "k", "n", "w_bits", *own))
+        f = self.fields(t, group, ("core", "m", "k", "n", "w_bits", *own))
         if "row_meta" in own:
             f = f.copy()
             f[:, -1] = f[:, -1] != NO_ADDR_I64
@@ -286,12 +291,12 @@ class _Rows:
         b[:, [pl.I_DUR, pl.I_OPS]] = _per_shape(group, f, self.timed)
 
     def vec(self, b: np.ndarray, t: type, group: list, family: type) -> None:
-        f = _fields(t, group, ("core", "func", "rows", "cols", "p1", "p2"))
+        f = self.fields(t, group, ("core", "func", "rows", "cols", "p1", "p2"))
         b[:, X_QCORE] = f[:, 0]
         b[:, [pl.I_DUR, pl.I_OPS]] = _per_shape(group, f, self.timed)
 
     def nop(self, b: np.ndarray, t: type, group: list, family: type) -> None:
-        f = _fields(t, group, ("core", "on"))
+        f = self.fields(t, group, ("core", "on"))
         b[:, X_ENG] = f[:, 1]
         b[:, X_QCORE] = np.where(f[:, 1] <= LAST_PER_CORE, f[:, 0], 0)
 
@@ -322,37 +327,48 @@ _FILL = {DmaLoad: _Rows.dma, DmaStore: _Rows.dma, DmaCopy: _Rows.copy, HostWrite
 def build_rows(objs: list[Instruction], cores: list, num_cores: int,
                formats: tuple[str, ...]) -> np.ndarray:
     """The rows (``len(objs)`` x :data:`ROW_FIELDS`) of distinct instruction objects run on
-    ``cores`` (the device's compute cores) in a program whose KV formats are ``formats``.
+    ``cores`` (the device's compute cores) in a program whose KV formats are ``formats``."""
+    built = Built(objs, cores, num_cores, formats)
+    r = np.empty_like(built.rows)
+    r[built.order] = built.rows
+    return r
+
+
+class Built:
+    """The rows of distinct instruction objects ``objs`` (see :func:`build_rows`) in grouped
+    order: ``objs[order[k]]`` is ``grouped[k]``, whose row is ``rows[k]`` and whose waits
+    and signals are ``heads[k]``.
 
     The objects are grouped by concrete type (a stable sort of their type ids); each
-    type's fields are read in one pass of C-level getters and packers, and its rows filled
-    column by column over the group."""
-    n = len(objs)
-    types = list(map(type, objs))
-    ids = _TYPE_IDS
-    for t in set(types).difference(ids):
-        _register(t)  # may raise: nothing built yet
-    tid = np.fromiter(map(ids.__getitem__, types), np.int64, n)
-    order = np.argsort(tid, kind="stable")
-    counts = np.bincount(tid, minlength=len(_TYPE_LIST)).tolist()
-    grouped = list(map(objs.__getitem__, order.tolist()))
-    rows = _Rows(cores, num_cores, formats)
-    s = np.zeros((n, ROW_FIELDS), np.int64)  # the rows in grouped order
-    start = 0
-    for k, size in enumerate(counts):
-        if not size:
-            continue
-        end = start + size
-        t, family = _TYPE_LIST[k], _FAMILY[k]
-        b = s[start:end]
-        if family is not Nop:  # every instruction but a Nop is dispatched (the cross-core
-            b[:, pl.I_FLAGS] = pl.FL_DISPATCH  # bit is the program's)
-            b[:, X_ENG] = int(family.engine_kind)
-        _FILL[family](rows, b, t, grouped[start:end], family)
-        start = end
-    r = np.empty_like(s)
-    r[order] = s
-    return r
+    type's fields are read in one pass (:func:`_reader`) and its rows filled column by
+    column over the group."""
+
+    def __init__(self, objs: list[Instruction], cores: list, num_cores: int,
+                 formats: tuple[str, ...]) -> None:
+        n = len(objs)
+        types = list(map(type, objs))
+        ids = _TYPE_IDS
+        for t in set(types).difference(ids):
+            _register(t)  # may raise: nothing built yet
+        tid = np.fromiter(map(ids.__getitem__, types), np.int64, n)
+        self.order = np.argsort(tid, kind="stable")
+        counts = np.bincount(tid, minlength=len(_TYPE_LIST)).tolist()
+        self.grouped = grouped = list(map(objs.__getitem__, self.order.tolist()))
+        fill = _Rows(cores, num_cores, formats)
+        self.rows = s = np.zeros((n, ROW_FIELDS), np.int64)
+        start = 0
+        for k, size in enumerate(counts):
+            if not size:
+                continue
+            end = start + size
+            t, family = _TYPE_LIST[k], _FAMILY[k]
+            b = s[start:end]
+            if family is not Nop:  # every instruction but a Nop is dispatched (the
+                b[:, pl.I_FLAGS] = pl.FL_DISPATCH  # cross-core bit is the program's)
+                b[:, X_ENG] = int(family.engine_kind)
+            _FILL[family](fill, b, t, grouped[start:end], family)
+            start = end
+        self.heads = fill.heads
 
 
 class RowStore:
@@ -387,13 +403,14 @@ class RowStore:
         return np.where(held[k] == ids, self._at[k], -1)
 
     def append(self, objs: list[Instruction], rows: np.ndarray,
-               ids: np.ndarray | None = None) -> int:
-        """Adds the rows of new objects (``ids``: their ids, if known) and their
-        flags; returns the index of the first. Each distinct ``(wait, signal)`` pair is held
-        once, and the rows that have it point at it."""
+               ids: np.ndarray | None = None, heads: list | None = None) -> int:
+        """Adds the rows of new objects (``ids``: their ids, ``heads``: their ``(wait,
+        signal)``, if known) and their flags; returns the index of the first. Each distinct
+        ``(wait, signal)`` pair is held once, and the rows that have it point at it."""
         base = len(self.objs)
         end = base + len(objs)
-        heads = list(map(_HEADER, objs))
+        if heads is None:
+            heads = [(i.wait, i.signal) for i in objs]
         # each object's first object with its pair (one hash each), then the pairs numbered
         first_of: dict = {}
         first = np.fromiter(map(first_of.setdefault, heads, count()), np.int64, len(objs))
@@ -483,7 +500,7 @@ class RowCache:
         pick = first[rank] if missing is None else missing[first[rank]]
         # (every object new and distinct: the program's own order)
         new = list(instrs) if len(pick) == n else list(map(instrs.__getitem__, pick.tolist()))
-        rows = build_rows(new, self.cores, self.num_cores, formats)  # may raise: no change
+        built = Built(new, self.cores, self.num_cores, formats)  # may raise: no change
         if self._held + len(new) > self.max_rows and self._held:
             self.clear()
             if store is not None:  # the program's other objects are new again too
@@ -491,7 +508,10 @@ class RowCache:
         store = self._by_formats.get(formats)
         if store is None:
             store = self._by_formats[formats] = RowStore()
-        at += store.append(new, rows, uniq[rank])
-        index[slice(None) if missing is None else missing] = at[inverse.reshape(-1)]
+        # the store takes them in grouped order: new[j] lands at base + where[j]
+        where = np.empty(len(new), np.int64)
+        where[built.order] = np.arange(len(new))
+        where += store.append(built.grouped, built.rows, uniq[rank][built.order], built.heads)
+        index[slice(None) if missing is None else missing] = where[at[inverse.reshape(-1)]]
         self._held += len(new)
         return index, store
