@@ -132,6 +132,17 @@ def test_rows_of_compiled_prefill_and_decode_equal_the_reference(kv, bits, funct
         _assert_rows_equal(prog)
 
 
+class _ReferenceBuilt(program_rows.Built):
+    """:class:`sim.program_rows.Built` with the reference's rows."""
+
+    made = 0  # objects whose rows it made
+
+    def __init__(self, objs, cores, num_cores, formats) -> None:
+        super().__init__(objs, cores, num_cores, formats)
+        self.rows = reference_rows(objs, cores, num_cores, formats)
+        _ReferenceBuilt.made += len(objs)
+
+
 def test_tables_equal_the_tables_of_the_reference_rows(monkeypatch):
     progs = [Program(tuple(_every_type()), formats=FORMATS),
              *_compiled("kivi-4", build_bit_config({}), False)]
@@ -143,8 +154,10 @@ def test_tables_equal_the_tables_of_the_reference_rows(monkeypatch):
 
     got = tables(dev)
     ref = Device(ARIES, functional=False)
-    monkeypatch.setattr(program_rows, "build_rows", reference_rows)
+    monkeypatch.setattr(program_rows, "Built", _ReferenceBuilt)
+    monkeypatch.setattr(_ReferenceBuilt, "made", 0)
     want = tables(ref)
+    assert _ReferenceBuilt.made == len(ref.program_rows) > 0  # the reference made every row
     for a, b in zip(got, want, strict=True):
         for name, x in vars(a).items():
             y = getattr(b, name)
