@@ -43,8 +43,9 @@ _READ, _WRITE, _H2D, _D2H = range(4)
 LAST_PER_CORE = max(int(e) for e in PER_CORE_ENGINES)
 if {int(e) for e in PER_CORE_ENGINES} != set(range(LAST_PER_CORE + 1)):
     raise ImportError("per-core engines must be numbered first")
+#: The instruction families, each with its own kind of row (a subclass takes its base's).
 FAMILIES = (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead, Attn, KvWrite, KvRead, Gemm, Vec,
-          Nop)
+            Nop)
 #: Every concrete instruction type seen, numbered, with the family (a type of ``FAMILIES``)
 #: it belongs to: a subclass (``GemmRow``, ``AttnDq``, ...) runs on its base's engine but
 #: may take its own time and ops, so rows are built per concrete type.
