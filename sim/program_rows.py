@@ -10,9 +10,8 @@ to two: base, bytes), plus the engine queue it runs on. What depends on the prog
 around it (the cross-core barrier bit, dense flag ids, the traffic kind of an address
 under the device's current memory map) is added per program by :mod:`sim.program_tables`.
 
-Rows are built per instruction type with C-level attribute getters, not one Python step
-per instruction; durations come from the compute cores (``ComputeCore.duration_ps``)
-once per distinct shape, KV bytes from the formats' layouts.
+The rows are built by :mod:`sim.row_fill` (whose row layout, ``X_*`` and
+:data:`ROW_FIELDS`, this module re-exports).
 
 Instructions are frozen values and the compiler emits one object per distinct
 instruction (``Builder.emit``), so a decode step shares most of its objects with the
@@ -22,315 +21,57 @@ that its ``id`` stays its own) until the cache is full, then starts afresh.
 
 from __future__ import annotations
 
-from itertools import chain, repeat
-from operator import attrgetter
+from itertools import chain, count
 
 import numpy as np
 
-from isa import kvformats
-from isa.errors import DeviceError
-from isa.instructions import (
-    NO_ADDR,
-    PER_CORE_ENGINES,
-    Attn,
-    DmaCopy,
-    DmaLoad,
-    DmaStore,
-    Gemm,
-    HostRead,
-    HostWrite,
-    Instruction,
-    KvRead,
-    KvWrite,
-    Nop,
-    Vec,
+from isa.instructions import Instruction
+from sim.row_fill import (
+    FAMILIES,
+    LAST_PER_CORE,
+    LINKS,
+    ROW_FIELDS,
+    X_ADDR1,
+    X_ADDR2,
+    X_ENG,
+    X_LINK1,
+    X_LINK2,
+    X_NSTREAM,
+    X_QCORE,
+    X_SB1,
+    X_SB2,
+    X_SLEN,
+    X_SN1,
+    X_SN2,
+    X_SOFF,
+    X_WLEN,
+    X_WOFF,
+    Built,
+    build_rows,
+    unique_rows,
 )
-from sim.components import loopdefs as pl
 
-#: Links of the stats additions, by id.
-LINKS = ("dram_read", "dram_write", "pcie_h2d", "pcie_d2h")
-_READ, _WRITE, _H2D, _D2H = range(4)
-#: Engines numbered up to this one have one queue per core.
-LAST_PER_CORE = max(int(e) for e in PER_CORE_ENGINES)
-if {int(e) for e in PER_CORE_ENGINES} != set(range(LAST_PER_CORE + 1)):
-    raise ImportError("per-core engines must be numbered first")
-_TYPES = (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead, Attn, KvWrite, KvRead, Gemm, Vec,
-          Nop)
-_CODE = {t: k for k, t in enumerate(_TYPES)}
-#: Every concrete instruction type seen, numbered: a subclass (``GemmRow``, ``AttnDq``, ...)
-#: runs on its base's engine but may take its own time and ops, so shape keys include it.
-_TYPE_IDS: dict[type, int] = {}
-
-# --- the row's columns past the loop's own (``loopdefs.I_FIELDS``) -------------------------
-X_ENG = pl.I_FIELDS  # engine kind
-X_QCORE = X_ENG + 1  # the queue's core (0 on a device-wide engine)
-X_LINK1 = X_ENG + 2  # the stats additions' links and DRAM addresses (bytes: I_BYTES1/2)
-X_ADDR1 = X_ENG + 3
-X_LINK2 = X_ENG + 4
-X_ADDR2 = X_ENG + 5
-X_NSTREAM = X_ENG + 6  # DRAM transfers planned in the efficiency model: count, (base, bytes)
-X_SB1 = X_ENG + 7
-X_SN1 = X_ENG + 8
-X_SB2 = X_ENG + 9
-X_SN2 = X_ENG + 10
-X_WOFF = X_ENG + 11  # the waits and signals: offset into the store's flat flags, count
-X_WLEN = X_ENG + 12
-X_SOFF = X_ENG + 13
-X_SLEN = X_ENG + 14
-ROW_FIELDS = X_ENG + 15
+__all__ = [
+    "FAMILIES", "LAST_PER_CORE", "LINKS", "MAX_ROWS", "ROW_FIELDS", "X_ADDR1", "X_ADDR2",
+    "X_ENG", "X_LINK1", "X_LINK2", "X_NSTREAM", "X_QCORE", "X_SB1", "X_SB2", "X_SLEN", "X_SN1",
+    "X_SN2", "X_SOFF", "X_WLEN", "X_WOFF", "Built", "RowCache", "RowStore", "build_rows",
+    "unique_rows",
+]
 
 #: Rows a :class:`RowCache` holds before it starts afresh. An assumption sized for memory:
 #: a row is ROW_FIELDS int64 (280 bytes) plus its index entry, so a full cache is about
 #: 100 MB; a decode step of Qwen2.5-0.5B has ~13,600 distinct objects, ~1,000 of them new.
 MAX_ROWS = 1 << 18
 
-
-def _code_of(t: type) -> int:
-    """The code of instruction type ``t``: its own, or its nearest base's (a subclass is
-    registered on first sight)."""
-    code = _CODE.get(t)
-    if code is None:
-        base = next((b for b in t.__mro__ if b in _CODE), None)
-        if base is None:
-            raise KeyError(t)
-        code = _CODE[t] = _CODE[base]
-    return code
-
-
-def _ints(values, n: int) -> np.ndarray:
-    return np.fromiter(values, np.int64, n)
-
-
-def _type_ids(group: list) -> np.ndarray:
-    """One column: the id of each instruction's concrete type."""
-    ids = _TYPE_IDS
-    return _ints((ids.setdefault(type(i), len(ids)) for i in group), len(group))
-
-
-def _with_type(group: list, f: np.ndarray) -> np.ndarray:
-    return np.column_stack([f, _type_ids(group)])
-
-
-def _fields(group: list, names: tuple[str, ...]) -> np.ndarray:
-    get = attrgetter(*names)
-    flat = chain.from_iterable(map(get, group)) if len(names) > 1 else map(get, group)
-    return _ints(flat, len(group) * len(names)).reshape(len(group), len(names))
-
-
-def _per_shape(group: list, shapes: np.ndarray, *fns) -> np.ndarray:
-    """``fn(instruction)`` of each ``fn`` (a column each) for every instruction, computed
-    once per distinct shape row."""
-    keys = list(map(tuple, shapes.tolist()))
-    ids: dict[tuple, int] = {}
-    first: list[int] = []
-    inverse = []
-    for j, key in enumerate(keys):
-        u = ids.get(key)
-        if u is None:
-            u = ids[key] = len(first)
-            first.append(j)
-        inverse.append(u)
-    values = np.asarray([[fn(group[j]) for fn in fns] for j in first], np.int64)
-    return values.reshape(len(first), len(fns))[inverse]
-
-
-def _ops(i: Instruction) -> int:
-    return i.ops()
-
-
-def _one_add(r: np.ndarray, idx: np.ndarray, link, addr, nbytes) -> None:
-    r[idx, pl.I_NADD] = 1
-    r[idx, X_LINK1] = link
-    r[idx, X_ADDR1] = addr
-    r[idx, pl.I_BYTES1] = nbytes
-
-
-def _two_adds(r: np.ndarray, idx: np.ndarray, links, addrs, nbytes) -> None:
-    r[idx, pl.I_NADD] = 2
-    r[idx, X_LINK1], r[idx, X_LINK2] = links
-    r[idx, X_ADDR1], r[idx, X_ADDR2] = addrs
-    r[idx, pl.I_BYTES1], r[idx, pl.I_BYTES2] = nbytes
-
-
-def _streams(r: np.ndarray, idx: np.ndarray, *pairs) -> None:
-    r[idx, X_NSTREAM] = len(pairs)
-    for (base, nbytes), cb, cn in zip(pairs, (X_SB1, X_SB2), (X_SN1, X_SN2), strict=False):
-        r[idx, cb] = base
-        r[idx, cn] = nbytes
-
-
-def build_rows(objs: list[Instruction], cores: list, num_cores: int,
-               formats: tuple[str, ...]) -> np.ndarray:
-    """The rows (``len(objs)`` x :data:`ROW_FIELDS`) of distinct instruction objects run on
-    ``cores`` (the device's compute cores) in a program whose KV formats are ``formats``."""
-    n = len(objs)
-    types = list(map(type, objs))
-    codes = list(map(_CODE.get, types, repeat(-1)))
-    if -1 in codes:  # a subclass seen for the first time, or no engine's
-        try:
-            codes = list(map(_code_of, types))
-        except KeyError as err:
-            raise DeviceError(f"no engine executes {err.args[0].__name__}") from None
-    code = np.asarray(codes, np.int64)
-    r = np.zeros((n, ROW_FIELDS), np.int64)
-    groups = {t: np.flatnonzero(code == k) for k, t in enumerate(_TYPES)}
-    get = objs.__getitem__
-
-    def members(t):
-        idx = groups[t]
-        return idx, list(map(get, idx.tolist()))
-
-    def duration(i: Instruction) -> int:
-        return cores[i.core].duration_ps(i, formats)
-
-    for t in (DmaLoad, DmaStore):
-        idx, group = members(t)
-        if not len(idx):
-            continue
-        f = _fields(group, ("core", "src", "dst", "nbytes", "rows"))
-        total = f[:, 3] * f[:, 4]
-        load = t is DmaLoad
-        r[idx, X_ENG] = int(t.engine_kind)
-        r[idx, pl.I_KIND] = pl.K_DMA
-        r[idx, pl.I_RES] = f[:, 0] + (0 if load else num_cores)
-        r[idx, pl.I_CORE] = f[:, 0]
-        r[idx, pl.I_DIR1] = pl.D_LOAD if load else pl.D_STORE
-        r[idx, pl.I_SRC1] = f[:, 1]
-        r[idx, pl.I_DST1] = f[:, 2]
-        r[idx, pl.I_N1] = total
-        addr = f[:, 1] if load else f[:, 2]
-        _one_add(r, idx, _READ if load else _WRITE, addr, total)
-        _streams(r, idx, (addr, total))
-    idx, group = members(DmaCopy)
-    if len(idx):
-        f = _fields(group, ("src", "dst", "nbytes"))
-        r[idx, X_ENG] = int(DmaCopy.engine_kind)
-        r[idx, pl.I_KIND] = pl.K_DMA
-        r[idx, pl.I_RES] = 3 * num_cores
-        r[idx, pl.I_DIR1] = pl.D_COPY
-        r[idx, pl.I_SRC1] = f[:, 0]
-        r[idx, pl.I_DST1] = f[:, 1]
-        r[idx, pl.I_N1] = f[:, 2]
-        # the read, then the write
-        _two_adds(r, idx, (_READ, _WRITE), (f[:, 0], f[:, 1]), (f[:, 2], f[:, 2]))
-        _streams(r, idx, (f[:, 0], f[:, 2]), (f[:, 1], f[:, 2]))
-    for t, direction, link in ((HostWrite, 0, _H2D), (HostRead, 1, _D2H)):
-        idx, group = members(t)
-        if not len(idx):
-            continue
-        f = _fields(group, ("dst" if t is HostWrite else "src", "nbytes"))
-        r[idx, X_ENG] = int(t.engine_kind)
-        r[idx, pl.I_KIND] = pl.K_LINK
-        r[idx, pl.I_DIR1] = direction
-        r[idx, pl.I_N1] = f[:, 1]
-        dram = _WRITE if t is HostWrite else _READ
-        _two_adds(r, idx, (link, dram), (f[:, 0], f[:, 0]), (f[:, 1], f[:, 1]))
-    idx, group = members(Attn)
-    if len(idx):
-        f = _fields(group, ("core", "q_len", "ctx", "head_dim", "heads", "k_fmt", "v_fmt",
-                            "k", "v", "k_nbytes", "v_nbytes"))
-        r[idx, X_ENG] = int(Attn.engine_kind)
-        r[idx, pl.I_KIND] = pl.K_PAR
-        shape = _with_type(group, f[:, :7])
-        r[idx, pl.I_DUR], r[idx, pl.I_OPS] = _per_shape(group, shape, duration, _ops).T
-        r[idx, pl.I_RES] = 2 * num_cores + f[:, 0]
-        r[idx, pl.I_CORE] = f[:, 0]
-        r[idx, pl.I_NSUB] = 2
-        r[idx, pl.I_DIR1] = pl.D_READ
-        r[idx, pl.I_SRC1] = f[:, 7]
-        r[idx, pl.I_N1] = f[:, 9]
-        r[idx, pl.I_DIR2] = pl.D_READ
-        r[idx, pl.I_SRC2] = f[:, 8]
-        r[idx, pl.I_N2] = f[:, 10]
-        _one_add(r, idx, _READ, f[:, 7], f[:, 9] + f[:, 10])
-        _streams(r, idx, (f[:, 7], f[:, 9]), (f[:, 8], f[:, 10]))
-    _kv_rows(r, members, cores, num_cores, formats)
-    idx, group = members(Gemm)
-    if len(idx):
-        f = _fields(group, ("core", "m", "k", "n", "w_bits"))
-        # the variants' own fields (group size, output width, per-row input factors) enter
-        # their time or ops
-        extra = _ints(chain.from_iterable(
-            (getattr(i, "group", 0), getattr(i, "out_bits", 0),
-             int(getattr(i, "row_meta", NO_ADDR) != NO_ADDR)) for i in group),
-            3 * len(group)).reshape(-1, 3)
-        shape = _with_type(group, np.column_stack([f, extra]))
-        r[idx, X_ENG] = int(Gemm.engine_kind)
-        r[idx, pl.I_DUR], r[idx, pl.I_OPS] = _per_shape(group, shape, duration, _ops).T
-    idx, group = members(Vec)
-    if len(idx):
-        f = _fields(group, ("core", "func", "rows", "cols", "p1", "p2"))
-        r[idx, X_ENG] = int(Vec.engine_kind)
-        r[idx, pl.I_DUR], r[idx, pl.I_OPS] = _per_shape(group, f, duration, _ops).T
-    idx, group = members(Nop)
-    if len(idx):
-        r[idx, X_ENG] = _ints(map(attrgetter("on"), group), len(group))
-    # compute kinds (Gemm, Vec, Nop) keep I_KIND = K_COMPUTE (0)
-
-    # every instruction but a Nop is dispatched (the cross-core bit is the program's)
-    r[:, pl.I_FLAGS] = np.where(code == _CODE[Nop], 0, pl.FL_DISPATCH)
-    per_core = r[:, X_ENG] <= LAST_PER_CORE
-    r[per_core, X_QCORE] = _ints(map(attrgetter("core"), objs), n)[per_core]
-    return r
-
-
-def _kv_rows(r: np.ndarray, members, cores: list, num_cores: int,
-             formats: tuple[str, ...]) -> None:
-    fmt_cache: dict[str, kvformats.KVFormat] = {}
-    moved: dict[tuple, tuple[int, int]] = {}
-    for t in (KvWrite, KvRead):
-        idx, group = members(t)
-        out: list[list[int]] = []
-        for ins in group:
-            # the bytes each format's layout really moves: the layers of a step write the
-            # same positions, so one call per distinct (format, positions, width)
-            key = (t, ins.fmt, ins.pos, ins.tokens, ins.width)
-            rd_wr = moved.get(key)
-            if rd_wr is None:
-                text = formats[ins.fmt]
-                fmt = fmt_cache.get(text)
-                if fmt is None:
-                    fmt = fmt_cache[text] = kvformats.parse(text)
-                rd_wr = moved[key] = (
-                    fmt.write_bytes(ins.pos, ins.tokens, ins.width) if t is KvWrite
-                    else (fmt.read_bytes(ins.pos, ins.tokens, ins.width), 0))
-            rd, wr = rd_wr
-            base = ins.dst if t is KvWrite else ins.src
-            row = [0] * ROW_FIELDS
-            row[X_ENG] = int(t.engine_kind)
-            row[pl.I_KIND] = pl.K_PAR
-            row[pl.I_DUR] = cores[ins.core].duration_ps(ins, formats)
-            row[pl.I_RES] = 2 * num_cores + ins.core
-            row[pl.I_CORE] = ins.core
-            row[pl.I_OPS] = ins.ops()
-            col = pl.I_DIR1
-            k = 0
-            for d, nbytes, link in ((pl.D_READ, rd, _READ), (pl.D_WRITE, wr, _WRITE)):
-                if not nbytes:
-                    continue
-                row[col: col + 4] = (d, base if d == pl.D_READ else 0,
-                                     0 if d == pl.D_READ else base, nbytes)
-                col += 4
-                row[(X_LINK1, X_LINK2)[k]] = link
-                row[(X_ADDR1, X_ADDR2)[k]] = base
-                row[(pl.I_BYTES1, pl.I_BYTES2)[k]] = nbytes
-                row[(X_SB1, X_SB2)[k]] = base
-                row[(X_SN1, X_SN2)[k]] = nbytes
-                k += 1
-            row[pl.I_NSUB] = row[pl.I_NADD] = row[X_NSTREAM] = k
-            out.append(row)
-        if out:
-            r[idx] = np.asarray(out, np.int64)
-
-
 class RowStore:
-    """The rows of one KV-format table's objects: an index by identity, the objects (held
-    so that no other object takes their id) and the rows, in order of arrival, and the
-    flags their rows point into (``X_WOFF`` ...): each the used head of a buffer that
-    doubles as it fills."""
+    """The rows of one KV-format table's objects: an index by identity (the objects' ids,
+    sorted, and the row of each), the objects (held so that no other object takes their
+    id) and the rows, in order of arrival, and the flags their rows point into (``X_WOFF``
+    ...): each the used head of a buffer that doubles as it fills."""
 
     def __init__(self) -> None:
-        self.index: dict[int, int] = {}
+        self._ids = np.zeros(0, np.int64)
+        self._at = np.zeros(0, np.int64)
         self.objs: list[Instruction] = []
         self._rows = np.zeros((0, ROW_FIELDS), np.int64)
         self._flags = np.zeros(0, np.int64)
@@ -344,28 +85,53 @@ class RowStore:
     def flags(self) -> np.ndarray:
         return self._flags[: self._nflags]
 
-    def append(self, objs: list[Instruction], rows: np.ndarray) -> int:
-        """Adds the rows of new objects (their flags too); returns the index of the first."""
+    def find(self, ids: np.ndarray) -> np.ndarray:
+        """The row of each object id of ``ids`` (-1: not held)."""
+        held = self._ids
+        if not len(held):
+            return np.full(len(ids), -1, np.int64)
+        k = np.searchsorted(held, ids)
+        k[k == len(held)] = 0
+        return np.where(held[k] == ids, self._at[k], -1)
+
+    def append(self, objs: list[Instruction], rows: np.ndarray,
+               ids: np.ndarray | None = None, heads: list | None = None) -> int:
+        """Adds the rows of new objects (``ids``: their ids, ``heads``: their ``(wait,
+        signal)``, if known) and their flags; returns the index of the first. Each distinct
+        ``(wait, signal)`` pair is held once, and the rows that have it point at it."""
         base = len(self.objs)
         end = base + len(objs)
-        waits = list(map(attrgetter("wait"), objs))
-        sigs = list(map(attrgetter("signal"), objs))
-        wl = _ints(map(len, waits), len(objs))
-        sl = _ints(map(len, sigs), len(objs))
+        if heads is None:
+            heads = [(i.wait, i.signal) for i in objs]
+        # each object's first object with its pair (one hash each), then the pairs numbered
+        first_of: dict = {}
+        first = np.fromiter(map(first_of.setdefault, heads, count()), np.int64, len(objs))
+        distinct, which = np.unique(first, return_inverse=True)
+        pos = list(map(heads.__getitem__, distinct.tolist()))
+        waits = [w for w, _ in pos]
+        sigs = [s for _, s in pos]
+        wl = np.fromiter(map(len, waits), np.int64, len(waits))
+        sl = np.fromiter(map(len, sigs), np.int64, len(sigs))
         nw, ns = int(wl.sum()), int(sl.sum())
-        flags = np.concatenate([_ints(chain.from_iterable(waits), nw),
-                                _ints(chain.from_iterable(sigs), ns)])
+        flags = np.fromiter(chain(chain.from_iterable(waits), chain.from_iterable(sigs)),
+                            np.int64, nw + ns)
         f0 = self._nflags
-        rows[:, X_WLEN] = wl
-        rows[:, X_WOFF] = f0 + np.cumsum(wl) - wl
-        rows[:, X_SLEN] = sl
-        rows[:, X_SOFF] = f0 + nw + np.cumsum(sl) - sl
+        rows[:, X_WLEN] = wl[which]
+        rows[:, X_WOFF] = (f0 + np.cumsum(wl) - wl)[which]
+        rows[:, X_SLEN] = sl[which]
+        rows[:, X_SOFF] = (f0 + nw + np.cumsum(sl) - sl)[which]
         self._rows = _room(self._rows, base, end)
         self._rows[base:end] = rows
         self._flags = _room(self._flags, f0, f0 + nw + ns)
         self._flags[f0: f0 + nw + ns] = flags
         self._nflags += nw + ns
-        self.index.update(zip(map(id, objs), range(base, end), strict=True))
+        if ids is None:
+            ids = np.fromiter(map(id, objs), np.int64, len(objs))
+        order = np.argsort(ids)
+        new = ids[order]
+        at = np.searchsorted(self._ids, new)
+        self._ids = np.insert(self._ids, at, new)
+        self._at = np.insert(self._at, at, base + order)
         self.objs.extend(objs)
         return base
 
@@ -408,23 +174,25 @@ class RowCache:
         rows of ``formats``' objects), building the rows of objects not seen before."""
         store = self._by_formats.get(formats)
         n = len(instrs)
+        ids = np.fromiter(map(id, instrs), np.int64, n)
         if store is not None:
-            index = np.fromiter(map(store.index.get, map(id, instrs), repeat(-1)), np.int64, n)
+            index = store.find(ids)
             missing = np.flatnonzero(index < 0)
             if not len(missing):
                 return index, store
-        else:
-            index = np.zeros(n, np.int64)
-            missing = np.arange(n)
-        ids = np.fromiter(map(id, map(instrs.__getitem__, missing.tolist())), np.int64,
-                          len(missing))
-        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+            ids = ids[missing]
+        else:  # every object is new
+            index = np.empty(n, np.int64)
+            missing = None
+        uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
         # the new objects in the order they first occur
         rank = np.argsort(first)
         at = np.empty(len(rank), np.int64)
         at[rank] = np.arange(len(rank))
-        new = [instrs[k] for k in missing[first[rank]].tolist()]
-        rows = build_rows(new, self.cores, self.num_cores, formats)  # may raise: no change
+        pick = first[rank] if missing is None else missing[first[rank]]
+        # (every object new and distinct: the program's own order)
+        new = list(instrs) if len(pick) == n else list(map(instrs.__getitem__, pick.tolist()))
+        built = Built(new, self.cores, self.num_cores, formats)  # may raise: no change
         if self._held + len(new) > self.max_rows and self._held:
             self.clear()
             if store is not None:  # the program's other objects are new again too
@@ -432,6 +200,7 @@ class RowCache:
         store = self._by_formats.get(formats)
         if store is None:
             store = self._by_formats[formats] = RowStore()
-        index[missing] = store.append(new, rows) + at[inverse.reshape(-1)]
+        at += store.append(new, built.rows, uniq[rank], built.heads)
+        index[slice(None) if missing is None else missing] = at[inverse.reshape(-1)]
         self._held += len(new)
         return index, store

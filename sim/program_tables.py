@@ -67,11 +67,16 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int) -> Table
     index, store = cache.lookup(instrs, program.formats)
     # the program's distinct rows, in the cache's order (a count, not a sort)
     present = np.flatnonzero(np.bincount(index, minlength=len(store.objs)))
-    local = np.zeros(len(store.objs), np.int32)
-    local[present] = np.arange(len(present), dtype=np.int32)
-    row_of = local[index]
-    del local, index
-    rows = store.rows[present]
+    if len(present) == len(store.objs):  # the program holds every row (a fresh store)
+        row_of = index.astype(np.int32)
+        rows = store.rows
+    else:
+        local = np.zeros(len(store.objs), np.int32)
+        local[present] = np.arange(len(present), dtype=np.int32)
+        row_of = local[index]
+        rows = store.rows[present]
+        del local
+    del index
     nr = len(rows)
     table = np.ascontiguousarray(rows[:, : pl.I_FIELDS])
 
