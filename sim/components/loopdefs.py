@@ -183,8 +183,11 @@ ST_COUNTS = 14
 # positive sizes and rates (``transfer_ps`` still fails loudly on a zero rate: the infinite
 # time overflows), and without the division checks' raise paths Numba can drop the
 # reference counting of the arrays passed in. The heap's pop, its comparisons, the small
-# helpers and the DRAM step are inlined into the loop; the push, called at ~40 sites, is not
-# (inlining it there doubles the loop's compile time for a few per cent of run time).
+# helpers and the DRAM step (``sim.dram_timing``'s chunk step included) are inlined into the
+# loop: a call to a jitted function that is not inlined costs an atomic increment and
+# decrement of every array passed to it, which on the ~150,000 pushes and ~11,000 DRAM
+# chunks of a decode step was a third of the loop's time. The push, called at ~25 sites,
+# only appends (five stores); one sift before the pop orders what was appended.
 @njit(cache=True, error_model="numpy")
 def grow(a: np.ndarray) -> np.ndarray:
     out = np.empty((a.shape[0] * 2, a.shape[1]), a.dtype)
@@ -217,22 +220,34 @@ def _swap(h: np.ndarray, i: int, j: int) -> None:
         h[j, k] = t
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def hpush(h: np.ndarray, n: int, t: int, prio: int, eid: int, kind: int, arg: int) -> int:
+    """Appends an entry as row ``n`` (which must exist) and returns the new size; the heap
+    order of the rows from the first unordered one on is restored by :func:`hsift` before
+    the next pop (the loop pushes while it handles an event and pops only between events)."""
     h[n, 0] = t
     h[n, 1] = prio
     h[n, 2] = eid
     h[n, 3] = kind
     h[n, 4] = arg
-    i = n
-    while i > 0:
-        parent = (i - 1) >> 1
-        if _less(h, i, parent):
-            _swap(h, i, parent)
-            i = parent
-        else:
-            break
     return n + 1
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def hsift(h: np.ndarray, lo: int, n: int) -> None:
+    """Sifts rows ``lo .. n - 1`` up, in order: the heap pushing them one at a time leaves.
+    Row ``i`` moves only along its ancestors, rows before ``i``, so the rows appended after
+    it take no part in its sift: appending several and then sifting them in order gives the
+    very heap that pushing each in turn gives."""
+    for k in range(lo, n):
+        i = k
+        while i > 0:
+            parent = (i - 1) >> 1
+            if _less(h, i, parent):
+                _swap(h, i, parent)
+                i = parent
+            else:
+                break
 
 
 @njit(cache=True, error_model="numpy", inline="always")

@@ -79,11 +79,16 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
         heap, hs, eid, np_used = kp.start_processes(heap, hs, P, np_used, now, eid, nq, q_ptr)
 
     paused = 0
-    while hs > 0:
+    ordered = 0  # the heap's rows before this one are in heap order; pushes append
+    while True:
+        lp.hsift(heap, ordered, hs)
+        if hs == 0:
+            break
         if flush_at > 0 and nl >= flush_at:
             paused = 1
             break
         hs = lp.hpop(heap, hs)
+        ordered = hs
         now = heap[hs, 0]
         kind = heap[hs, 3]
         arg = heap[hs, 4]
