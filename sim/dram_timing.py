@@ -445,7 +445,9 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
     return last_done
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+# Without reference counting (it allocates nothing): a call to it from other jitted code
+# then costs no atomic increment and decrement of its nine arrays (sim/components/loopdefs.py).
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _chunk_runs_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr, nbytes,
                    is_write, t0, per_ch):
     """:func:`_chunk_end_ck` channel by channel: the granules of a chunk on one channel are

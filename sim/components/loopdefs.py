@@ -183,11 +183,14 @@ ST_COUNTS = 14
 # positive sizes and rates (``transfer_ps`` still fails loudly on a zero rate: the infinite
 # time overflows), and without the division checks' raise paths Numba can drop the
 # reference counting of the arrays passed in. The heap's pop, its comparisons, the small
-# helpers and the DRAM step (``sim.dram_timing``'s chunk step included) are inlined into the
-# loop: a call to a jitted function that is not inlined costs an atomic increment and
-# decrement of every array passed to it, which on the ~150,000 pushes and ~11,000 DRAM
-# chunks of a decode step was a third of the loop's time. The push, called at ~25 sites,
-# only appends (five stores); one sift before the pop orders what was appended.
+# helpers and the DRAM step are inlined into the loop: a call to a jitted function that is
+# not inlined costs an atomic increment and decrement of every array passed to it (the
+# callee counts its arguments), which on the ~150,000 pushes and ~11,000 DRAM chunks of a
+# decode step was a third of the loop's time. The one called function on the hot path,
+# ``sim.dram_timing``'s chunk step, is compiled without reference counting (``_nrt=False``:
+# it allocates nothing), which costs as little as inlining it and compiles 10 s faster. The
+# push, called at ~25 sites, only appends (five stores); one sift before the pop orders
+# what was appended.
 @njit(cache=True, error_model="numpy")
 def grow(a: np.ndarray) -> np.ndarray:
     out = np.empty((a.shape[0] * 2, a.shape[1]), a.dtype)
