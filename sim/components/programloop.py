@@ -80,55 +80,67 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
 
     paused = 0
     ordered = 0  # the heap's rows before this one are in heap order; pushes append
+    pending = -1  # a process stopped between two steps for room in the arrays
     while True:
         lp.hsift(heap, ordered, hs)
-        if hs == 0:
-            break
-        if flush_at > 0 and nl >= flush_at:
-            paused = 1
-            break
-        hs = lp.hpop(heap, hs)
         ordered = hs
-        now = heap[hs, 0]
-        kind = heap[hs, 3]
-        arg = heap[hs, 4]
-        if kind == lp.CB_GRANT:
-            heap, hs, eid = kp.grant(heap, hs, eid, now, arg, users, res_cap, r_head, r_tail, P)
-            continue
-        if kind == lp.CB_SERVE:
-            heap, hs, eid = kp.serve_flag(heap, hs, eid, now, arg, level, f_head, f_tail, P)
-            continue
-        if kind == lp.CB_END or kind == lp.CB_CHECK:
-            p = arg
-            if kind == lp.CB_END:
-                if P[p, lp.F_TYPE] == lp.P_JOIN:
-                    result = lp.R_DONE
-                    break
-                parent = P[p, lp.F_PARENT]
-                # the process's record is free again
-                P[p, lp.F_NEXT] = free_head
-                free_head = p
-            else:
-                parent = p
-            P[parent, lp.F_AO_COUNT] += 1
-            if (P[parent, lp.F_AO_ON] == 1 and P[parent, lp.F_AO_TRIG] == 0
-                    and P[parent, lp.F_AO_COUNT] == P[parent, lp.F_AO_N]):
-                P[parent, lp.F_AO_TRIG] = 1
-                if hs + 2 > heap.shape[0]:
-                    heap = lp.grow(heap)
-                hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, parent)
-                eid += 1
-            continue
+        if pending >= 0:
+            # Grow, then run the stopped process on from the step it stopped at (its state
+            # is in P; the same event goes on). Growing here and not between the steps keeps
+            # the arrays' rebinding off the steps' path: code that may rebind an array pays
+            # an atomic reference count increment and decrement each time it passes there.
+            heap = lp.grow_to(heap, hs + 4)
+            P = lp.grow_to(P, np_used + 4)
+            logs = lp.grow_to(logs, nl + 4)
+            p = pending
+            pending = -1
+        else:
+            if hs == 0:
+                break
+            if flush_at > 0 and nl >= flush_at:
+                paused = 1
+                break
+            hs = lp.hpop(heap, hs)
+            ordered = hs
+            now = heap[hs, 0]
+            kind = heap[hs, 3]
+            arg = heap[hs, 4]
+            if kind == lp.CB_GRANT:
+                heap, hs, eid = kp.grant(heap, hs, eid, now, arg, users, res_cap, r_head, r_tail,
+                                         P)
+                continue
+            if kind == lp.CB_SERVE:
+                heap, hs, eid = kp.serve_flag(heap, hs, eid, now, arg, level, f_head, f_tail,
+                                              P)
+                continue
+            if kind == lp.CB_END or kind == lp.CB_CHECK:
+                p = arg
+                if kind == lp.CB_END:
+                    if P[p, lp.F_TYPE] == lp.P_JOIN:
+                        result = lp.R_DONE
+                        break
+                    parent = P[p, lp.F_PARENT]
+                    # the process's record is free again
+                    P[p, lp.F_NEXT] = free_head
+                    free_head = p
+                else:
+                    parent = p
+                P[parent, lp.F_AO_COUNT] += 1
+                if (P[parent, lp.F_AO_ON] == 1 and P[parent, lp.F_AO_TRIG] == 0
+                        and P[parent, lp.F_AO_COUNT] == P[parent, lp.F_AO_N]):
+                    P[parent, lp.F_AO_TRIG] = 1
+                    if hs + 2 > heap.shape[0]:
+                        heap = lp.grow(heap)
+                    hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, parent)
+                    eid += 1
+                continue
 
-        # lp.CB_RESUME: run process p until it waits again or returns
-        p = arg
+            p = arg  # lp.CB_RESUME
+        # run process p until it waits again or returns
         while True:
-            if hs + 4 > heap.shape[0]:
-                heap = lp.grow(heap)
-            if np_used + 4 > P.shape[0]:
-                P = lp.grow(P)
-            if nl + 4 > logs.shape[0]:
-                logs = lp.grow(logs)
+            if hs + 4 > heap.shape[0] or np_used + 4 > P.shape[0] or nl + 4 > logs.shape[0]:
+                pending = p  # stop for room before this step
+                break
             st = P[p, lp.F_STATE]
             # ---------------- engine: Device._engine --------------------------------------
             if st == lp.S_E_LAUNCH:

@@ -193,6 +193,37 @@ def test_an_event_limit_drops_the_same_spans_and_bins(level, max_events):
     assert out["dropped"] > 0  # the limit was reached
 
 
+def test_arrays_grown_from_one_row_give_the_same_timeline(monkeypatch):
+    """The array loop stops a process between two steps when its heap, process records or
+    logs run short, grows them and runs it on (the same event): from one row of the heap
+    and the logs and just the process records the start needs (one per engine queue and
+    the join), so it grows over and over, partway through processes with chunks in
+    flight, flags with waiters and DRAM accesses logging a row per channel."""
+    made = array_engine.new_state
+
+    def one_row(now, eid, queues, *args, **kw):
+        state = list(made(now, eid, queues, *args, **kw))
+        state[1] = state[1][:1].copy()  # the heap
+        state[2] = state[2][:queues + 1].copy()  # the process records
+        state[12] = state[12][:1].copy()  # the logs
+        return tuple(state)
+
+    programs = [Program((
+        DmaLoad(core=0, src=0, dst=0, nbytes=3000, signal=(1,)),
+        DmaLoad(core=1, src=512, dst=0, nbytes=20_000),
+        Gemm(core=0, m=1, k=256, n=4, w_bits=8, a=0, w=0, out=4096, wait=(1,), signal=(2, 2)),
+        Vec(core=1, func=VecFunc.COPY, rows=1, cols=64, src0=0, dst=8192, wait=(2,),
+            signal=(3,)),
+        Nop(on=Engine.DMA_OUT, wait=(2, 3), signal=(4,)),
+        HostWrite(src=0, dst=10_000, nbytes=5_000),
+        HostRead(src=0, dst=700, nbytes=2_000, wait=(4,)),
+        DmaCopy(src=0, dst=20_000, nbytes=4_000),
+    ))] * 2
+    want = _run("simpy", TINY_PROTOCOL, programs)
+    monkeypatch.setattr(array_engine, "new_state", one_row)
+    assert _run("fast", TINY_PROTOCOL, programs) == want
+
+
 def test_a_deadlock_is_reported_the_same_way():
     prog = Program((Nop(on=Engine.DMA_IN, wait=(5,), signal=(6,)),
                     Nop(on=Engine.DMA_OUT, wait=(6,), signal=(5,))), name="cycle")
