@@ -47,6 +47,17 @@ class Span(NamedTuple):
 _new_tuple = tuple.__new__
 
 
+def _cells(cell, size: int):
+    """``np.unique(cell, return_inverse=True)`` of int64 values in ``[0, size)``, counted
+    instead of sorted (millions of transfer parts fall in at most ``size`` cells)."""
+    import numpy as np
+
+    seen = np.bincount(cell, minlength=size) > 0
+    cells = np.flatnonzero(seen)
+    where = np.cumsum(seen) - 1
+    return cells.astype(np.int64), where[cell].astype(np.int64)
+
+
 @dataclass(frozen=True, slots=True)
 class ByteInterval:
     """Bytes moved on one track between two times: since byte intervals are binned, one
@@ -304,17 +315,21 @@ class Recorder:
         # every (transfer, bin) part: bin k covers [lo, hi) and gets the bytes moved by
         # its hi (floor) minus those moved by its lo; a one-bin transfer gets them all
         parts = k1 - k0 + 1
-        j = np.repeat(np.arange(len(start)), parts)
-        k = k0[j] + np.arange(int(parts.sum())) - np.repeat(np.cumsum(parts) - parts, parts)
-        lo = np.where(k == k0[j], start[j], k * w)
-        hi = np.where(k == k1[j], end[j], (k + 1) * w)
-        dur = np.maximum(end - start, 1)[j]
-        upto_hi = np.where(k == k1[j], nb[j], nb[j] * (hi - start[j]) // dur)
-        upto_lo = np.where(k == k0[j], 0, nb[j] * (lo - start[j]) // dur)
-        per = int(k1.max()) + 1
+        if (parts == 1).all():  # the common case: each transfer inside one bin
+            j, k, lo, hi, upto_hi = np.arange(len(start)), k0, start, end, nb
+            upto_lo = np.zeros(len(start), np.int64)
+        else:
+            j = np.repeat(np.arange(len(start)), parts)
+            k = k0[j] + np.arange(int(parts.sum())) - np.repeat(np.cumsum(parts) - parts,
+                                                                 parts)
+            lo = np.where(k == k0[j], start[j], k * w)
+            hi = np.where(k == k1[j], end[j], (k + 1) * w)
+            dur = np.maximum(end - start, 1)[j]
+            upto_hi = np.where(k == k1[j], nb[j], nb[j] * (hi - start[j]) // dur)
+            upto_lo = np.where(k == k0[j], 0, nb[j] * (lo - start[j]) // dur)
+        per = int(k1.max()) + 1  # at most max_byte_bins: cells span a small range
         cell = tid[j] * per + k
-        cells, inv = np.unique(cell, return_inverse=True)
-        inv = inv.reshape(-1)
+        cells, inv = _cells(cell, len(tracks) * per)
         if self.full():
             # full (and staying so): a transfer is kept when all its bins are stored,
             # else dropped whole, as one call each would decide
@@ -327,8 +342,7 @@ class Recorder:
             part = keep[j]
             lo, hi, upto_hi, upto_lo, cell = (lo[part], hi[part], upto_hi[part],
                                               upto_lo[part], cell[part])
-            cells, inv = np.unique(cell, return_inverse=True)
-            inv = inv.reshape(-1)
+            cells, inv = _cells(cell, len(tracks) * per)
         add = np.zeros(len(cells), np.int64)
         np.add.at(add, inv, upto_hi - upto_lo)
         first_lo = np.full(len(cells), np.iinfo(np.int64).max, np.int64)
