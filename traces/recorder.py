@@ -300,10 +300,11 @@ class Recorder:
                 return
             start, end, nb, tid, last = start[j:], end[j:], nb[j:], tid[j:], last[j:]
         # the tracks in the order they first occur, totals per track
-        firsts = np.unique(tid, return_index=True)[1]
+        first = np.full(len(tracks), len(tid), np.int64)  # each track's first transfer
+        np.minimum.at(first, tid, np.arange(len(tid)))
         sums = np.zeros(len(tracks), np.int64)
         np.add.at(sums, tid, nb)
-        for t in tid[np.sort(firsts)].tolist():
+        for t in np.argsort(first, kind="stable")[:int((first < len(tid)).sum())].tolist():
             key = tracks[t]
             self.byte_totals[key] = self.byte_totals.get(key, 0) + int(sums[t])
             if key not in self._bins:
