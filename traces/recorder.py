@@ -20,9 +20,9 @@ in ``dropped`` (whole, never split) and left out of the bins, not out of ``byte_
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 LEVELS = {"off": 0, "ops": 1, "tiles": 2}
@@ -127,31 +127,32 @@ class Recorder:
         instruction spans (``args["index"]``) were recorded from ``spans[since]`` on: from
         the first start to the last end of the instructions ``first <= index < end``
         (marks without a recorded instruction are left out). Returns the spans added."""
+        import numpy as np
+
         if self._rank < 1 or not marks:
             return 0
-        lo: dict[int, int] = {}
-        hi: dict[int, int] = {}
-        for sp in self.spans[since:]:
-            idx = sp.args.get("index") if sp.args else None
-            if idx is None:
-                continue
-            if idx not in lo or sp.start_ps < lo[idx]:
-                lo[idx] = sp.start_ps
-            if idx not in hi or sp.end_ps > hi[idx]:
-                hi[idx] = sp.end_ps
-        if not lo:
+        tail = self.spans[since:]
+        index = [a.get("index") if a else None for a in map(itemgetter(5), tail)]
+        at = [i for i, v in enumerate(index) if v is not None]
+        if not at:
             return 0
-        order = sorted(lo)
+        idx = np.array([index[i] for i in at], np.int64)
+        pos = np.array(at, np.int64)
+        start = np.fromiter(map(itemgetter(3), tail), np.int64, len(tail))[pos]
+        end = np.fromiter(map(itemgetter(4), tail), np.int64, len(tail))[pos]
+        # per instruction index (sorted): its spans' first start and last end
+        order = np.argsort(idx, kind="stable")
+        order_idx, cut = np.unique(idx[order], return_index=True)
+        lo = np.minimum.reduceat(start[order], cut)
+        hi = np.maximum.reduceat(end[order], cut)
         added = 0
-        for name, first, end in marks:
-            i0, i1 = bisect.bisect_left(order, first), bisect.bisect_left(order, end)
+        for name, first, stop in marks:
+            i0, i1 = np.searchsorted(order_idx, [first, stop], side="left").tolist()
             if i0 == i1:
                 continue
-            idxs = order[i0:i1]
-            start = min(lo[i] for i in idxs)
-            stop = max(hi[i] for i in idxs)
             before = len(self.spans)
-            self.span(block, lane, name, start, stop, args={"first": first, "end": end})
+            self.span(block, lane, name, int(lo[i0:i1].min()), int(hi[i0:i1].max()),
+                      args={"first": first, "end": stop})
             added += len(self.spans) - before
         return added
 
