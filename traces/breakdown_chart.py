@@ -17,7 +17,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from .critical import GROUPS, critical_path, time_by_group
+from .critical import GROUPS, path_columns, time_by_group
 from .page import is_number, layout
 from .recorder import Recorder
 
@@ -68,8 +68,10 @@ def _path_rows(metrics: dict[str, Any], recorder: Recorder) -> dict[str, dict[st
     """Seconds of the critical path per group in each breakdown phase (decode per token:
     the decode phase's over its calls)."""
     calls = metrics.get("calls") or []
-    path = critical_path(recorder.spans)
-    if not calls or not path:
+    if not calls:
+        return {}
+    path = path_columns(recorder.spans)
+    if not len(path):
         return {}
     windows = [(c["phase"], round(c["start_s"] * PS_PER_S), round(c["end_s"] * PS_PER_S))
                for c in calls]

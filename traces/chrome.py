@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -94,18 +96,87 @@ def _tracks(spans: list[Span]) -> list[int]:
     return track
 
 
+def lane_tracks(starts: np.ndarray, ends: np.ndarray) -> list[int]:
+    """:func:`_tracks` of one lane's spans from their start and end times (int64 arrays):
+    when no span starts before an earlier-starting one has ended (an engine's
+    instructions), every span is on track 0, found with numpy; else span by span."""
+    if len(starts) < 2:
+        return [0] * len(starts)
+    order = np.lexsort((-ends, starts))  # as _tracks visits them: start, longest first
+    s, e = starts[order], ends[order]
+    if (s[1:] >= np.maximum.accumulate(e)[:-1]).all():
+        return [0] * len(starts)
+    spans = [Span("", "", "", a, b) for a, b in zip(starts.tolist(), ends.tolist(),
+                                                       strict=True)]
+    return _tracks(spans)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each span goes: ``pid`` per block, per span its lane's index in ``lanes``
+    and its track; ``tid[(block, lane, track)]``; ``tracks`` per lane."""
+
+    blocks: list[str]
+    pid: dict[str, int]
+    lanes: list[tuple[str, str]]
+    span_lane: np.ndarray
+    span_track: np.ndarray
+    tracks: dict[tuple[str, str], int]
+    tid: dict[tuple[str, str, int], int]
+
+
+def _layout(recorder: Recorder) -> _Layout:
+    spans = recorder.spans
+    n = len(spans)
+    block_lane = itemgetter(0, 1)
+    lanes = list(dict.fromkeys(map(block_lane, spans)))  # in order of first span
+    blocks = sorted({b for b, _ in lanes} | {b.block for b in recorder.bytes}, key=_block_key)
+    pid = {b: i + 1 for i, b in enumerate(blocks)}
+    lane_id = {bl: i for i, bl in enumerate(lanes)}
+    span_lane = np.fromiter(map(lane_id.__getitem__, map(block_lane, spans)), np.int64, n)
+    start = np.fromiter(map(itemgetter(3), spans), np.int64, n)
+    end = np.fromiter(map(itemgetter(4), spans), np.int64, n)
+    span_track = np.zeros(n, np.int64)
+    tracks: dict[tuple[str, str], int] = {}
+    by_lane = np.argsort(span_lane, kind="stable")
+    cuts = np.searchsorted(span_lane[by_lane], np.arange(len(lanes) + 1))
+    for i, key in enumerate(lanes):
+        idx = by_lane[cuts[i]:cuts[i + 1]]  # the lane's spans in recorded order
+        k = np.array(lane_tracks(start[idx], end[idx]), np.int64)
+        span_track[idx] = k
+        tracks[key] = int(k.max()) + 1
+    by_block: dict[str, list[str]] = defaultdict(list)
+    for b, lane in lanes:
+        by_block[b].append(lane)
+    tid: dict[tuple[str, str, int], int] = {}
+    for b, ls in by_block.items():
+        m = 0
+        for lane in sorted(ls):
+            for k in range(tracks[(b, lane)]):
+                m += 1
+                tid[(b, lane, k)] = m
+    return _Layout(blocks, pid, lanes, span_lane, span_track, tracks, tid)
+
+
 def chrome_trace(recorder: Recorder, *, counter_bins: int = 200) -> dict[str, Any]:
     """The trace as a JSON-ready dict (``{"traceEvents": [...]}``)."""
-    return {"traceEvents": list(_events(recorder, counter_bins)),
+    lay = _layout(recorder)
+    return {"traceEvents": [*_head_events(recorder, lay), *_span_events(recorder, lay),
+                            *_counter_events(recorder, lay, counter_bins)],
             "otherData": _meta(recorder)}
 
 
 def chrome_trace_json(recorder: Recorder, *, counter_bins: int = 200) -> str:
-    """``json.dumps(chrome_trace(...), separators=(",", ":"))``, the same text, encoded one
-    event at a time: a long run's events are never all held as dicts at once (each
-    encoded event is a short string), which bounds the peak memory of writing it."""
+    """``json.dumps(chrome_trace(...), separators=(",", ":"))``, the same text, without a
+    dict per span: the spans' events are written from columns (names, arguments and
+    times encoded as the json module encodes them: ``repr`` of the float, each distinct
+    name once), so a long run's events are never all held as dicts at once."""
     encode = json.JSONEncoder(separators=(",", ":")).encode
-    events = ",".join(map(encode, _events(recorder, counter_bins)))
+    lay = _layout(recorder)
+    head = ",".join(map(encode, _head_events(recorder, lay)))
+    spans = ",".join(_span_texts(recorder, lay, encode))  # batches, each already joined
+    tail = ",".join(map(encode, _counter_events(recorder, lay, counter_bins)))
+    events = ",".join(t for t in (head, spans, tail) if t)
     return f'{{"traceEvents":[{events}],"otherData":{encode(_meta(recorder))}}}'
 
 
@@ -113,54 +184,78 @@ def _meta(recorder: Recorder) -> dict[str, Any]:
     return {"dropped_events": recorder.dropped, "trace_level": recorder.level}
 
 
-def _events(recorder: Recorder, counter_bins: int) -> Iterator[dict[str, Any]]:
-    """The trace's events in order: names of processes and threads, spans, counters."""
-    blocks = sorted({s.block for s in recorder.spans} | {b.block for b in recorder.bytes},
-                    key=_block_key)
-    pid = {b: i + 1 for i, b in enumerate(blocks)}
-    by_lane: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for i, s in enumerate(recorder.spans):
-        by_lane[(s.block, s.lane)].append(i)
-    span_track = [0] * len(recorder.spans)
-    tracks: dict[tuple[str, str], int] = {}
-    for key, idx in by_lane.items():
-        for i, k in zip(idx, _tracks([recorder.spans[i] for i in idx]), strict=True):
-            span_track[i] = k
-        tracks[key] = max(span_track[i] for i in idx) + 1
-    lanes: dict[str, list[str]] = defaultdict(list)
-    for b, lane in by_lane:
-        lanes[b].append(lane)
-    tid: dict[tuple[str, str, int], int] = {}
-    for b, ls in lanes.items():
-        n = 0
-        for lane in sorted(ls):
-            for k in range(tracks[(b, lane)]):
-                n += 1
-                tid[(b, lane, k)] = n
-    for b in blocks:
-        yield {"ph": "M", "name": "process_name", "pid": pid[b], "tid": 0,
-               "args": {"name": b}}
-        yield {"ph": "M", "name": "process_sort_index", "pid": pid[b], "tid": 0,
-               "args": {"sort_index": pid[b]}}
-        for lane in sorted(lanes.get(b, [])):
-            for k in range(tracks[(b, lane)]):
-                yield {"ph": "M", "name": "thread_name", "pid": pid[b],
-                       "tid": tid[(b, lane, k)],
+def _head_events(recorder: Recorder, lay: _Layout) -> Iterator[dict[str, Any]]:
+    """The names of processes and threads."""
+    by_block: dict[str, list[str]] = defaultdict(list)
+    for b, lane in lay.lanes:
+        by_block[b].append(lane)
+    for b in lay.blocks:
+        p = lay.pid[b]
+        yield {"ph": "M", "name": "process_name", "pid": p, "tid": 0, "args": {"name": b}}
+        yield {"ph": "M", "name": "process_sort_index", "pid": p, "tid": 0,
+               "args": {"sort_index": p}}
+        for lane in sorted(by_block.get(b, [])):
+            for k in range(lay.tracks[(b, lane)]):
+                yield {"ph": "M", "name": "thread_name", "pid": p, "tid": lay.tid[(b, lane, k)],
                        "args": {"name": lane if k == 0 else f"{lane} #{k + 1}"}}
-    for s, k in zip(recorder.spans, span_track, strict=True):
-        ev = {
-            "ph": "X",
-            "name": s.name,
-            "pid": pid[s.block],
-            "tid": tid[(s.block, s.lane, k)],
-            "ts": s.start_ps / PS_PER_US,
-            "dur": (s.end_ps - s.start_ps) / PS_PER_US,
-        }
+
+
+def _span_ids(lay: _Layout) -> tuple[list[int], list[int]]:
+    """Each span's ``pid`` and ``tid``."""
+    width = max(lay.tracks.values(), default=1)
+    tid = np.zeros((len(lay.lanes), width), np.int64)
+    for i, (b, lane) in enumerate(lay.lanes):
+        for k in range(lay.tracks[(b, lane)]):
+            tid[i, k] = lay.tid[(b, lane, k)]
+    pid = np.array([lay.pid[b] for b, _ in lay.lanes], np.int64)
+    return pid[lay.span_lane].tolist(), tid[lay.span_lane, lay.span_track].tolist()
+
+
+def _span_events(recorder: Recorder, lay: _Layout) -> Iterator[dict[str, Any]]:
+    for s, p, t in zip(recorder.spans, *_span_ids(lay), strict=True):
+        ev = {"ph": "X", "name": s.name, "pid": p, "tid": t, "ts": s.start_ps / PS_PER_US,
+              "dur": (s.end_ps - s.start_ps) / PS_PER_US}
         if s.args:
             ev["args"] = s.args
         yield ev
+
+
+#: Spans encoded per batch: the columns of one batch are held at a time, not of all.
+SPAN_BATCH = 65_536
+
+
+def _span_texts(recorder: Recorder, lay: _Layout, encode: Callable[[Any], str]
+                ) -> Iterator[str]:
+    """The text of the spans' events (``","``-joined per batch of :data:`SPAN_BATCH`),
+    as ``encode`` gives it for each of :func:`_span_events`: the text up to ``"ts":``
+    once per distinct (name, pid, tid), an instruction's ``{"index": i}`` formatted
+    directly, other arguments encoded."""
+    spans = recorder.spans
+    pids, tids = _span_ids(lay)
+    heads: dict[tuple[str, int, int], str] = {}
+    for m, p, t in set(zip(map(itemgetter(2), spans), pids, tids, strict=True)):
+        heads[(m, p, t)] = f'{{"ph":"X","name":{encode(m)},"pid":{p},"tid":{t},"ts":'
+    for lo in range(0, len(spans), SPAN_BATCH):
+        batch = spans[lo:lo + SPAN_BATCH]
+        n = len(batch)
+        head = map(heads.__getitem__, zip(map(itemgetter(2), batch), pids[lo:lo + n],
+                                          tids[lo:lo + n], strict=True))
+        start = np.fromiter(map(itemgetter(3), batch), np.int64, n)
+        end = np.fromiter(map(itemgetter(4), batch), np.int64, n)
+        # an int64 over a float64 as Python divides an int by a float (exact below 2**53)
+        ts = (start / PS_PER_US).tolist()
+        dur = ((end - start) / PS_PER_US).tolist()
+        tail = ["}" if not a else f',"args":{{"index":{a["index"]}}}}}'
+                if len(a) == 1 and type(a.get("index")) is int else f',"args":{encode(a)}}}'
+                for a in map(itemgetter(5), batch)]
+        yield ",".join([f'{h}{a!r},"dur":{d!r}{x}'
+                        for h, a, d, x in zip(head, ts, dur, tail, strict=True)])
+
+
+def _counter_events(recorder: Recorder, lay: _Layout, counter_bins: int
+                    ) -> Iterator[dict[str, Any]]:
     for (block, lane), (t_ps, bps) in sorted(bandwidth_series(recorder, bins=counter_bins).items()):
         name = f"{lane} GB/s"
         for t, v in zip(t_ps.tolist(), bps.tolist(), strict=True):
-            yield {"ph": "C", "name": name, "pid": pid[block], "tid": 0,
+            yield {"ph": "C", "name": name, "pid": lay.pid[block], "tid": 0,
                    "ts": t / PS_PER_US, "args": {"GB/s": round(v / 1e9, 6)}}

@@ -20,22 +20,42 @@ in ``dropped`` (whole, never split) and left out of the bins, not out of ``byte_
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 LEVELS = {"off": 0, "ops": 1, "tiles": 2}
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
+class Span(NamedTuple):
+    """One piece of recorded work. A named tuple, not a dataclass: a long run records
+    millions (up to ``max_events``), and a tuple is built several times faster than a
+    frozen dataclass (whose ``__init__`` sets each field through ``object.__setattr__``)
+    and turns into columns in one ``zip(*spans)``."""
+
     block: str  # a hardware block: "core0", "dram", "pcie", "host", "runtime"
     lane: str  # an engine or channel inside it: "dma_in", "ch3", "h2d"
     name: str
     start_ps: int
     end_ps: int
     args: dict[str, Any] | None = None
+
+
+#: ``Span(*fields)`` without the generated ``__new__``'s Python frame (half the cost of
+#: building a span); for the recorder's own calls, which always pass all six fields.
+_new_tuple = tuple.__new__
+
+
+def _cells(cell, size: int):
+    """``np.unique(cell, return_inverse=True)`` of int64 values in ``[0, size)``, counted
+    instead of sorted (millions of transfer parts fall in at most ``size`` cells)."""
+    import numpy as np
+
+    seen = np.bincount(cell, minlength=size) > 0
+    cells = np.flatnonzero(seen)
+    where = np.cumsum(seen) - 1
+    return cells.astype(np.int64), where[cell].astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +114,12 @@ class Recorder:
         detail: str = "ops",
         args: dict[str, Any] | None = None,
     ) -> None:
-        if self._rank >= LEVELS[detail] and self._room():
-            self.spans.append(Span(block, lane, name, start_ps, end_ps, args))
+        # the hot call of a long run: ``_room`` inlined (room for one more event)
+        if self._rank >= LEVELS[detail]:
+            if len(self.spans) + self._nbins < self.max_events:
+                self.spans.append(_new_tuple(Span, (block, lane, name, start_ps, end_ps, args)))
+            else:
+                self.dropped += 1
 
     def mark(self, since: int, marks: Sequence[tuple[str, int, int]], *,
              block: str = "runtime", lane: str = "layers") -> int:
@@ -103,31 +127,32 @@ class Recorder:
         instruction spans (``args["index"]``) were recorded from ``spans[since]`` on: from
         the first start to the last end of the instructions ``first <= index < end``
         (marks without a recorded instruction are left out). Returns the spans added."""
+        import numpy as np
+
         if self._rank < 1 or not marks:
             return 0
-        lo: dict[int, int] = {}
-        hi: dict[int, int] = {}
-        for sp in self.spans[since:]:
-            idx = sp.args.get("index") if sp.args else None
-            if idx is None:
-                continue
-            if idx not in lo or sp.start_ps < lo[idx]:
-                lo[idx] = sp.start_ps
-            if idx not in hi or sp.end_ps > hi[idx]:
-                hi[idx] = sp.end_ps
-        if not lo:
+        tail = self.spans[since:]
+        index = [a.get("index") if a else None for a in map(itemgetter(5), tail)]
+        at = [i for i, v in enumerate(index) if v is not None]
+        if not at:
             return 0
-        order = sorted(lo)
+        idx = np.array([index[i] for i in at], np.int64)
+        pos = np.array(at, np.int64)
+        start = np.fromiter(map(itemgetter(3), tail), np.int64, len(tail))[pos]
+        end = np.fromiter(map(itemgetter(4), tail), np.int64, len(tail))[pos]
+        # per instruction index (sorted): its spans' first start and last end
+        order = np.argsort(idx, kind="stable")
+        order_idx, cut = np.unique(idx[order], return_index=True)
+        lo = np.minimum.reduceat(start[order], cut)
+        hi = np.maximum.reduceat(end[order], cut)
         added = 0
-        for name, first, end in marks:
-            i0, i1 = bisect.bisect_left(order, first), bisect.bisect_left(order, end)
+        for name, first, stop in marks:
+            i0, i1 = np.searchsorted(order_idx, [first, stop], side="left").tolist()
             if i0 == i1:
                 continue
-            idxs = order[i0:i1]
-            start = min(lo[i] for i in idxs)
-            stop = max(hi[i] for i in idxs)
             before = len(self.spans)
-            self.span(block, lane, name, start, stop, args={"first": first, "end": end})
+            self.span(block, lane, name, int(lo[i0:i1].min()), int(hi[i0:i1].max()),
+                      args={"first": first, "end": stop})
             added += len(self.spans) - before
         return added
 
@@ -276,10 +301,11 @@ class Recorder:
                 return
             start, end, nb, tid, last = start[j:], end[j:], nb[j:], tid[j:], last[j:]
         # the tracks in the order they first occur, totals per track
-        firsts = np.unique(tid, return_index=True)[1]
+        first = np.full(len(tracks), len(tid), np.int64)  # each track's first transfer
+        np.minimum.at(first, tid, np.arange(len(tid)))
         sums = np.zeros(len(tracks), np.int64)
         np.add.at(sums, tid, nb)
-        for t in tid[np.sort(firsts)].tolist():
+        for t in np.argsort(first, kind="stable")[:int((first < len(tid)).sum())].tolist():
             key = tracks[t]
             self.byte_totals[key] = self.byte_totals.get(key, 0) + int(sums[t])
             if key not in self._bins:
@@ -291,17 +317,21 @@ class Recorder:
         # every (transfer, bin) part: bin k covers [lo, hi) and gets the bytes moved by
         # its hi (floor) minus those moved by its lo; a one-bin transfer gets them all
         parts = k1 - k0 + 1
-        j = np.repeat(np.arange(len(start)), parts)
-        k = k0[j] + np.arange(int(parts.sum())) - np.repeat(np.cumsum(parts) - parts, parts)
-        lo = np.where(k == k0[j], start[j], k * w)
-        hi = np.where(k == k1[j], end[j], (k + 1) * w)
-        dur = np.maximum(end - start, 1)[j]
-        upto_hi = np.where(k == k1[j], nb[j], nb[j] * (hi - start[j]) // dur)
-        upto_lo = np.where(k == k0[j], 0, nb[j] * (lo - start[j]) // dur)
-        per = int(k1.max()) + 1
+        if (parts == 1).all():  # the common case: each transfer inside one bin
+            j, k, lo, hi, upto_hi = np.arange(len(start)), k0, start, end, nb
+            upto_lo = np.zeros(len(start), np.int64)
+        else:
+            j = np.repeat(np.arange(len(start)), parts)
+            k = k0[j] + np.arange(int(parts.sum())) - np.repeat(np.cumsum(parts) - parts,
+                                                                 parts)
+            lo = np.where(k == k0[j], start[j], k * w)
+            hi = np.where(k == k1[j], end[j], (k + 1) * w)
+            dur = np.maximum(end - start, 1)[j]
+            upto_hi = np.where(k == k1[j], nb[j], nb[j] * (hi - start[j]) // dur)
+            upto_lo = np.where(k == k0[j], 0, nb[j] * (lo - start[j]) // dur)
+        per = int(k1.max()) + 1  # at most max_byte_bins: cells span a small range
         cell = tid[j] * per + k
-        cells, inv = np.unique(cell, return_inverse=True)
-        inv = inv.reshape(-1)
+        cells, inv = _cells(cell, len(tracks) * per)
         if self.full():
             # full (and staying so): a transfer is kept when all its bins are stored,
             # else dropped whole, as one call each would decide
@@ -314,8 +344,7 @@ class Recorder:
             part = keep[j]
             lo, hi, upto_hi, upto_lo, cell = (lo[part], hi[part], upto_hi[part],
                                               upto_lo[part], cell[part])
-            cells, inv = np.unique(cell, return_inverse=True)
-            inv = inv.reshape(-1)
+            cells, inv = _cells(cell, len(tracks) * per)
         add = np.zeros(len(cells), np.int64)
         np.add.at(add, inv, upto_hi - upto_lo)
         first_lo = np.full(len(cells), np.iinfo(np.int64).max, np.int64)

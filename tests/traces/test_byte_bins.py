@@ -278,3 +278,28 @@ def test_a_full_recorder_decides_what_to_drop_in_bulk_as_one_by_one(seed, max_ev
     # the trace text encoded one event at a time is json.dumps of the whole dict
     assert chrome_trace_json(many, counter_bins=64) == json.dumps(
         chrome_trace(one, counter_bins=64), separators=(",", ":"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("max_events", [2_000_000, 30])
+def test_a_batch_of_transfers_each_inside_one_bin_bins_as_moving_each(seed, max_events):
+    # every transfer of a batch inside one bin: the batch's one-bin path, with room and
+    # once full (bins wide enough never to coarsen, so the bulk path is taken full too)
+    rng = random.Random(seed)
+    width = 10**4
+    transfers = []
+    for _ in range(300):
+        b, lane = rng.choice([("dram", "ch0"), ("dram", "ch5"), ("pcie", "d2h")])
+        start = rng.randrange(0, 200) * width + rng.randrange(0, width // 2)
+        transfers.append((b, lane, start, start + rng.randrange(0, width // 2),
+                          rng.randrange(0, 5000)))
+    one = Recorder(level="ops", max_events=max_events, byte_bin_ps=width, max_byte_bins=256)
+    many = Recorder(level="ops", max_events=max_events, byte_bin_ps=width, max_byte_bins=256)
+    _record(one, transfers)
+    _record(many, transfers[:40])
+    for lo in range(40, 300, 65):
+        _many(many, transfers[lo: lo + 65])
+    assert many._bins == one._bins and list(many._bins) == list(one._bins)
+    assert list(many.byte_totals.items()) == list(one.byte_totals.items())
+    assert (many._nbins, many.dropped) == (one._nbins, one.dropped)
+    assert (one.dropped > 0) == (max_events == 30)

@@ -101,3 +101,23 @@ def test_trace_off_writes_no_trace(tmp_path):
         args += ["--set", s]
     assert main(args) == 0
     assert sorted(p.name for p in out.iterdir()) == ["metrics.json", "report.html"]
+
+
+def test_a_mark_spans_from_the_first_start_to_the_last_end_of_its_instructions():
+    rec = Recorder(level="tiles")
+    rec.span("core0", "mxu", "old", 0, 5, args={"index": 1})  # before ``since``: not read
+    since = len(rec.spans)
+    for block, lane, start, end, index in [
+            ("core0", "mxu", 10, 20, 3), ("core1", "mxu", 8, 30, 3), ("core0", "vpu", 25, 40, 4),
+            ("core0", "dma_in", 2, 9, 0), ("core0", "dma_in", 50, 70, 9)]:
+        rec.span(block, lane, "x", start, end, args={"index": index})
+    rec.span("dram", "ch0", "read", 0, 99, detail="tiles", args={"bytes": 64})
+    rec.span("core0", "vpu", "odd", 1, 2, args={"index": None})
+    added = rec.mark(since, [("a", 0, 4), ("b", 4, 9), ("none", 5, 9), ("c", 1, 10),
+                             ("d", 20, 30)])
+    assert added == 3
+    assert [(s.name, s.start_ps, s.end_ps, s.args) for s in rec.spans[-3:]] == [
+        ("a", 2, 30, {"first": 0, "end": 4}), ("b", 25, 40, {"first": 4, "end": 9}),
+        ("c", 8, 70, {"first": 1, "end": 10})]
+    assert all(s.block == "runtime" and s.lane == "layers" for s in rec.spans[-3:])
+    assert rec.mark(len(rec.spans), [("e", 0, 9)]) == 0
