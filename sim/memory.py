@@ -7,7 +7,6 @@ write, untouched bytes read as zero, so a large address space costs only what is
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from isa.errors import DeviceError
 from isa.instructions import Space
@@ -23,8 +22,11 @@ def block_view(buf: np.ndarray, off: int, rows: int, nbytes: int, stride: int,
                *, writeable: bool = False) -> np.ndarray:
     """``rows`` blocks of ``nbytes`` bytes of the flat ``uint8`` array ``buf``, the first at
     ``off``, each ``stride`` bytes after the one before, as one ``[rows, nbytes]`` view (no
-    copy; the caller has checked that the span lies inside ``buf``)."""
-    return as_strided(buf[off:], (rows, nbytes), (stride, 1), writeable=writeable)
+    copy; numpy refuses a span past the end of ``buf``). Read-only unless ``writeable``."""
+    view = np.ndarray((rows, nbytes), np.uint8, buffer=buf, offset=off, strides=(stride, 1))
+    if not writeable:
+        view.flags.writeable = False
+    return view
 
 
 def as_bytes(data: np.ndarray) -> np.ndarray:
