@@ -110,9 +110,27 @@ from .vecfuncs import ROW_META_BYTES, wide_bytes
 
 
 class Memory(Protocol):
+    """The bytes the instructions read and write. A memory may also offer strided block
+    access (:class:`BlockMemory`, as ``sim.memory.DeviceMemory`` does): the copies and the
+    GEMM outputs with a stride then move all their blocks in one call instead of one call
+    per block, with the same bytes."""
+
     def read(self, space: Space, core: int, addr: int, nbytes: int) -> np.ndarray: ...
 
     def write(self, space: Space, core: int, addr: int, data: np.ndarray) -> None: ...
+
+
+class BlockMemory(Memory, Protocol):
+    """A :class:`Memory` with strided block access: ``rows`` blocks of ``nbytes`` bytes,
+    the first at ``addr``, each ``stride`` bytes after the one before, as
+    ``uint8[rows, nbytes]`` (what one ``read`` / ``write`` per block gives; written blocks
+    do not overlap, ``stride >= nbytes``)."""
+
+    def read_blocks(self, space: Space, core: int, addr: int, rows: int, nbytes: int,
+                    stride: int) -> np.ndarray: ...
+
+    def write_blocks(self, space: Space, core: int, addr: int, blocks: np.ndarray,
+                     stride: int) -> None: ...
 
 
 def _entry(mem: Memory, instr: DmaLoadIndexed) -> int:
@@ -142,6 +160,15 @@ def _copy(mem: Memory, src_space: Space, dst_space: Space, instr, offset: int = 
     src, dst = instr.src + offset, instr.dst
     s_span, d_span = (rows - 1) * s_step + n, (rows - 1) * d_step + n
     same = src_space == dst_space and src < dst + d_span and dst < src + s_span
+    if 0 < s_step and n <= d_step and not same and hasattr(mem, "read_blocks"):
+        # all blocks in one strided read and one strided write: the per-block loop's
+        # result, as the source and destination spans do not overlap
+        blocks = mem.read_blocks(src_space, instr.core, src, rows, n, s_step)
+        if d_step == n:
+            mem.write(dst_space, instr.core, dst, blocks)
+        else:
+            mem.write_blocks(dst_space, instr.core, dst, blocks, d_step)
+        return
     if (0 < s_step and n <= d_step and not same
             and max(s_span, d_span) <= _SPAN_PER_BYTE * rows * n):
         # the blocks in one read of the source span (and one read-modify-write of the
@@ -197,6 +224,8 @@ def _gemm(g: Gemm, mem: Memory) -> None:
     flat = np.ascontiguousarray(out).reshape(g.m, -1).view(np.uint8)
     if step == row:
         mem.write(Space.SRAM, c, g.out, flat.reshape(-1))
+    elif step > row and hasattr(mem, "write_blocks"):
+        mem.write_blocks(Space.SRAM, c, g.out, flat, step)
     else:
         for i in range(g.m):
             mem.write(Space.SRAM, c, g.out + i * step, flat[i])

@@ -12,6 +12,23 @@ from isa.errors import DeviceError
 from isa.instructions import Space
 
 
+def span_bytes(rows: int, nbytes: int, stride: int) -> int:
+    """The bytes from the first block's start to the last block's end: ``rows`` blocks of
+    ``nbytes`` bytes, each ``stride`` bytes after the one before (0 without blocks)."""
+    return (rows - 1) * stride + nbytes if rows > 0 else 0
+
+
+def block_view(buf: np.ndarray, off: int, rows: int, nbytes: int, stride: int,
+               *, writeable: bool = False) -> np.ndarray:
+    """``rows`` blocks of ``nbytes`` bytes of the flat ``uint8`` array ``buf``, the first at
+    ``off``, each ``stride`` bytes after the one before, as one ``[rows, nbytes]`` view (no
+    copy; numpy refuses a span past the end of ``buf``). Read-only unless ``writeable``."""
+    view = np.ndarray((rows, nbytes), np.uint8, buffer=buf, offset=off, strides=(stride, 1))
+    if not writeable:
+        view.flags.writeable = False
+    return view
+
+
 def as_bytes(data: np.ndarray) -> np.ndarray:
     """``data``'s bytes as a flat contiguous ``uint8`` array (a view where it can be; an
     array that is one already is returned as it is, without the three conversions)."""
@@ -86,6 +103,59 @@ class SparseMemory:
             buf[off : off + take] = data[pos : pos + take]
             pos += take
 
+    def _page_runs(self, addr: int, rows: int, nbytes: int, stride: int):
+        """The blocks in runs that share one page: ``(first row, rows, page, offset)``, a
+        run of 0 rows for a block that crosses a page boundary (moved on its own)."""
+        pb = self.page_bytes
+        r = 0
+        while r < rows:
+            page, off = divmod(addr + r * stride, pb)
+            if off + nbytes > pb:
+                yield r, 0, page, off
+                r += 1
+                continue
+            k = rows - r if stride == 0 else min(rows - r, (pb - off - nbytes) // stride + 1)
+            yield r, k, page, off
+            r += k
+
+    def read_blocks(self, addr: int, rows: int, nbytes: int, stride: int) -> np.ndarray:
+        """``rows`` blocks of ``nbytes`` bytes, the first at ``addr``, each ``stride`` bytes
+        after the one before, as ``uint8[rows, nbytes]``: what ``rows`` calls of
+        :meth:`read` return, in one copy per page."""
+        self._check(addr, span_bytes(rows, nbytes, stride))
+        out = np.empty((rows, nbytes), dtype=np.uint8)
+        for r, k, page, off in self._page_runs(addr, rows, nbytes, stride):
+            if k == 0:
+                out[r] = self.read(addr + r * stride, nbytes)
+                continue
+            data = self._pages.get(page)
+            if data is None:
+                out[r : r + k] = 0
+            else:
+                out[r : r + k] = block_view(data, off, k, nbytes, stride)
+        return out
+
+    def write_blocks(self, addr: int, blocks: np.ndarray, stride: int) -> None:
+        """Write the rows of ``blocks`` (``uint8[rows, nbytes]``), the first at ``addr``,
+        each ``stride`` (>= ``nbytes``: the blocks do not overlap) bytes after the one
+        before: what one :meth:`write` per row does (the same pages allocated), in one
+        copy per page. The whole span is checked before any byte is written."""
+        rows, nbytes = blocks.shape
+        if rows > 1 and stride < nbytes:
+            raise ValueError(f"{self.name}: blocks of {nbytes} bytes every {stride} bytes "
+                             "overlap")
+        self._check(addr, span_bytes(rows, nbytes, stride))
+        if nbytes == 0:  # allocates no page
+            return
+        for r, k, page, off in self._page_runs(addr, rows, nbytes, stride):
+            if k == 0:
+                self.write(addr + r * stride, blocks[r])
+                continue
+            buf = self._pages.get(page)
+            if buf is None:
+                buf = self._pages[page] = np.zeros(self.page_bytes, dtype=np.uint8)
+            block_view(buf, off, k, nbytes, stride, writeable=True)[:] = blocks[r : r + k]
+
     def discard(self, addr: int, nbytes: int) -> None:
         """Forget the pages wholly inside ``[addr, addr + nbytes)`` (they read as zeros
         again); pages only partly inside keep their bytes."""
@@ -125,3 +195,29 @@ class DeviceMemory:
             self._sram(core, addr, data.size)[:] = data
         else:
             (self.dram if space == Space.DRAM else self.host).write(addr, data)
+
+    def read_blocks(self, space: Space, core: int, addr: int, rows: int, nbytes: int,
+                    stride: int) -> np.ndarray:
+        """``rows`` blocks of ``nbytes`` bytes, the first at ``addr``, each ``stride`` bytes
+        after the one before, as ``uint8[rows, nbytes]`` (one :meth:`read` per row, in one
+        copy)."""
+        if space == Space.SRAM:
+            span = self._sram(core, addr, span_bytes(rows, nbytes, stride))
+            return block_view(span, 0, rows, nbytes, stride).copy()
+        return (self.dram if space == Space.DRAM else self.host).read_blocks(addr, rows,
+                                                                            nbytes, stride)
+
+    def write_blocks(self, space: Space, core: int, addr: int, blocks: np.ndarray,
+                     stride: int) -> None:
+        """Write the rows of ``blocks`` (``uint8[rows, nbytes]``, ``stride >= nbytes``),
+        the first at ``addr``, each ``stride`` bytes after the one before (one
+        :meth:`write` per row, in one copy; the span is checked before any byte moves)."""
+        rows, nbytes = blocks.shape
+        if space != Space.SRAM:
+            (self.dram if space == Space.DRAM else self.host).write_blocks(addr, blocks, stride)
+            return
+        if rows > 1 and stride < nbytes:
+            raise ValueError(f"SRAM: blocks of {nbytes} bytes every {stride} bytes overlap")
+        span = self._sram(core, addr, span_bytes(rows, nbytes, stride))
+        if rows and nbytes:
+            block_view(span, 0, rows, nbytes, stride, writeable=True)[:] = blocks

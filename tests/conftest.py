@@ -1,5 +1,6 @@
 import os
 import time
+from pathlib import Path
 
 import pytest
 import simpy
@@ -71,3 +72,16 @@ def log():
 @pytest.fixture
 def recorder():
     return Recorder(level="tiles")
+
+
+@pytest.fixture(scope="session")
+def embedded_default_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The output folder of ``kvsim run`` on the embedded default config, run once per
+    process (the full run and its outputs take a minute): ``tests/sim/test_cli.py`` and
+    ``tests/test_examples.py`` read it (the embedded default is ``configs/quickstart.toml``:
+    ``test_quickstart_is_the_embedded_default``); readers must not change it."""
+    from sim.cli import main
+
+    out = tmp_path_factory.mktemp("embedded-default") / "out"
+    assert main(["run", "--out", str(out), "-q"]) == 0
+    return out

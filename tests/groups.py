@@ -10,10 +10,15 @@ left for the end.
 """
 
 #: W8 weights with the rotated ``w8`` numerics (one calibration, one set of rotated
-#: weights): the teacher-forced and greedy checks, the dequantize-on-read check and the
-#: quality-table order.
+#: weights): the teacher-forced and greedy checks, the dequantize-on-read check, the
+#: quality-table order and the real-model config's text run (``kvsim run``).
 REAL_W8 = "real-w8"
-#: The other heavy tests (the ``w4g32`` numerics, the static-int8 guard), for the other
-#: worker. The real-size program hashes are four tests of their own (one compile each), in
-#: no group, so the scheduler spreads them over both workers.
+#: The other heavy tests (the ``w4g32`` numerics; the static-int8 guard of ``evaluate``,
+#: ``kvsim run``, ``kvsim eval`` and ``kvsim generate``, which share one static-int8
+#: calibration), for the other worker. The real-size program hashes are four tests of
+#: their own (one compile each), in no group, so the scheduler spreads them over both
+#: workers.
 REAL_OTHER = "real-other"
+#: The two readers of one ``kvsim run`` of the embedded default (the ``embedded_default_run``
+#: fixture of ``tests/conftest.py``): one worker runs it once for both.
+QUICKSTART = "quickstart"

@@ -17,6 +17,7 @@ import pytest
 from sim.cli import main
 from sim.config import load_run_config
 from sim.sweep import load_sweep, run_sweep
+from tests.groups import QUICKSTART
 from tests.traces.test_trace_levels import assert_perfetto_ready
 from traces.browser import check, find_chromium
 
@@ -64,9 +65,11 @@ def test_example_config_validates(name, capsys, monkeypatch):
 
 
 @pytest.mark.slow
-def test_quickstart_runs(tmp_path):
-    out = tmp_path / "quickstart"
-    assert main(["run", str(CONFIGS / "quickstart.toml"), "--out", str(out), "-q"]) == 0
+@pytest.mark.xdist_group(QUICKSTART)
+def test_quickstart_runs(embedded_default_run):
+    # the run of the embedded default, which is this file's config (the test above), shared
+    # with tests/sim/test_cli.py: one full run and its outputs for both (tests/conftest.py)
+    out = embedded_default_run
     m = json.loads((out / "metrics.json").read_text())
     assert m["kv_cache"]["bytes_per_token"] == 6144
     assert m["prefill"]["ttft_s"] >= m["roofline"]["prefill"]["bound_s"]

@@ -25,6 +25,13 @@ at most ``128 * (255*15 + 32768) < 2**22.2``, so ``|acc| < 2**37.2`` for ``k <= 
 ``sat32(v)`` (no multiplier: int32 output) or ``sat8(round_half_up(v * mult[n] / 2**shift))``
 with ``0 <= mult < 2**24`` (:data:`MULT_LIMIT`) so that ``|v * mult| < 2**62``.
 
+Speed (same integers): ``sum_g D[n, g] * P[i, n, g] = sum_j a[i, j] * E[n, j]`` with
+``E = D c`` (``0 <= E <= 255 * 15``, an int16), an int32 dot product whose partial sums
+cannot wrap while ``k * 128 * 255 * 15 < 2**31`` (:data:`INT32_DOT_MAX_K`, 4,386: every
+model's ``k``); the kernel then runs one int8 x int16 dot per output, as ``gemm``'s
+kernels do (:mod:`.matrix`), instead of one short dot per group. Longer rows take the
+per-group sums above.
+
 Work beyond ``gemm``'s ``m*k*n`` MACs: 2 MACs per group per output (``D*P`` and ``M*A``)
 and the ``m*k`` additions of the group sums (+6.3 % at G=32 for k=576..1536, +1.6 % at
 G=128; the numerics study, scratch report section 6).
@@ -139,12 +146,57 @@ def _rows_w4g(a, asum, w, k, group, out, lo, hi):
             out[i, n] = acc
 
 
+#: Largest ``k`` whose int32 dot of int8 activations with ``E = D c`` (at most 255 * 15)
+#: cannot wrap: ``k * 128 * 255 * 15 < 2**31``.
+INT32_DOT_MAX_K = (2**31 - 1) // (128 * 255 * 15)
+
+
+@njit(cache=True)
+def _rows_w4g_dot(a, asum, w, k, group, out, lo, hi):
+    """:func:`_rows_w4g` for ``k <= INT32_DOT_MAX_K``: ``sum_j a[i, j] * E[n, j]`` in one
+    int32 dot (no partial sum can wrap), plus ``sum_g M[n, g] * A[i, g]``."""
+    m = a.shape[0]
+    ng = asum.shape[1]
+    cb = (k + 1) // 2
+    c = np.zeros(2 * cb, np.int16)
+    e = np.zeros(k, np.int16)
+    mm = np.empty(ng, np.int64)
+    for n in range(lo, hi):
+        row = w[n]
+        for jb in range(cb):  # unpack without a branch per element (vectorizes)
+            c[2 * jb] = row[jb] & 15
+            c[2 * jb + 1] = row[jb] >> 4
+        for g in range(ng):
+            v = np.int32(row[cb + 2 * g]) | (np.int32(row[cb + 2 * g + 1]) << 8)
+            mm[g] = np.int64(v - 65536 if v >= 32768 else v)
+            d = np.int16(row[cb + 2 * ng + g])
+            for j in range(g * group, min(k, (g + 1) * group)):
+                e[j] = np.int16(d * c[j])
+        for i in range(m):
+            ai = a[i]
+            p = np.int32(0)
+            for j in range(k):  # cast back to int32 each step: vpmaddwd lanes (.matrix)
+                p = np.int32(p + np.int32(ai[j]) * np.int32(e[j]))
+            acc = np.int64(p)
+            for g in range(ng):
+                acc += mm[g] * asum[i, g]
+            out[i, n] = acc
+
+
+@njit(cache=True)
+def _rows_w4g_any(a, asum, w, k, group, out, lo, hi):
+    if k <= INT32_DOT_MAX_K:
+        _rows_w4g_dot(a, asum, w, k, group, out, lo, hi)
+    else:
+        _rows_w4g(a, asum, w, k, group, out, lo, hi)
+
+
 @njit(cache=True)
 def gemm_w4g(a, w, k, group, out):
     """int64 ``out[m, n]``: int8 ``a[m, k]`` times the row images ``w`` uint8 ``[n, rb]``."""
     asum = np.empty((a.shape[0], -(-k // group)), np.int64)
     group_sums(a, group, asum)
-    _rows_w4g(a, asum, w, k, group, out, 0, w.shape[0])
+    _rows_w4g_any(a, asum, w, k, group, out, 0, w.shape[0])
 
 
 @njit(cache=True, parallel=True)
@@ -155,7 +207,7 @@ def gemm_w4g_par(a, w, k, group, out, chunks):
     n = w.shape[0]
     step = (n + chunks - 1) // chunks
     for ch in prange(chunks):
-        _rows_w4g(a, asum, w, k, group, out, ch * step, min(n, (ch + 1) * step))
+        _rows_w4g_any(a, asum, w, k, group, out, ch * step, min(n, (ch + 1) * step))
 
 
 @njit(cache=True)

@@ -76,6 +76,36 @@ def test_gemm_group_is_bit_exact(case):
                                   ref_gemm_group(a, codes, d, mins, group, bias, mult, shift))
 
 
+@pytest.mark.parametrize("k", [kgg.INT32_DOT_MAX_K - 1, kgg.INT32_DOT_MAX_K,
+                               kgg.INT32_DOT_MAX_K + 1])
+@pytest.mark.parametrize("extreme", [True, False])
+def test_accumulators_are_exact_on_both_sides_of_the_int32_dot_bound(k, extreme):
+    """At ``INT32_DOT_MAX_K`` the one int32 dot per output reaches its largest magnitude
+    without wrapping; one element more takes the per-group sums; an odd ``k`` below the
+    bound ends on a half byte: all exact (the int64
+    reference cannot overflow: ``|w| <= 255*15 + 2**15``, ``k * 128 * |w| < 2**35``)."""
+    rng = np.random.default_rng(k)
+    group, m, n = 32, 2, 3
+    ng = kgg.group_count(k, group)
+    if extreme:  # the largest |a * D c| everywhere, of either sign
+        a = np.array([[-128] * k, [127] * k], np.int8)
+        codes = np.full((n, k), 15, np.uint8)
+        d = np.full((n, ng), 255, np.uint8)
+        mins = np.array([[-(2**15)] * ng, [2**15 - 1] * ng, [0] * ng], np.int16)
+    else:
+        a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+        codes = rng.integers(0, 16, (n, k), dtype=np.uint8)
+        d = rng.integers(0, 256, (n, ng), dtype=np.uint8)
+        mins = rng.integers(-(2**15), 2**15, (n, ng), dtype=np.int16)
+    g_of = np.arange(k) // group
+    w = d.astype(np.int64)[:, g_of] * codes.astype(np.int64) + mins.astype(np.int64)[:, g_of]
+    got = kgg.group_accumulate(a, kgg.pack_group_rows(codes, d, mins), k=k, group=group)
+    np.testing.assert_array_equal(got, a.astype(np.int64) @ w.T)
+    # the bound is tight: one element more could wrap the int32 dot
+    assert 128 * 255 * 15 * kgg.INT32_DOT_MAX_K < 2**31 <= 128 * 255 * 15 * (
+        kgg.INT32_DOT_MAX_K + 1)
+
+
 @SETTINGS
 @given(cases())
 def test_row_image_round_trips(case):

@@ -3,14 +3,16 @@ import json
 import pytest
 
 from sim.cli import main
+from tests.groups import QUICKSTART
 
 TINY = ["--set", "hardware.preset=tiny", "--set", "model.preset=tiny", "--set",
         "compile.core_mode=single", "--set", "workload.prompt_tokens=8", "--set",
         "workload.output_tokens=4"]
 
 
-def test_run_embedded_default_writes_metrics_trace_and_report(tmp_path):
-    assert main(["run", "--out", str(tmp_path), "-q"]) == 0
+@pytest.mark.xdist_group(QUICKSTART)
+def test_run_embedded_default_writes_metrics_trace_and_report(embedded_default_run):
+    tmp_path = embedded_default_run  # `kvsim run --out DIR -q`, shared (tests/conftest.py)
     m = json.loads((tmp_path / "metrics.json").read_text())
     for key in ("config", "sim_time_s", "traffic_bytes", "engine_busy_s", "traffic_by_kind"):
         assert key in m

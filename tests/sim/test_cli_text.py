@@ -8,12 +8,14 @@ import json
 import pytest
 
 from sim.cli import main
+from tests.groups import REAL_OTHER
 
 # Today's default numerics (one static int8 scale for the residual stream) zero every
 # logit of SmolLM2-135M: the guard must refuse the run.
 OLD = ["--numerics", "static-int8"]
 
 
+@pytest.mark.xdist_group(REAL_OTHER)
 def test_generate_refuses_degenerate_output_by_default(capsys) -> None:
     assert main(["generate", "--prompt", "The capital of France is", "--max-new-tokens",
                  "2", *OLD]) == 2
@@ -21,6 +23,7 @@ def test_generate_refuses_degenerate_output_by_default(capsys) -> None:
     assert "kvsim: error: NPU logits of the prompt: all 49152 logits are zero" in err
 
 
+@pytest.mark.xdist_group(REAL_OTHER)
 def test_eval_json_with_the_guard_overridden(capsys) -> None:
     assert main(["eval", "--max-tokens", "16", "--allow-degenerate", "--json", *OLD]) == 0
     out = json.loads(capsys.readouterr().out)

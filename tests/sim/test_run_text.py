@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
+from tests.groups import REAL_OTHER, REAL_W8
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "real-model.toml"
 TINY = ["--set", "hardware.preset=tiny", "--set", "model.preset=tiny", "--set",
@@ -47,6 +48,7 @@ def test_a_prompt_text_needs_a_model_with_a_tokenizer(tmp_path, capsys) -> None:
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.xdist_group(REAL_OTHER)
 def test_the_guard_stops_a_real_model_run_on_degenerate_logits(tmp_path, capsys) -> None:
     assert main(["run", "--out", str(tmp_path / "o"), "-q", *SMOL]) == 2
     err = capsys.readouterr().err
@@ -55,6 +57,7 @@ def test_the_guard_stops_a_real_model_run_on_degenerate_logits(tmp_path, capsys)
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.xdist_group(REAL_OTHER)
 def test_allow_degenerate_records_it_with_the_texts(tmp_path) -> None:
     assert main(["run", "--out", str(tmp_path), "-q", *SMOL, "--set",
                  "sim.allow_degenerate=true"]) == 0
@@ -68,6 +71,7 @@ def test_allow_degenerate_records_it_with_the_texts(tmp_path) -> None:
     assert t["degenerate"].startswith("NPU logits of the prompt: ")
 
 
+@pytest.mark.xdist_group(REAL_W8)
 def test_the_real_model_config_continues_its_prompt_as_the_reference_does(tmp_path) -> None:
     assert main(["run", str(CONFIG), "--out", str(tmp_path), "-q", "--set",
                  "outputs.trace=off"]) == 0
