@@ -160,7 +160,8 @@ def _copy(mem: Memory, src_space: Space, dst_space: Space, instr, offset: int = 
     src, dst = instr.src + offset, instr.dst
     s_span, d_span = (rows - 1) * s_step + n, (rows - 1) * d_step + n
     same = src_space == dst_space and src < dst + d_span and dst < src + s_span
-    if 0 < s_step and n <= d_step and not same and hasattr(mem, "read_blocks"):
+    apart = 0 < s_step and n <= d_step and not same  # no block overwrites one still to read
+    if apart and hasattr(mem, "read_blocks"):
         # all blocks in one strided read and one strided write: the per-block loop's
         # result, as the source and destination spans do not overlap
         blocks = mem.read_blocks(src_space, instr.core, src, rows, n, s_step)
@@ -169,8 +170,7 @@ def _copy(mem: Memory, src_space: Space, dst_space: Space, instr, offset: int = 
         else:
             mem.write_blocks(dst_space, instr.core, dst, blocks, d_step)
         return
-    if (0 < s_step and n <= d_step and not same
-            and max(s_span, d_span) <= _SPAN_PER_BYTE * rows * n):
+    if apart and max(s_span, d_span) <= _SPAN_PER_BYTE * rows * n:
         # the blocks in one read of the source span (and one read-modify-write of the
         # destination span): the per-block loop's result, as the spans do not overlap
         span = mem.read(src_space, instr.core, src, s_span).view(np.uint8)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .recorder import Recorder, Span
+from .recorder import Recorder, Span, span_times
 
 PS_PER_US = 1e6
 
@@ -113,14 +113,18 @@ def lane_tracks(starts: np.ndarray, ends: np.ndarray) -> list[int]:
 
 @dataclass(frozen=True)
 class _Layout:
-    """Where each span goes: ``pid`` per block, per span its lane's index in ``lanes``
-    and its track; ``tid[(block, lane, track)]``; ``tracks`` per lane."""
+    """Where each span goes: ``pid`` per block, the lanes of each block (``by_block``), per
+    span its lane's index in ``lanes``, its track and its times; ``tid[(block, lane,
+    track)]``; ``tracks`` per lane."""
 
     blocks: list[str]
     pid: dict[str, int]
     lanes: list[tuple[str, str]]
+    by_block: dict[str, list[str]]
     span_lane: np.ndarray
     span_track: np.ndarray
+    start_ps: np.ndarray
+    end_ps: np.ndarray
     tracks: dict[tuple[str, str], int]
     tid: dict[tuple[str, str, int], int]
 
@@ -134,8 +138,7 @@ def _layout(recorder: Recorder) -> _Layout:
     pid = {b: i + 1 for i, b in enumerate(blocks)}
     lane_id = {bl: i for i, bl in enumerate(lanes)}
     span_lane = np.fromiter(map(lane_id.__getitem__, map(block_lane, spans)), np.int64, n)
-    start = np.fromiter(map(itemgetter(3), spans), np.int64, n)
-    end = np.fromiter(map(itemgetter(4), spans), np.int64, n)
+    start, end = span_times(spans)
     span_track = np.zeros(n, np.int64)
     tracks: dict[tuple[str, str], int] = {}
     by_lane = np.argsort(span_lane, kind="stable")
@@ -155,7 +158,8 @@ def _layout(recorder: Recorder) -> _Layout:
             for k in range(tracks[(b, lane)]):
                 m += 1
                 tid[(b, lane, k)] = m
-    return _Layout(blocks, pid, lanes, span_lane, span_track, tracks, tid)
+    return _Layout(blocks, pid, lanes, by_block, span_lane, span_track, start, end, tracks,
+                   tid)
 
 
 def chrome_trace(recorder: Recorder, *, counter_bins: int = 200) -> dict[str, Any]:
@@ -186,15 +190,12 @@ def _meta(recorder: Recorder) -> dict[str, Any]:
 
 def _head_events(recorder: Recorder, lay: _Layout) -> Iterator[dict[str, Any]]:
     """The names of processes and threads."""
-    by_block: dict[str, list[str]] = defaultdict(list)
-    for b, lane in lay.lanes:
-        by_block[b].append(lane)
     for b in lay.blocks:
         p = lay.pid[b]
         yield {"ph": "M", "name": "process_name", "pid": p, "tid": 0, "args": {"name": b}}
         yield {"ph": "M", "name": "process_sort_index", "pid": p, "tid": 0,
                "args": {"sort_index": p}}
-        for lane in sorted(by_block.get(b, [])):
+        for lane in sorted(lay.by_block.get(b, [])):
             for k in range(lay.tracks[(b, lane)]):
                 yield {"ph": "M", "name": "thread_name", "pid": p, "tid": lay.tid[(b, lane, k)],
                        "args": {"name": lane if k == 0 else f"{lane} #{k + 1}"}}
@@ -220,7 +221,7 @@ def _span_events(recorder: Recorder, lay: _Layout) -> Iterator[dict[str, Any]]:
         yield ev
 
 
-#: Spans encoded per batch: the columns of one batch are held at a time, not of all.
+#: Spans encoded per batch: the texts of one batch are held at a time, not of all.
 SPAN_BATCH = 65_536
 
 
@@ -240,8 +241,7 @@ def _span_texts(recorder: Recorder, lay: _Layout, encode: Callable[[Any], str]
         n = len(batch)
         head = map(heads.__getitem__, zip(map(itemgetter(2), batch), pids[lo:lo + n],
                                           tids[lo:lo + n], strict=True))
-        start = np.fromiter(map(itemgetter(3), batch), np.int64, n)
-        end = np.fromiter(map(itemgetter(4), batch), np.int64, n)
+        start, end = lay.start_ps[lo:lo + n], lay.end_ps[lo:lo + n]
         # an int64 over a float64 as Python divides an int by a float (exact below 2**53)
         ts = (start / PS_PER_US).tolist()
         dur = ((end - start) / PS_PER_US).tolist()

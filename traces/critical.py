@@ -27,7 +27,7 @@ from operator import itemgetter
 import numpy as np
 from numba import njit
 
-from .recorder import Span
+from .recorder import Span, span_times
 
 #: Span lanes on the path, grouped as the report shows them (lane -> group).
 LANE_GROUPS = {
@@ -135,18 +135,12 @@ def path_columns(spans: Sequence[Span], start_ps: int | None = None) -> PathColu
     if not spans:
         return PathColumns(empty, empty, empty, empty)
     n = len(spans)
-    # columns one field at a time (a transposing ``zip(*spans)`` makes an iterator per
-    # span, which costs more than the rest of the walk)
-    start = np.fromiter(map(itemgetter(3), spans), np.int64, n)
-    end = np.fromiter(map(itemgetter(4), spans), np.int64, n)
+    start, end = span_times(spans)
     block_lane = itemgetter(0, 1)
     names = sorted(set(map(block_lane, spans)))  # (block, lane) ranked as the walk's ties
     rank = {bl: r for r, bl in enumerate(names)}
     lane = np.fromiter(map(rank.__getitem__, map(block_lane, spans)), np.int64, n)
-    keep = np.array([s.args is not None and "index" in s.args for s in spans], bool)
-    if ("host", "runtime") in rank:
-        keep |= lane == rank["host", "runtime"]
-    keep &= end > start
+    keep = np.fromiter(map(_can_be_on_path, spans), bool, n) & (end > start)
     idx = np.flatnonzero(keep)
     if not len(idx):
         return PathColumns(empty, empty, empty, empty)

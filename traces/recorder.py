@@ -31,8 +31,8 @@ LEVELS = {"off": 0, "ops": 1, "tiles": 2}
 class Span(NamedTuple):
     """One piece of recorded work. A named tuple, not a dataclass: a long run records
     millions (up to ``max_events``), and a tuple is built several times faster than a
-    frozen dataclass (whose ``__init__`` sets each field through ``object.__setattr__``)
-    and turns into columns in one ``zip(*spans)``."""
+    frozen dataclass (whose ``__init__`` sets each field through ``object.__setattr__``),
+    and its fields read into columns by position (:func:`span_times`)."""
 
     block: str  # a hardware block: "core0", "dram", "pcie", "host", "runtime"
     lane: str  # an engine or channel inside it: "dma_in", "ch3", "h2d"
@@ -40,6 +40,16 @@ class Span(NamedTuple):
     start_ps: int
     end_ps: int
     args: dict[str, Any] | None = None
+
+
+def span_times(spans: Sequence[Span]) -> tuple[Any, Any]:
+    """The start and end times (ps) of ``spans`` as two ``int64`` arrays, read one field
+    at a time (a transposing ``zip(*spans)`` makes an iterator per span and costs more)."""
+    import numpy as np
+
+    n = len(spans)
+    return (np.fromiter(map(itemgetter(3), spans), np.int64, n),
+            np.fromiter(map(itemgetter(4), spans), np.int64, n))
 
 
 #: ``Span(*fields)`` without the generated ``__new__``'s Python frame (half the cost of
@@ -138,8 +148,8 @@ class Recorder:
             return 0
         idx = np.array([index[i] for i in at], np.int64)
         pos = np.array(at, np.int64)
-        start = np.fromiter(map(itemgetter(3), tail), np.int64, len(tail))[pos]
-        end = np.fromiter(map(itemgetter(4), tail), np.int64, len(tail))[pos]
+        start, end = span_times(tail)
+        start, end = start[pos], end[pos]
         # per instruction index (sorted): its spans' first start and last end
         order = np.argsort(idx, kind="stable")
         order_idx, cut = np.unique(idx[order], return_index=True)

@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 from .breakdown_chart import run_breakdown
 from .chrome import _block_key, bandwidth_series
 from .page import Card, Figure, byte_unit, fmt_bytes, fmt_time, layout, render_page, time_unit
-from .recorder import Recorder
+from .recorder import Recorder, span_times
 from .sweep_report import NAMES, fmt_number, quantity, sweep_report
 
 __all__ = ["NAMES", "fmt_number", "quantity", "run_report", "sweep_report"]
@@ -112,8 +112,7 @@ def _binned_lanes(spans: list, per_lane: int) -> dict[str, list[tuple]]:
     names = sorted(set(word.values()))
     lane_id = {bl: i for i, bl in enumerate(lanes)}
     name_id = {m: names.index(w) for m, w in word.items()}
-    start = np.fromiter(map(itemgetter(3), spans), np.int64, n)
-    end = np.fromiter(map(itemgetter(4), spans), np.int64, n)
+    start, end = span_times(spans)
     lane = np.fromiter(map(lane_id.__getitem__, map(block_lane, spans)), np.int64, n)
     name = np.fromiter(map(name_id.__getitem__, map(itemgetter(2), spans)), np.int64, n)
     t0 = int(start.min())

@@ -116,6 +116,18 @@ def group_sums(a, group, out):
             out[i, g] = s
 
 
+@njit(cache=True, inline="always")
+def _codes_and_mins(row, cb, ng, c, mm):
+    """One row image's codes into ``c`` (0..15, two per byte, low nibble first) and its
+    ``M`` (little-endian int16 per group) into ``mm``: :func:`unpack_group_rows` per row."""
+    for jb in range(cb):  # unpack without a branch per element (vectorizes)
+        c[2 * jb] = row[jb] & 15
+        c[2 * jb + 1] = row[jb] >> 4
+    for g in range(ng):
+        v = np.int32(row[cb + 2 * g]) | (np.int32(row[cb + 2 * g + 1]) << 8)
+        mm[g] = np.int64(v - 65536 if v >= 32768 else v)
+
+
 @njit(cache=True)
 def _rows_w4g(a, asum, w, k, group, out, lo, hi):
     m = a.shape[0]
@@ -126,12 +138,8 @@ def _rows_w4g(a, asum, w, k, group, out, lo, hi):
     mm = np.empty(ng, np.int64)
     for n in range(lo, hi):
         row = w[n]
-        for jb in range(cb):  # unpack without a branch per element (vectorizes)
-            c[2 * jb] = row[jb] & 15
-            c[2 * jb + 1] = row[jb] >> 4
+        _codes_and_mins(row, cb, ng, c, mm)
         for g in range(ng):
-            v = np.int32(row[cb + 2 * g]) | (np.int32(row[cb + 2 * g + 1]) << 8)
-            mm[g] = np.int64(v - 65536 if v >= 32768 else v)
             dd[g] = np.int64(row[cb + 2 * ng + g])
         for i in range(m):
             acc = np.int64(0)
@@ -163,12 +171,8 @@ def _rows_w4g_dot(a, asum, w, k, group, out, lo, hi):
     mm = np.empty(ng, np.int64)
     for n in range(lo, hi):
         row = w[n]
-        for jb in range(cb):  # unpack without a branch per element (vectorizes)
-            c[2 * jb] = row[jb] & 15
-            c[2 * jb + 1] = row[jb] >> 4
+        _codes_and_mins(row, cb, ng, c, mm)
         for g in range(ng):
-            v = np.int32(row[cb + 2 * g]) | (np.int32(row[cb + 2 * g + 1]) << 8)
-            mm[g] = np.int64(v - 65536 if v >= 32768 else v)
             d = np.int16(row[cb + 2 * ng + g])
             for j in range(g * group, min(k, (g + 1) * group)):
                 e[j] = np.int16(d * c[j])
