@@ -29,11 +29,30 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under ``-n N`` without an explicit ``--dist``, distribute with ``loadgroup``: the
     real-model tests' groups (:mod:`tests.groups`) each run in one worker, handed out
     first. xdist's default, ``load``, ignores the groups and may split a module's
-    real-model tests over both workers, each compiling and calibrating the same model."""
+    real-model tests over both workers, each compiling and calibrating the same model.
+
+    The controller's choice must reach the workers too: a worker parses the command line
+    afresh (so it would see xdist's default) and names each grouped test after its group
+    only if it was told ``loadgroup``; :func:`pytest_configure_node` passes the choice in
+    the worker's input and the worker takes it here."""
+    if hasattr(config, "workerinput"):  # a worker: the controller's choice
+        if config.workerinput.get(_LOADGROUP):
+            config.option.loadgroup = True
+        return
     explicit = any(a == "--dist" or a.startswith("--dist=") or a == "-d"
                    for a in config.invocation_params.args)
     if getattr(config.option, "dist", "no") == "load" and not explicit:
         config.option.dist = "loadgroup"
+
+
+#: The key of the worker input that says the controller distributes with ``loadgroup``.
+_LOADGROUP = "kvsim_loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """(xdist, in the controller) Tells each worker whether the groups apply."""
+    node.workerinput[_LOADGROUP] = node.config.getvalue("dist") == "loadgroup"
 
 
 @pytest.hookimpl(tryfirst=True)
