@@ -161,6 +161,13 @@ class RowCache:
         self.max_rows = max_rows
         self._by_formats: dict[tuple[str, ...], RowStore] = {}
         self._held = 0
+        #: how often the cache has started afresh (a row index of an earlier generation
+        #: means nothing in this one)
+        self.generation = 0
+        #: what :mod:`sim.program_tables` keeps of the last program it built, to build the
+        #: next one incrementally (dropped with the rows)
+        self.previous: object | None = None
+        self.incremental_builds = 0  # programs whose tables were built from the last one's
 
     def __len__(self) -> int:
         return self._held
@@ -168,13 +175,23 @@ class RowCache:
     def clear(self) -> None:
         self._by_formats.clear()
         self._held = 0
+        self.generation += 1
+        self.previous = None
 
-    def lookup(self, instrs, formats: tuple[str, ...]) -> tuple[np.ndarray, RowStore]:
-        """``(index, store)``: the row of each of ``instrs`` as an index into ``store`` (the
-        rows of ``formats``' objects), building the rows of objects not seen before."""
+    def has_room(self, new: int) -> bool:
+        """Whether ``new`` more rows fit without the cache starting afresh."""
+        return self._held + new <= self.max_rows
+
+    def lookup(self, instrs, formats: tuple[str, ...],
+               ids: np.ndarray | None = None) -> tuple[np.ndarray, RowStore]:
+        """``(index, store)``: the row of each of ``instrs`` (whose ids are ``ids``, if
+        known) as an index into ``store`` (the rows of ``formats``' objects), building the
+        rows of objects not seen before."""
         store = self._by_formats.get(formats)
         n = len(instrs)
-        ids = np.fromiter(map(id, instrs), np.int64, n)
+        if ids is None:
+            ids = np.fromiter(map(id, instrs), np.int64, n)
+        all_ids = ids
         if store is not None:
             index = store.find(ids)
             missing = np.flatnonzero(index < 0)
@@ -196,7 +213,7 @@ class RowCache:
         if self._held + len(new) > self.max_rows and self._held:
             self.clear()
             if store is not None:  # the program's other objects are new again too
-                return self.lookup(instrs, formats)
+                return self.lookup(instrs, formats, all_ids)
         store = self._by_formats.get(formats)
         if store is None:
             store = self._by_formats[formats] = RowStore()

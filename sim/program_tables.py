@@ -70,16 +70,46 @@ def instructions_of(program: Program):
     return program.instructions
 
 
-def build(program: Program, cache: RowCache, kinds_of, kind_count: int) -> Tables:
+def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
+          incremental: bool = True) -> Tables:
     """The tables of ``program`` with its rows from ``cache``; ``kinds_of(addresses)``
     gives each DRAM address's traffic kind as an id below ``kind_count``. A
     :class:`~isa.columns.ColumnProgram` has its rows read from its columns (one per
-    instruction, no objects made), bypassing the cache."""
+    instruction, no objects made), bypassing the cache. A program of the same length and
+    formats as the last one built with ``cache`` is built incrementally when it can be
+    (:func:`_incremental`; not with ``incremental=False``): the same tables as a full
+    build, in less time (``cache.incremental_builds`` counts them)."""
     if isinstance(program, ColumnProgram):
         made = ColumnRows(program.columns, cache.cores, cache.num_cores, program.formats)
         return gather(made.rows, made.row_of, made.flags, kinds_of, kind_count)
-    index, store = cache.lookup(program.instructions, program.formats)
-    return gather(*_distinct(index, store), store.flags, kinds_of, kind_count)
+    instrs = program.instructions
+    ids = np.fromiter(map(id, instrs), np.int64, len(instrs))
+    got = (_incremental(instrs, ids, program.formats, cache, kinds_of, kind_count)
+           if incremental else None)
+    if got is None:
+        index, store = cache.lookup(instrs, program.formats, ids)
+        tables = gather(*_distinct(index, store), store.flags, kinds_of, kind_count)
+    else:
+        index, store, tables = got
+        cache.incremental_builds += 1
+    # kept for the next program (the instructions too: their ids stay theirs while held)
+    cache.previous = _Previous(program.formats, instrs, ids, index, cache.generation, store,
+                               tables)
+    return tables
+
+
+@dataclass(frozen=True)
+class _Previous:
+    """The last program a cache's tables were built for: its formats, instructions and
+    their ids, the store row of each, the cache generation and store, its tables."""
+
+    formats: tuple[str, ...]
+    instrs: tuple
+    ids: np.ndarray
+    index: np.ndarray
+    generation: int
+    store: object
+    tables: Tables
 
 
 def _distinct(index: np.ndarray, store) -> tuple[np.ndarray, np.ndarray]:
@@ -92,6 +122,66 @@ def _distinct(index: np.ndarray, store) -> tuple[np.ndarray, np.ndarray]:
     local = np.zeros(len(store.objs), np.int32)
     local[present] = np.arange(len(present), dtype=np.int32)
     return store.rows[present], local[index]
+
+
+def _incremental(instrs, ids: np.ndarray, formats: tuple[str, ...], cache: RowCache,
+                 kinds_of, kind_count: int):
+    """``(index, store, tables)`` of a program built from the last one's tables, or None
+    when that cannot be proved equal to a full build (the caller then builds in full).
+
+    The proof: the program has the last one's length and formats, the cache has not
+    started afresh, and at every position whose object changed the new object's row has
+    the old one's engine, queue core, waits and signals. Then every position keeps its
+    queue (so the queues and their items are the last ones), the program's flags are the
+    same (so the dense flag ids are the same numbers: a search, not a sort) and so are the
+    cores that signal each flag; a row's cross-core bit depends only on its engine, core
+    and waits and on those signallers, so it is the bit of the last row at any position
+    that holds it. What the changed rows bring (durations, transfers, stats pairs under
+    the current memory map) is gathered afresh, over the distinct rows as a full build
+    gathers them, so the tables are the full build's, array for array."""
+    prev = cache.previous
+    if (not isinstance(prev, _Previous) or prev.formats != formats
+            or len(prev.ids) != len(ids) or prev.generation != cache.generation):
+        return None
+    changed = np.flatnonzero(ids != prev.ids)
+    if not cache.has_room(len(changed)):
+        return None  # the lookup would start the cache afresh
+    store = prev.store
+    index = prev.index.copy()
+    if len(changed):
+        sub, store = cache.lookup(list(map(instrs.__getitem__, changed.tolist())), formats,
+                                  ids[changed])
+        if store is not prev.store or cache.generation != prev.generation:
+            return None
+        rows, old = store.rows, prev.index[changed]
+        for col in (X_ENG, X_QCORE, X_WLEN, X_SLEN):
+            if not np.array_equal(rows[sub, col], rows[old, col]):
+                return None
+        held = store.flags
+        for off, ln in ((X_WOFF, X_WLEN), (X_SOFF, X_SLEN)):
+            lens = rows[sub, ln]
+            step = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+            if not np.array_equal(held[np.repeat(rows[sub, off], lens) + step],
+                                  held[np.repeat(rows[old, off], lens) + step]):
+                return None
+        index[changed] = sub
+    last = prev.tables
+    rows, row_of = _distinct(index, store)
+    table = _table(rows, kinds_of, kind_count)
+    w_ptr, s_ptr, wflat, sflat = _heads(rows, store.flags)
+    values = np.concatenate([wflat, sflat])
+    dense = np.searchsorted(last.flags, values)
+    if len(values) and (int(dense.max()) >= len(last.flags)
+                        or not np.array_equal(last.flags[dense], values)):
+        return None  # not the same flags (cannot happen when the heads are the same)
+    at = np.empty(len(rows), np.int64)  # a position of each row
+    at[row_of] = np.arange(len(row_of))
+    table[:, pl.I_FLAGS] |= last.table[last.row_of[at], pl.I_FLAGS] & pl.FL_CROSS
+    stream_base, stream_bytes = _streams(rows)
+    return index, store, Tables(
+        table, row_of, w_ptr, dense[: len(wflat)], s_ptr, dense[len(wflat):], last.flags,
+        last.q_ptr, last.q_items, last.queues, len(LINKS) * kind_count, stream_base,
+        stream_bytes)
 
 
 #: Above this many times the values' count (plus a margin), :func:`unique_small` sorts
