@@ -46,6 +46,14 @@ def _spec(t: type[Instruction]) -> tuple[tuple[str, bool, type | None], ...]:
                   fields[n].metadata.get("enum")) for n in body_names(t))
 
 
+@functools.cache
+def _plain(t: type[Instruction]) -> bool:
+    """Whether ``t``'s ``__init__`` only sets its fields (no ``__post_init__``, no field
+    outside ``__init__``, no slots), so an instance can be made by filling its dict."""
+    return (not hasattr(t, "__post_init__") and not hasattr(t, "__slots__")
+            and all(f.init for f in dataclasses.fields(t)))
+
+
 def _as_i64(t: type, f: dataclasses.Field, value, n: int) -> np.ndarray:
     """``value`` (a scalar or ``n`` values) of field ``f`` as ``n`` int64, range-checked."""
     code = f.metadata.get("fmt", "Q")
@@ -80,6 +88,11 @@ def _flag_lists(t: type, name: str, value, n: int) -> tuple[np.ndarray, np.ndarr
     a = a.astype(np.int64)
     used = a >= 0
     return used.sum(axis=1), a[used]  # row by row, left to right
+
+
+def _tuples(starts: list[int], ends: list[int], flat: list[int]) -> list[tuple[int, ...]]:
+    """The slices ``flat[s:e]`` as tuples."""
+    return [tuple(flat[s:e]) for s, e in zip(starts, ends, strict=True)]
 
 
 class ColumnsBuilder:
@@ -204,15 +217,26 @@ class ProgramColumns:
 
     def _make(self, k: int, js) -> list[Instruction]:
         t = self.types[k]
-        values = []
+        at = self.positions[k][js]
+        columns = {}
         for name, unsigned, enum in _spec(t):
             a = self.cols[k][name][js]
             vals = (a.view(np.uint64) if unsigned else a).tolist()
-            values.append((name, vals if enum is None else list(map(enum, vals))))
-        out = []
-        for j, p in enumerate(self.positions[k][js].tolist()):
-            out.append(t(**{name: vals[j] for name, vals in values}, **self._heads(p)))
-        return out
+            columns[name] = vals if enum is None else list(map(enum, vals))
+        for name, ptr, flags in (("wait", self.wait_ptr, self.wait_flags),
+                                 ("signal", self.signal_ptr, self.signal_flags)):
+            columns[name] = _tuples(ptr[at].tolist(), ptr[at + 1].tolist(), flags.tolist())
+        names = [f.name for f in dataclasses.fields(t)]  # in the order __init__ sets them
+        rows = zip(*(columns[n] for n in names), strict=True)
+        if _plain(t):  # the instance dict __init__ would make, without calling it
+            new = object.__new__
+            out = []
+            for vals in rows:
+                obj = new(t)
+                obj.__dict__.update(zip(names, vals, strict=True))
+                out.append(obj)
+            return out
+        return [t(**dict(zip(names, vals, strict=True))) for vals in rows]
 
     def instructions(self) -> tuple[Instruction, ...]:
         """Every instruction as an object, in program order."""

@@ -144,6 +144,10 @@ def test_gemv_columns_hold_the_object_instructions(k, n, cores, tile_bytes):
     got = prog.instructions
     assert [type(i) for i in got] == [type(i) for i in want]
     assert got == want and prog == Program(want, name=prog.name)
+    # made as __init__ makes them: the same fields, in the same order, of the same types
+    assert [list(vars(i).items()) for i in got] == [list(vars(i).items()) for i in want]
+    assert [[type(v) for v in vars(i).values()] for i in got] == [
+        [type(v) for v in vars(i).values()] for i in want]
     validate_program(prog, layer.layout)
 
 
