@@ -13,6 +13,7 @@ whatever the instruction.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,29 +84,27 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
         made = ColumnRows(program.columns, cache.cores, cache.num_cores, program.formats)
         return gather(made.rows, made.row_of, made.flags, kinds_of, kind_count)
     instrs = program.instructions
-    ids = np.fromiter(map(id, instrs), np.int64, len(instrs))
-    got = (_incremental(instrs, ids, program.formats, cache, kinds_of, kind_count)
+    got = (_incremental(instrs, program.formats, cache, kinds_of, kind_count)
            if incremental else None)
     if got is None:
-        index, store = cache.lookup(instrs, program.formats, ids)
+        index, store = cache.lookup(instrs, program.formats)
         tables = gather(*_distinct(index, store), store.flags, kinds_of, kind_count)
     else:
         index, store, tables = got
         cache.incremental_builds += 1
     # kept for the next program (the instructions too: their ids stay theirs while held)
-    cache.previous = _Previous(program.formats, instrs, ids, index, cache.generation, store,
+    cache.previous = _Previous(program.formats, instrs, index, cache.generation, store,
                                tables)
     return tables
 
 
 @dataclass(frozen=True)
 class _Previous:
-    """The last program a cache's tables were built for: its formats, instructions and
-    their ids, the store row of each, the cache generation and store, its tables."""
+    """The last program a cache's tables were built for: its formats and instructions,
+    the store row of each, the cache generation and store, its tables."""
 
     formats: tuple[str, ...]
     instrs: tuple
-    ids: np.ndarray
     index: np.ndarray
     generation: int
     store: object
@@ -121,11 +120,11 @@ def _distinct(index: np.ndarray, store) -> tuple[np.ndarray, np.ndarray]:
         return store.rows, index.astype(np.int32)
     local = np.zeros(len(store.objs), np.int32)
     local[present] = np.arange(len(present), dtype=np.int32)
-    return store.rows[present], local[index]
+    return np.take(store.rows, present, axis=0), local[index]
 
 
-def _incremental(instrs, ids: np.ndarray, formats: tuple[str, ...], cache: RowCache,
-                 kinds_of, kind_count: int):
+def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
+                 kind_count: int):
     """``(index, store, tables)`` of a program built from the last one's tables, or None
     when that cannot be proved equal to a full build (the caller then builds in full).
 
@@ -141,16 +140,17 @@ def _incremental(instrs, ids: np.ndarray, formats: tuple[str, ...], cache: RowCa
     gathers them, so the tables are the full build's, array for array."""
     prev = cache.previous
     if (not isinstance(prev, _Previous) or prev.formats != formats
-            or len(prev.ids) != len(ids) or prev.generation != cache.generation):
+            or len(prev.instrs) != len(instrs) or prev.generation != cache.generation):
         return None
-    changed = np.flatnonzero(ids != prev.ids)
+    # the positions whose object changed (an identity test each: no ids needed)
+    changed = np.flatnonzero(~np.fromiter(map(operator.is_, instrs, prev.instrs), bool,
+                                          len(instrs)))
     if not cache.has_room(len(changed)):
         return None  # the lookup would start the cache afresh
     store = prev.store
     index = prev.index.copy()
     if len(changed):
-        sub, store = cache.lookup(list(map(instrs.__getitem__, changed.tolist())), formats,
-                                  ids[changed])
+        sub, store = cache.lookup(list(map(instrs.__getitem__, changed.tolist())), formats)
         if store is not prev.store or cache.generation != prev.generation:
             return None
         rows, old = store.rows, prev.index[changed]
