@@ -253,8 +253,15 @@ class ColumnProgram(Program):
     from the columns the first time they are read (and then kept). Equal to the
     :class:`Program` of the same instructions, formats and name."""
 
-    def __init__(self, columns: ProgramColumns, formats: tuple[str, ...] = (),
-                 name: str = "", marks: tuple[tuple[str, int, int], ...] = ()) -> None:
+    def __init__(self, columns: ProgramColumns | None = None, formats: tuple[str, ...] = (),
+                 name: str = "", marks: tuple[tuple[str, int, int], ...] = (), *,
+                 instructions: tuple[Instruction, ...] | None = None) -> None:
+        # ``instructions`` (instead of columns): what ``dataclasses.replace`` passes
+        if (columns is None) == (instructions is None):
+            raise IsaError("ColumnProgram: give either columns or instructions")
+        if columns is None:
+            columns = columns_of(instructions)
+            object.__setattr__(self, "instructions", tuple(instructions))
         object.__setattr__(self, "columns", columns)
         object.__setattr__(self, "formats", formats)
         object.__setattr__(self, "name", name)

@@ -6,6 +6,9 @@ bad columns are refused with the field named."""
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+
 import numpy as np
 import pytest
 
@@ -149,6 +152,11 @@ def test_gemv_columns_hold_the_object_instructions(k, n, cores, tile_bytes):
     assert [[type(v) for v in vars(i).values()] for i in got] == [
         [type(v) for v in vars(i).values()] for i in want]
     validate_program(prog, layer.layout)
+    # a copy with changes (``dataclasses.replace`` passes the instructions) and a pickle
+    renamed = dataclasses.replace(prog, name="renamed")
+    assert isinstance(renamed, ColumnProgram) and renamed.name == "renamed"
+    assert renamed.instructions == want and len(renamed.columns) == len(want)
+    assert pickle.loads(pickle.dumps(prog)) == prog
 
 
 def test_a_timing_run_of_columns_makes_no_object_and_keeps_the_timeline():
