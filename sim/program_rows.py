@@ -164,9 +164,9 @@ class RowCache:
         #: how often the cache has started afresh (a row index of an earlier generation
         #: means nothing in this one)
         self.generation = 0
-        #: what :mod:`sim.program_tables` keeps of the last program it built, to build the
-        #: next one incrementally (dropped with the rows)
-        self.previous: object | None = None
+        #: what :mod:`sim.program_tables` keeps of the last programs it built (by length
+        #: and formats), to build the next ones incrementally (dropped with the rows)
+        self.recent: dict = {}
         self.incremental_builds = 0  # programs whose tables were built from the last one's
 
     def __len__(self) -> int:
@@ -176,7 +176,7 @@ class RowCache:
         self._by_formats.clear()
         self._held = 0
         self.generation += 1
-        self.previous = None
+        self.recent.clear()
 
     def has_room(self, new: int) -> bool:
         """Whether ``new`` more rows fit without the cache starting afresh."""

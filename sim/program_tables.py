@@ -9,6 +9,13 @@ memory map, the engine queues in the device's order (sorted by engine, then core
 int32 instruction index per item) and the DRAM base and size of every distinct transfer
 (for the chunk plans). Per instruction the tables hold 8 bytes (row index and queue item),
 whatever the instruction.
+
+A program held as columns (:class:`isa.columns.ColumnProgram`) has one row per
+instruction, read from its columns without making objects. A program of the length and
+formats of a recently built one (a decode step after the last) reuses that one's queues,
+flags and cross-core bits when every changed position keeps its engine, core, waits and
+signals, and gathers only its rows (:func:`_incremental` states the proof); the tables
+are those of a full build, array for array.
 """
 
 from __future__ import annotations
@@ -77,7 +84,7 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
     gives each DRAM address's traffic kind as an id below ``kind_count``. A
     :class:`~isa.columns.ColumnProgram` has its rows read from its columns (one per
     instruction, no objects made), bypassing the cache. A program of the same length and
-    formats as the last one built with ``cache`` is built incrementally when it can be
+    formats as a recent one built with ``cache`` is built incrementally when it can be
     (:func:`_incremental`; not with ``incremental=False``): the same tables as a full
     build, in less time (``cache.incremental_builds`` counts them)."""
     if isinstance(program, ColumnProgram):
@@ -93,9 +100,19 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
         index, store, tables = got
         cache.incremental_builds += 1
     # kept for the next program (the instructions too: their ids stay theirs while held)
-    cache.previous = _Previous(program.formats, instrs, index, cache.generation, store,
-                               tables)
+    key = (len(instrs), program.formats)
+    recent = cache.recent
+    recent.pop(key, None)
+    recent[key] = _Previous(program.formats, instrs, index, cache.generation, store, tables)
+    while len(recent) > RECENT_PROGRAMS:  # the least recently built go
+        del recent[next(iter(recent))]
     return tables
+
+
+#: Programs (of distinct lengths or formats) whose tables a cache keeps for incremental
+#: builds: a decode step's, and a few others run between steps (a choice bounding memory:
+#: each holds one program's tables and store rows).
+RECENT_PROGRAMS = 4
 
 
 @dataclass(frozen=True)
@@ -125,8 +142,9 @@ def _distinct(index: np.ndarray, store) -> tuple[np.ndarray, np.ndarray]:
 
 def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
                  kind_count: int):
-    """``(index, store, tables)`` of a program built from the last one's tables, or None
-    when that cannot be proved equal to a full build (the caller then builds in full).
+    """``(index, store, tables)`` of a program built from the tables of the last one of its
+    length and formats, or None when that cannot be proved equal to a full build (the
+    caller then builds in full).
 
     The proof: the program has the last one's length and formats, the cache has not
     started afresh, and at every position whose object changed the new object's row has
@@ -138,9 +156,8 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
     that holds it. What the changed rows bring (durations, transfers, stats pairs under
     the current memory map) is gathered afresh, over the distinct rows as a full build
     gathers them, so the tables are the full build's, array for array."""
-    prev = cache.previous
-    if (not isinstance(prev, _Previous) or prev.formats != formats
-            or len(prev.instrs) != len(instrs) or prev.generation != cache.generation):
+    prev = cache.recent.get((len(instrs), formats))
+    if prev is None or prev.generation != cache.generation:
         return None
     # the positions whose object changed (an identity test each: no ids needed)
     changed = np.flatnonzero(~np.fromiter(map(operator.is_, instrs, prev.instrs), bool,

@@ -96,11 +96,26 @@ def test_a_changed_structure_falls_back_to_the_full_build(tiny):
         _assert_same(got, _build(dev, other, incremental=False))
         assert _per_instruction(got) == _per_instruction(
             _build(Device(ARIES, functional=False), other))
-    # and the fallback leaves the next step incremental again
+    # a program of another length between steps leaves the steps incremental (each is
+    # built from the last one of its length and formats); after a changed structure the
+    # next step is built in full (against the changed program), the one after it not
     dev = Device(ARIES, functional=False)
-    for p in (prog, fallbacks[0], nxt, tiny.program(tokens=1, cache_size=22)):
+    for p in (prog, fallbacks[0], nxt, fallbacks[2], tiny.program(tokens=1, cache_size=22),
+              tiny.program(tokens=1, cache_size=23)):
         _build(dev, p)
-    assert dev.program_rows.incremental_builds == 1
+    assert dev.program_rows.incremental_builds == 2  # nxt (from prog), the last step
+
+
+def test_the_programs_kept_for_incremental_builds_are_bounded(tiny):
+    prog = tiny.program(tokens=1, cache_size=20)
+    dev = Device(ARIES, functional=False)
+    for extra in range(program_tables.RECENT_PROGRAMS + 2):
+        pad = tuple(Nop(on=Engine.VPU) for _ in range(extra))
+        _build(dev, Program(prog.instructions + pad, formats=prog.formats))
+    assert len(dev.program_rows.recent) == program_tables.RECENT_PROGRAMS
+    assert min(n for n, _ in dev.program_rows.recent) == len(prog) + 2  # the oldest went
+    dev.program_rows.clear()
+    assert not dev.program_rows.recent
 
 
 def test_a_device_running_decode_steps_keeps_the_timeline_of_fresh_devices(tiny):
