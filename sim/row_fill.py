@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import struct
 
 import numpy as np
@@ -53,6 +54,7 @@ FAMILIES = (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead, Attn, KvWrite, KvRe
 _TYPE_IDS: dict[type, int] = {}
 _TYPE_LIST: list[type] = []
 _FAMILY: list[type] = []
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 #: The ``int64`` that a field of :data:`NO_ADDR` reads as in the extracted columns.
 NO_ADDR_I64 = int(np.array(NO_ADDR, np.uint64).view(np.int64))
 
@@ -149,15 +151,17 @@ class _Rows:
         if isinstance(group, _ColumnGroup):
             return group.cols.column_matrix(group.k, names)
         try:
-            bufs, heads = zip(*_reader(t, names)(group), strict=True)
+            read = _reader(t, names)(group)
         except struct.error:
             bad = next(i for i in group if not all(
                 isinstance(v, int) and -(1 << 63) <= v < (1 << 64) for v in map(
                     i.__getattribute__, names)))
             raise DeviceError(f"{t.__name__}: a field of {', '.join(names)} is not a 64-bit "
                               f"integer: {bad}") from None
-        self.heads.extend(heads)
-        return np.frombuffer(b"".join(bufs), np.int64).reshape(len(group), len(names))
+        # (taken apart by item: a transposing ``zip(*read)`` makes an iterator per pair)
+        self.heads.extend(map(_SECOND, read))
+        return np.frombuffer(b"".join(map(_FIRST, read)), np.int64).reshape(len(group),
+                                                                              len(names))
 
     def timed(self, i: Instruction) -> tuple[int, int]:
         return self.cores[i.core].duration_ps(i, self.formats), i.ops()
