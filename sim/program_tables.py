@@ -103,8 +103,11 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
     key = (len(instrs), program.formats)
     recent = cache.recent
     recent.pop(key, None)
-    recent[key] = _Previous(program.formats, instrs, index, cache.generation, store, tables)
-    while len(recent) > RECENT_PROGRAMS:  # the least recently built go
+    if len(instrs) <= RECENT_INSTRUCTIONS:
+        recent[key] = _Previous(program.formats, instrs, index, cache.generation, store,
+                                tables)
+    # the least recently built go first
+    while len(recent) > RECENT_PROGRAMS or sum(n for n, _ in recent) > RECENT_INSTRUCTIONS:
         del recent[next(iter(recent))]
     return tables
 
@@ -113,6 +116,10 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
 #: builds: a decode step's, and a few others run between steps (a choice bounding memory:
 #: each holds one program's tables and store rows).
 RECENT_PROGRAMS = 4
+#: Instructions those programs may hold in all (each costs about 24 bytes kept: its object
+#: reference, store row, table row and queue item); a longer program is not kept. A choice
+#: bounding memory to some 25 MB, not a measurement.
+RECENT_INSTRUCTIONS = 1 << 20
 
 
 @dataclass(frozen=True)

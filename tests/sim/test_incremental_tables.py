@@ -106,7 +106,7 @@ def test_a_changed_structure_falls_back_to_the_full_build(tiny):
     assert dev.program_rows.incremental_builds == 2  # nxt (from prog), the last step
 
 
-def test_the_programs_kept_for_incremental_builds_are_bounded(tiny):
+def test_the_programs_kept_for_incremental_builds_are_bounded(tiny, monkeypatch):
     prog = tiny.program(tokens=1, cache_size=20)
     dev = Device(ARIES, functional=False)
     for extra in range(program_tables.RECENT_PROGRAMS + 2):
@@ -116,6 +116,12 @@ def test_the_programs_kept_for_incremental_builds_are_bounded(tiny):
     assert min(n for n, _ in dev.program_rows.recent) == len(prog) + 2  # the oldest went
     dev.program_rows.clear()
     assert not dev.program_rows.recent
+    # and so are the instructions they hold: a program past the bound is not kept
+    monkeypatch.setattr(program_tables, "RECENT_INSTRUCTIONS", 2 * len(prog) + 3)
+    for extra in (0, 1, 2, len(prog) + 4):
+        pad = tuple(Nop(on=Engine.VPU) for _ in range(extra))
+        _build(dev, Program(prog.instructions + pad, formats=prog.formats))
+    assert [n for n, _ in dev.program_rows.recent] == [len(prog) + 1, len(prog) + 2]
 
 
 def test_a_device_running_decode_steps_keeps_the_timeline_of_fresh_devices(tiny):
