@@ -178,20 +178,12 @@ class RowCache:
         self.generation += 1
         self.recent.clear()
 
-    def has_room(self, new: int) -> bool:
-        """Whether ``new`` more rows fit without the cache starting afresh."""
-        return self._held + new <= self.max_rows
-
-    def lookup(self, instrs, formats: tuple[str, ...],
-               ids: np.ndarray | None = None) -> tuple[np.ndarray, RowStore]:
-        """``(index, store)``: the row of each of ``instrs`` (whose ids are ``ids``, if
-        known) as an index into ``store`` (the rows of ``formats``' objects), building the
-        rows of objects not seen before."""
+    def lookup(self, instrs, formats: tuple[str, ...]) -> tuple[np.ndarray, RowStore]:
+        """``(index, store)``: the row of each of ``instrs`` as an index into ``store`` (the
+        rows of ``formats``' objects), building the rows of objects not seen before."""
         store = self._by_formats.get(formats)
         n = len(instrs)
-        if ids is None:
-            ids = np.fromiter(map(id, instrs), np.int64, n)
-        all_ids = ids
+        ids = np.fromiter(map(id, instrs), np.int64, n)
         if store is not None:
             index = store.find(ids)
             missing = np.flatnonzero(index < 0)
@@ -213,7 +205,7 @@ class RowCache:
         if self._held + len(new) > self.max_rows and self._held:
             self.clear()
             if store is not None:  # the program's other objects are new again too
-                return self.lookup(instrs, formats, all_ids)
+                return self.lookup(instrs, formats)
         store = self._by_formats.get(formats)
         if store is None:
             store = self._by_formats[formats] = RowStore()

@@ -169,13 +169,14 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
     # the positions whose object changed (an identity test each: no ids needed)
     changed = np.flatnonzero(~np.fromiter(map(operator.is_, instrs, prev.instrs), bool,
                                           len(instrs)))
-    if not cache.has_room(len(changed)):
-        return None  # the lookup would start the cache afresh
     store = prev.store
     index = prev.index.copy()
     if len(changed):
         sub, store = cache.lookup(list(map(instrs.__getitem__, changed.tolist())), formats)
-        if store is not prev.store or cache.generation != prev.generation:
+        if cache.generation != prev.generation:
+            # the new rows filled the cache and it started afresh with the changed objects
+            # only: afresh again, so that the full build numbers rows as on a fresh cache
+            cache.clear()
             return None
         rows, old = store.rows, prev.index[changed]
         for col in (X_ENG, X_QCORE, X_WLEN, X_SLEN):

@@ -18,6 +18,7 @@ from models.config import load_preset
 from sim import program_tables
 from sim.device import Device
 from sim.hw import load_hardware
+from sim.program_rows import RowCache
 from tests.sim.test_column_rows import _per_instruction
 
 ARIES = load_hardware("aries")
@@ -136,3 +137,23 @@ def test_a_device_running_decode_steps_keeps_the_timeline_of_fresh_devices(tiny)
         want.append(ref.run(p, validate=False))
     assert ref.program_rows.incremental_builds == 0
     assert got == want
+
+
+def test_a_full_row_cache_starts_afresh_and_builds_in_full(tiny):
+    steps = [tiny.program(tokens=1, cache_size=40 + i) for i in range(5)]
+    distinct = len({id(i) for i in steps[0].instructions})
+    dev = Device(ARIES, functional=False)
+    # room for the first step's rows and one step's new ones, not two
+    new = len({id(i) for i in steps[1].instructions} - {id(i) for i in steps[0].instructions})
+    dev.program_rows = RowCache(dev.cores, dev.num_cores, max_rows=distinct + new)
+    cache = dev.program_rows
+    made = []
+    for prog in steps:
+        made.append((cache.generation, cache.incremental_builds))
+        assert _per_instruction(_build(dev, prog)) == _per_instruction(
+            _build(Device(ARIES, functional=False), prog))
+    made.append((cache.generation, cache.incremental_builds))
+    # (before each step) step 1 incremental; step 2's new rows filled the cache: afresh
+    # twice (by the lookup, then to build in full on an empty cache); step 3 incremental;
+    # step 4 as step 2
+    assert made == [(0, 0), (0, 0), (0, 1), (2, 1), (2, 2), (4, 2)]
