@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from isa.columns import ColumnProgram, ColumnsBuilder, ProgramColumns
 from isa.errors import ConfigError
 from isa.instructions import (
     DmaLoad,
@@ -22,10 +23,8 @@ from isa.instructions import (
     Gemm,
     HostRead,
     HostWrite,
-    Instruction,
     MemoryLayout,
     Nop,
-    Program,
     Region,
     Space,
 )
@@ -41,7 +40,7 @@ def _align(x: int, a: int = ALIGN) -> int:
 class GemvLayer:
     """The program plus where its data lives, and the data needed to check its result."""
 
-    program: Program
+    program: ColumnProgram  # instruction objects made on first use
     layout: MemoryLayout
     x_host: int
     y_host: int
@@ -99,49 +98,13 @@ def gemv_layer(
     # host buffers
     x_host, y_host = 0, _align(k, 4096)
 
-    ins: list[Instruction] = [
-        HostWrite(src=x_host, dst=x_dram, nbytes=k, signal=(1,) * num_cores)
-    ]
     # flags: 1 = x in DRAM; per core c: base 10+10c: +0 x/scales loaded, +1/+2 tile loaded in
     # buffer 0/1, +3/+4 buffer 0/1 free, +5 output stored, +6 all tiles multiplied.
-    done_flags = []
-    for c in range(num_cores):
-        f = 10 + 10 * c
-        row0 = c * rows_per_core
-        ins.append(Nop(core=c, on=Engine.DMA_IN, wait=(1,)))
-        ins.append(DmaLoad(core=c, src=x_dram, dst=x_s, nbytes=k))
-        ins.append(DmaLoad(core=c, src=s_dram + 4 * row0, dst=s_s, nbytes=4 * rows_per_core,
-                           signal=(f,)))
-        ntiles = -(-rows_per_core // tile_rows)
-        for t in range(ntiles):
-            rows = min(tile_rows, rows_per_core - t * tile_rows)
-            b = t % 2
-            ins.append(
-                DmaLoad(
-                    core=c,
-                    src=w_dram + (row0 + t * tile_rows) * row_bytes,
-                    dst=buf[b],
-                    nbytes=rows * row_bytes,
-                    wait=(f + 3 + b,) if t >= 2 else (),
-                    signal=(f + 1 + b,),
-                )
-            )
-            ins.append(
-                Gemm(
-                    core=c, m=1, k=k, n=rows, w_bits=w_bits,
-                    a=x_s, w=buf[b], out=y_s + t * tile_rows,
-                    scale=s_s + 4 * t * tile_rows, shift=shift,
-                    wait=((f,) if t == 0 else ()) + (f + 1 + b,),
-                    signal=(f + 3 + b,) if t + 2 < ntiles else (),
-                )
-            )
-        # the last GEMM of the core also signals f+6: the output slice is complete
-        g = ins[-1]
-        ins[-1] = g.replace(signal=g.signal + (f + 6,))
-        ins.append(DmaStore(core=c, src=y_s, dst=y_dram + row0, nbytes=rows_per_core,
-                            wait=(f + 6,), signal=(f + 5,)))
-        done_flags.append(f + 5)
-    ins.append(HostRead(src=y_dram, dst=y_host, nbytes=n, wait=tuple(done_flags)))
+    cols = _gemv_columns(num_cores=num_cores, k=k, n=n, w_bits=w_bits, shift=shift,
+                         rows_per_core=rows_per_core, tile_rows=tile_rows,
+                         row_bytes=row_bytes, x_host=x_host, y_host=y_host, x_dram=x_dram,
+                         y_dram=y_dram, s_dram=s_dram, w_dram=w_dram, x_s=x_s, s_s=s_s,
+                         y_s=y_s, buf=buf)
 
     regions = (
         Region("x", Space.DRAM, x_dram, k, "host_io"),
@@ -157,7 +120,7 @@ def gemv_layer(
         regions=regions,
     )
     return GemvLayer(
-        program=Program(tuple(ins), name=f"gemv {n}x{k} w{w_bits}"),
+        program=ColumnProgram(cols, name=f"gemv {n}x{k} w{w_bits}"),
         layout=layout,
         x_host=x_host,
         y_host=y_host,
@@ -168,6 +131,54 @@ def gemv_layer(
         shift=shift,
         tile_rows=tile_rows,
     )
+
+
+def _gemv_columns(*, num_cores: int, k: int, n: int, w_bits: int, shift: int,
+                  rows_per_core: int, tile_rows: int, row_bytes: int, x_host: int,
+                  y_host: int, x_dram: int, y_dram: int, s_dram: int, w_dram: int, x_s: int,
+                  s_s: int, y_s: int, buf: list[int]) -> ProgramColumns:
+    """The GEMV's instructions as columns, in program order: the host write; per core a
+    ``Nop`` waiting for ``x``, the loads of ``x`` and the scales, per weight tile its load
+    then its GEMM (buffers alternating), the store of the output slice; the host read."""
+    ntiles = -(-rows_per_core // tile_rows)
+    per_core = 4 + 2 * ntiles  # instructions per core
+    c = np.arange(num_cores)
+    f = 10 + 10 * c  # each core's first flag
+    base = 1 + per_core * c  # each core's first instruction
+    row0 = c * rows_per_core
+    # per (core, tile), core-major
+    t = np.tile(np.arange(ntiles), num_cores)
+    tc = np.repeat(c, ntiles)
+    tf = np.repeat(f, ntiles)
+    tb = t % 2
+    rows = np.minimum(tile_rows, rows_per_core - t * tile_rows)
+    at = np.repeat(base, ntiles) + 3 + 2 * t
+    none = np.full(len(t), -1)
+
+    cb = ColumnsBuilder()
+    cb.add(HostWrite, 1, at=[0], src=x_host, dst=x_dram, nbytes=k, signal=(1,) * num_cores)
+    cb.add(Nop, num_cores, at=base, core=c, on=Engine.DMA_IN, wait=(1,))
+    cb.add(DmaLoad, num_cores, at=base + 1, core=c, src=x_dram, dst=x_s, nbytes=k)
+    cb.add(DmaLoad, num_cores, at=base + 2, core=c, src=s_dram + 4 * row0, dst=s_s,
+           nbytes=4 * rows_per_core, signal=f[:, None])
+    # tile t's load waits for its buffer to be freed by the GEMM of tile t-2
+    cb.add(DmaLoad, len(t), at=at, core=tc, src=w_dram + (np.repeat(row0, ntiles) + t
+                                                          * tile_rows) * row_bytes,
+           dst=np.asarray(buf)[tb], nbytes=rows * row_bytes,
+           wait=np.where(t >= 2, tf + 3 + tb, none)[:, None], signal=(tf + 1 + tb)[:, None])
+    # the first GEMM also waits for x and the scales; a GEMM frees its buffer for tile t+2,
+    # and the last one of a core signals that the output slice is complete
+    cb.add(Gemm, len(t), at=at + 1, core=tc, m=1, k=k, n=rows, w_bits=w_bits, a=x_s,
+           w=np.asarray(buf)[tb], out=y_s + t * tile_rows, scale=s_s + 4 * t * tile_rows,
+           shift=shift,
+           wait=np.stack([np.where(t == 0, tf, none), tf + 1 + tb], axis=1),
+           signal=np.stack([np.where(t + 2 < ntiles, tf + 3 + tb, none),
+                            np.where(t == ntiles - 1, tf + 6, none)], axis=1))
+    cb.add(DmaStore, num_cores, at=base + per_core - 1, core=c, src=y_s, dst=y_dram + row0,
+           nbytes=rows_per_core, wait=(f + 6)[:, None], signal=(f + 5)[:, None])
+    cb.add(HostRead, 1, at=[1 + per_core * num_cores], src=y_dram, dst=y_host, nbytes=n,
+           wait=tuple((f + 5).tolist()))
+    return cb.build()
 
 
 def demo_data(layer: GemvLayer, seed: int) -> dict[str, np.ndarray]:

@@ -73,7 +73,7 @@ def run(dev, program: Program) -> LoopResult:
     """Runs ``program`` on ``dev`` (which must be :func:`eligible`)."""
     from sim.device import engine_name
 
-    instrs = program.instructions
+    instrs = program_tables.instructions_of(program)
     tb = program_tables.build(program, dev.program_rows, dev.kinds_of, len(dev.kind_names))
     names = [engine_name(Engine(eng), core) for eng, core in tb.queues]
 

@@ -161,6 +161,13 @@ class RowCache:
         self.max_rows = max_rows
         self._by_formats: dict[tuple[str, ...], RowStore] = {}
         self._held = 0
+        #: how often the cache has started afresh (a row index of an earlier generation
+        #: means nothing in this one)
+        self.generation = 0
+        #: what :mod:`sim.program_tables` keeps of the last programs it built (by length
+        #: and formats), to build the next ones incrementally (dropped with the rows)
+        self.recent: dict = {}
+        self.incremental_builds = 0  # programs whose tables were built from the last one's
 
     def __len__(self) -> int:
         return self._held
@@ -168,6 +175,8 @@ class RowCache:
     def clear(self) -> None:
         self._by_formats.clear()
         self._held = 0
+        self.generation += 1
+        self.recent.clear()
 
     def lookup(self, instrs, formats: tuple[str, ...]) -> tuple[np.ndarray, RowStore]:
         """``(index, store)``: the row of each of ``instrs`` as an index into ``store`` (the

@@ -9,14 +9,23 @@ memory map, the engine queues in the device's order (sorted by engine, then core
 int32 instruction index per item) and the DRAM base and size of every distinct transfer
 (for the chunk plans). Per instruction the tables hold 8 bytes (row index and queue item),
 whatever the instruction.
+
+A program held as columns (:class:`isa.columns.ColumnProgram`) has one row per
+instruction, read from its columns without making objects. A program of the length and
+formats of a recently built one (a decode step after the last) reuses that one's queues,
+flags and cross-core bits when every changed position keeps its engine, core, waits and
+signals, and gathers only its rows (:func:`_incremental` states the proof); the tables
+are those of a full build, array for array.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
 
+from isa.columns import ColumnProgram
 from isa.instructions import Program
 from sim.components import loopdefs as pl
 from sim.program_rows import (
@@ -39,8 +48,9 @@ from sim.program_rows import (
     X_WOFF,
     RowCache,
 )
+from sim.row_fill import ColumnRows
 
-__all__ = ["LINKS", "RowCache", "Tables", "build"]
+__all__ = ["LINKS", "RowCache", "Tables", "build", "gather", "instructions_of", "unique_small"]
 
 
 @dataclass
@@ -60,39 +70,215 @@ class Tables:
     stream_bytes: np.ndarray
 
 
-def build(program: Program, cache: RowCache, kinds_of, kind_count: int) -> Tables:
+def instructions_of(program: Program):
+    """``program``'s instructions as a sequence; a :class:`~isa.columns.ColumnProgram`'s
+    are made only when an item is read (functional execution, span names)."""
+    if isinstance(program, ColumnProgram):
+        return program.lazy_instructions
+    return program.instructions
+
+
+def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
+          incremental: bool = True) -> Tables:
     """The tables of ``program`` with its rows from ``cache``; ``kinds_of(addresses)``
-    gives each DRAM address's traffic kind as an id below ``kind_count``."""
+    gives each DRAM address's traffic kind as an id below ``kind_count``. A
+    :class:`~isa.columns.ColumnProgram` has its rows read from its columns (one per
+    instruction, no objects made), bypassing the cache. A program of the same length and
+    formats as a recent one built with ``cache`` is built incrementally when it can be
+    (:func:`_incremental`; not with ``incremental=False``): the same tables as a full
+    build, in less time (``cache.incremental_builds`` counts them)."""
+    if isinstance(program, ColumnProgram):
+        made = ColumnRows(program.columns, cache.cores, cache.num_cores, program.formats)
+        return gather(made.rows, made.row_of, made.flags, kinds_of, kind_count)
     instrs = program.instructions
-    index, store = cache.lookup(instrs, program.formats)
-    # the program's distinct rows, in the cache's order (a count, not a sort)
+    got = (_incremental(instrs, program.formats, cache, kinds_of, kind_count)
+           if incremental else None)
+    if got is None:
+        index, store = cache.lookup(instrs, program.formats)
+        tables = gather(*_distinct(index, store), store.flags, kinds_of, kind_count)
+    else:
+        index, store, tables = got
+        cache.incremental_builds += 1
+    # kept for the next program (the instructions too: their ids stay theirs while held)
+    key = (len(instrs), program.formats)
+    recent = cache.recent
+    recent.pop(key, None)
+    if len(instrs) <= RECENT_INSTRUCTIONS:
+        recent[key] = _Previous(program.formats, instrs, index, cache.generation, store,
+                                tables)
+    # the least recently built go first
+    while len(recent) > RECENT_PROGRAMS or sum(n for n, _ in recent) > RECENT_INSTRUCTIONS:
+        del recent[next(iter(recent))]
+    return tables
+
+
+#: Programs (of distinct lengths or formats) whose tables a cache keeps for incremental
+#: builds: a decode step's, and a few others run between steps (a choice bounding memory:
+#: each holds one program's tables and store rows).
+RECENT_PROGRAMS = 4
+#: Instructions those programs may hold in all (each costs about 24 bytes kept: its object
+#: reference, store row, table row and queue item); a longer program is not kept. A choice
+#: bounding memory to some 25 MB, not a measurement.
+RECENT_INSTRUCTIONS = 1 << 20
+
+
+@dataclass(frozen=True)
+class _Previous:
+    """The last program a cache's tables were built for: its formats and instructions,
+    the store row of each, the cache generation and store, its tables."""
+
+    formats: tuple[str, ...]
+    instrs: tuple
+    index: np.ndarray
+    generation: int
+    store: object
+    tables: Tables
+
+
+def _distinct(index: np.ndarray, store) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, row_of)``: the distinct rows of a program whose instructions have the
+    store rows ``index``, in the store's order (a count, not a sort), and the row of each
+    instruction among them."""
     present = np.flatnonzero(np.bincount(index, minlength=len(store.objs)))
     if len(present) == len(store.objs):  # the program holds every row (a fresh store)
-        row_of = index.astype(np.int32)
-        rows = store.rows
-    else:
-        local = np.zeros(len(store.objs), np.int32)
-        local[present] = np.arange(len(present), dtype=np.int32)
-        row_of = local[index]
-        rows = store.rows[present]
-        del local
-    del index
-    nr = len(rows)
-    table = np.ascontiguousarray(rows[:, : pl.I_FIELDS])
+        return store.rows, index.astype(np.int32)
+    local = np.zeros(len(store.objs), np.int32)
+    local[present] = np.arange(len(present), dtype=np.int32)
+    return np.take(store.rows, present, axis=0), local[index]
 
-    # the stats additions' (link, kind) pairs under the current memory map
+
+def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
+                 kind_count: int):
+    """``(index, store, tables)`` of a program built from the tables of the last one of its
+    length and formats, or None when that cannot be proved equal to a full build (the
+    caller then builds in full).
+
+    The proof: the program has the last one's length and formats, the cache has not
+    started afresh, and at every position whose object changed the new object's row has
+    the old one's engine, queue core, waits and signals. Then every position keeps its
+    queue (so the queues and their items are the last ones), the program's flags are the
+    same (so the dense flag ids are the same numbers: a search, not a sort) and so are the
+    cores that signal each flag; a row's cross-core bit depends only on its engine, core
+    and waits and on those signallers, so it is the bit of the last row at any position
+    that holds it. What the changed rows bring (durations, transfers, stats pairs under
+    the current memory map) is gathered afresh, over the distinct rows as a full build
+    gathers them, so the tables are the full build's, array for array."""
+    prev = cache.recent.get((len(instrs), formats))
+    if prev is None or prev.generation != cache.generation:
+        return None
+    # the positions whose object changed (an identity test each: no ids needed)
+    changed = np.flatnonzero(~np.fromiter(map(operator.is_, instrs, prev.instrs), bool,
+                                          len(instrs)))
+    store = prev.store
+    index = prev.index.copy()
+    if len(changed):
+        sub, store = cache.lookup(list(map(instrs.__getitem__, changed.tolist())), formats)
+        if cache.generation != prev.generation:
+            # the new rows filled the cache and it started afresh with the changed objects
+            # only: afresh again, so that the full build numbers rows as on a fresh cache
+            cache.clear()
+            return None
+        rows, old = store.rows, prev.index[changed]
+        for col in (X_ENG, X_QCORE, X_WLEN, X_SLEN):
+            if not np.array_equal(rows[sub, col], rows[old, col]):
+                return None
+        held = store.flags
+        for off, ln in ((X_WOFF, X_WLEN), (X_SOFF, X_SLEN)):
+            lens = rows[sub, ln]
+            step = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+            if not np.array_equal(held[np.repeat(rows[sub, off], lens) + step],
+                                  held[np.repeat(rows[old, off], lens) + step]):
+                return None
+        index[changed] = sub
+    last = prev.tables
+    rows, row_of = _distinct(index, store)
+    table = _table(rows, kinds_of, kind_count)
+    w_ptr, s_ptr, wflat, sflat = _heads(rows, store.flags)
+    values = np.concatenate([wflat, sflat])
+    dense = np.searchsorted(last.flags, values)
+    if len(values) and (int(dense.max()) >= len(last.flags)
+                        or not np.array_equal(last.flags[dense], values)):
+        return None  # not the same flags (cannot happen when the heads are the same)
+    at = np.empty(len(rows), np.int64)  # a position of each row
+    at[row_of] = np.arange(len(row_of))
+    table[:, pl.I_FLAGS] |= last.table[last.row_of[at], pl.I_FLAGS] & pl.FL_CROSS
+    stream_base, stream_bytes = _streams(rows)
+    return index, store, Tables(
+        table, row_of, w_ptr, dense[: len(wflat)], s_ptr, dense[len(wflat):], last.flags,
+        last.q_ptr, last.q_items, last.queues, len(LINKS) * kind_count, stream_base,
+        stream_bytes)
+
+
+#: Above this many times the values' count (plus a margin), :func:`unique_small` sorts
+#: instead of counting: a choice bounding its memory, not a measurement.
+COUNT_SPAN_PER_VALUE = 8
+COUNT_SPAN_MARGIN = 1 << 16
+
+
+def unique_small(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(unique, inverse)`` of int64 ``values`` as ``np.unique(values,
+    return_inverse=True)`` gives them (sorted distinct values, int64 inverse), by counting
+    when the values are non-negative and their span is small, else by sorting."""
+    n = len(values)
+    top = int(values.max(initial=0))
+    if n == 0 or int(values.min()) < 0 or top > COUNT_SPAN_PER_VALUE * n + COUNT_SPAN_MARGIN:
+        u, inv = np.unique(values, return_inverse=True)
+        return u, inv.reshape(-1).astype(np.int64)
+    seen = np.zeros(top + 1, bool)
+    seen[values] = True
+    u = np.flatnonzero(seen)
+    number = np.zeros(top + 1, np.int64)
+    number[u] = np.arange(len(u))
+    return u.astype(values.dtype), number[values]
+
+
+def _table(rows: np.ndarray, kinds_of, kind_count: int) -> np.ndarray:
+    """The loop's table of the distinct ``rows``, with the stats additions' ``(link,
+    kind)`` pairs under the current memory map."""
+    table = np.ascontiguousarray(rows[:, : pl.I_FIELDS])
     for k, (link, addr, pair) in enumerate(((X_LINK1, X_ADDR1, pl.I_PAIR1),
                                             (X_LINK2, X_ADDR2, pl.I_PAIR2))):
         has = np.flatnonzero(rows[:, pl.I_NADD] > k)
         table[has, pair] = rows[has, link] * kind_count + kinds_of(rows[has, addr])
+    return table
+
+
+def _heads(rows: np.ndarray, held: np.ndarray):
+    """``(w_ptr, s_ptr, waits, signals)``: the rows' waits and signals (held flat in
+    ``held``) as flag lists with offsets per row."""
+    wl, sl = rows[:, X_WLEN], rows[:, X_SLEN]
+    nr = len(rows)
+    w_ptr = np.zeros(nr + 1, np.int64)
+    np.cumsum(wl, out=w_ptr[1:])
+    s_ptr = np.zeros(nr + 1, np.int64)
+    np.cumsum(sl, out=s_ptr[1:])
+    wflat = held[np.repeat(rows[:, X_WOFF] - w_ptr[:-1], wl) + np.arange(w_ptr[-1])]
+    sflat = held[np.repeat(rows[:, X_SOFF] - s_ptr[:-1], sl) + np.arange(s_ptr[-1])]
+    return w_ptr, s_ptr, wflat, sflat
+
+
+def _streams(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The DRAM base and bytes of every transfer of the rows (for the chunk plans)."""
+    ns = rows[:, X_NSTREAM]
+    one, two = np.flatnonzero(ns >= 1), np.flatnonzero(ns >= 2)
+    return (np.concatenate([rows[one, X_SB1], rows[two, X_SB2]]),
+            np.concatenate([rows[one, X_SN1], rows[two, X_SN2]]))
+
+
+def gather(rows: np.ndarray, row_of: np.ndarray, held: np.ndarray, kinds_of,
+           kind_count: int) -> Tables:
+    """The tables of a program of the distinct ``rows`` (their waits and signals point into
+    ``held``), instruction ``i`` having row ``row_of[i]``."""
+    nr = len(rows)
+    table = _table(rows, kinds_of, kind_count)
 
     # engine queues in sorted (engine, core) order, items in program order
     eng = rows[:, X_ENG]
     qcore = rows[:, X_QCORE]
     qkey = eng * (int(qcore.max(initial=0)) + 1) + qcore
-    ukeys, q_of_row = np.unique(qkey, return_inverse=True)
+    ukeys, q_of_row = unique_small(qkey)
     small = np.int16 if len(ukeys) <= np.iinfo(np.int16).max else np.int32
-    q_of = q_of_row.reshape(-1).astype(small)[row_of]
+    q_of = q_of_row.astype(small)[row_of]
     q_items = np.argsort(q_of, kind="stable").astype(np.int32)  # radix sort: small ints
     q_ptr = np.zeros(len(ukeys) + 1, np.int64)
     np.cumsum(np.bincount(q_of, minlength=len(ukeys)), out=q_ptr[1:])
@@ -100,17 +286,10 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int) -> Table
     first = row_of[q_items[q_ptr[:-1]]]
     queues = list(zip(eng[first].tolist(), qcore[first].tolist(), strict=True))
 
-    # flags: the rows' waits and signals (held flat in the store) over dense ids
+    # flags: the rows' waits and signals over dense ids
+    w_ptr, s_ptr, wflat, sflat = _heads(rows, held)
     wl, sl = rows[:, X_WLEN], rows[:, X_SLEN]
-    w_ptr = np.zeros(nr + 1, np.int64)
-    np.cumsum(wl, out=w_ptr[1:])
-    s_ptr = np.zeros(nr + 1, np.int64)
-    np.cumsum(sl, out=s_ptr[1:])
-    held = store.flags
-    wflat = held[np.repeat(rows[:, X_WOFF] - w_ptr[:-1], wl) + np.arange(w_ptr[-1])]
-    sflat = held[np.repeat(rows[:, X_SOFF] - s_ptr[:-1], sl) + np.arange(s_ptr[-1])]
-    flags, dense = np.unique(np.concatenate([wflat, sflat]), return_inverse=True)
-    dense = dense.reshape(-1).astype(np.int64)
+    flags, dense = unique_small(np.concatenate([wflat, sflat]))
 
     # an instruction on a core's engine that waits on a flag some other core's engine
     # signals pays the barrier sync (``sim.device.cross_core_waits``): a row's own fields
@@ -133,9 +312,6 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int) -> Table
         cross[wait_row[other & per_core[wait_row]]] = True
         table[cross, pl.I_FLAGS] |= pl.FL_CROSS
 
-    ns = rows[:, X_NSTREAM]
-    one, two = np.flatnonzero(ns >= 1), np.flatnonzero(ns >= 2)
-    stream_base = np.concatenate([rows[one, X_SB1], rows[two, X_SB2]])
-    stream_bytes = np.concatenate([rows[one, X_SN1], rows[two, X_SN2]])
+    stream_base, stream_bytes = _streams(rows)
     return Tables(table, row_of, w_ptr, dense[: len(wflat)], s_ptr, dense[len(wflat):], flags,
                   q_ptr, q_items, queues, len(LINKS) * kind_count, stream_base, stream_bytes)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import struct
 
 import numpy as np
 
 from isa import kvformats
+from isa.columns import ProgramColumns
 from isa.errors import DeviceError
 from isa.instructions import (
     NO_ADDR,
@@ -52,6 +54,7 @@ FAMILIES = (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead, Attn, KvWrite, KvRe
 _TYPE_IDS: dict[type, int] = {}
 _TYPE_LIST: list[type] = []
 _FAMILY: list[type] = []
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 #: The ``int64`` that a field of :data:`NO_ADDR` reads as in the extracted columns.
 NO_ADDR_I64 = int(np.array(NO_ADDR, np.uint64).view(np.int64))
 
@@ -143,17 +146,22 @@ class _Rows:
 
     def fields(self, t: type, group: list, names: tuple[str, ...]) -> np.ndarray:
         """Fields ``names`` of the instructions of type ``t`` in ``group``, one column each
-        (their waits and signals go to :attr:`heads`)."""
+        (their waits and signals go to :attr:`heads`; a :class:`_ColumnGroup` has them
+        as columns already)."""
+        if isinstance(group, _ColumnGroup):
+            return group.cols.column_matrix(group.k, names)
         try:
-            bufs, heads = zip(*_reader(t, names)(group), strict=True)
+            read = _reader(t, names)(group)
         except struct.error:
             bad = next(i for i in group if not all(
                 isinstance(v, int) and -(1 << 63) <= v < (1 << 64) for v in map(
                     i.__getattribute__, names)))
             raise DeviceError(f"{t.__name__}: a field of {', '.join(names)} is not a 64-bit "
                               f"integer: {bad}") from None
-        self.heads.extend(heads)
-        return np.frombuffer(b"".join(bufs), np.int64).reshape(len(group), len(names))
+        # (taken apart by item: a transposing ``zip(*read)`` makes an iterator per pair)
+        self.heads.extend(map(_SECOND, read))
+        return np.frombuffer(b"".join(map(_FIRST, read)), np.int64).reshape(len(group),
+                                                                              len(names))
 
     def timed(self, i: Instruction) -> tuple[int, int]:
         return self.cores[i.core].duration_ps(i, self.formats), i.ops()
@@ -312,6 +320,56 @@ def build_rows(objs: list[Instruction], cores: list, num_cores: int,
     """The rows (``len(objs)`` x :data:`ROW_FIELDS`) of distinct instruction objects run on
     ``cores`` (the device's compute cores) in a program whose KV formats are ``formats``."""
     return Built(objs, cores, num_cores, formats).rows
+
+
+class _ColumnGroup:
+    """The instructions of type ``k`` of a program's columns, as a group the fillers read:
+    fields by column, an instruction (made on demand: once per distinct shape) by index."""
+
+    def __init__(self, cols: ProgramColumns, k: int) -> None:
+        self.cols, self.k = cols, k
+
+    def __getitem__(self, j: int) -> Instruction:
+        return self.cols.instruction(self.k, j)
+
+
+class ColumnRows:
+    """The rows of the instructions of a program held as columns (``cols``), one per
+    instruction, grouped by type (:attr:`row_of`: the row of each instruction), read from
+    the columns without instruction objects (but one per distinct shape, for its time):
+    the rows :class:`Built` makes of the same instructions, but for the waits and
+    signals, whose offsets (``X_WOFF``, ``X_SOFF``) point into :attr:`flags` (the waits
+    of all instructions, then their signals, in program order). Column-major: the
+    fillers write whole columns."""
+
+    def __init__(self, cols: ProgramColumns, cores: list, num_cores: int,
+                 formats: tuple[str, ...]) -> None:
+        for t in set(cols.types).difference(_TYPE_IDS):
+            _register(t)  # may raise: nothing built yet
+        fill = _Rows(cores, num_cores, formats)
+        # filled a type's block at a time, column-major (the fillers write columns)
+        s = np.zeros((len(cols), ROW_FIELDS), np.int64, order="F")
+        start = 0
+        for k, t in enumerate(cols.types):
+            family = _FAMILY[_TYPE_IDS[t]]
+            end = start + len(cols.positions[k])
+            b = s[start:end]
+            if family is not Nop:
+                b[:, pl.I_FLAGS] = pl.FL_DISPATCH
+                b[:, X_ENG] = int(family.engine_kind)
+            _FILL[family](fill, b, t, _ColumnGroup(cols, k), family)
+            start = end
+        order = np.concatenate(cols.positions)  # the program place of each row
+        wp, sp = cols.wait_ptr, cols.signal_ptr
+        s[:, X_WOFF] = wp[order]
+        s[:, X_WLEN] = wp[order + 1] - s[:, X_WOFF]
+        s[:, X_SOFF] = sp[order]
+        s[:, X_SLEN] = sp[order + 1] - s[:, X_SOFF]
+        s[:, X_SOFF] += wp[-1]
+        self.rows = s
+        self.row_of = np.empty(len(cols), np.int32)  # the row of each instruction
+        self.row_of[order] = np.arange(len(cols), dtype=np.int32)
+        self.flags = np.concatenate([cols.wait_flags, cols.signal_flags])
 
 
 class Built:

@@ -1,0 +1,159 @@
+"""Decode steps' tables built incrementally from the last step's
+(:func:`sim.program_tables.build`) equal full builds, array for array, on a sequence of
+compiled decode programs; a program whose structure differs (another length, other waits
+or signals, another core or formats at some position) falls back to the full build, and a
+device running the steps keeps the timeline of fresh devices."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from isa.instructions import Engine, Nop, Program
+from models.bits import build_bit_config
+from models.compiler import HardwareTarget, compile_model
+from models.config import load_preset
+from sim import program_tables
+from sim.device import Device
+from sim.hw import load_hardware
+from sim.program_rows import RowCache
+from tests.sim.test_column_rows import _per_instruction
+
+ARIES = load_hardware("aries")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return compile_model(load_preset("tiny"), build_bit_config({}),
+                         HardwareTarget.from_hw(ARIES), kv="kivi-4", core_mode="global4",
+                         max_seq=16, cap=64, functional=False)
+
+
+def _assert_same(a: program_tables.Tables, b: program_tables.Tables) -> None:
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype, f.name
+            np.testing.assert_array_equal(x, y, err_msg=f.name)
+        else:
+            assert x == y, f.name
+
+
+def _build(dev: Device, prog: Program, **kw) -> program_tables.Tables:
+    return program_tables.build(prog, dev.program_rows, dev.kinds_of, len(dev.kind_names),
+                                **kw)
+
+
+def _changed(prog: Program, at: int, **changes) -> Program:
+    instrs = list(prog.instructions)
+    instrs[at] = instrs[at].replace(**changes)
+    return Program(tuple(instrs), formats=prog.formats, name=prog.name)
+
+
+def test_incremental_decode_tables_equal_full_builds(tiny):
+    # (a 4-token call of this model has the decode step's structure: incremental too)
+    steps = [*(tiny.program(tokens=1, cache_size=16 + i) for i in range(6)),
+             tiny.program(tokens=4, cache_size=22)]
+    assert len({len(p) for p in steps}) == 1
+    dev = Device(ARIES, functional=False)
+    cache = dev.program_rows
+    for k, prog in enumerate(steps):
+        inc = _build(dev, prog)
+        assert cache.incremental_builds == k  # every step after the first
+        full = _build(dev, prog, incremental=False)  # the same cache: the same row numbers
+        _assert_same(inc, full)
+        assert _per_instruction(inc) == _per_instruction(_build(Device(ARIES, functional=False),
+                                                                prog))
+    # the steps share most objects: only the changed positions were looked up
+    ids = [np.fromiter(map(id, p.instructions), np.int64) for p in steps[:2]]
+    assert 0 < int((ids[0] != ids[1]).sum()) < len(steps[0]) // 4
+
+
+def test_a_changed_structure_falls_back_to_the_full_build(tiny):
+    prog = tiny.program(tokens=1, cache_size=20)
+    nxt = tiny.program(tokens=1, cache_size=21)
+    first_wait = next(i for i, x in enumerate(nxt.instructions) if x.wait)
+    on_core = next(i for i, x in enumerate(nxt.instructions)
+                   if type(x).__name__ == "Gemm" and x.core == 0)
+    waits = nxt.instructions[first_wait].wait
+    other_flag = next(f for i in nxt.instructions for f in i.signal if f not in waits)
+    fallbacks = [
+        Program((*nxt.instructions, Nop(on=Engine.VPU)), formats=nxt.formats,
+                name="one more"),  # another length
+        _changed(nxt, first_wait, wait=nxt.instructions[first_wait].wait + (99_999,)),
+        # another flag of the program: the same flags in all, but not at this position
+        _changed(nxt, first_wait, wait=(other_flag, *waits[1:])),
+        _changed(nxt, 0, signal=nxt.instructions[0].signal + (99_998,)),
+        _changed(nxt, on_core, core=1),  # another queue
+        Program(nxt.instructions, formats=(*nxt.formats, "int8"), name=nxt.name),
+    ]
+    for other in fallbacks:
+        dev = Device(ARIES, functional=False)
+        _build(dev, prog)
+        got = _build(dev, other)
+        assert dev.program_rows.incremental_builds == 0, other.name
+        _assert_same(got, _build(dev, other, incremental=False))
+        assert _per_instruction(got) == _per_instruction(
+            _build(Device(ARIES, functional=False), other))
+    # a program of another length between steps leaves the steps incremental (each is
+    # built from the last one of its length and formats); after a changed structure the
+    # next step is built in full (against the changed program), the one after it not
+    dev = Device(ARIES, functional=False)
+    for p in (prog, fallbacks[0], nxt, fallbacks[2], tiny.program(tokens=1, cache_size=22),
+              tiny.program(tokens=1, cache_size=23)):
+        _build(dev, p)
+    assert dev.program_rows.incremental_builds == 2  # nxt (from prog), the last step
+
+
+def test_the_programs_kept_for_incremental_builds_are_bounded(tiny, monkeypatch):
+    prog = tiny.program(tokens=1, cache_size=20)
+    dev = Device(ARIES, functional=False)
+    for extra in range(program_tables.RECENT_PROGRAMS + 2):
+        pad = tuple(Nop(on=Engine.VPU) for _ in range(extra))
+        _build(dev, Program(prog.instructions + pad, formats=prog.formats))
+    assert len(dev.program_rows.recent) == program_tables.RECENT_PROGRAMS
+    assert min(n for n, _ in dev.program_rows.recent) == len(prog) + 2  # the oldest went
+    dev.program_rows.clear()
+    assert not dev.program_rows.recent
+    # and so are the instructions they hold: a program past the bound is not kept
+    monkeypatch.setattr(program_tables, "RECENT_INSTRUCTIONS", 2 * len(prog) + 3)
+    for extra in (0, 1, 2, len(prog) + 4):
+        pad = tuple(Nop(on=Engine.VPU) for _ in range(extra))
+        _build(dev, Program(prog.instructions + pad, formats=prog.formats))
+    assert [n for n, _ in dev.program_rows.recent] == [len(prog) + 1, len(prog) + 2]
+
+
+def test_a_device_running_decode_steps_keeps_the_timeline_of_fresh_devices(tiny):
+    steps = [tiny.program(tokens=1, cache_size=30 + i) for i in range(4)]
+    dev = Device(ARIES, functional=False)
+    got = [dev.run(p, validate=False) for p in steps]
+    assert dev.program_rows.incremental_builds == len(steps) - 1
+    ref = Device(ARIES, functional=False)
+    want = []
+    for p in steps:
+        ref.program_rows.clear()  # every program's tables built in full
+        want.append(ref.run(p, validate=False))
+    assert ref.program_rows.incremental_builds == 0
+    assert got == want
+
+
+def test_a_full_row_cache_starts_afresh_and_builds_in_full(tiny):
+    steps = [tiny.program(tokens=1, cache_size=40 + i) for i in range(5)]
+    distinct = len({id(i) for i in steps[0].instructions})
+    dev = Device(ARIES, functional=False)
+    # room for the first step's rows and one step's new ones, not two
+    new = len({id(i) for i in steps[1].instructions} - {id(i) for i in steps[0].instructions})
+    dev.program_rows = RowCache(dev.cores, dev.num_cores, max_rows=distinct + new)
+    cache = dev.program_rows
+    made = []
+    for prog in steps:
+        made.append((cache.generation, cache.incremental_builds))
+        assert _per_instruction(_build(dev, prog)) == _per_instruction(
+            _build(Device(ARIES, functional=False), prog))
+    made.append((cache.generation, cache.incremental_builds))
+    # (before each step) step 1 incremental; step 2's new rows filled the cache: afresh
+    # twice (by the lookup, then to build in full on an empty cache); step 3 incremental;
+    # step 4 as step 2
+    assert made == [(0, 0), (0, 0), (0, 1), (2, 1), (2, 2), (4, 2)]
