@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import operator
 import struct
 
@@ -374,19 +375,23 @@ class ColumnRows:
 
 class Built:
     """The rows of distinct instruction objects ``objs`` (see :func:`build_rows`), in their
-    order, and the ``(wait, signal)`` of each (``heads``), read with the rows.
+    order, and their waits and signals, read with the rows: the distinct ``(wait,
+    signal)`` pairs (:attr:`pairs`, in the order the objects first have them) and the
+    number of each object's pair (:attr:`pair_of`).
 
     The objects are grouped by concrete type (a stable sort of their type ids); each
     type's fields are read in one pass (:func:`_reader`) and its rows filled column by
-    column over the group; rows and heads then return to the objects' order."""
+    column over the group; the rows then return to the objects' order (the pairs are
+    numbered in grouped order, one hash each, then renumbered by arrays)."""
 
     def __init__(self, objs: list[Instruction], cores: list, num_cores: int,
                  formats: tuple[str, ...]) -> None:
         n = len(objs)
         ids = _TYPE_IDS
-        for t in set(map(type, objs)).difference(ids):
+        types = list(map(type, objs))
+        for t in set(types).difference(ids):
             _register(t)  # may raise: nothing built yet
-        tid = np.fromiter(map(ids.__getitem__, map(type, objs)), np.int64, n)
+        tid = np.fromiter(map(ids.__getitem__, types), np.int64, n)
         order = np.argsort(tid, kind="stable")
         counts = np.bincount(tid, minlength=len(_TYPE_LIST)).tolist()
         grouped = list(map(objs.__getitem__, order.tolist()))
@@ -406,6 +411,17 @@ class Built:
             start = end
         self.rows = np.empty_like(s)
         self.rows[order] = s
-        where = np.empty(n, np.int64)  # the grouped place of each object
-        where[order] = np.arange(n)
-        self.heads = list(map(fill.heads.__getitem__, where.tolist()))
+        # each grouped place's first grouped place with its pair, then per object
+        first_of: dict = {}
+        heads = fill.heads
+        first = np.fromiter(map(first_of.setdefault, heads, itertools.count()), np.int64, n)
+        first[order] = first.copy()
+        # the pairs numbered by the object that first has each
+        rep, at, inverse = np.unique(first, return_index=True, return_inverse=True)
+        rank = np.argsort(at)
+        number = np.empty(len(rank), np.int64)
+        number[rank] = np.arange(len(rank))
+        #: the distinct ``(wait, signal)`` pairs, in the order the objects first have them
+        self.pairs = list(map(heads.__getitem__, rep[rank].tolist()))
+        #: the number of each object's pair in :attr:`pairs`
+        self.pair_of = number[inverse.reshape(-1)]
