@@ -123,8 +123,10 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
 #: each holds one program's tables and store rows).
 RECENT_PROGRAMS = 4
 #: Instructions those programs may hold in all (each costs about 24 bytes kept: its object
-#: reference, store row, table row and queue item); a longer program is not kept. A choice
-#: bounding memory to some 25 MB, not a measurement.
+#: reference, store row, table row and queue item; each distinct row some 90 more: its
+#: store row, use count and columns ``X_LINK1 ... X_SN2``); a longer program is not kept.
+#: A choice bounding memory to some 25 MB (more when every instruction is distinct), not
+#: a measurement.
 RECENT_INSTRUCTIONS = 1 << 20
 
 
