@@ -55,7 +55,7 @@ FAMILIES = (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead, Attn, KvWrite, KvRe
 _TYPE_IDS: dict[type, int] = {}
 _TYPE_LIST: list[type] = []
 _FAMILY: list[type] = []
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+_HEADS = operator.attrgetter("wait", "signal")
 #: The ``int64`` that a field of :data:`NO_ADDR` reads as in the extracted columns.
 NO_ADDR_I64 = int(np.array(NO_ADDR, np.uint64).view(np.int64))
 
@@ -94,18 +94,17 @@ def _reader(t: type, names: tuple[str, ...]):
     """``read(group)``: for each instruction of type ``t`` in ``group``, its fields
     ``names`` packed as 8-byte integers (signed where the field's declared struct code is,
     ``fmt`` in :mod:`isa.instr_base`, else unsigned: a u64 above ``2**63``, such as
-    :data:`NO_ADDR`, reads back as a negative ``int64``) and its ``(wait, signal)``. The
-    reads are a list comprehension of plain attribute loads, which the interpreter
-    specialises per type: about twice as fast as an ``attrgetter`` per instruction.
+    :data:`NO_ADDR`, reads back as a negative ``int64``). The reads are a list
+    comprehension of plain attribute loads, which the interpreter specialises per type:
+    about twice as fast as an ``attrgetter`` per instruction (the waits and signals,
+    two attributes, are read apart by an ``attrgetter``: cheaper than a tuple made here).
     ``names`` are this module's own field names."""
     fmt = {f.name: f.metadata.get("fmt", "Q") for f in dataclasses.fields(t)}
     if not set(names) <= fmt.keys() or not all(n.isidentifier() for n in names):
         raise KeyError(f"{t.__name__} has no field among {names}")
     pack = struct.Struct("<" + "".join("q" if fmt[n].islower() else "Q" for n in names)).pack
     values = ", ".join(f"i.{n}" for n in names)
-    # with each instruction's waits and signals, read while the object is at hand
-    return eval(f"lambda group: [(pack({values}), (i.wait, i.signal)) for i in group]",
-                {"pack": pack})
+    return eval(f"lambda group: [pack({values}) for i in group]", {"pack": pack})
 
 
 def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -159,10 +158,8 @@ class _Rows:
                     i.__getattribute__, names)))
             raise DeviceError(f"{t.__name__}: a field of {', '.join(names)} is not a 64-bit "
                               f"integer: {bad}") from None
-        # (taken apart by item: a transposing ``zip(*read)`` makes an iterator per pair)
-        self.heads.extend(map(_SECOND, read))
-        return np.frombuffer(b"".join(map(_FIRST, read)), np.int64).reshape(len(group),
-                                                                              len(names))
+        self.heads.extend(map(_HEADS, group))
+        return np.frombuffer(b"".join(read), np.int64).reshape(len(group), len(names))
 
     def timed(self, i: Instruction) -> tuple[int, int]:
         return self.cores[i.core].duration_ps(i, self.formats), i.ops()
