@@ -95,21 +95,19 @@ class RowStore:
         return np.where(held[k] == ids, self._at[k], -1)
 
     def append(self, objs: list[Instruction], rows: np.ndarray,
-               ids: np.ndarray | None = None, heads: list | None = None) -> int:
-        """Adds the rows of new objects (``ids``: their ids, ``heads``: their ``(wait,
-        signal)``, if known) and their flags; returns the index of the first. Each distinct
-        ``(wait, signal)`` pair is held once, and the rows that have it point at it."""
+               ids: np.ndarray | None = None, pairs: list | None = None,
+               pair_of: np.ndarray | None = None) -> int:
+        """Adds the rows of new objects (``ids``: their ids; ``pairs``: their distinct
+        ``(wait, signal)`` pairs and ``pair_of`` the number of each object's, if known, as
+        :class:`Built` gives them) and their flags; returns the index of the first. Each
+        distinct pair is held once, and the rows that have it point at it."""
         base = len(self.objs)
         end = base + len(objs)
-        if heads is None:
-            heads = [(i.wait, i.signal) for i in objs]
-        # each object's first object with its pair (one hash each), then the pairs numbered
-        first_of: dict = {}
-        first = np.fromiter(map(first_of.setdefault, heads, count()), np.int64, len(objs))
-        distinct, which = np.unique(first, return_inverse=True)
-        pos = list(map(heads.__getitem__, distinct.tolist()))
-        waits = [w for w, _ in pos]
-        sigs = [s for _, s in pos]
+        if pairs is None or pair_of is None:
+            pairs, pair_of = _pairs([(i.wait, i.signal) for i in objs])
+        which = pair_of
+        waits = [w for w, _ in pairs]
+        sigs = [s for _, s in pairs]
         wl = np.fromiter(map(len, waits), np.int64, len(waits))
         sl = np.fromiter(map(len, sigs), np.int64, len(sigs))
         nw, ns = int(wl.sum()), int(sl.sum())
@@ -134,6 +132,15 @@ class RowStore:
         self._at = np.insert(self._at, at, base + order)
         self.objs.extend(objs)
         return base
+
+
+def _pairs(heads: list) -> tuple[list, np.ndarray]:
+    """``(pairs, pair_of)``: the distinct of ``heads`` in the order they first occur, and
+    the number of each head among them."""
+    first_of: dict = {}
+    first = np.fromiter(map(first_of.setdefault, heads, count()), np.int64, len(heads))
+    distinct, which = np.unique(first, return_inverse=True)
+    return list(map(heads.__getitem__, distinct.tolist())), which.reshape(-1)
 
 
 def _room(buf: np.ndarray, used: int, need: int) -> np.ndarray:
@@ -209,7 +216,7 @@ class RowCache:
         store = self._by_formats.get(formats)
         if store is None:
             store = self._by_formats[formats] = RowStore()
-        at += store.append(new, built.rows, uniq[rank], built.heads)
+        at += store.append(new, built.rows, uniq[rank], built.pairs, built.pair_of)
         index[slice(None) if missing is None else missing] = at[inverse.reshape(-1)]
         self._held += len(new)
         return index, store

@@ -14,8 +14,8 @@ A program held as columns (:class:`isa.columns.ColumnProgram`) has one row per
 instruction, read from its columns without making objects. A program of the length and
 formats of a recently built one (a decode step after the last) reuses that one's queues,
 flags and cross-core bits when every changed position keeps its engine, core, waits and
-signals, and gathers only its rows (:func:`_incremental` states the proof); the tables
-are those of a full build, array for array.
+signals, and patches the last one's tables at the changed positions (:func:`_incremental`
+states the proof); the tables are those of a full build, array for array.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ from sim.program_rows import (
 )
 from sim.row_fill import ColumnRows
 
-__all__ = ["LINKS", "RowCache", "Tables", "build", "gather", "instructions_of", "unique_small"]
+__all__ = ["LINKS", "RowCache", "Tables", "build", "gather", "instructions_of", "move_rows",
+           "unique_small"]
 
 
 @dataclass
@@ -93,11 +94,15 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
     instrs = program.instructions
     got = (_incremental(instrs, program.formats, cache, kinds_of, kind_count)
            if incremental else None)
+    cols = None
     if got is None:
         index, store = cache.lookup(instrs, program.formats)
-        tables = gather(*_distinct(index, store), store.flags, kinds_of, kind_count)
+        present, row_of = _distinct(index, store)
+        rows = store.rows if len(present) == len(store.objs) else np.take(
+            store.rows, present, axis=0)
+        tables = gather(rows, row_of, store.flags, kinds_of, kind_count)
     else:
-        index, store, tables = got
+        index, store, tables, present, cols = got
         cache.incremental_builds += 1
     # kept for the next program (the instructions too: their ids stay theirs while held)
     key = (len(instrs), program.formats)
@@ -105,7 +110,8 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
     recent.pop(key, None)
     if len(instrs) <= RECENT_INSTRUCTIONS:
         recent[key] = _Previous(program.formats, instrs, index, cache.generation, store,
-                                tables)
+                                tables, present,
+                                np.bincount(tables.row_of, minlength=len(tables.table)), cols)
     # the least recently built go first
     while len(recent) > RECENT_PROGRAMS or sum(n for n, _ in recent) > RECENT_INSTRUCTIONS:
         del recent[next(iter(recent))]
@@ -117,8 +123,10 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
 #: each holds one program's tables and store rows).
 RECENT_PROGRAMS = 4
 #: Instructions those programs may hold in all (each costs about 24 bytes kept: its object
-#: reference, store row, table row and queue item); a longer program is not kept. A choice
-#: bounding memory to some 25 MB, not a measurement.
+#: reference, store row, table row and queue item; each distinct row some 90 more: its
+#: store row, use count and columns ``X_LINK1 ... X_SN2``); a longer program is not kept.
+#: A choice bounding memory to some 25 MB (more when every instruction is distinct), not
+#: a measurement.
 RECENT_INSTRUCTIONS = 1 << 20
 
 
@@ -133,25 +141,29 @@ class _Previous:
     generation: int
     store: object
     tables: Tables
+    present: np.ndarray  # the store row of each table row (ascending)
+    uses: np.ndarray  # the positions holding each table row
+    cols: np.ndarray | None  # its rows' columns X_LINK1 ... X_SN2 (None: not gathered)
 
 
 def _distinct(index: np.ndarray, store) -> tuple[np.ndarray, np.ndarray]:
-    """``(rows, row_of)``: the distinct rows of a program whose instructions have the
-    store rows ``index``, in the store's order (a count, not a sort), and the row of each
-    instruction among them."""
+    """``(present, row_of)``: the store rows of the distinct rows of a program whose
+    instructions have the store rows ``index``, in the store's order (a count, not a
+    sort), and the row of each instruction among them."""
     present = np.flatnonzero(np.bincount(index, minlength=len(store.objs)))
     if len(present) == len(store.objs):  # the program holds every row (a fresh store)
-        return store.rows, index.astype(np.int32)
+        return present, index.astype(np.int32)
     local = np.zeros(len(store.objs), np.int32)
     local[present] = np.arange(len(present), dtype=np.int32)
-    return np.take(store.rows, present, axis=0), local[index]
+    return present, local[index]
 
 
 def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
                  kind_count: int):
-    """``(index, store, tables)`` of a program built from the tables of the last one of its
-    length and formats, or None when that cannot be proved equal to a full build (the
-    caller then builds in full).
+    """``(index, store, tables, present, cols)`` of a program built from the tables of the
+    last one of its length and formats (``present``, ``cols``: the store row and the
+    columns ``X_LINK1 ... X_SN2`` of each table row, kept for the next), or None when that
+    cannot be proved equal to a full build (the caller then builds in full).
 
     The proof: the program has the last one's length and formats, the cache has not
     started afresh, and at every position whose object changed the new object's row has
@@ -160,9 +172,13 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
     same (so the dense flag ids are the same numbers: a search, not a sort) and so are the
     cores that signal each flag; a row's cross-core bit depends only on its engine, core
     and waits and on those signallers, so it is the bit of the last row at any position
-    that holds it. What the changed rows bring (durations, transfers, stats pairs under
-    the current memory map) is gathered afresh, over the distinct rows as a full build
-    gathers them, so the tables are the full build's, array for array."""
+    that holds it. The tables are then patched, not gathered: the distinct rows are the
+    last ones that some position still holds and the changed positions' rows new to the
+    program, in the store's order as a full build numbers them; a kept row keeps its
+    table row, waits and signals (moved by runs, :func:`move_rows`), a new one has them
+    gathered; the stats pairs (under the current memory map) and transfers of every row
+    are recomputed from its kept columns. So the tables are the full build's, array for
+    array, at a cost of the changed positions plus a few passes over the distinct rows."""
     prev = cache.recent.get((len(instrs), formats))
     if prev is None or prev.generation != cache.generation:
         return None
@@ -191,22 +207,112 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
                 return None
         index[changed] = sub
     last = prev.tables
-    rows, row_of = _distinct(index, store)
-    table = _table(rows, kinds_of, kind_count)
-    w_ptr, s_ptr, wflat, sflat = _heads(rows, store.flags)
+    present, uses = prev.present, prev.uses
+    nr = len(present)
+    old_local = last.row_of[changed]
+    # the rows the program still holds, the changed positions' rows new to it (in the
+    # store's order, as a full build numbers them), and the number of each among them
+    uses = uses - np.bincount(old_local, minlength=nr)
+    want = np.unique(index[changed])
+    k = np.minimum(np.searchsorted(present, want), max(nr - 1, 0))
+    known = present[k] == want if nr else np.zeros(len(want), bool)
+    keep = uses > 0
+    keep[k[known]] = True
+    added = want[~known]
+    kept = np.flatnonzero(keep)
+    new_present = present[kept]
+    if len(added):
+        new_present = np.insert(new_present, np.searchsorted(new_present, added), added)
+    kept_at = np.searchsorted(new_present, present[kept])
+    added_at = np.searchsorted(new_present, added)
+    remap = np.full(nr, -1, np.int32)
+    remap[kept] = kept_at
+    row_of = remap[last.row_of]
+    row_of[changed] = np.searchsorted(new_present, index[changed])
+    # the kept rows' table rows, waits and signals as the last program had them; the
+    # added rows' gathered afresh (their cross-core bit: the last row's at a position
+    # holding them)
+    new = np.take(store.rows, added, axis=0)
+    table = np.empty((len(new_present), pl.I_FIELDS), np.int64)
+    move_rows(table, kept_at, last.table, kept)
+    if len(added):
+        table[added_at] = new[:, : pl.I_FIELDS]
+        pos = _a_position(index, changed, added)
+        table[added_at, pl.I_FLAGS] |= (last.table[last.row_of[pos], pl.I_FLAGS]
+                                        & pl.FL_CROSS)
+    aw_ptr, as_ptr, wflat, sflat = _heads(new, store.flags)
     values = np.concatenate([wflat, sflat])
     dense = np.searchsorted(last.flags, values)
     if len(values) and (int(dense.max()) >= len(last.flags)
                         or not np.array_equal(last.flags[dense], values)):
         return None  # not the same flags (cannot happen when the heads are the same)
-    at = np.empty(len(rows), np.int64)  # a position of each row
-    at[row_of] = np.arange(len(row_of))
-    table[:, pl.I_FLAGS] |= last.table[last.row_of[at], pl.I_FLAGS] & pl.FL_CROSS
-    stream_base, stream_bytes = _streams(rows)
+    w_ptr, w_flag = _splice(last.w_ptr, last.w_flag, kept, kept_at, aw_ptr,
+                            dense[: len(wflat)], added_at)
+    s_ptr, s_flag = _splice(last.s_ptr, last.s_flag, kept, kept_at, as_ptr,
+                            dense[len(wflat):], added_at)
+    # what depends on every row: its stats pairs (under the current memory map) and
+    # transfers, from the columns that hold them
+    last_cols = prev.cols if prev.cols is not None else store.rows[present, X_LINK1: X_SN2 + 1]
+    cols = np.empty((len(new_present), last_cols.shape[1]), np.int64)
+    move_rows(cols, kept_at, last_cols, kept)
+    cols[added_at] = new[:, X_LINK1: X_SN2 + 1]
+    for j, (link, addr, pair) in enumerate(((X_LINK1, X_ADDR1, pl.I_PAIR1),
+                                            (X_LINK2, X_ADDR2, pl.I_PAIR2))):
+        has = np.flatnonzero(table[:, pl.I_NADD] > j)
+        table[has, pair] = (cols[has, link - X_LINK1] * kind_count
+                            + kinds_of(cols[has, addr - X_LINK1]))
+    stream_base, stream_bytes = _streams_of(cols, X_LINK1)
     return index, store, Tables(
-        table, row_of, w_ptr, dense[: len(wflat)], s_ptr, dense[len(wflat):], last.flags,
-        last.q_ptr, last.q_items, last.queues, len(LINKS) * kind_count, stream_base,
-        stream_bytes)
+        table, row_of, w_ptr, w_flag, s_ptr, s_flag, last.flags, last.q_ptr, last.q_items,
+        last.queues, len(LINKS) * kind_count, stream_base, stream_bytes), new_present, cols
+
+
+#: Above this many runs :func:`move_rows` moves rows by an index instead of by slices: a
+#: choice (a slice copy costs about a microsecond, an indexed row some 50 ns), not a
+#: measurement of this machine.
+MOVE_RUNS = 256
+
+
+def move_rows(dst: np.ndarray, dst_at: np.ndarray, src: np.ndarray, src_at: np.ndarray) -> None:
+    """``dst[dst_at] = src[src_at]`` for increasing ``dst_at`` and ``src_at``, by slices
+    over the runs where both step by one (a decode step keeps its rows in a few runs)."""
+    n = len(dst_at)
+    if not n:
+        return
+    cut = np.flatnonzero((np.diff(dst_at) != 1) | (np.diff(src_at) != 1)) + 1
+    if len(cut) > MOVE_RUNS:
+        dst[dst_at] = src[src_at]
+        return
+    starts = [0, *cut.tolist()]
+    ends = [*starts[1:], n]
+    for a, b, d, s in zip(starts, ends, dst_at[starts].tolist(), src_at[starts].tolist(),
+                          strict=True):
+        dst[d: d + b - a] = src[s: s + b - a]
+
+
+def _a_position(index: np.ndarray, changed: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """A changed position holding each of the store ``rows`` (each held at one)."""
+    held = index[changed]
+    order = np.argsort(held, kind="stable")
+    return changed[order[np.searchsorted(held[order], rows)]]
+
+
+def _splice(ptr: np.ndarray, flat: np.ndarray, kept: np.ndarray, kept_at: np.ndarray,
+            add_ptr: np.ndarray, add_flat: np.ndarray, added_at: np.ndarray):
+    """``(ptr, flat)``: per-row lists (row ``j``'s: ``flat[ptr[j]: ptr[j + 1]]``) of the
+    rows ``kept`` of ``ptr``/``flat``, now rows ``kept_at``, and of rows given by
+    ``add_ptr``/``add_flat``, now rows ``added_at``."""
+    n = len(kept_at) + len(added_at)
+    lens = np.empty(n, np.int64)
+    start = np.empty(n, np.int64)  # where each row's list starts in flat, then add_flat
+    lens[kept_at] = ptr[kept + 1] - ptr[kept]
+    start[kept_at] = ptr[kept]
+    lens[added_at] = np.diff(add_ptr)
+    start[added_at] = len(flat) + add_ptr[:-1]
+    out_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(lens, out=out_ptr[1:])
+    src = np.repeat(start - out_ptr[:-1], lens) + np.arange(out_ptr[-1])
+    return out_ptr, np.concatenate([flat, add_flat])[src]
 
 
 #: Above this many times the values' count (plus a margin), :func:`unique_small` sorts
@@ -259,10 +365,17 @@ def _heads(rows: np.ndarray, held: np.ndarray):
 
 def _streams(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The DRAM base and bytes of every transfer of the rows (for the chunk plans)."""
-    ns = rows[:, X_NSTREAM]
+    return _streams_of(rows, 0)
+
+
+def _streams_of(rows: np.ndarray, shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_streams` of ``rows`` whose columns are the row's from column ``shift``
+    on."""
+    ns = rows[:, X_NSTREAM - shift]
     one, two = np.flatnonzero(ns >= 1), np.flatnonzero(ns >= 2)
-    return (np.concatenate([rows[one, X_SB1], rows[two, X_SB2]]),
-            np.concatenate([rows[one, X_SN1], rows[two, X_SN2]]))
+    sb1, sn1, sb2, sn2 = (c - shift for c in (X_SB1, X_SN1, X_SB2, X_SN2))
+    return (np.concatenate([rows[one, sb1], rows[two, sb2]]),
+            np.concatenate([rows[one, sn1], rows[two, sn2]]))
 
 
 def gather(rows: np.ndarray, row_of: np.ndarray, held: np.ndarray, kinds_of,

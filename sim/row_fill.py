@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import operator
 import struct
 
@@ -54,7 +55,7 @@ FAMILIES = (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead, Attn, KvWrite, KvRe
 _TYPE_IDS: dict[type, int] = {}
 _TYPE_LIST: list[type] = []
 _FAMILY: list[type] = []
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+_HEADS = operator.attrgetter("wait", "signal")
 #: The ``int64`` that a field of :data:`NO_ADDR` reads as in the extracted columns.
 NO_ADDR_I64 = int(np.array(NO_ADDR, np.uint64).view(np.int64))
 
@@ -93,18 +94,17 @@ def _reader(t: type, names: tuple[str, ...]):
     """``read(group)``: for each instruction of type ``t`` in ``group``, its fields
     ``names`` packed as 8-byte integers (signed where the field's declared struct code is,
     ``fmt`` in :mod:`isa.instr_base`, else unsigned: a u64 above ``2**63``, such as
-    :data:`NO_ADDR`, reads back as a negative ``int64``) and its ``(wait, signal)``. The
-    reads are a list comprehension of plain attribute loads, which the interpreter
-    specialises per type: about twice as fast as an ``attrgetter`` per instruction.
+    :data:`NO_ADDR`, reads back as a negative ``int64``). The reads are a list
+    comprehension of plain attribute loads, which the interpreter specialises per type:
+    about twice as fast as an ``attrgetter`` per instruction (the waits and signals,
+    two attributes, are read apart by an ``attrgetter``: cheaper than a tuple made here).
     ``names`` are this module's own field names."""
     fmt = {f.name: f.metadata.get("fmt", "Q") for f in dataclasses.fields(t)}
     if not set(names) <= fmt.keys() or not all(n.isidentifier() for n in names):
         raise KeyError(f"{t.__name__} has no field among {names}")
     pack = struct.Struct("<" + "".join("q" if fmt[n].islower() else "Q" for n in names)).pack
     values = ", ".join(f"i.{n}" for n in names)
-    # with each instruction's waits and signals, read while the object is at hand
-    return eval(f"lambda group: [(pack({values}), (i.wait, i.signal)) for i in group]",
-                {"pack": pack})
+    return eval(f"lambda group: [pack({values}) for i in group]", {"pack": pack})
 
 
 def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -158,10 +158,8 @@ class _Rows:
                     i.__getattribute__, names)))
             raise DeviceError(f"{t.__name__}: a field of {', '.join(names)} is not a 64-bit "
                               f"integer: {bad}") from None
-        # (taken apart by item: a transposing ``zip(*read)`` makes an iterator per pair)
-        self.heads.extend(map(_SECOND, read))
-        return np.frombuffer(b"".join(map(_FIRST, read)), np.int64).reshape(len(group),
-                                                                              len(names))
+        self.heads.extend(map(_HEADS, group))
+        return np.frombuffer(b"".join(read), np.int64).reshape(len(group), len(names))
 
     def timed(self, i: Instruction) -> tuple[int, int]:
         return self.cores[i.core].duration_ps(i, self.formats), i.ops()
@@ -374,19 +372,23 @@ class ColumnRows:
 
 class Built:
     """The rows of distinct instruction objects ``objs`` (see :func:`build_rows`), in their
-    order, and the ``(wait, signal)`` of each (``heads``), read with the rows.
+    order, and their waits and signals, read with the rows: the distinct ``(wait,
+    signal)`` pairs (:attr:`pairs`, in the order the objects first have them) and the
+    number of each object's pair (:attr:`pair_of`).
 
     The objects are grouped by concrete type (a stable sort of their type ids); each
     type's fields are read in one pass (:func:`_reader`) and its rows filled column by
-    column over the group; rows and heads then return to the objects' order."""
+    column over the group; the rows then return to the objects' order (the pairs are
+    numbered in grouped order, one hash each, then renumbered by arrays)."""
 
     def __init__(self, objs: list[Instruction], cores: list, num_cores: int,
                  formats: tuple[str, ...]) -> None:
         n = len(objs)
         ids = _TYPE_IDS
-        for t in set(map(type, objs)).difference(ids):
+        types = list(map(type, objs))
+        for t in set(types).difference(ids):
             _register(t)  # may raise: nothing built yet
-        tid = np.fromiter(map(ids.__getitem__, map(type, objs)), np.int64, n)
+        tid = np.fromiter(map(ids.__getitem__, types), np.int64, n)
         order = np.argsort(tid, kind="stable")
         counts = np.bincount(tid, minlength=len(_TYPE_LIST)).tolist()
         grouped = list(map(objs.__getitem__, order.tolist()))
@@ -406,6 +408,17 @@ class Built:
             start = end
         self.rows = np.empty_like(s)
         self.rows[order] = s
-        where = np.empty(n, np.int64)  # the grouped place of each object
-        where[order] = np.arange(n)
-        self.heads = list(map(fill.heads.__getitem__, where.tolist()))
+        # each grouped place's first grouped place with its pair, then per object
+        first_of: dict = {}
+        heads = fill.heads
+        first = np.fromiter(map(first_of.setdefault, heads, itertools.count()), np.int64, n)
+        first[order] = first.copy()
+        # the pairs numbered by the object that first has each
+        rep, at, inverse = np.unique(first, return_index=True, return_inverse=True)
+        rank = np.argsort(at)
+        number = np.empty(len(rank), np.int64)
+        number[rank] = np.arange(len(rank))
+        #: the distinct ``(wait, signal)`` pairs, in the order the objects first have them
+        self.pairs = list(map(heads.__getitem__, rep[rank].tolist()))
+        #: the number of each object's pair in :attr:`pairs`
+        self.pair_of = number[inverse.reshape(-1)]

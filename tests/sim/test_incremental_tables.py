@@ -157,3 +157,64 @@ def test_a_full_row_cache_starts_afresh_and_builds_in_full(tiny):
     # twice (by the lookup, then to build in full on an empty cache); step 3 incremental;
     # step 4 as step 2
     assert made == [(0, 0), (0, 0), (0, 1), (2, 1), (2, 2), (4, 2)]
+
+
+def _full_aside(dev: Device, prog: Program) -> program_tables.Tables:
+    """The full build of ``prog`` with ``dev``'s cache (whose store holds its objects
+    already), leaving the programs kept for incremental builds as they were."""
+    kept = dict(dev.program_rows.recent)
+    full = _build(dev, prog, incremental=False)
+    dev.program_rows.recent.clear()
+    dev.program_rows.recent.update(kept)
+    return full
+
+
+def test_patched_tables_equal_full_builds_going_back_and_forth(tiny):
+    # each step's tables are patched from the last's (rows of the last step dropped, new
+    # ones added; a step going back takes rows the store holds but the last step did not)
+    sizes = [16, 17, 18, 17, 16, 19, 19, 18]
+    made = {n: tiny.program(tokens=1, cache_size=n) for n in sorted(set(sizes))}
+    steps = [made[n] for n in sizes]  # (a step going back is the same program again)
+    dev = Device(ARIES, functional=False)
+    tables, held = [], []
+    for k, prog in enumerate(steps):
+        got = _build(dev, prog)
+        assert dev.program_rows.incremental_builds == k
+        _assert_same(got, _full_aside(dev, prog))
+        assert _per_instruction(got) == _per_instruction(_build(Device(ARIES, functional=False),
+                                                                prog))
+        tables.append(got)
+        held.append(len(dev.program_rows))
+    # the steps changed rows; going back (18 -> 17 -> 16, 19 -> 18) and repeating (19)
+    # made none
+    assert all(not np.array_equal(a.table, b.table) or n == m for a, b, n, m in zip(
+        tables, tables[1:], sizes, sizes[1:], strict=False))
+    assert held[0] < held[1] < held[2] == held[3] == held[4] < held[5] == held[6] == held[7]
+    # two objects of one structure (type, core, waits, signals) swapped: each changed
+    # position takes a row the last program held at the other
+    last = steps[-1].instructions
+    seen: dict = {}
+    for j, x in enumerate(last):
+        i = seen.setdefault((type(x), x.core, x.wait, x.signal), j)
+        if last[i] != x:
+            break
+    swapped = list(last)
+    swapped[i], swapped[j] = last[j], last[i]
+    prog = Program(tuple(swapped), formats=steps[-1].formats)
+    got = _build(dev, prog)
+    assert dev.program_rows.incremental_builds == len(steps) and len(dev.program_rows) == held[-1]
+    _assert_same(got, _full_aside(dev, prog))
+
+
+@pytest.mark.parametrize("spread", [False, True])
+def test_rows_moved_by_runs_equal_an_indexed_move(spread):
+    # three runs (moved by slices), or more runs than MOVE_RUNS (moved by an index)
+    n = 4 * program_tables.MOVE_RUNS
+    src = np.random.default_rng(3).integers(-50, 50, (n, 5))
+    take = np.arange(0, n, 2) if spread else np.r_[0:10, 30:90, 100:101]
+    at = np.arange(len(take)) + (np.arange(len(take)) >= 5) * 7
+    got = np.zeros((len(take) + 7, 5), np.int64)
+    want = got.copy()
+    program_tables.move_rows(got, at, src, take)
+    want[at] = src[take]
+    np.testing.assert_array_equal(got, want)
