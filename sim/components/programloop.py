@@ -87,14 +87,19 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
     pending = -1  # a process stopped between two steps for room in the arrays
     log_room = 4 + dram_free.shape[0]  # a step logs one row, a DRAM access one per channel
     while True:
-        if pending >= 0:
+        # The heap keeps a row for each process a step or a callback may resume, besides
+        # the few rows a step pushes itself (the waiter queues' helpers do not grow it).
+        if pending >= 0 or hs + np_used + 4 > heap.shape[0]:
             # Grow, then run the stopped process on from the step it stopped at (its state
-            # is in P; the same event goes on). Growing here and not between the steps keeps
-            # the arrays' rebinding off the steps' path: code that may rebind an array pays
-            # an atomic reference count increment and decrement each time it passes there.
-            heap = lp.grow_to(heap, hs + 4)
+            # is in P; the same event goes on), or take the next event. Growing here and
+            # not between the steps keeps the arrays' rebinding off the steps' path: code
+            # that may rebind an array pays an atomic reference count increment and
+            # decrement each time it passes there.
+            heap = lp.grow_to(heap, hs + np_used + 4)
             P = lp.grow_to(P, np_used + 4)
             logs = lp.grow_to(logs, nl + log_room)
+            if pending < 0:
+                continue
             p = pending
             pending = -1
         else:
@@ -108,12 +113,10 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
             kind = heap[hs, 3]
             arg = heap[hs, 4]
             if kind == lp.CB_GRANT:
-                heap, hs, eid = kp.grant(heap, hs, eid, now, arg, users, res_cap, r_head, r_tail,
-                                         P)
+                hs, eid = kp.grant(heap, hs, eid, now, arg, users, res_cap, r_head, r_tail, P)
                 continue
             if kind == lp.CB_SERVE:
-                heap, hs, eid = kp.serve_flag(heap, hs, eid, now, arg, level, f_head, f_tail,
-                                              P)
+                hs, eid = kp.serve_flag(heap, hs, eid, now, arg, level, f_head, f_tail, P)
                 continue
             if kind == lp.CB_END or kind == lp.CB_CHECK:
                 p = arg
@@ -140,7 +143,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
             p = arg  # lp.CB_RESUME
         # run process p until it waits again or returns
         while True:
-            if (hs + 4 > heap.shape[0] or np_used + 4 > P.shape[0]
+            if (hs + np_used + 4 > heap.shape[0] or np_used + 4 > P.shape[0]
                     or nl + log_room > logs.shape[0]):
                 pending = p  # stop for room before this step
                 break
@@ -202,8 +205,8 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                         eid += 1
                     else:
                         kp.enqueue(P, f_head, f_tail, f, p)
-                        heap, hs, eid = kp.serve_flag(heap, hs, eid, now, f, level, f_head,
-                                                      f_tail, P)
+                        hs, eid = kp.serve_flag(heap, hs, eid, now, f, level, f_head, f_tail,
+                                                P)
                     break
                 if sync_ps and ins[ri, lp.I_FLAGS] & lp.FL_CROSS:
                     P[p, lp.F_STATE] = lp.S_E_SYNCED
@@ -365,8 +368,8 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     eid += 1
                 else:
                     kp.enqueue(P, r_head, r_tail, r, p)
-                    heap, hs, eid = kp.grant(heap, hs, eid, now, r, users, res_cap, r_head,
-                                             r_tail, P)
+                    hs, eid = kp.grant(heap, hs, eid, now, r, users, res_cap, r_head, r_tail,
+                                       P)
                 break
             if st == lp.S_T_SINGLE_GOT:
                 P[p, lp.F_C_DIR] = P[p, lp.F_T_DIR]
