@@ -85,6 +85,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
     lp.hsift(heap, 0, hs)
     ordered = hs
     pending = -1  # a process stopped between two steps for room in the arrays
+    heap_extra = 0  # the rows it needs besides a row per process and four
     log_room = 4 + dram_free.shape[0]  # a step logs one row, a DRAM access one per channel
     while True:
         # The heap keeps a row for each process a step or a callback may resume, besides
@@ -95,7 +96,8 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
             # not between the steps keeps the arrays' rebinding off the steps' path: code
             # that may rebind an array pays an atomic reference count increment and
             # decrement each time it passes there.
-            heap = lp.grow_to(heap, hs + np_used + 4)
+            heap = lp.grow_to(heap, hs + np_used + 4 + heap_extra)
+            heap_extra = 0
             P = lp.grow_to(P, np_used + 4)
             logs = lp.grow_to(logs, nl + log_room)
             if pending < 0:
@@ -134,8 +136,6 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 if (P[parent, lp.F_AO_ON] == 1 and P[parent, lp.F_AO_TRIG] == 0
                         and P[parent, lp.F_AO_COUNT] == P[parent, lp.F_AO_N]):
                     P[parent, lp.F_AO_TRIG] = 1
-                    if hs + 2 > heap.shape[0]:
-                        heap = lp.grow(heap)
                     hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, parent)
                     eid += 1
                 continue
@@ -276,6 +276,11 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
             if st == lp.S_E_FINISH:
                 i = q_items[P[p, lp.F_POS]]
                 ri = row_of[i]
+                nsig = s_ptr[ri + 1] - s_ptr[ri]
+                if hs + np_used + 4 + nsig > heap.shape[0]:
+                    heap_extra = nsig  # stop for room for its signals before this step
+                    pending = p
+                    break
                 if want_order:
                     order[nd] = i
                 nd += 1
@@ -288,8 +293,6 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 if log_level >= 1:
                     nl = lp.log_row(logs, nl, lp.LOG_INS, q, i, P[p, lp.F_ISTART], now, 0)
                 for k in range(s_ptr[ri], s_ptr[ri + 1]):
-                    if hs + 2 > heap.shape[0]:
-                        heap = lp.grow(heap)
                     f = s_flag[k]
                     level[f] += 1
                     hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_SERVE, f)
