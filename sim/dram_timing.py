@@ -240,6 +240,15 @@ def _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref):
         next_ref[c] += refi
 
 
+# A refresh falls due about once per tREFI (thousands of cycles, tens of row runs): the
+# channel step calls it, without reference counting, so that its loops stay out of the
+# step's hot loop (the captured decode step's DRAM steps: 29.7 -> 28.0 ms).
+@njit(cache=True, error_model="numpy", _nrt=False)
+def _refresh_call(p, c, start, open_row, act_ok, pre_ok, next_ref):
+    """:func:`_refresh_until`, called."""
+    _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref)
+
+
 @njit(cache=True)
 def _piece_ck(p, c, bank, row, at_run_start, bursts, nbytes, w, t0, open_row, act_ok, pre_ok,
               cas_ok, faw, sc, next_ref, per_ch):
@@ -384,7 +393,7 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
             if head or bus >= nref:
                 start = max(t0, bus)
                 if start >= nref:
-                    _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref)
+                    _refresh_call(p, c, start, open_row, act_ok, pre_ok, next_ref)
                     nref = next_ref[c]
                 in_row = a - row_start
                 if open_row[c, bank] != row or (head and in_row == run_start and in_row != 0):

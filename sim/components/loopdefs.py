@@ -275,6 +275,34 @@ def hpop(h: np.ndarray, n: int) -> int:
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def hnext(h: np.ndarray, ordered: int, n: int, direct: bool) -> tuple:
+    """Moves the smallest entry to row ``n - 1``, rows ``0 .. ordered - 1`` being in heap
+    order and the later ones appended since (unordered); returns ``(n - 1, the rows still
+    in heap order)``.
+
+    An event is often the smallest there is as it is pushed: a process schedules its own
+    resumption at ``now`` or the next thing to happen, a release grants at ``now``. When
+    the smallest of the appended rows is smaller than the heap's top (or the heap part is
+    empty), it is taken straight from where it was appended, and the rest stay appended:
+    no sift up, no sift down. The keys ``(time, priority, insertion id)`` are all distinct,
+    so the events come out in the order that sifting everything and popping gives (the
+    rows' places in the array differ, which nothing reads). With ``direct`` false it
+    always sifts the appended rows and pops."""
+    if direct and ordered < n:
+        m = ordered
+        for j in range(ordered + 1, n):
+            if _less(h, j, m):
+                m = j
+        if ordered == 0 or _less(h, m, 0):
+            if m != n - 1:
+                _swap(h, m, n - 1)
+            return n - 1, ordered
+    hsift(h, ordered, n)
+    n = hpop(h, n)
+    return n, n
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def transfer_ps(nbytes: int, bytes_per_s: float) -> int:
     """``sim.units.transfer_ps`` for a float ``bytes_per_s``: ``ceil(nbytes * 1e12 / bw)``.
     With ``nbytes < 2**53`` float(nbytes) is exact and the product is the correctly
@@ -355,24 +383,23 @@ def planned_access(now, u, write, plan_ptr, plan_ch, plan_b, plan_dur, dram_free
     return end, nl
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+# Called, not inlined, and without reference counting (it allocates nothing): inlined, its
+# sixteen array arguments cost an atomic increment and decrement each per DRAM access (the
+# loop's caller of a helper with branches binds its arguments to counted variables).
+@njit(cache=True, error_model="numpy", _nrt=False)
 def dram_access(now, addr, nbytes, write, protocol, tck_ps, params, open_row, act_ok, pre_ok,
                 cas_ok, faw, scalars, next_ref, per_ch, plan_keys, plan_ptr, plan_ch, plan_b,
                 plan_dur, stripe, key_mul, dram_free, logs, nl, log_level):
     """``Dram.access`` after the latency: the chunk timed by the protocol model
     (:func:`protocol_access`) or by its precomputed plan (:func:`planned_access`, the plan
     keyed by ``(addr modulo the stripe) * key_mul + nbytes``); returns ``(when the last
-    channel is done, logs, logs used)`` (the logs grown to room for a row per channel)."""
-    if log_level >= 1 and nl + dram_free.shape[0] > logs.shape[0]:
-        logs = grow_to(logs, nl + dram_free.shape[0])
+    channel is done, logs used)``. ``logs`` must have room for a row per channel."""
     if protocol:
-        end, nl = protocol_access(now, addr, nbytes, write, tck_ps, params, open_row, act_ok,
-                                  pre_ok, cas_ok, faw, scalars, next_ref, per_ch, dram_free,
-                                  logs, nl, log_level)
-        return end, logs, nl
+        return protocol_access(now, addr, nbytes, write, tck_ps, params, open_row, act_ok,
+                               pre_ok, cas_ok, faw, scalars, next_ref, per_ch, dram_free, logs,
+                               nl, log_level)
     u = plan_index(plan_keys, (addr % stripe) * key_mul + nbytes)
     if u < 0:
         raise RuntimeError("program loop: a DRAM access has no chunk plan")
-    end, nl = planned_access(now, u, write, plan_ptr, plan_ch, plan_b, plan_dur, dram_free,
-                             logs, nl, log_level)
-    return end, logs, nl
+    return planned_access(now, u, write, plan_ptr, plan_ch, plan_b, plan_dur, dram_free, logs,
+                          nl, log_level)

@@ -5,8 +5,8 @@ release), an SRAM port reservation, and the loop's initial state.
 
 Each helper does exactly what the kernel does at the point the loop calls it: the same
 events in the same order, at the same time and priority, with the next insertion ids.
-They are inlined into the loop; the ones that may schedule events take the heap and
-return it with its new size and the next insertion id (the heap may have grown).
+The ones that may schedule events take the heap (with room for what they push) and return
+its new size and the next insertion id.
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ def new_process(P: np.ndarray, free_head: int, np_used: int) -> tuple:
     return np_used, free_head, np_used + 1
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+# The waiter queues' helpers are called, not inlined, and compiled without reference
+# counting (they allocate nothing; the heap has room for a push per waiting process, see
+# ``programloop``): inlined, each array they take costs an atomic increment and decrement
+# per call, about a fifth of a decode step's loop time before they were called instead.
+@njit(cache=True, error_model="numpy", _nrt=False)
 def enqueue(P: np.ndarray, head: np.ndarray, tail: np.ndarray, x: int, p: int) -> None:
     """Process ``p`` joins the back of waiter queue ``x`` (of a flag or a resource)."""
     P[p, lp.F_NEXT] = -1
@@ -42,38 +46,39 @@ def enqueue(P: np.ndarray, head: np.ndarray, tail: np.ndarray, x: int, p: int) -
 def resume_head(heap: np.ndarray, hs: int, eid: int, now: int, q: int, head: np.ndarray,
                 tail: np.ndarray, P: np.ndarray) -> tuple:
     """Take the process at the head of queue ``q`` (linked through ``F_NEXT``) off it and
-    schedule its resumption (NORMAL, now); returns ``(heap, hs, eid)``."""
+    schedule its resumption (NORMAL, now) in row ``hs`` of the heap (which must exist);
+    returns ``(hs, eid)``."""
     w = head[q]
     head[q] = P[w, lp.F_NEXT]
     if head[q] < 0:
         tail[q] = -1
-    if hs + 2 > heap.shape[0]:
-        heap = lp.grow(heap)
     hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, w)
-    return heap, hs, eid + 1
+    return hs, eid + 1
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def serve_flag(heap: np.ndarray, hs: int, eid: int, now: int, f: int, level: np.ndarray,
                f_head: np.ndarray, f_tail: np.ndarray, P: np.ndarray) -> tuple:
     """``Container`` serving its get queue: while flag ``f`` has a count and a waiter,
-    take one and resume the waiter (NORMAL, now); returns ``(heap, hs, eid)``."""
+    take one and resume the waiter (NORMAL, now); returns ``(hs, eid)``. The heap must
+    have a row to spare for each process waiting on ``f``."""
     while f_head[f] >= 0 and level[f] >= 1:
         level[f] -= 1
-        heap, hs, eid = resume_head(heap, hs, eid, now, f, f_head, f_tail, P)
-    return heap, hs, eid
+        hs, eid = resume_head(heap, hs, eid, now, f, f_head, f_tail, P)
+    return hs, eid
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def grant(heap: np.ndarray, hs: int, eid: int, now: int, r: int, users: np.ndarray,
           res_cap: np.ndarray, r_head: np.ndarray, r_tail: np.ndarray,
           P: np.ndarray) -> tuple:
     """``Resource`` granting a slot: if resource ``r`` has a waiter and a free slot, the
-    head of its queue holds it and resumes (NORMAL, now); returns ``(heap, hs, eid)``."""
+    head of its queue holds it and resumes (NORMAL, now); returns ``(hs, eid)``. The heap
+    must have a row to spare."""
     if r_head[r] >= 0 and users[r] < res_cap[r]:
         users[r] += 1
-        heap, hs, eid = resume_head(heap, hs, eid, now, r, r_head, r_tail, P)
-    return heap, hs, eid
+        hs, eid = resume_head(heap, hs, eid, now, r, r_head, r_tail, P)
+    return hs, eid
 
 
 @njit(cache=True, error_model="numpy", inline="always")

@@ -50,7 +50,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
     protocol: bool, d_params: np.ndarray, d_open: np.ndarray, d_act: np.ndarray,
     d_pre: np.ndarray, d_cas: np.ndarray, d_faw: np.ndarray, d_sc: np.ndarray,
     d_ref: np.ndarray, d_per: np.ndarray, tck_ps: float, launch_ps: int, dispatch_ps: int,
-    sync_ps: int,
+    sync_ps: int, direct: bool = True,
 ):
     """Runs one program from the ``state`` of :func:`new_state` (time, insertion id, the
     processes, flags, resources, results), which it updates, until it is done or, with
@@ -61,7 +61,9 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
     chunks are timed by :func:`sim.dram_timing.chunk_channels_ck` over the channel state
     arrays ``d_*`` (updated in place, as ``Dram.chunk_plan`` does), else by the plans.
     ``launch_ps``, ``dispatch_ps`` and ``sync_ps`` are the fixed costs ``Device._engine``
-    pays (0: none).
+    pays (0: none). With ``direct`` (the default) the next event is taken straight from
+    where it was appended when it is the smallest (:func:`loopdefs.hnext`); false sifts
+    and pops every event (the same timeline: tests/sim/test_engines.py).
 
     Returns ``(state, nlogs)``: the state as :func:`new_state` lays it out, the first
     ``nlogs`` rows of its logs the recorder's reports in order.
@@ -79,19 +81,27 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
         heap, hs, eid, np_used = kp.start_processes(heap, hs, P, np_used, now, eid, nq, q_ptr)
 
     paused = 0
-    ordered = 0  # the heap's rows before this one are in heap order; pushes append
+    # the heap's rows before ``ordered`` are in heap order; pushes append after them
+    lp.hsift(heap, 0, hs)
+    ordered = hs
     pending = -1  # a process stopped between two steps for room in the arrays
+    heap_extra = 0  # the rows it needs besides a row per process and four
+    log_room = 4 + dram_free.shape[0]  # a step logs one row, a DRAM access one per channel
     while True:
-        lp.hsift(heap, ordered, hs)
-        ordered = hs
-        if pending >= 0:
+        # The heap keeps a row for each process a step or a callback may resume, besides
+        # the few rows a step pushes itself (the waiter queues' helpers do not grow it).
+        if pending >= 0 or hs + np_used + 4 > heap.shape[0]:
             # Grow, then run the stopped process on from the step it stopped at (its state
-            # is in P; the same event goes on). Growing here and not between the steps keeps
-            # the arrays' rebinding off the steps' path: code that may rebind an array pays
-            # an atomic reference count increment and decrement each time it passes there.
-            heap = lp.grow_to(heap, hs + 4)
+            # is in P; the same event goes on), or take the next event. Growing here and
+            # not between the steps keeps the arrays' rebinding off the steps' path: code
+            # that may rebind an array pays an atomic reference count increment and
+            # decrement each time it passes there.
+            heap = lp.grow_to(heap, hs + np_used + 4 + heap_extra)
+            heap_extra = 0
             P = lp.grow_to(P, np_used + 4)
-            logs = lp.grow_to(logs, nl + 4)
+            logs = lp.grow_to(logs, nl + log_room)
+            if pending < 0:
+                continue
             p = pending
             pending = -1
         else:
@@ -100,18 +110,15 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
             if flush_at > 0 and nl >= flush_at:
                 paused = 1
                 break
-            hs = lp.hpop(heap, hs)
-            ordered = hs
+            hs, ordered = lp.hnext(heap, ordered, hs, direct)
             now = heap[hs, 0]
             kind = heap[hs, 3]
             arg = heap[hs, 4]
             if kind == lp.CB_GRANT:
-                heap, hs, eid = kp.grant(heap, hs, eid, now, arg, users, res_cap, r_head, r_tail,
-                                         P)
+                hs, eid = kp.grant(heap, hs, eid, now, arg, users, res_cap, r_head, r_tail, P)
                 continue
             if kind == lp.CB_SERVE:
-                heap, hs, eid = kp.serve_flag(heap, hs, eid, now, arg, level, f_head, f_tail,
-                                              P)
+                hs, eid = kp.serve_flag(heap, hs, eid, now, arg, level, f_head, f_tail, P)
                 continue
             if kind == lp.CB_END or kind == lp.CB_CHECK:
                 p = arg
@@ -129,8 +136,6 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 if (P[parent, lp.F_AO_ON] == 1 and P[parent, lp.F_AO_TRIG] == 0
                         and P[parent, lp.F_AO_COUNT] == P[parent, lp.F_AO_N]):
                     P[parent, lp.F_AO_TRIG] = 1
-                    if hs + 2 > heap.shape[0]:
-                        heap = lp.grow(heap)
                     hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_RESUME, parent)
                     eid += 1
                 continue
@@ -138,7 +143,8 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
             p = arg  # lp.CB_RESUME
         # run process p until it waits again or returns
         while True:
-            if hs + 4 > heap.shape[0] or np_used + 4 > P.shape[0] or nl + 4 > logs.shape[0]:
+            if (hs + np_used + 4 > heap.shape[0] or np_used + 4 > P.shape[0]
+                    or nl + log_room > logs.shape[0]):
                 pending = p  # stop for room before this step
                 break
             st = P[p, lp.F_STATE]
@@ -199,8 +205,8 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                         eid += 1
                     else:
                         kp.enqueue(P, f_head, f_tail, f, p)
-                        heap, hs, eid = kp.serve_flag(heap, hs, eid, now, f, level, f_head,
-                                                      f_tail, P)
+                        hs, eid = kp.serve_flag(heap, hs, eid, now, f, level, f_head, f_tail,
+                                                P)
                     break
                 if sync_ps and ins[ri, lp.I_FLAGS] & lp.FL_CROSS:
                     P[p, lp.F_STATE] = lp.S_E_SYNCED
@@ -270,6 +276,11 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
             if st == lp.S_E_FINISH:
                 i = q_items[P[p, lp.F_POS]]
                 ri = row_of[i]
+                nsig = s_ptr[ri + 1] - s_ptr[ri]
+                if hs + np_used + 4 + nsig > heap.shape[0]:
+                    heap_extra = nsig  # stop for room for its signals before this step
+                    pending = p
+                    break
                 if want_order:
                     order[nd] = i
                 nd += 1
@@ -282,8 +293,6 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 if log_level >= 1:
                     nl = lp.log_row(logs, nl, lp.LOG_INS, q, i, P[p, lp.F_ISTART], now, 0)
                 for k in range(s_ptr[ri], s_ptr[ri + 1]):
-                    if hs + 2 > heap.shape[0]:
-                        heap = lp.grow(heap)
                     f = s_flag[k]
                     level[f] += 1
                     hs = lp.hpush(heap, hs, now, lp.NORMAL, eid, lp.CB_SERVE, f)
@@ -362,8 +371,8 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     eid += 1
                 else:
                     kp.enqueue(P, r_head, r_tail, r, p)
-                    heap, hs, eid = kp.grant(heap, hs, eid, now, r, users, res_cap, r_head,
-                                             r_tail, P)
+                    hs, eid = kp.grant(heap, hs, eid, now, r, users, res_cap, r_head, r_tail,
+                                       P)
                 break
             if st == lp.S_T_SINGLE_GOT:
                 P[p, lp.F_C_DIR] = P[p, lp.F_T_DIR]
@@ -439,7 +448,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     break
                 st = lp.S_A_AFTER_LAT
             if st == lp.S_A_AFTER_LAT:
-                end, logs, nl = lp.dram_access(
+                end, nl = lp.dram_access(
                     now, P[p, lp.F_A_ADDR], P[p, lp.F_A_N], P[p, lp.F_A_W], protocol, tck_ps,
                     d_params, d_open, d_act, d_pre, d_cas, d_faw, d_sc, d_ref, d_per, plan_keys,
                     plan_ptr, plan_ch, plan_b, plan_dur, stripe, key_mul, dram_free, logs, nl,
