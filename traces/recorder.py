@@ -253,6 +253,19 @@ class Recorder:
             raise ValueError("drop: the recorder is not full; its spans are not dropped")
         self.dropped += spans
 
+    def room(self) -> int:
+        """How many more events (spans or byte bins) fit under ``max_events``."""
+        return max(0, self.max_events - len(self.spans) - self._nbins)
+
+    def add_spans(self, spans: Sequence[Span], *, detail: str = "ops") -> None:
+        """:meth:`span` of each of ``spans`` in turn (of ``detail``): the same record, the
+        ones past ``max_events`` counted in ``dropped``."""
+        if self._rank < LEVELS[detail]:
+            return
+        room = self.room()
+        self.spans.extend(spans[:room])
+        self.dropped += max(0, len(spans) - room)
+
     def can_take(self, spans: int, start_ps, end_ps) -> bool:
         """Whether ``spans`` more spans and transfers over ``start_ps .. end_ps`` (arrays,
         in order) give the same record in any order. Either they all fit under
