@@ -40,6 +40,9 @@ _DIRECTIONS = ("load", "store", "copy", "read", "write")
 #: Log rows the loop gathers before it hands them over for replay (each 48 bytes): bounds
 #: the memory of a traced long program. A choice of this module, not a measurement.
 LOG_FLUSH_ROWS = 1 << 16
+#: Log rows below which a batch whose order matters is replayed one call per row rather
+#: than in halves (a choice of this module: halving costs a check per half).
+REPLAY_EACH_ROWS = 1 << 10
 #: ``Span(*fields)`` from a tuple of all six fields, without the generated ``__new__``'s
 #: Python frame (``tuple.__new__(Span, fields)``)
 _new_span = tuple.__new__
@@ -211,12 +214,20 @@ def run(dev, program: Program) -> LoopResult:
 def _replay(rec, logs: np.ndarray, names, instrs, res, link_block: str) -> None:
     """The recorder's calls the loop logged, in order. When nothing can be dropped at the
     event limit (so order cannot matter to it), the bytes moved go in one batch
-    (``Recorder.moved_many``: the same bins) and only the spans one call each."""
+    (``Recorder.moved_many``: the same bins) and the spans at once (level ``ops``) or one
+    call each; otherwise each half of the rows in turn, the same way."""
     code = logs[:, 0]
     is_move = (code == pl.LOG_DRAM) | (code == pl.LOG_LINK)
     moves = np.flatnonzero(is_move)
     if not rec.can_take(len(logs), logs[moves, 2], logs[moves, 3]):
-        _replay_each(rec, logs.tolist(), names, instrs, res, link_block)
+        # order matters somewhere in the batch (the event limit): its halves in turn, each
+        # replayed at once where its order cannot matter, down to one call per row
+        if len(logs) <= REPLAY_EACH_ROWS:
+            _replay_each(rec, logs.tolist(), names, instrs, res, link_block)
+        else:
+            half = len(logs) // 2
+            _replay(rec, logs[:half], names, instrs, res, link_block)
+            _replay(rec, logs[half:], names, instrs, res, link_block)
         return
     tiles = rec.wants("tiles")
     span = rec.span
