@@ -120,13 +120,12 @@ def _region_bytes(fmt: kv.KVFormat, cap: int, width: int) -> int | str:
 def _kv_problem(instr: Instruction, program: Program) -> str | None:
     """The first problem of a KV instruction's format entries, capacity and region size."""
     fmts = {}
-    for f in instr.body_fields():
-        if _is_format_index(f.name):
-            index = getattr(instr, f.name)
-            fmt = _format_of(program.formats[index])
-            if isinstance(fmt, str):
-                return f"{f.name} {index} names no KV format: {fmt}"
-            fmts[f.name] = fmt
+    for name in _plan(type(instr)).formats:  # the format fields, in field order
+        index = getattr(instr, name)
+        fmt = _format_of(program.formats[index])
+        if isinstance(fmt, str):
+            return f"{name} {index} names no KV format: {fmt}"
+        fmts[name] = fmt
     if not isinstance(instr, (KvWrite, KvRead, Attn)):
         return None
     if instr.cap < 1:
