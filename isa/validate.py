@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from functools import lru_cache
-from itertools import chain
 from operator import attrgetter
 from typing import NamedTuple
+
+import numpy as np
 
 from isa import kv
 from isa.encoding import enum_choices, enum_values, field_enum
@@ -38,6 +40,7 @@ from isa.instructions import (
     Access,
     Attn,
     AttnDq,
+    DmaLoad,
     Gemm,
     GemmGroup,
     GemmRow,
@@ -117,13 +120,12 @@ def _region_bytes(fmt: kv.KVFormat, cap: int, width: int) -> int | str:
 def _kv_problem(instr: Instruction, program: Program) -> str | None:
     """The first problem of a KV instruction's format entries, capacity and region size."""
     fmts = {}
-    for f in instr.body_fields():
-        if _is_format_index(f.name):
-            index = getattr(instr, f.name)
-            fmt = _format_of(program.formats[index])
-            if isinstance(fmt, str):
-                return f"{f.name} {index} names no KV format: {fmt}"
-            fmts[f.name] = fmt
+    for name in _plan(type(instr)).formats:  # the format fields, in field order
+        index = getattr(instr, name)
+        fmt = _format_of(program.formats[index])
+        if isinstance(fmt, str):
+            return f"{name} {index} names no KV format: {fmt}"
+        fmts[name] = fmt
     if not isinstance(instr, (KvWrite, KvRead, Attn)):
         return None
     if instr.cap < 1:
@@ -365,33 +367,34 @@ def validate_program(program: Program, layout: MemoryLayout) -> None:
     seen = _remembered(layout, tuple(program.formats))
     # A compiled program repeats instruction objects (its block memo hands out the same
     # ones for repeated tiles), and an instruction's checks read only it, the program's
-    # formats and the layout: check each object once. The ids are of objects the program
-    # holds, so they stay valid for the whole loop.
-    checked: set[int] = set()
-    new: list[Instruction] = []
-    for index, instr in enumerate(instrs):
-        i = id(instr)
-        if i in checked:
+    # formats and the layout: check each object once, in the order of first occurrence.
+    # The ids are of objects the program holds, so they stay valid for the whole call.
+    objs, uses = _distinct(instrs)
+    todo = [o for o in objs if seen.get(id(o)) is not o]
+    fine = _dma_loads_ok(todo, layout, sizes)
+    for instr, ok in zip(todo, fine, strict=True):
+        if ok or _instruction_ok(instr, program, layout, sizes):
             continue
-        checked.add(i)
-        if seen.get(i) is instr:
-            continue
-        if not _instruction_ok(instr, program, layout, sizes):
-            problem = _instruction_problem(instr, program, layout)
-            if problem is not None:
-                raise ProgramError(index, problem)
-        new.append(instr)
-    _remember(seen, new)
+        problem = _instruction_problem(instr, program, layout)
+        if problem is not None:  # the first problem in program order: of the first
+            # object at fault, at its first occurrence
+            raise ProgramError(_first_index(instrs, instr), problem)
+    _remember(seen, todo)
 
     # A flag is a counting semaphore: every wait takes one count, every signal gives one,
-    # so more waits than signals in total leaves some waiter blocked forever.
-    wait_lists = list(map(attrgetter("wait"), instrs))
-    waits = Counter(chain.from_iterable(wait_lists))
-    signals = Counter(chain.from_iterable(map(attrgetter("signal"), instrs)))
+    # so more waits than signals in total leaves some waiter blocked forever. Each
+    # distinct object's flags count as many times as it occurs.
+    waits: Counter[int] = Counter()
+    signals: Counter[int] = Counter()
+    for instr, n in zip(objs, uses, strict=True):
+        for flag in instr.wait:
+            waits[flag] += n
+        for flag in instr.signal:
+            signals[flag] += n
     starved = {flag for flag, n in waits.items() if n > signals[flag]}
     if starved:
         # the starved flag waited on first (the first of them in that instruction's waits)
-        index, flag = next((i, f) for i, wait in enumerate(wait_lists) for f in wait
+        index, flag = next((i, f) for i, instr in enumerate(instrs) for f in instr.wait
                            if f in starved)
         given = signals[flag]
         supply = f"signalled only {_times(given)}" if given else "never signalled"
@@ -399,3 +402,86 @@ def validate_program(program: Program, layout: MemoryLayout) -> None:
             index,
             f"waits on flag {flag} ({_times(waits[flag])}) but it is {supply} (deadlock)",
         )
+
+
+def _distinct(instrs: Sequence[Instruction]) -> tuple[list[Instruction], list[int]]:
+    """The distinct objects of ``instrs`` (by identity) in the order of first occurrence,
+    and how many times each occurs (ids sorted in numpy: several times faster than a
+    dict of millions of ids)."""
+    if not instrs:
+        return [], []
+    ids = np.fromiter(map(id, instrs), np.int64, len(instrs))
+    _, first, counts = np.unique(ids, return_index=True, return_counts=True)
+    order = np.argsort(first)
+    return (list(map(instrs.__getitem__, first[order].tolist())),
+            counts[order].tolist())
+
+
+#: Operands below this bound make the int64 extent arithmetic of :func:`_dma_loads_ok`
+#: exact (products of two under ``2**31``, sums under ``2**63``).
+_SAFE = 1 << 31
+_SAFE_ADDR = 1 << 61
+
+
+def _dma_loads_ok(instrs: list[Instruction], layout: MemoryLayout,
+                  sizes: dict[Space, int]) -> list[bool]:
+    """Per instruction, True for a :class:`DmaLoad` (the type itself, the bulk of a
+    program's distinct objects: its weight tiles) that :func:`_instruction_ok` would
+    pass, checked for all of them at once; False sends it (and every other type) to the
+    scalar checks. Sufficient, never necessary: an extent counts as inside a region when
+    the region with the greatest base at or below its start holds it."""
+    at = [i for i, x in enumerate(instrs) if type(x) is DmaLoad]
+    out = [False] * len(instrs)
+    plan = _plan(DmaLoad)
+    if not at or plan.enums or plan.formats or not plan.per_core:
+        return out
+    loads = [instrs[i] for i in at]
+    n = len(loads)
+
+    def column(name: str) -> np.ndarray:
+        return np.fromiter(map(attrgetter(name), loads), np.int64, n)
+
+    try:
+        core, src, dst, nbytes, rows, s_stride, d_stride = (
+            column(f) for f in ("core", "src", "dst", "nbytes", "rows", "src_stride",
+                                "dst_stride"))
+    except OverflowError:  # a field past int64: the scalar checks decide
+        return out
+    safe = ((rows < _SAFE) & (nbytes < _SAFE) & (s_stride < _SAFE) & (d_stride < _SAFE)
+            & (src < _SAFE_ADDR) & (dst < _SAFE_ADDR))
+    ok = safe & (core >= 0) & (core < layout.num_cores)
+    for space, addr, stride, cores in ((Space.DRAM, src, s_stride, np.zeros_like(core)),
+                                       (Space.SRAM, dst, d_stride, core)):
+        ext = np.where(rows > 0, (rows - 1) * np.where(stride > 0, stride, nbytes) + nbytes,
+                       0)
+        ok &= (ext > 0) & (addr >= 0) & (addr + ext <= sizes[space])
+        if layout.has_regions(space):
+            ok &= _in_a_region(layout, space, cores, addr, ext)
+    for i, good in zip(at, ok.tolist(), strict=True):
+        out[i] = good
+    return out
+
+
+def _in_a_region(layout: MemoryLayout, space: Space, cores: np.ndarray, addr: np.ndarray,
+                 nbytes: np.ndarray) -> np.ndarray:
+    """Whether the region of ``space`` (of each extent's core, for SRAM) with the greatest
+    base at or below each extent's start holds the whole extent."""
+    inside = np.zeros(len(addr), bool)
+    regions = [r for r in layout.regions if r.space == space]
+    for c in (np.unique(cores).tolist() if space == Space.SRAM else [0]):
+        mine = sorted((r for r in regions if space != Space.SRAM or r.core == c),
+                      key=attrgetter("base"))
+        sel = np.flatnonzero(cores == c) if space == Space.SRAM else np.arange(len(addr))
+        if not mine or not len(sel):
+            continue
+        bases = np.array([r.base for r in mine], np.int64)
+        ends = np.array([r.end for r in mine], np.int64)
+        i = np.searchsorted(bases, addr[sel], side="right") - 1
+        held = (i >= 0) & (addr[sel] + nbytes[sel] <= ends[np.maximum(i, 0)])
+        inside[sel] = held
+    return inside
+
+
+def _first_index(instrs: tuple[Instruction, ...], instr: Instruction) -> int:
+    """The index of ``instr`` itself (not of an equal object) in ``instrs``."""
+    return next(i for i, x in enumerate(instrs) if x is instr)

@@ -21,6 +21,8 @@ processes on the event kernel (the same timeline, more slowly).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
 
 import numpy as np
 
@@ -32,11 +34,19 @@ from sim.components import loopdefs as pl
 from sim.components.dram import efficiency_split
 from sim.components.programloop import new_state, run_program
 from sim.units import cycles_to_ps, ns_to_ps
+from traces.recorder import Span
 
 _DIRECTIONS = ("load", "store", "copy", "read", "write")
 #: Log rows the loop gathers before it hands them over for replay (each 48 bytes): bounds
 #: the memory of a traced long program. A choice of this module, not a measurement.
 LOG_FLUSH_ROWS = 1 << 16
+#: Log rows below which a batch whose order matters is replayed one call per row rather
+#: than in halves (a choice of this module: halving costs a check per half).
+REPLAY_EACH_ROWS = 1 << 10
+#: ``Span(*fields)`` from a tuple of all six fields, without the generated ``__new__``'s
+#: Python frame (``tuple.__new__(Span, fields)``)
+_new_span = tuple.__new__
+_MNEMONIC = attrgetter("mnemonic")
 
 
 
@@ -204,16 +214,28 @@ def run(dev, program: Program) -> LoopResult:
 def _replay(rec, logs: np.ndarray, names, instrs, res, link_block: str) -> None:
     """The recorder's calls the loop logged, in order. When nothing can be dropped at the
     event limit (so order cannot matter to it), the bytes moved go in one batch
-    (``Recorder.moved_many``: the same bins) and only the spans one call each."""
+    (``Recorder.moved_many``: the same bins) and the spans at once (level ``ops``) or one
+    call each; otherwise each half of the rows in turn, the same way."""
     code = logs[:, 0]
     is_move = (code == pl.LOG_DRAM) | (code == pl.LOG_LINK)
     moves = np.flatnonzero(is_move)
     if not rec.can_take(len(logs), logs[moves, 2], logs[moves, 3]):
-        _replay_each(rec, logs.tolist(), names, instrs, res, link_block)
+        # order matters somewhere in the batch (the event limit): its halves in turn, each
+        # replayed at once where its order cannot matter, down to one call per row
+        if len(logs) <= REPLAY_EACH_ROWS:
+            _replay_each(rec, logs.tolist(), names, instrs, res, link_block)
+        else:
+            half = len(logs) // 2
+            _replay(rec, logs[:half], names, instrs, res, link_block)
+            _replay(rec, logs[half:], names, instrs, res, link_block)
         return
     tiles = rec.wants("tiles")
     span = rec.span
-    rows = logs if tiles else logs[~is_move]
+    if not tiles:  # the rows of detail "tiles" are no-ops: the instruction spans at once
+        _add_instruction_spans(rec, logs[code == pl.LOG_INS], names, instrs)
+        rows = logs[:0]
+    else:
+        rows = logs
     if rec.full():
         # full and staying full (``can_take``): every span is dropped, one count each; of
         # the rows only instruction spans are of detail "ops", the rest are "tiles"
@@ -243,6 +265,27 @@ def _replay(rec, logs: np.ndarray, names, instrs, res, link_block: str) -> None:
                                                                (link_block, "d2h")]
     track_of = np.where(dram, m[:, 1], channels + m[:, 1])
     rec.moved_many(tracks, track_of, m[:, 2], m[:, 3], m[:, 4])
+
+
+def _add_instruction_spans(rec, rows: np.ndarray, names, instrs) -> None:
+    """``rec.span`` of each instruction row in turn, in one ``Recorder.add_spans``: the
+    spans built in C-level maps, only as many as the recorder has room for (the rest
+    counted as dropped, as those calls would)."""
+    if not rec.wants("ops") or not len(rows):
+        return
+    total = len(rows)
+    rows = rows[:min(total, rec.room())]
+    queue, index = rows[:, 1], rows[:, 2].tolist()
+    blocks = np.array([b for b, _ in names], object)[queue].tolist()
+    lanes = np.array([lane for _, lane in names], object)[queue].tolist()
+    mnemonics = list(map(_MNEMONIC, map(instrs.__getitem__, index)))
+    args = [{"index": i} for i in index]
+    spans = list(map(_new_span, repeat(Span), zip(blocks, lanes, mnemonics,
+                                                   rows[:, 3].tolist(), rows[:, 4].tolist(),
+                                                   args, strict=True)))
+    rec.add_spans(spans)
+    if total > len(rows):
+        rec.drop(total - len(rows))
 
 
 def _replay_each(rec, logs: list[list[int]], names, instrs, res, link_block: str) -> None:

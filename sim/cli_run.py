@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 from collections.abc import Iterator
 
 from rich.console import Console
@@ -59,13 +60,36 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
     cfg = load_run_config(args.config, args.set)
     check_out_folder(out, "--out")
-    with run_phases(cfg, enabled=not args.quiet and progress_enabled()) as ph:
+    with run_phases(cfg, enabled=not args.quiet and progress_enabled()) as ph, \
+            fewer_collections():
         result = run(cfg)  # checks cfg first: bad input is one line naming the field
         ph.start("write outputs")
         paths = write_outputs(result, out)
     if not args.quiet:
         print_run_summary(result.metrics, paths, console)
     return 0
+
+
+#: The garbage collector's thresholds during a run (allocations between generation-0
+#: passes, generation-0 passes per generation-1 pass, generation-1 passes per full pass;
+#: Python's defaults are 700, 10, 10). A long run holds millions of objects to its end
+#: (spans, instructions), which every full pass walks again: with the defaults the
+#: collector took 14.7 s of the Llama-3.1-8B validation run's 106 s of CPU, 11.7 s of it
+#: in full passes (measured with ``gc.callbacks``); at these thresholds 1.9 s (at
+#: 50,000, 20, 100: 2.8 s). An assumption, chosen so that cycles are still collected
+#: while full passes become rare.
+RUN_GC_THRESHOLDS = (200_000, 20, 100)
+
+
+@contextlib.contextmanager
+def fewer_collections(thresholds: tuple[int, int, int] = RUN_GC_THRESHOLDS) -> Iterator[None]:
+    """The collector at ``thresholds`` inside, as it was outside."""
+    before = gc.get_threshold()
+    gc.set_threshold(*thresholds)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import compress, repeat
+from operator import is_not, itemgetter
 from typing import Any, NamedTuple
 
 LEVELS = {"off": 0, "ops": 1, "tiles": 2}
@@ -143,11 +144,12 @@ class Recorder:
             return 0
         tail = self.spans[since:]
         index = [a.get("index") if a else None for a in map(itemgetter(5), tail)]
-        at = [i for i, v in enumerate(index) if v is not None]
-        if not at:
+        # the spans of instructions, picked in C-level maps (a long program has millions)
+        held = np.fromiter(map(is_not, index, repeat(None)), bool, len(index))
+        if not held.any():
             return 0
-        idx = np.array([index[i] for i in at], np.int64)
-        pos = np.array(at, np.int64)
+        idx = np.fromiter(compress(index, held.tolist()), np.int64, int(held.sum()))
+        pos = np.flatnonzero(held)
         start, end = span_times(tail)
         start, end = start[pos], end[pos]
         # per instruction index (sorted): its spans' first start and last end
@@ -252,6 +254,19 @@ class Recorder:
         if spans and not self.full():
             raise ValueError("drop: the recorder is not full; its spans are not dropped")
         self.dropped += spans
+
+    def room(self) -> int:
+        """How many more events (spans or byte bins) fit under ``max_events``."""
+        return max(0, self.max_events - len(self.spans) - self._nbins)
+
+    def add_spans(self, spans: Sequence[Span], *, detail: str = "ops") -> None:
+        """:meth:`span` of each of ``spans`` in turn (of ``detail``): the same record, the
+        ones past ``max_events`` counted in ``dropped``."""
+        if self._rank < LEVELS[detail]:
+            return
+        room = self.room()
+        self.spans.extend(spans[:room])
+        self.dropped += max(0, len(spans) - room)
 
     def can_take(self, spans: int, start_ps, end_ps) -> bool:
         """Whether ``spans`` more spans and transfers over ``start_ps .. end_ps`` (arrays,

@@ -15,6 +15,7 @@ time axis is in ms.
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import compress
 from operator import itemgetter
 from typing import Any
 
@@ -140,11 +141,17 @@ def _binned_lanes(spans: list, per_lane: int) -> dict[str, list[tuple]]:
 
 
 def _timeline(recorder: Recorder, calls: list[dict[str, Any]]) -> go.Figure | None:
-    spans = [s for s in recorder.spans if not s.name.endswith("chunk")
-             and s.block not in ("dram", "runtime")]
+    # the engines' work: not the chunks, DRAM bursts or runtime calls (decided once per
+    # distinct name and block, the spans kept in C-level maps: a long run has millions)
+    name_block = itemgetter(2, 0)
+    shown = {(n, b): not n.endswith("chunk") and b not in ("dram", "runtime")
+             for n, b in set(map(name_block, recorder.spans))}
+    spans = list(compress(recorder.spans, map(shown.__getitem__,
+                                              map(name_block, recorder.spans))))
     if not spans and not calls:
         return None
-    lanes = sorted({(s.block, s.lane) for s in spans}, key=lambda bl: (_block_key(bl[0]), bl[1]))
+    lanes = sorted(set(map(itemgetter(0, 1), spans)),
+                   key=lambda bl: (_block_key(bl[0]), bl[1]))
     label = {bl: f"{bl[0]} {bl[1]}" for bl in lanes}
     layers = _layers_lane(recorder)
     fig = go.Figure(_calls_lane(calls) + layers)

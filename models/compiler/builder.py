@@ -114,6 +114,11 @@ class Builder:
 
     def __post_init__(self) -> None:
         self._interned: dict[Instruction, Instruction] = {}
+        # the interned weight tile loads and GEMM tiles by the fields that make them (keys
+        # cheaper to build and hash than the instructions: a repeat, such as the same
+        # SRAM-side GEMM of every layer, is found without constructing it again)
+        self._tile_loads: dict[tuple, Instruction] = {}
+        self._gemm_tiles: dict[tuple, Instruction] = {}
         # the varying instructions ``(index, vary)`` of the blocks being recorded, innermost
         # last (:meth:`BlockMemo.lower`)
         self.holes: list[list[tuple[int, Vary]]] = []
@@ -182,9 +187,15 @@ class Builder:
         self.tiles[c] = k + 1
         buf = k % 2
         rb = mat.row_bytes
-        self.emit(DmaLoad(core=c, src=mat.w_addr + lo * rb, dst=buf * self.target.tile_bytes,
-                          nbytes=(hi - lo) * rb, wait=(self._free[c][buf],) if k >= 2 else (),
-                          signal=(self._ld[c][buf],)))
+        src, nbytes = mat.w_addr + lo * rb, (hi - lo) * rb
+        key = (c, src, buf, nbytes, k >= 2)  # every field of the load (the target's fixed)
+        ins = self._tile_loads.get(key)
+        if ins is None:  # interned as :meth:`emit` interns (no varying fields)
+            made = DmaLoad(core=c, src=src, dst=buf * self.target.tile_bytes, nbytes=nbytes,
+                           wait=(self._free[c][buf],) if k >= 2 else (),
+                           signal=(self._ld[c][buf],))
+            ins = self._tile_loads[key] = self._interned.setdefault(made, made)
+        self.ins.append(ins)
         return buf
 
     def weight_tiles(self, mat: Matrix, rows: tuple[int, int]) -> list[tuple[int, int]]:
@@ -234,18 +245,29 @@ class Builder:
         ld, free = self._ld[c], self._free[c]
         stride = (nrows * elt if out_stride is None else out_stride) if m > 1 else 0
         last = len(tiles) - 1
+        known = self._gemm_tiles
+        ins_append = self.ins.append
+        # the fields that stay the same over the tiles (a GEMM tile is these, its width,
+        # output offset, buffer and whether it is the first or the last tile)
+        same = (kind, tuple(extra.items()), c, m, mat.k, mat.bits, a, out, elt, bias, scale,
+                mat.shift, stride, wait0, last_signal)
         for i, (lo, hi) in enumerate(tiles):
             buf = (first_buf + i) % 2 if i < done else self.tile_load(c, mat, lo, hi)
             off = lo - r0
-            self.emit(kind(
-                **extra, core=c, m=m, k=mat.k, n=hi - lo, w_bits=mat.bits, a=a,
-                w=buf * t.tile_bytes, out=out + off * elt,
-                bias=NO_ADDR if bias == NO_ADDR else bias + 4 * off,
-                scale=NO_ADDR if scale == NO_ADDR else scale + 4 * off,
-                shift=mat.shift, out_stride=stride,
-                wait=(ld[buf],) + (wait0 if i == 0 else ()),
-                signal=(free[buf],) + (last_signal if i == last else ()),
-            ))
+            key = (same, hi - lo, off, buf, i == 0, i == last)
+            ins = known.get(key)
+            if ins is None:  # interned as :meth:`emit` interns (no varying fields)
+                made = kind(
+                    **extra, core=c, m=m, k=mat.k, n=hi - lo, w_bits=mat.bits, a=a,
+                    w=buf * t.tile_bytes, out=out + off * elt,
+                    bias=NO_ADDR if bias == NO_ADDR else bias + 4 * off,
+                    scale=NO_ADDR if scale == NO_ADDR else scale + 4 * off,
+                    shift=mat.shift, out_stride=stride,
+                    wait=(ld[buf],) + (wait0 if i == 0 else ()),
+                    signal=(free[buf],) + (last_signal if i == last else ()),
+                )
+                ins = known[key] = self._interned.setdefault(made, made)
+            ins_append(ins)
 
     def gemm_into(self, c: int, mat: Matrix, rows: tuple[int, int], *, a: int, m: int,
                   out: int, row_stride: int, plan: SramPlan,

@@ -116,3 +116,15 @@ def test_check_knows_a_serving_file(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == "ok: serving 2 requests of tiny on 1 x tiny"
     assert main(["check", str(f), "--set", "serving.chip=2"]) == 2
     assert "serving.chip: unknown key (did you mean 'chips'?)" in capsys.readouterr().err
+
+
+def test_a_run_collects_garbage_less_often_and_restores_the_thresholds():
+    import gc
+
+    from sim.cli_run import RUN_GC_THRESHOLDS, fewer_collections
+
+    before = gc.get_threshold()
+    with pytest.raises(KeyError), fewer_collections():
+        assert gc.get_threshold() == RUN_GC_THRESHOLDS
+        raise KeyError("a failed run")
+    assert gc.get_threshold() == before

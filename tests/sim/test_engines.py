@@ -193,6 +193,21 @@ def test_an_event_limit_drops_the_same_spans_and_bins(level, max_events):
     assert out["dropped"] > 0  # the limit was reached
 
 
+@pytest.mark.parametrize("level", ["ops", "tiles"])
+@pytest.mark.parametrize("max_events", [7, 40, 120])
+def test_a_batch_whose_order_matters_replays_in_halves_as_row_by_row(monkeypatch, level,
+                                                                    max_events):
+    # halved down to single rows: every batch that meets the event limit is split, each
+    # half replayed at once where its order cannot matter
+    monkeypatch.setattr(array_engine, "REPLAY_EACH_ROWS", 1)
+    p = Program((DmaLoad(core=0, src=0, dst=0, nbytes=5000),
+                 HostWrite(src=0, dst=0, nbytes=6000),
+                 DmaLoad(core=1, src=0, dst=0, nbytes=3000),
+                 HostRead(src=0, dst=20_000, nbytes=2_000)))
+    out = assert_same(TINY, [p] * 6, level=level, max_events=max_events)
+    assert out["dropped"] > 0
+
+
 def test_arrays_grown_from_one_row_give_the_same_timeline(monkeypatch):
     """The array loop stops a process between two steps when its heap, process records or
     logs run short, grows them and runs it on (the same event): from one row of the heap

@@ -14,7 +14,7 @@ from sim.cli import main
 from sim.config import load_run_config
 from sim.run import render_outputs, run
 from traces.chrome import chrome_trace
-from traces.recorder import Recorder
+from traces.recorder import Recorder, Span
 
 TINY = ["hardware.preset=tiny", "model.preset=tiny", "compile.core_mode=single",
         "workload.prompt_tokens=8", "workload.output_tokens=3"]
@@ -121,3 +121,18 @@ def test_a_mark_spans_from_the_first_start_to_the_last_end_of_its_instructions()
         ("c", 8, 70, {"first": 1, "end": 10})]
     assert all(s.block == "runtime" and s.lane == "layers" for s in rec.spans[-3:])
     assert rec.mark(len(rec.spans), [("e", 0, 9)]) == 0
+
+
+@pytest.mark.parametrize("level", ["off", "ops", "tiles"])
+def test_add_spans_records_what_one_span_call_each_would(level):
+    spans = [Span("core0", "mxu", "gemm", 10 * i, 10 * i + 5, {"index": i}) for i in range(7)]
+    one, many = (Recorder(level=level, max_events=5) for _ in range(2))
+    one.moved("dram", "ch0", 0, 10, 64)  # a byte bin counts towards the limit
+    many.moved("dram", "ch0", 0, 10, 64)
+    for s in spans:
+        one.span(*s[:5], args=s[5])
+    assert many.room() == (5 if level == "off" else 4)
+    many.add_spans(spans)
+    assert many.spans == one.spans
+    assert many.dropped == one.dropped == (0 if level == "off" else 3)
+    assert many.room() == one.room() == (5 if level == "off" else 0)
