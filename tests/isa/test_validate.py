@@ -424,3 +424,49 @@ def test_the_remembered_instructions_are_bounded(monkeypatch):
     assert sum(len(e[1]) for e in validate._REMEMBERED.values()) == 3
     validate_program(Program(gemms[3:], formats=FORMATS), LAYOUT)
     assert sum(len(e[1]) for e in validate._REMEMBERED.values()) <= 3
+
+
+def _near(points: list[int], hi: int):
+    """Values at and around ``points`` (region and memory bounds), and anywhere below hi."""
+    from hypothesis import strategies as st
+
+    return st.one_of(st.sampled_from(points).flatmap(
+        lambda p: st.integers(max(0, p - 70), min(hi, p + 70))), st.integers(0, hi))
+
+
+def _dma_load_fields():
+    from hypothesis import strategies as st
+
+    bounds = [0, 32 * KiB, 64 * KiB, 2 * MiB, 3 * MiB, 4 * MiB]
+    return st.fixed_dictionaries({
+        "core": st.integers(0, 3),
+        "src": _near(bounds, 2**64 - 1),
+        "dst": _near(bounds, 2**64 - 1),
+        "nbytes": _near([0, 1, 64, 4 * KiB, 32 * KiB], 2**32 - 1),
+        "rows": _near([0, 1, 2, 8, 512], 2**32 - 1),
+        "src_stride": _near([0, 64, 4 * KiB], 2**32 - 1),
+        "dst_stride": _near([0, 64, 4 * KiB], 2**32 - 1),
+    })
+
+
+@given(fields=_dma_load_fields())
+def test_the_batched_dma_load_check_passes_only_what_the_scalar_checks_pass(fields):
+    """validate_program checks a program's DmaLoads at once in arrays and sends what that
+    does not pass to the per-instruction checks: its verdict and message, with and without
+    regions, are those of the per-instruction checks alone."""
+    import isa.validate as validate
+
+    load = DmaLoad(**fields)
+    for layout in (LAYOUT, WITH_REGIONS):
+        verdicts = []
+        for batched in (True, False):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(validate, "_REMEMBERED", {})
+                if not batched:
+                    mp.setattr(validate, "_dma_loads_ok", lambda instrs, *a: [False] * len(instrs))
+                try:
+                    validate_program(Program([load], formats=FORMATS), layout)
+                    verdicts.append(None)
+                except ProgramError as err:
+                    verdicts.append(str(err))
+        assert verdicts[0] == verdicts[1], (fields, layout.regions)
