@@ -373,6 +373,10 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
         turn = p[_P_WTRG]
     pos, last_act, bus, last_cas = sc[c, 0], sc[c, 1], sc[c, 2], sc[c, 3]
     nref = next_ref[c]
+    # The bank state is indexed by unsigned copies of the channel and bank: Numba wraps a
+    # signed index around (a compare and an add per index, a dozen accesses per row run)
+    # and an unsigned one it takes as it is (both are >= 0 here).
+    uc = np.uintp(c)
     first_cas = -1
     last_done = t0
     row_idx = _div(lo, page, sp)
@@ -387,6 +391,7 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
     while True:
         seg_end = min(hi, row_start + run_end)
         bank = bank_lin ^ row_mod if xor else bank_lin
+        ub = np.uintp(bank)
         head = True
         while a < seg_end:
             sub = min(seg_end, g_next)
@@ -396,18 +401,18 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
                     _refresh_call(p, c, start, open_row, act_ok, pre_ok, next_ref)
                     nref = next_ref[c]
                 in_row = a - row_start
-                if open_row[c, bank] != row or (head and in_row == run_start and in_row != 0):
-                    act_min = max(act_ok[c, bank], t0)
-                    if open_row[c, bank] >= 0:  # close the other row (or this one) first
-                        act_min = max(act_min, max(pre_ok[c, bank], t0) + rppb)
-                    t_act = max(act_min, last_act + rrd, faw[c, pos] + faw_ck)
-                    faw[c, pos] = t_act
+                if open_row[uc, ub] != row or (head and in_row == run_start and in_row != 0):
+                    act_min = max(act_ok[uc, ub], t0)
+                    if open_row[uc, ub] >= 0:  # close the other row (or this one) first
+                        act_min = max(act_min, max(pre_ok[uc, ub], t0) + rppb)
+                    t_act = max(act_min, last_act + rrd, faw[uc, np.uintp(pos)] + faw_ck)
+                    faw[uc, np.uintp(pos)] = t_act
                     pos = pos + 1 if pos < 3 else 0
                     last_act = t_act
-                    open_row[c, bank] = row
-                    cas_ok[c, bank] = t_act + rcd
-                    pre_ok[c, bank] = t_act + ras
-                t_cas = max(cas_ok[c, bank], bus, t0)
+                    open_row[uc, ub] = row
+                    cas_ok[uc, ub] = t_act + rcd
+                    pre_ok[uc, ub] = t_act + ras
+                t_cas = max(cas_ok[uc, ub], bus, t0)
                 if turn and t_cas < last_cas + turn:
                     t_cas = last_cas + turn
                 turn = 0
@@ -429,8 +434,8 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
             more = _div(sub - 1, bb, shift) - _div(a, bb, shift)
             last_cas = t_cas + more * ccd
             bus = last_cas + ccd
-            if last_cas + to_pre > pre_ok[c, bank]:
-                pre_ok[c, bank] = last_cas + to_pre
+            if last_cas + to_pre > pre_ok[uc, ub]:
+                pre_ok[uc, ub] = last_cas + to_pre
             if last_cas + lat > last_done:
                 last_done = last_cas + lat
             a = sub

@@ -295,7 +295,12 @@ def hnext(h: np.ndarray, ordered: int, n: int, direct: bool) -> tuple:
                 m = j
         if ordered == 0 or _less(h, m, 0):
             if m != n - 1:
-                _swap(h, m, n - 1)
+                # the swap written out: an inlined helper's array argument is a new
+                # reference, counted (an atomic pair) on this path taken per event
+                for k in range(5):
+                    t = h[m, k]
+                    h[m, k] = h[n - 1, k]
+                    h[n - 1, k] = t
             return n - 1, ordered
     hsift(h, ordered, n)
     n = hpop(h, n)
