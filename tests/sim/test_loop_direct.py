@@ -30,14 +30,9 @@ from sim import array_engine
 from sim.components import loopdefs as lp
 from sim.components.programloop import run_program
 from sim.device import Device
-from sim.hw import load_hardware, preset_dict
+from sim.hw import load_hardware
+from tests.sim.test_engines import TINY, TINY_PROTOCOL
 from traces.recorder import Recorder
-
-TINY = load_hardware("tiny")
-TINY_PROTOCOL = load_hardware("tiny", {
-    "dram.model": "protocol", "dram.timing": preset_dict("aries")["dram"]["timing"],
-    "dram.timing.row_run_bytes": 512, "cores.dispatch_cycles": 3,
-    "cores.program_launch_ns": 250.0, "cores.barrier_sync_ns": 40.0})
 
 
 @pytest.mark.parametrize("direct", [True, False])
