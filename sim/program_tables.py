@@ -256,12 +256,8 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
     cols = np.empty((len(new_present), last_cols.shape[1]), np.int64)
     move_rows(cols, kept_at, last_cols, kept)
     cols[added_at] = new[:, X_LINK1: X_SN2 + 1]
-    for j, (link, addr, pair) in enumerate(((X_LINK1, X_ADDR1, pl.I_PAIR1),
-                                            (X_LINK2, X_ADDR2, pl.I_PAIR2))):
-        has = np.flatnonzero(table[:, pl.I_NADD] > j)
-        table[has, pair] = (cols[has, link - X_LINK1] * kind_count
-                            + kinds_of(cols[has, addr - X_LINK1]))
-    stream_base, stream_bytes = _streams_of(cols, X_LINK1)
+    _set_pairs(table, cols, X_LINK1, kinds_of, kind_count)
+    stream_base, stream_bytes = _streams(cols, X_LINK1)
     return index, store, Tables(
         table, row_of, w_ptr, w_flag, s_ptr, s_flag, last.flags, last.q_ptr, last.q_items,
         last.queues, len(LINKS) * kind_count, stream_base, stream_bytes), new_present, cols
@@ -342,11 +338,19 @@ def _table(rows: np.ndarray, kinds_of, kind_count: int) -> np.ndarray:
     """The loop's table of the distinct ``rows``, with the stats additions' ``(link,
     kind)`` pairs under the current memory map."""
     table = np.ascontiguousarray(rows[:, : pl.I_FIELDS])
+    _set_pairs(table, rows, 0, kinds_of, kind_count)
+    return table
+
+
+def _set_pairs(table: np.ndarray, cols: np.ndarray, shift: int, kinds_of,
+               kind_count: int) -> None:
+    """Sets the stats additions' ``(link, kind)`` pairs of the ``table`` rows under the
+    current memory map, from ``cols``: the rows' columns from column ``shift`` on."""
     for k, (link, addr, pair) in enumerate(((X_LINK1, X_ADDR1, pl.I_PAIR1),
                                             (X_LINK2, X_ADDR2, pl.I_PAIR2))):
-        has = np.flatnonzero(rows[:, pl.I_NADD] > k)
-        table[has, pair] = rows[has, link] * kind_count + kinds_of(rows[has, addr])
-    return table
+        has = np.flatnonzero(table[:, pl.I_NADD] > k)
+        table[has, pair] = (cols[has, link - shift] * kind_count
+                            + kinds_of(cols[has, addr - shift]))
 
 
 def _heads(rows: np.ndarray, held: np.ndarray):
@@ -363,14 +367,9 @@ def _heads(rows: np.ndarray, held: np.ndarray):
     return w_ptr, s_ptr, wflat, sflat
 
 
-def _streams(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The DRAM base and bytes of every transfer of the rows (for the chunk plans)."""
-    return _streams_of(rows, 0)
-
-
-def _streams_of(rows: np.ndarray, shift: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_streams` of ``rows`` whose columns are the row's from column ``shift``
-    on."""
+def _streams(rows: np.ndarray, shift: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The DRAM base and bytes of every transfer of the rows (for the chunk plans);
+    ``rows``' columns are the rows' from column ``shift`` on."""
     ns = rows[:, X_NSTREAM - shift]
     one, two = np.flatnonzero(ns >= 1), np.flatnonzero(ns >= 2)
     sb1, sn1, sb2, sn2 = (c - shift for c in (X_SB1, X_SN1, X_SB2, X_SN2))
