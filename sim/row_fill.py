@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-import operator
 import struct
 
 import numpy as np
@@ -55,7 +53,6 @@ FAMILIES = (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead, Attn, KvWrite, KvRe
 _TYPE_IDS: dict[type, int] = {}
 _TYPE_LIST: list[type] = []
 _FAMILY: list[type] = []
-_HEADS = operator.attrgetter("wait", "signal")
 #: The ``int64`` that a field of :data:`NO_ADDR` reads as in the extracted columns.
 NO_ADDR_I64 = int(np.array(NO_ADDR, np.uint64).view(np.int64))
 
@@ -91,20 +88,24 @@ def _register(t: type) -> None:
 
 @functools.cache
 def _reader(t: type, names: tuple[str, ...]):
-    """``read(group)``: for each instruction of type ``t`` in ``group``, its fields
-    ``names`` packed as 8-byte integers (signed where the field's declared struct code is,
-    ``fmt`` in :mod:`isa.instr_base`, else unsigned: a u64 above ``2**63``, such as
-    :data:`NO_ADDR`, reads back as a negative ``int64``). The reads are a list
-    comprehension of plain attribute loads, which the interpreter specialises per type:
-    about twice as fast as an ``attrgetter`` per instruction (the waits and signals,
-    two attributes, are read apart by an ``attrgetter``: cheaper than a tuple made here).
-    ``names`` are this module's own field names."""
+    """``read(group, number, size)``: for each instruction of type ``t`` in ``group``, its
+    fields ``names`` packed as 8-byte integers (signed where the field's declared struct
+    code is, ``fmt`` in :mod:`isa.instr_base`, else unsigned: a u64 above ``2**63``, such
+    as :data:`NO_ADDR`, reads back as a negative ``int64``), then the number of its
+    ``(wait, signal)`` pair: ``number(pair, size())`` (a dict's ``setdefault`` and
+    ``__len__``: the pairs numbered densely as they first occur). One list comprehension
+    of plain attribute loads, which the interpreter specialises per type: the pair is
+    numbered in the same pass (each object is read once) and its tuple freed at once, so
+    that a build holds no object per instruction but its packed bytes (no garbage
+    collection falls due within it). ``names`` are this module's own field names."""
     fmt = {f.name: f.metadata.get("fmt", "Q") for f in dataclasses.fields(t)}
     if not set(names) <= fmt.keys() or not all(n.isidentifier() for n in names):
         raise KeyError(f"{t.__name__} has no field among {names}")
-    pack = struct.Struct("<" + "".join("q" if fmt[n].islower() else "Q" for n in names)).pack
+    pack = struct.Struct("<" + "".join("q" if fmt[n].islower() else "Q" for n in names)
+                         + "q").pack
     values = ", ".join(f"i.{n}" for n in names)
-    return eval(f"lambda group: [pack({values}) for i in group]", {"pack": pack})
+    return eval(f"lambda group, number, size: [pack({values}, number((i.wait, i.signal), "
+                "size())) for i in group]", {"pack": pack})
 
 
 def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -142,24 +143,30 @@ class _Rows:
         self.num_cores = num_cores
         self.formats = formats
         self.fmts: dict[str, kvformats.KVFormat] = {}
-        self.heads: list[tuple[tuple[int, ...], tuple[int, ...]]] = []  # in grouped order
+        #: the distinct ``(wait, signal)`` pairs of the objects read, each with its number
+        #: (dense, in the order of first occurrence in grouped order)
+        self.pairs: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        #: the number of each object's pair, one array per group read (in grouped order)
+        self.pair_numbers: list[np.ndarray] = []
 
     def fields(self, t: type, group: list, names: tuple[str, ...]) -> np.ndarray:
         """Fields ``names`` of the instructions of type ``t`` in ``group``, one column each
-        (their waits and signals go to :attr:`heads`; a :class:`_ColumnGroup` has them
-        as columns already)."""
+        (the numbers of their ``(wait, signal)`` pairs go to :attr:`pair_numbers`; a
+        :class:`_ColumnGroup` has its waits and signals as columns already)."""
         if isinstance(group, _ColumnGroup):
             return group.cols.column_matrix(group.k, names)
+        pairs = self.pairs
         try:
-            read = _reader(t, names)(group)
+            read = _reader(t, names)(group, pairs.setdefault, pairs.__len__)
         except struct.error:
             bad = next(i for i in group if not all(
                 isinstance(v, int) and -(1 << 63) <= v < (1 << 64) for v in map(
                     i.__getattribute__, names)))
             raise DeviceError(f"{t.__name__}: a field of {', '.join(names)} is not a 64-bit "
                               f"integer: {bad}") from None
-        self.heads.extend(map(_HEADS, group))
-        return np.frombuffer(b"".join(read), np.int64).reshape(len(group), len(names))
+        f = np.frombuffer(b"".join(read), np.int64).reshape(len(group), len(names) + 1)
+        self.pair_numbers.append(f[:, -1])
+        return f[:, :-1]
 
     def timed(self, i: Instruction) -> tuple[int, int]:
         return self.cores[i.core].duration_ps(i, self.formats), i.ops()
@@ -379,7 +386,7 @@ class Built:
     The objects are grouped by concrete type (a stable sort of their type ids); each
     type's fields are read in one pass (:func:`_reader`) and its rows filled column by
     column over the group; the rows then return to the objects' order (the pairs are
-    numbered in grouped order, one hash each, then renumbered by arrays)."""
+    numbered in grouped order as the fields are read, then renumbered by arrays)."""
 
     def __init__(self, objs: list[Instruction], cores: list, num_cores: int,
                  formats: tuple[str, ...]) -> None:
@@ -408,17 +415,18 @@ class Built:
             start = end
         self.rows = np.empty_like(s)
         self.rows[order] = s
-        # each grouped place's first grouped place with its pair, then per object
-        first_of: dict = {}
-        heads = fill.heads
-        first = np.fromiter(map(first_of.setdefault, heads, itertools.count()), np.int64, n)
-        first[order] = first.copy()
-        # the pairs numbered by the object that first has each
-        rep, at, inverse = np.unique(first, return_index=True, return_inverse=True)
-        rank = np.argsort(at)
+        # each object's pair as numbered in grouped order, then renumbered by the first
+        # object that has each
+        pair_of = np.empty(n, np.int64)
+        if n:
+            pair_of[order] = np.concatenate(fill.pair_numbers)
+        first = np.full(len(fill.pairs), n, np.int64)
+        np.minimum.at(first, pair_of, np.arange(n))
+        rank = np.argsort(first)
         number = np.empty(len(rank), np.int64)
         number[rank] = np.arange(len(rank))
+        keys = list(fill.pairs)
         #: the distinct ``(wait, signal)`` pairs, in the order the objects first have them
-        self.pairs = list(map(heads.__getitem__, rep[rank].tolist()))
+        self.pairs = list(map(keys.__getitem__, rank.tolist()))
         #: the number of each object's pair in :attr:`pairs`
-        self.pair_of = number[inverse.reshape(-1)]
+        self.pair_of = number[pair_of]
