@@ -48,6 +48,7 @@ from sim.row_fill import (
     X_WOFF,
     Built,
     build_rows,
+    object_ids,
     unique_rows,
 )
 
@@ -55,7 +56,7 @@ __all__ = [
     "FAMILIES", "LAST_PER_CORE", "LINKS", "MAX_ROWS", "ROW_FIELDS", "X_ADDR1", "X_ADDR2",
     "X_ENG", "X_LINK1", "X_LINK2", "X_NSTREAM", "X_QCORE", "X_SB1", "X_SB2", "X_SLEN", "X_SN1",
     "X_SN2", "X_SOFF", "X_WLEN", "X_WOFF", "Built", "RowCache", "RowStore", "build_rows",
-    "unique_rows",
+    "object_ids", "unique_rows",
 ]
 
 #: Rows a :class:`RowCache` holds before it starts afresh. An assumption sized for memory:
@@ -125,7 +126,7 @@ class RowStore:
         self._flags[f0: f0 + nw + ns] = flags
         self._nflags += nw + ns
         if ids is None:
-            ids = np.fromiter(map(id, objs), np.int64, len(objs))
+            ids = object_ids(objs)
         order = np.argsort(ids) if id_order is None else id_order
         new = ids[order]
         at = np.searchsorted(self._ids, new)
@@ -199,7 +200,8 @@ class RowCache:
         rows of ``formats``' objects), building the rows of objects not seen before."""
         store = self._by_formats.get(formats)
         n = len(instrs)
-        ids = np.fromiter(map(id, instrs), np.int64, n)
+        objs = np.fromiter(instrs, object, n)
+        ids = object_ids(objs)
         if store is not None:
             index = store.find(ids)
             missing = np.flatnonzero(index < 0)
@@ -216,7 +218,7 @@ class RowCache:
         at[rank] = np.arange(len(rank))
         pick = first[rank] if missing is None else missing[first[rank]]
         # (every object new and distinct: the program's own order)
-        new = list(instrs) if len(pick) == n else list(map(instrs.__getitem__, pick.tolist()))
+        new = list(instrs) if len(pick) == n else objs[pick].tolist()
         built = Built(new, self.cores, self.num_cores, formats)  # may raise: no change
         if self._held + len(new) > self.max_rows and self._held:
             self.clear()

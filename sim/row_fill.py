@@ -10,9 +10,11 @@ shape, KV bytes from the formats' layouts once per distinct positions.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import functools
 import struct
+import sys
 
 import numpy as np
 
@@ -53,6 +55,9 @@ FAMILIES = (DmaLoad, DmaStore, DmaCopy, HostWrite, HostRead, Attn, KvWrite, KvRe
 _TYPE_IDS: dict[type, int] = {}
 _TYPE_LIST: list[type] = []
 _FAMILY: list[type] = []
+#: the ids of the types numbered (sorted) and the number of each (the types are held in
+#: ``_TYPE_LIST``, so their ids stay theirs)
+_TYPE_BY_ID = [np.zeros(0, np.int64), np.zeros(0, np.int64)]
 #: The ``int64`` that a field of :data:`NO_ADDR` reads as in the extracted columns.
 NO_ADDR_I64 = int(np.array(NO_ADDR, np.uint64).view(np.int64))
 
@@ -84,6 +89,41 @@ def _register(t: type) -> None:
     _TYPE_IDS[t] = len(_TYPE_LIST)
     _TYPE_LIST.append(t)
     _FAMILY.append(family)
+    ids = np.fromiter(map(id, _TYPE_LIST), np.int64, len(_TYPE_LIST))
+    order = np.argsort(ids)
+    _TYPE_BY_ID[:] = ids[order], order
+
+
+def _held_ids(objs: np.ndarray) -> np.ndarray:
+    """The references an object array holds, as integers (a copy)."""
+    n = len(objs)
+    if not n:
+        return np.zeros(0, np.int64)
+    held = (ctypes.c_int64 * n).from_address(objs.ctypes.data)
+    return np.frombuffer(held, np.int64).copy()
+
+
+def _ids_are_addresses() -> bool:
+    probe = [object(), 1.5, "kvsim", (), _TYPE_IDS]
+    a = np.fromiter(probe, object, len(probe))
+    return (sys.implementation.name == "cpython" and a.itemsize == 8
+            and _held_ids(a).tolist() == list(map(id, probe)))
+
+
+#: Whether an object's ``id`` is its address (CPython's), the reference an object array
+#: holds: then :func:`object_ids` reads them from the array (about 8 times faster than
+#: calling ``id`` per object, measured on 22,570 instructions: 0.4 ms against 3.0 ms).
+IDS_ARE_ADDRESSES = _ids_are_addresses()
+
+
+def object_ids(objs) -> np.ndarray:
+    """``id(o)`` of each object ``o`` of ``objs`` (a sequence, or an object array), as
+    ``int64``: the identity keys of :class:`sim.program_rows.RowCache`."""
+    if not isinstance(objs, np.ndarray) or objs.dtype != object:
+        objs = np.fromiter(objs, object, len(objs))
+    if IDS_ARE_ADDRESSES:
+        return _held_ids(objs)
+    return np.fromiter(map(id, objs), np.int64, len(objs))
 
 
 @functools.cache
@@ -327,6 +367,18 @@ def build_rows(objs: list[Instruction], cores: list, num_cores: int,
     return Built(objs, cores, num_cores, formats).rows
 
 
+def _type_numbers(types: list[type]) -> np.ndarray:
+    """The number of each of ``types`` (numbering the types not seen before)."""
+    ids = object_ids(types)
+    held, number = _TYPE_BY_ID
+    k = np.minimum(np.searchsorted(held, ids), max(len(held) - 1, 0))
+    if len(ids) and (not len(held) or not np.array_equal(held[k], ids)):
+        for t in set(types).difference(_TYPE_IDS):
+            _register(t)  # may raise: nothing built yet
+        return _type_numbers(types)
+    return number[k]
+
+
 class _ColumnGroup:
     """The instructions of type ``k`` of a program's columns, as a group the fillers read:
     fields by column, an instruction (made on demand: once per distinct shape) by index."""
@@ -391,14 +443,11 @@ class Built:
     def __init__(self, objs: list[Instruction], cores: list, num_cores: int,
                  formats: tuple[str, ...]) -> None:
         n = len(objs)
-        ids = _TYPE_IDS
         types = list(map(type, objs))
-        for t in set(types).difference(ids):
-            _register(t)  # may raise: nothing built yet
-        tid = np.fromiter(map(ids.__getitem__, types), np.int64, n)
+        tid = _type_numbers(types)
         order = np.argsort(tid, kind="stable")
         counts = np.bincount(tid, minlength=len(_TYPE_LIST)).tolist()
-        grouped = list(map(objs.__getitem__, order.tolist()))
+        grouped = np.fromiter(objs, object, n)[order].tolist()
         fill = _Rows(cores, num_cores, formats)
         s = np.zeros((n, ROW_FIELDS), np.int64)  # in grouped order
         start = 0

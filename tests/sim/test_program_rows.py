@@ -3,6 +3,8 @@ hold it, bounded, and the same timeline whatever the cache held before."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -19,7 +21,7 @@ from isa.instructions import (
     Nop,
     Program,
 )
-from sim import array_engine, program_tables
+from sim import array_engine, program_tables, row_fill
 from sim.components import loopdefs
 from sim.device import Device
 from sim.hw import load_hardware
@@ -31,6 +33,7 @@ from sim.program_rows import (
     X_WOFF,
     RowCache,
     build_rows,
+    object_ids,
 )
 from tests.sim.test_engines import TINY, TINY_PROTOCOL, _run, assert_same
 
@@ -162,3 +165,19 @@ def test_logs_handed_over_in_small_batches_give_the_same_trace(monkeypatch):
     monkeypatch.setattr(array_engine, "run_program", counted)
     assert _run("fast", TINY_PROTOCOL, progs) == ref
     assert len(calls) > 10 and set(calls) == {3}
+
+
+@pytest.mark.parametrize("addresses", [True, False])
+def test_object_ids_are_the_objects_ids(monkeypatch, addresses):
+    # read from an object array's references (CPython) or by calling id: the same keys
+    monkeypatch.setattr(row_fill, "IDS_ARE_ADDRESSES", addresses and row_fill.IDS_ARE_ADDRESSES)
+    objs = [LOAD, GEMM, COPY, H2D, LOAD, (), 7]
+    want = [id(o) for o in objs]
+    assert object_ids(objs).tolist() == want
+    assert object_ids(tuple(objs)).tolist() == want
+    assert object_ids(np.fromiter(objs, object, len(objs))).tolist() == want
+    assert object_ids([]).dtype == np.int64 and len(object_ids(())) == 0
+
+
+def test_ids_are_read_as_addresses_on_cpython():
+    assert row_fill.IDS_ARE_ADDRESSES == (sys.implementation.name == "cpython")
