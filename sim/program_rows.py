@@ -77,6 +77,8 @@ class RowStore:
         self._rows = np.zeros((0, ROW_FIELDS), np.int64)
         self._flags = np.zeros(0, np.int64)
         self._nflags = 0
+        self._reserved: np.ndarray | None = None  # rows handed out by :meth:`reserve`
+        self._dirty_end = 0  # rows past the used head may have been written up to here
 
     @property
     def rows(self) -> np.ndarray:
@@ -95,6 +97,19 @@ class RowStore:
         k[k == len(held)] = 0
         return np.where(held[k] == ids, self._at[k], -1)
 
+    def reserve(self, n: int) -> np.ndarray:
+        """The buffer's next ``n`` rows past the used head, zeros: rows written there
+        (:class:`Built`'s ``out``) and then appended (:meth:`append`) are not copied."""
+        base = len(self.objs)
+        grown = _room(self._rows, base, base + n)
+        if grown is not self._rows:
+            self._rows, self._dirty_end = grown, 0
+        elif self._dirty_end > base:  # rows written but never appended
+            self._rows[base: self._dirty_end] = 0
+        self._dirty_end = base + n
+        self._reserved = self._rows[base: base + n]
+        return self._reserved
+
     def append(self, objs: list[Instruction], rows: np.ndarray,
                ids: np.ndarray | None = None, pairs: list | None = None,
                pair_of: np.ndarray | None = None, id_order: np.ndarray | None = None) -> int:
@@ -102,7 +117,8 @@ class RowStore:
         sorts them; ``pairs``: their distinct ``(wait, signal)`` pairs and ``pair_of`` the
         number of each object's, if known, as :class:`Built` gives them) and their flags;
         returns the index of the first. Each distinct pair is held once, and the rows that
-        have it point at it."""
+        have it point at it. ``rows`` are written (their flag columns); the rows of
+        :meth:`reserve` are taken where they are."""
         base = len(self.objs)
         end = base + len(objs)
         if pairs is None or pair_of is None:
@@ -120,8 +136,10 @@ class RowStore:
         rows[:, X_WOFF] = (f0 + np.cumsum(wl) - wl)[which]
         rows[:, X_SLEN] = sl[which]
         rows[:, X_SOFF] = (f0 + nw + np.cumsum(sl) - sl)[which]
-        self._rows = _room(self._rows, base, end)
-        self._rows[base:end] = rows
+        if rows is not self._reserved:
+            self._rows = _room(self._rows, base, end)
+            self._rows[base:end] = rows
+        self._reserved = None
         self._flags = _room(self._flags, f0, f0 + nw + ns)
         self._flags[f0: f0 + nw + ns] = flags
         self._nflags += nw + ns
@@ -214,21 +232,31 @@ class RowCache:
         uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
         # the new objects in the order they first occur
         rank = np.argsort(first)
-        at = np.empty(len(rank), np.int64)
-        at[rank] = np.arange(len(rank))
         pick = first[rank] if missing is None else missing[first[rank]]
         # (every object new and distinct: the program's own order)
         new = list(instrs) if len(pick) == n else objs[pick].tolist()
-        built = Built(new, self.cores, self.num_cores, formats)  # may raise: no change
         if self._held + len(new) > self.max_rows and self._held:
+            Built(new, self.cores, self.num_cores, formats)  # may raise: no change
             self.clear()
             if store is not None:  # the program's other objects are new again too
                 return self.lookup(instrs, formats)
-        store = self._by_formats.get(formats)
-        if store is None:
+        made = store is None
+        if made:
             store = self._by_formats[formats] = RowStore()
-        # (``at`` sorts the new objects' ids: ``uniq[rank][at]`` is ``uniq``)
-        at += store.append(new, built.rows, uniq[rank], built.pairs, built.pair_of, at)
-        index[slice(None) if missing is None else missing] = at[inverse.reshape(-1)]
+        try:
+            built = Built(new, self.cores, self.num_cores, formats, store.reserve(len(new)))
+        except BaseException:
+            if made:  # no change
+                del self._by_formats[formats]
+            raise
+        # the row of each new object (in ``uniq``'s order), past the store's head
+        place = np.empty(len(new), np.int64)
+        place[built.order] = np.arange(len(new))
+        first_at = np.empty(len(new), np.int64)  # the place in ``new`` of each of ``uniq``
+        first_at[rank] = np.arange(len(new))
+        place = place[first_at]
+        base = store.append(built.objs, built.rows, uniq[rank[built.order]], built.pairs,
+                            built.pair_of, place)
+        index[slice(None) if missing is None else missing] = (base + place)[inverse.reshape(-1)]
         self._held += len(new)
         return index, store

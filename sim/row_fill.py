@@ -364,7 +364,10 @@ def build_rows(objs: list[Instruction], cores: list, num_cores: int,
                formats: tuple[str, ...]) -> np.ndarray:
     """The rows (``len(objs)`` x :data:`ROW_FIELDS`) of distinct instruction objects run on
     ``cores`` (the device's compute cores) in a program whose KV formats are ``formats``."""
-    return Built(objs, cores, num_cores, formats).rows
+    built = Built(objs, cores, num_cores, formats)
+    rows = np.empty_like(built.rows)
+    rows[built.order] = built.rows
+    return rows
 
 
 def _type_numbers(types: list[type]) -> np.ndarray:
@@ -430,52 +433,56 @@ class ColumnRows:
 
 
 class Built:
-    """The rows of distinct instruction objects ``objs`` (see :func:`build_rows`), in their
-    order, and their waits and signals, read with the rows: the distinct ``(wait,
-    signal)`` pairs (:attr:`pairs`, in the order the objects first have them) and the
-    number of each object's pair (:attr:`pair_of`).
+    """The rows of distinct instruction objects ``objs`` (see :func:`build_rows`) and
+    their waits and signals, read with the rows, in an order of the objects'
+    (:attr:`objs`; :attr:`order` their places in ``objs``): the rows (:attr:`rows`,
+    ``out`` if given: zeros the rows are written into, else an array of their own), the
+    distinct ``(wait, signal)`` pairs (:attr:`pairs`, in the order the rows first have
+    them) and the number of each row's pair (:attr:`pair_of`).
 
-    The objects are grouped by concrete type (a stable sort of their type ids); each
-    type's fields are read in one pass (:func:`_reader`) and its rows filled column by
-    column over the group; the rows then return to the objects' order (the pairs are
-    numbered in grouped order as the fields are read, then renumbered by arrays)."""
+    The objects are grouped by concrete type (the types in the order they first occur,
+    a stable sort), the order of the rows; each type's fields are read in one pass
+    (:func:`_reader`, which numbers the pairs too) and its rows filled column by column
+    over the group, in place (no rows are made twice nor moved: a first decode step's
+    ~13,600 new rows are some 3 MB, each fresh page of which costs the system a fault)."""
 
     def __init__(self, objs: list[Instruction], cores: list, num_cores: int,
-                 formats: tuple[str, ...]) -> None:
+                 formats: tuple[str, ...], out: np.ndarray | None = None) -> None:
         n = len(objs)
         types = list(map(type, objs))
-        tid = _type_numbers(types)
-        order = np.argsort(tid, kind="stable")
-        counts = np.bincount(tid, minlength=len(_TYPE_LIST)).tolist()
-        grouped = np.fromiter(objs, object, n)[order].tolist()
+        tid = _type_numbers(types)  # may raise: nothing written yet
+        if out is None:
+            out = np.zeros((n, ROW_FIELDS), np.int64)
+        elif out.shape != (n, ROW_FIELDS) or out.dtype != np.int64:
+            raise ValueError(f"out: {out.dtype} {out.shape}, not int64 ({n}, {ROW_FIELDS})")
+        # the types in the order they first occur (so that the rows' order depends on
+        # ``objs`` only, not on which types were numbered first)
+        first = np.full(len(_TYPE_LIST), n, np.int64)
+        np.minimum.at(first, tid, np.arange(n))
+        kinds = np.flatnonzero(first < n)
+        kinds = kinds[np.argsort(first[kinds])]
+        rank = np.zeros(len(_TYPE_LIST), np.int64)
+        rank[kinds] = np.arange(len(kinds))
+        key = rank[tid]
+        #: the place in ``objs`` of each row's object
+        self.order = np.argsort(key, kind="stable")
+        counts = np.bincount(key, minlength=len(kinds)).tolist()
+        #: the object of each row
+        self.objs: list[Instruction] = np.fromiter(objs, object, n)[self.order].tolist()
         fill = _Rows(cores, num_cores, formats)
-        s = np.zeros((n, ROW_FIELDS), np.int64)  # in grouped order
         start = 0
-        for k, size in enumerate(counts):
-            if not size:
-                continue
+        for k, size in zip(kinds.tolist(), counts, strict=True):
             end = start + size
             t, family = _TYPE_LIST[k], _FAMILY[k]
-            b = s[start:end]
+            b = out[start:end]
             if family is not Nop:  # every instruction but a Nop is dispatched (the
                 b[:, pl.I_FLAGS] = pl.FL_DISPATCH  # cross-core bit is the program's)
                 b[:, X_ENG] = int(family.engine_kind)
-            _FILL[family](fill, b, t, grouped[start:end], family)
+            _FILL[family](fill, b, t, self.objs[start:end], family)
             start = end
-        self.rows = np.empty_like(s)
-        self.rows[order] = s
-        # each object's pair as numbered in grouped order, then renumbered by the first
-        # object that has each
-        pair_of = np.empty(n, np.int64)
-        if n:
-            pair_of[order] = np.concatenate(fill.pair_numbers)
-        first = np.full(len(fill.pairs), n, np.int64)
-        np.minimum.at(first, pair_of, np.arange(n))
-        rank = np.argsort(first)
-        number = np.empty(len(rank), np.int64)
-        number[rank] = np.arange(len(rank))
-        keys = list(fill.pairs)
-        #: the distinct ``(wait, signal)`` pairs, in the order the objects first have them
-        self.pairs = list(map(keys.__getitem__, rank.tolist()))
-        #: the number of each object's pair in :attr:`pairs`
-        self.pair_of = number[pair_of]
+        self.rows = out
+        #: the distinct ``(wait, signal)`` pairs, in the order the rows first have them
+        self.pairs = list(fill.pairs)
+        #: the number of each row's pair in :attr:`pairs`
+        self.pair_of = (np.concatenate(fill.pair_numbers) if fill.pair_numbers
+                        else np.zeros(0, np.int64))

@@ -137,9 +137,9 @@ class _ReferenceBuilt(program_rows.Built):
 
     made = 0  # objects whose rows it made
 
-    def __init__(self, objs, cores, num_cores, formats) -> None:
-        super().__init__(objs, cores, num_cores, formats)
-        self.rows = reference_rows(objs, cores, num_cores, formats)
+    def __init__(self, objs, cores, num_cores, formats, out=None) -> None:
+        super().__init__(objs, cores, num_cores, formats, out)
+        self.rows[:] = reference_rows(objs, cores, num_cores, formats)[self.order]
         _ReferenceBuilt.made += len(objs)
 
 
