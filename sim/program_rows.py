@@ -230,9 +230,13 @@ class RowCache:
             index = np.empty(n, np.int64)
             missing = None
         uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-        # the new objects in the order they first occur
-        rank = np.argsort(first)
-        pick = first[rank] if missing is None else missing[first[rank]]
+        # the new objects in the order they first occur (their first places, sorted by a
+        # mask: no sort), and the place of each of ``uniq`` among them
+        is_first = np.zeros(len(ids), bool)
+        is_first[first] = True
+        firsts = np.flatnonzero(is_first)
+        first_at = np.cumsum(is_first)[first] - 1
+        pick = firsts if missing is None else missing[firsts]
         # (every object new and distinct: the program's own order)
         new = list(instrs) if len(pick) == n else objs[pick].tolist()
         if self._held + len(new) > self.max_rows and self._held:
@@ -252,9 +256,9 @@ class RowCache:
         # the row of each new object (in ``uniq``'s order), past the store's head
         place = np.empty(len(new), np.int64)
         place[built.order] = np.arange(len(new))
-        first_at = np.empty(len(new), np.int64)  # the place in ``new`` of each of ``uniq``
-        first_at[rank] = np.arange(len(new))
         place = place[first_at]
+        rank = np.empty(len(new), np.int64)  # the number in ``uniq`` of each new object
+        rank[first_at] = np.arange(len(new))
         base = store.append(built.objs, built.rows, uniq[rank[built.order]], built.pairs,
                             built.pair_of, place)
         index[slice(None) if missing is None else missing] = (base + place)[inverse.reshape(-1)]

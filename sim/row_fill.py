@@ -461,7 +461,8 @@ class Built:
         np.minimum.at(first, tid, np.arange(n))
         kinds = np.flatnonzero(first < n)
         kinds = kinds[np.argsort(first[kinds])]
-        rank = np.zeros(len(_TYPE_LIST), np.int64)
+        # (a short key sorts by radix, some 4 times faster)
+        rank = np.zeros(len(_TYPE_LIST), np.int16 if len(_TYPE_LIST) < 1 << 15 else np.int64)
         rank[kinds] = np.arange(len(kinds))
         key = rank[tid]
         #: the place in ``objs`` of each row's object
