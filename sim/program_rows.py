@@ -67,8 +67,9 @@ MAX_ROWS = 1 << 18
 class RowStore:
     """The rows of one KV-format table's objects: an index by identity (the objects' ids,
     sorted, and the row of each), the objects (held so that no other object takes their
-    id) and the rows, in order of arrival, and the flags their rows point into (``X_WOFF``
-    ...): each the used head of a buffer that grows (:data:`GROWTH`) as it fills."""
+    id) and the rows, in order of arrival (a program's new objects in :class:`Built`'s
+    order: by type), and the flags their rows point into (``X_WOFF`` ...): each the used
+    head of a buffer that grows (:data:`GROWTH`) as it fills."""
 
     def __init__(self) -> None:
         self._ids = np.zeros(0, np.int64)

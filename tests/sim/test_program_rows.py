@@ -181,3 +181,26 @@ def test_object_ids_are_the_objects_ids(monkeypatch, addresses):
 
 def test_ids_are_read_as_addresses_on_cpython():
     assert row_fill.IDS_ARE_ADDRESSES == (sys.implementation.name == "cpython")
+
+
+def test_a_build_that_fails_leaves_no_rows_behind():
+    # the Gemm's and the copy's rows are written in the store's room before the bad load's
+    # group fails; the next objects' rows, written there, equal freshly built ones
+    dev = Device(TINY, functional=False)
+    cache = dev.program_rows
+    cache.lookup((LOAD,), ())
+    bad = DmaLoad(core=0, src=1 << 64, dst=0, nbytes=64)
+    with pytest.raises(DeviceError, match="not a 64-bit integer"):
+        cache.lookup((GEMM, COPY, bad), ())
+    with pytest.raises(DeviceError, match="not a 64-bit integer"):
+        cache.lookup((GEMM, bad), ("int8",))  # a table not held before: none made
+    assert len(cache) == 1
+    objs = [H2D, Nop(on=Engine.COPY, signal=(3,)), H2D.replace(nbytes=7)]
+    index, store = cache.lookup(tuple(objs), ())
+    assert index.tolist() == [1, 3, 2] and len(cache) == 4  # by type: the writes, the Nop
+    cols = [c for c in range(ROW_FIELDS) if c not in (X_WOFF, X_SOFF)]
+    fresh = build_rows(objs, dev.cores, dev.num_cores, ())
+    fresh[:, X_WLEN] = [len(i.wait) for i in objs]
+    fresh[:, X_SLEN] = [len(i.signal) for i in objs]
+    np.testing.assert_array_equal(store.rows[index][:, cols], fresh[:, cols])
+    assert _tables(dev, Program(tuple(objs), formats=("int8",))).table.shape[0] == 3
