@@ -370,13 +370,14 @@ def build_rows(objs: list[Instruction], cores: list, num_cores: int,
     return rows
 
 
-def _type_numbers(types: list[type]) -> np.ndarray:
-    """The number of each of ``types`` (numbering the types not seen before)."""
+def _type_numbers(types: np.ndarray) -> np.ndarray:
+    """The number of each of ``types`` (an object array; numbering the types not seen
+    before)."""
     ids = object_ids(types)
     held, number = _TYPE_BY_ID
     k = np.minimum(np.searchsorted(held, ids), max(len(held) - 1, 0))
     if len(ids) and (not len(held) or not np.array_equal(held[k], ids)):
-        for t in set(types).difference(_TYPE_IDS):
+        for t in set(types.tolist()).difference(_TYPE_IDS):
             _register(t)  # may raise: nothing built yet
         return _type_numbers(types)
     return number[k]
@@ -449,8 +450,8 @@ class Built:
     def __init__(self, objs: list[Instruction], cores: list, num_cores: int,
                  formats: tuple[str, ...], out: np.ndarray | None = None) -> None:
         n = len(objs)
-        types = list(map(type, objs))
-        tid = _type_numbers(types)  # may raise: nothing written yet
+        # (may raise: nothing written yet)
+        tid = _type_numbers(np.fromiter(map(type, objs), object, n))
         if out is None:
             out = np.zeros((n, ROW_FIELDS), np.int64)
         elif out.shape != (n, ROW_FIELDS) or out.dtype != np.int64:
