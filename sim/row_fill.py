@@ -99,6 +99,7 @@ def _held_ids(objs: np.ndarray) -> np.ndarray:
     n = len(objs)
     if not n:
         return np.zeros(0, np.int64)
+    objs = np.ascontiguousarray(objs)  # (the references read are the array's memory)
     held = (ctypes.c_int64 * n).from_address(objs.ctypes.data)
     return np.frombuffer(held, np.int64).copy()
 

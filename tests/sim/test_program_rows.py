@@ -175,7 +175,9 @@ def test_object_ids_are_the_objects_ids(monkeypatch, addresses):
     want = [id(o) for o in objs]
     assert object_ids(objs).tolist() == want
     assert object_ids(tuple(objs)).tolist() == want
-    assert object_ids(np.fromiter(objs, object, len(objs))).tolist() == want
+    held = np.fromiter(objs, object, len(objs))
+    assert object_ids(held).tolist() == want
+    assert object_ids(held[::-2]).tolist() == want[::-2]  # not contiguous
     assert object_ids([]).dtype == np.int64 and len(object_ids(())) == 0
 
 
