@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from isa.columns import ColumnProgram
-from isa.instructions import Program
+from isa.instructions import Patched, Program
 from sim.components import loopdefs as pl
 from sim.program_rows import (
     LAST_PER_CORE,
@@ -80,20 +80,22 @@ def instructions_of(program: Program):
 
 
 def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
-          incremental: bool = True) -> Tables:
+          incremental: bool = True, kinds_key: object = None) -> Tables:
     """The tables of ``program`` with its rows from ``cache``; ``kinds_of(addresses)``
     gives each DRAM address's traffic kind as an id below ``kind_count``. A
     :class:`~isa.columns.ColumnProgram` has its rows read from its columns (one per
     instruction, no objects made), bypassing the cache. A program of the same length and
     formats as a recent one built with ``cache`` is built incrementally when it can be
     (:func:`_incremental`; not with ``incremental=False``): the same tables as a full
-    build, in less time (``cache.incremental_builds`` counts them)."""
+    build, in less time (``cache.incremental_builds`` counts them); ``kinds_key``: an
+    object that is the same (``is``) only while ``kinds_of`` maps addresses the same way
+    (the device's frozen memory layout), so that kept rows keep their stats pairs."""
     if isinstance(program, ColumnProgram):
         made = ColumnRows(program.columns, cache.cores, cache.num_cores, program.formats)
         return gather(made.rows, made.row_of, made.flags, kinds_of, kind_count)
     instrs = program.instructions
-    got = (_incremental(instrs, program.formats, cache, kinds_of, kind_count)
-           if incremental else None)
+    got = (_incremental(instrs, program.formats, cache, kinds_of, kind_count,
+                        program.patched_from, kinds_key) if incremental else None)
     cols = None
     if got is None:
         index, store = cache.lookup(instrs, program.formats)
@@ -101,8 +103,9 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
         rows = store.rows if len(present) == len(store.objs) else np.take(
             store.rows, present, axis=0)
         tables = gather(rows, row_of, store.flags, kinds_of, kind_count)
+        uses = np.bincount(tables.row_of, minlength=len(tables.table))
     else:
-        index, store, tables, present, cols = got
+        index, store, tables, present, cols, uses = got
         cache.incremental_builds += 1
     # kept for the next program (the instructions too: their ids stay theirs while held)
     key = (len(instrs), program.formats)
@@ -110,8 +113,7 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
     recent.pop(key, None)
     if len(instrs) <= RECENT_INSTRUCTIONS:
         recent[key] = _Previous(program.formats, instrs, index, cache.generation, store,
-                                tables, present,
-                                np.bincount(tables.row_of, minlength=len(tables.table)), cols)
+                                tables, present, uses, cols, kinds_key)
     # the least recently built go first
     while len(recent) > RECENT_PROGRAMS or sum(n for n, _ in recent) > RECENT_INSTRUCTIONS:
         del recent[next(iter(recent))]
@@ -144,6 +146,7 @@ class _Previous:
     present: np.ndarray  # the store row of each table row (ascending)
     uses: np.ndarray  # the positions holding each table row
     cols: np.ndarray | None  # its rows' columns X_LINK1 ... X_SN2 (None: not gathered)
+    kinds_key: object  # what its stats pairs were set under (``build``'s ``kinds_key``)
 
 
 def _distinct(index: np.ndarray, store) -> tuple[np.ndarray, np.ndarray]:
@@ -159,11 +162,15 @@ def _distinct(index: np.ndarray, store) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
-                 kind_count: int):
+                 kind_count: int, hint: Patched | None = None, kinds_key: object = None):
     """``(index, store, tables, present, cols)`` of a program built from the tables of the
     last one of its length and formats (``present``, ``cols``: the store row and the
     columns ``X_LINK1 ... X_SN2`` of each table row, kept for the next), or None when that
     cannot be proved equal to a full build (the caller then builds in full).
+
+    The changed positions are those the program names (``hint``: it was made from the
+    last program's instructions by :meth:`~isa.instructions.Program.patched`, which
+    holds every other position's object), else those an identity scan finds.
 
     The proof: the program has the last one's length and formats, the cache has not
     started afresh, and at every position whose object changed the new object's row has
@@ -176,15 +183,23 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
     last ones that some position still holds and the changed positions' rows new to the
     program, in the store's order as a full build numbers them; a kept row keeps its
     table row, waits and signals (moved by runs, :func:`move_rows`), a new one has them
-    gathered; the stats pairs (under the current memory map) and transfers of every row
-    are recomputed from its kept columns. So the tables are the full build's, array for
-    array, at a cost of the changed positions plus a few passes over the distinct rows."""
+    gathered; the stats pairs of every row are recomputed from its kept columns under the
+    current memory map (a kept row keeps its pairs when ``kinds_key`` is the object it was
+    last built under: the same map), and so are its transfers. So the tables are the full
+    build's, array for array. When the kept rows are the first ones and the added ones
+    come after them (a decode step drops the rows the last one added and adds rows new to
+    the store), every kept array is a prefix of the last one: the cost is then a copy of
+    those prefixes plus the changed positions' work."""
     prev = cache.recent.get((len(instrs), formats))
     if prev is None or prev.generation != cache.generation:
         return None
-    # the positions whose object changed (an identity test each: no ids needed)
-    changed = np.flatnonzero(~np.fromiter(map(operator.is_, instrs, prev.instrs), bool,
-                                          len(instrs)))
+    if hint is not None and hint.base is prev.instrs:
+        # made from the last program's instructions by ``Program.patched``: every other
+        # position holds the last program's object (some of these may too)
+        changed = np.fromiter(hint.positions, np.int64, len(hint.positions))
+    else:  # the positions whose object changed (an identity test each: no ids needed)
+        changed = np.flatnonzero(~np.fromiter(map(operator.is_, instrs, prev.instrs), bool,
+                                              len(instrs)))
     store = prev.store
     index = prev.index.copy()
     if len(changed):
@@ -207,12 +222,12 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
                 return None
         index[changed] = sub
     last = prev.tables
-    present, uses = prev.present, prev.uses
+    present = prev.present
     nr = len(present)
-    old_local = last.row_of[changed]
     # the rows the program still holds, the changed positions' rows new to it (in the
     # store's order, as a full build numbers them), and the number of each among them
-    uses = uses - np.bincount(old_local, minlength=nr)
+    uses = prev.uses.copy()
+    np.subtract.at(uses, last.row_of[changed], 1)
     want = np.unique(index[changed])
     k = np.minimum(np.searchsorted(present, want), max(nr - 1, 0))
     known = present[k] == want if nr else np.zeros(len(want), bool)
@@ -220,22 +235,39 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
     keep[k[known]] = True
     added = want[~known]
     kept = np.flatnonzero(keep)
-    new_present = present[kept]
-    if len(added):
-        new_present = np.insert(new_present, np.searchsorted(new_present, added), added)
-    kept_at = np.searchsorted(new_present, present[kept])
-    added_at = np.searchsorted(new_present, added)
-    remap = np.full(nr, -1, np.int32)
-    remap[kept] = kept_at
-    row_of = remap[last.row_of]
+    nk, na = len(kept), len(added)
+    # a decode step drops the rows the last one added and adds rows new to the store:
+    # the kept rows are the first ones and the added ones come after them (a prefix)
+    prefix = (nk == 0 or int(kept[-1]) == nk - 1) and (
+        na == 0 or nk == 0 or int(added[0]) > int(present[nk - 1]))
+    if prefix:
+        new_present = np.concatenate([present[:nk], added])
+        kept_at = kept
+        added_at = np.arange(nk, nk + na)
+        row_of = last.row_of.copy()
+    else:
+        new_present = present[kept]
+        if na:
+            new_present = np.insert(new_present, np.searchsorted(new_present, added), added)
+        kept_at = np.searchsorted(new_present, present[kept])
+        added_at = np.searchsorted(new_present, added)
+        remap = np.full(nr, -1, np.int32)
+        remap[kept] = kept_at
+        row_of = remap[last.row_of]
     row_of[changed] = np.searchsorted(new_present, index[changed])
+    new_uses = np.zeros(len(new_present), np.int64)
+    new_uses[kept_at] = uses[kept]
+    np.add.at(new_uses, row_of[changed], 1)
     # the kept rows' table rows, waits and signals as the last program had them; the
     # added rows' gathered afresh (their cross-core bit: the last row's at a position
     # holding them)
     new = np.take(store.rows, added, axis=0)
     table = np.empty((len(new_present), pl.I_FIELDS), np.int64)
-    move_rows(table, kept_at, last.table, kept)
-    if len(added):
+    if prefix:
+        table[:nk] = last.table[:nk]
+    else:
+        move_rows(table, kept_at, last.table, kept)
+    if na:
         table[added_at] = new[:, : pl.I_FIELDS]
         pos = _a_position(index, changed, added)
         table[added_at, pl.I_FLAGS] |= (last.table[last.row_of[pos], pl.I_FLAGS]
@@ -246,21 +278,67 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
     if len(values) and (int(dense.max()) >= len(last.flags)
                         or not np.array_equal(last.flags[dense], values)):
         return None  # not the same flags (cannot happen when the heads are the same)
-    w_ptr, w_flag = _splice(last.w_ptr, last.w_flag, kept, kept_at, aw_ptr,
-                            dense[: len(wflat)], added_at)
-    s_ptr, s_flag = _splice(last.s_ptr, last.s_flag, kept, kept_at, as_ptr,
-                            dense[len(wflat):], added_at)
-    # what depends on every row: its stats pairs (under the current memory map) and
-    # transfers, from the columns that hold them
+    if prefix:
+        w_ptr, w_flag = _append_lists(last.w_ptr, last.w_flag, nk, aw_ptr, dense[: len(wflat)])
+        s_ptr, s_flag = _append_lists(last.s_ptr, last.s_flag, nk, as_ptr, dense[len(wflat):])
+    else:
+        w_ptr, w_flag = _splice(last.w_ptr, last.w_flag, kept, kept_at, aw_ptr,
+                                dense[: len(wflat)], added_at)
+        s_ptr, s_flag = _splice(last.s_ptr, last.s_flag, kept, kept_at, as_ptr,
+                                dense[len(wflat):], added_at)
+    # what depends on every row: its stats pairs (under the current memory map: a kept
+    # row's are the last ones under the same map) and transfers, from the columns that
+    # hold them
     last_cols = prev.cols if prev.cols is not None else store.rows[present, X_LINK1: X_SN2 + 1]
-    cols = np.empty((len(new_present), last_cols.shape[1]), np.int64)
-    move_rows(cols, kept_at, last_cols, kept)
-    cols[added_at] = new[:, X_LINK1: X_SN2 + 1]
-    _set_pairs(table, cols, X_LINK1, kinds_of, kind_count)
-    stream_base, stream_bytes = _streams(cols, X_LINK1)
+    add_cols = new[:, X_LINK1: X_SN2 + 1]
+    if prefix:
+        cols = np.concatenate([last_cols[:nk], add_cols])
+    else:
+        cols = np.empty((len(new_present), last_cols.shape[1]), np.int64)
+        move_rows(cols, kept_at, last_cols, kept)
+        cols[added_at] = add_cols
+    if kinds_key is not None and kinds_key is prev.kinds_key and last.pairs == len(
+            LINKS) * kind_count:
+        part = table[added_at]
+        _set_pairs(part, add_cols, X_LINK1, kinds_of, kind_count)
+        table[added_at] = part
+    else:
+        _set_pairs(table, cols, X_LINK1, kinds_of, kind_count)
+    if prefix:
+        stream_base, stream_bytes = _kept_streams(last, last_cols, nk, add_cols)
+    else:
+        stream_base, stream_bytes = _streams(cols, X_LINK1)
     return index, store, Tables(
         table, row_of, w_ptr, w_flag, s_ptr, s_flag, last.flags, last.q_ptr, last.q_items,
-        last.queues, len(LINKS) * kind_count, stream_base, stream_bytes), new_present, cols
+        last.queues, len(LINKS) * kind_count, stream_base, stream_bytes), new_present, cols, \
+        new_uses
+
+
+def _append_lists(ptr: np.ndarray, flat: np.ndarray, keep: int, add_ptr: np.ndarray,
+                  add_flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(ptr, flat)``: per-row lists (row ``j``'s: ``flat[ptr[j]: ptr[j + 1]]``) of the
+    first ``keep`` rows of ``ptr``/``flat`` followed by the rows of ``add_ptr``/
+    ``add_flat``."""
+    end = ptr[keep]
+    return (np.concatenate([ptr[: keep + 1], end + add_ptr[1:]]),
+            np.concatenate([flat[:end], add_flat]))
+
+
+def _kept_streams(last: Tables, last_cols: np.ndarray, keep: int,
+                  add_cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_streams` of the first ``keep`` rows of ``last`` (whose columns from
+    ``X_LINK1`` on are ``last_cols``) followed by rows of the columns ``add_cols``: the
+    first transfers of all rows in row order, then the second ones."""
+    ns = last_cols[:, X_NSTREAM - X_LINK1]
+    firsts = int(np.count_nonzero(ns >= 1))
+    k1, k2 = int(np.count_nonzero(ns[:keep] >= 1)), int(np.count_nonzero(ns[:keep] >= 2))
+    a1 = int(np.count_nonzero(add_cols[:, X_NSTREAM - X_LINK1] >= 1))
+    ab, an = _streams(add_cols, X_LINK1)
+    out = []
+    for held, add in ((last.stream_base, ab), (last.stream_bytes, an)):
+        out.append(np.concatenate([held[:k1], add[:a1], held[firsts: firsts + k2],
+                                   add[a1:]]))
+    return out[0], out[1]
 
 
 #: Above this many runs :func:`move_rows` moves rows by an index instead of by slices: a
