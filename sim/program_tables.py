@@ -49,9 +49,17 @@ from sim.program_rows import (
     RowCache,
 )
 from sim.row_fill import ColumnRows
+from sim.row_lists import (
+    MOVE_RUNS,
+    a_position,
+    append_lists,
+    move_rows,
+    splice,
+    unique_small,
+)
 
-__all__ = ["LINKS", "RowCache", "Tables", "build", "gather", "instructions_of", "move_rows",
-           "unique_small"]
+__all__ = ["LINKS", "MOVE_RUNS", "RowCache", "Tables", "build", "gather", "instructions_of",
+           "move_rows", "unique_small"]
 
 
 @dataclass
@@ -96,7 +104,6 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
     instrs = program.instructions
     got = (_incremental(instrs, program.formats, cache, kinds_of, kind_count,
                         program.patched_from, kinds_key) if incremental else None)
-    cols = None
     if got is None:
         index, store = cache.lookup(instrs, program.formats)
         present, row_of = _distinct(index, store)
@@ -104,8 +111,9 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
             store.rows, present, axis=0)
         tables = gather(rows, row_of, store.flags, kinds_of, kind_count)
         uses = np.bincount(tables.row_of, minlength=len(tables.table))
+        nstream = np.ascontiguousarray(rows[:, X_NSTREAM])
     else:
-        index, store, tables, present, cols, uses = got
+        index, store, tables, present, nstream, uses = got
         cache.incremental_builds += 1
     # kept for the next program (the instructions too: their ids stay theirs while held)
     key = (len(instrs), program.formats)
@@ -113,7 +121,7 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
     recent.pop(key, None)
     if len(instrs) <= RECENT_INSTRUCTIONS:
         recent[key] = _Previous(program.formats, instrs, index, cache.generation, store,
-                                tables, present, uses, cols, kinds_key)
+                                tables, present, uses, nstream, kinds_key)
     # the least recently built go first
     while len(recent) > RECENT_PROGRAMS or sum(n for n, _ in recent) > RECENT_INSTRUCTIONS:
         del recent[next(iter(recent))]
@@ -145,7 +153,7 @@ class _Previous:
     tables: Tables
     present: np.ndarray  # the store row of each table row (ascending)
     uses: np.ndarray  # the positions holding each table row
-    cols: np.ndarray | None  # its rows' columns X_LINK1 ... X_SN2 (None: not gathered)
+    nstream: np.ndarray  # the DRAM transfers of each table row (its column X_NSTREAM)
     kinds_key: object  # what its stats pairs were set under (``build``'s ``kinds_key``)
 
 
@@ -163,10 +171,11 @@ def _distinct(index: np.ndarray, store) -> tuple[np.ndarray, np.ndarray]:
 
 def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
                  kind_count: int, hint: Patched | None = None, kinds_key: object = None):
-    """``(index, store, tables, present, cols)`` of a program built from the tables of the
-    last one of its length and formats (``present``, ``cols``: the store row and the
-    columns ``X_LINK1 ... X_SN2`` of each table row, kept for the next), or None when that
-    cannot be proved equal to a full build (the caller then builds in full).
+    """``(index, store, tables, present, nstream, uses)`` of a program built from the
+    tables of the last one of its length and formats (``present``, ``nstream``, ``uses``:
+    the store row, DRAM transfers and positions of each table row, kept for the next), or
+    None when that cannot be proved equal to a full build (the caller then builds in
+    full).
 
     The changed positions are those the program names (``hint``: it was made from the
     last program's instructions by :meth:`~isa.instructions.Program.patched`, which
@@ -209,17 +218,8 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
             # only: afresh again, so that the full build numbers rows as on a fresh cache
             cache.clear()
             return None
-        rows, old = store.rows, prev.index[changed]
-        for col in (X_ENG, X_QCORE, X_WLEN, X_SLEN):
-            if not np.array_equal(rows[sub, col], rows[old, col]):
-                return None
-        held = store.flags
-        for off, ln in ((X_WOFF, X_WLEN), (X_SOFF, X_SLEN)):
-            lens = rows[sub, ln]
-            step = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-            if not np.array_equal(held[np.repeat(rows[sub, off], lens) + step],
-                                  held[np.repeat(rows[old, off], lens) + step]):
-                return None
+        if not _same_heads(store.rows, store.flags, sub, prev.index[changed]):
+            return None
         index[changed] = sub
     last = prev.tables
     present = prev.present
@@ -245,6 +245,7 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
         kept_at = kept
         added_at = np.arange(nk, nk + na)
         row_of = last.row_of.copy()
+        new_uses = np.concatenate([uses[:nk], np.zeros(na, np.int64)])
     else:
         new_present = present[kept]
         if na:
@@ -254,9 +255,9 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
         remap = np.full(nr, -1, np.int32)
         remap[kept] = kept_at
         row_of = remap[last.row_of]
+        new_uses = np.zeros(len(new_present), np.int64)
+        new_uses[kept_at] = uses[kept]
     row_of[changed] = np.searchsorted(new_present, index[changed])
-    new_uses = np.zeros(len(new_present), np.int64)
-    new_uses[kept_at] = uses[kept]
     np.add.at(new_uses, row_of[changed], 1)
     # the kept rows' table rows, waits and signals as the last program had them; the
     # added rows' gathered afresh (their cross-core bit: the last row's at a position
@@ -269,7 +270,7 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
         move_rows(table, kept_at, last.table, kept)
     if na:
         table[added_at] = new[:, : pl.I_FIELDS]
-        pos = _a_position(index, changed, added)
+        pos = a_position(index, changed, added)
         table[added_at, pl.I_FLAGS] |= (last.table[last.row_of[pos], pl.I_FLAGS]
                                         & pl.FL_CROSS)
     aw_ptr, as_ptr, wflat, sflat = _heads(new, store.flags)
@@ -279,57 +280,63 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
                         or not np.array_equal(last.flags[dense], values)):
         return None  # not the same flags (cannot happen when the heads are the same)
     if prefix:
-        w_ptr, w_flag = _append_lists(last.w_ptr, last.w_flag, nk, aw_ptr, dense[: len(wflat)])
-        s_ptr, s_flag = _append_lists(last.s_ptr, last.s_flag, nk, as_ptr, dense[len(wflat):])
+        w_ptr, w_flag = append_lists(last.w_ptr, last.w_flag, nk, aw_ptr, dense[: len(wflat)])
+        s_ptr, s_flag = append_lists(last.s_ptr, last.s_flag, nk, as_ptr, dense[len(wflat):])
     else:
-        w_ptr, w_flag = _splice(last.w_ptr, last.w_flag, kept, kept_at, aw_ptr,
+        w_ptr, w_flag = splice(last.w_ptr, last.w_flag, kept, kept_at, aw_ptr,
                                 dense[: len(wflat)], added_at)
-        s_ptr, s_flag = _splice(last.s_ptr, last.s_flag, kept, kept_at, as_ptr,
+        s_ptr, s_flag = splice(last.s_ptr, last.s_flag, kept, kept_at, as_ptr,
                                 dense[len(wflat):], added_at)
     # what depends on every row: its stats pairs (under the current memory map: a kept
-    # row's are the last ones under the same map) and transfers, from the columns that
-    # hold them
-    last_cols = prev.cols if prev.cols is not None else store.rows[present, X_LINK1: X_SN2 + 1]
+    # row's are the last ones under the same map) and transfers
     add_cols = new[:, X_LINK1: X_SN2 + 1]
-    if prefix:
-        cols = np.concatenate([last_cols[:nk], add_cols])
-    else:
-        cols = np.empty((len(new_present), last_cols.shape[1]), np.int64)
-        move_rows(cols, kept_at, last_cols, kept)
-        cols[added_at] = add_cols
+    cols = None  # every row's columns X_LINK1 ... X_SN2, gathered when needed
     if kinds_key is not None and kinds_key is prev.kinds_key and last.pairs == len(
             LINKS) * kind_count:
         part = table[added_at]
         _set_pairs(part, add_cols, X_LINK1, kinds_of, kind_count)
         table[added_at] = part
     else:
+        cols = store.rows[new_present, X_LINK1: X_SN2 + 1]
         _set_pairs(table, cols, X_LINK1, kinds_of, kind_count)
     if prefix:
-        stream_base, stream_bytes = _kept_streams(last, last_cols, nk, add_cols)
+        stream_base, stream_bytes = _kept_streams(last, prev.nstream, nk, add_cols)
+        nstream = np.concatenate([prev.nstream[:nk], new[:, X_NSTREAM]])
     else:
+        if cols is None:
+            cols = store.rows[new_present, X_LINK1: X_SN2 + 1]
         stream_base, stream_bytes = _streams(cols, X_LINK1)
+        nstream = np.ascontiguousarray(cols[:, X_NSTREAM - X_LINK1])
     return index, store, Tables(
         table, row_of, w_ptr, w_flag, s_ptr, s_flag, last.flags, last.q_ptr, last.q_items,
-        last.queues, len(LINKS) * kind_count, stream_base, stream_bytes), new_present, cols, \
-        new_uses
+        last.queues, len(LINKS) * kind_count, stream_base, stream_bytes), new_present, \
+        nstream, new_uses
 
 
-def _append_lists(ptr: np.ndarray, flat: np.ndarray, keep: int, add_ptr: np.ndarray,
-                  add_flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(ptr, flat)``: per-row lists (row ``j``'s: ``flat[ptr[j]: ptr[j + 1]]``) of the
-    first ``keep`` rows of ``ptr``/``flat`` followed by the rows of ``add_ptr``/
-    ``add_flat``."""
-    end = ptr[keep]
-    return (np.concatenate([ptr[: keep + 1], end + add_ptr[1:]]),
-            np.concatenate([flat[:end], add_flat]))
+#: the row columns whose values a changed position must keep: its engine, queue core and
+#: the numbers of its waits and signals
+_HEAD = [X_ENG, X_QCORE, X_WLEN, X_SLEN]
 
 
-def _kept_streams(last: Tables, last_cols: np.ndarray, keep: int,
+def _same_heads(rows: np.ndarray, held: np.ndarray, new: np.ndarray,
+                old: np.ndarray) -> bool:
+    """Whether the store rows ``new`` have the engines, queue cores, waits and signals
+    (held flat in ``held``) of the rows ``old``, pair by pair."""
+    a, b = rows[new], rows[old]
+    if not np.array_equal(a[:, _HEAD], b[:, _HEAD]):
+        return False
+    lens = np.concatenate([a[:, X_WLEN], a[:, X_SLEN]])
+    step = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+    return np.array_equal(
+        held[np.repeat(np.concatenate([a[:, X_WOFF], a[:, X_SOFF]]), lens) + step],
+        held[np.repeat(np.concatenate([b[:, X_WOFF], b[:, X_SOFF]]), lens) + step])
+
+
+def _kept_streams(last: Tables, ns: np.ndarray, keep: int,
                   add_cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_streams` of the first ``keep`` rows of ``last`` (whose columns from
-    ``X_LINK1`` on are ``last_cols``) followed by rows of the columns ``add_cols``: the
-    first transfers of all rows in row order, then the second ones."""
-    ns = last_cols[:, X_NSTREAM - X_LINK1]
+    """:func:`_streams` of the first ``keep`` rows of ``last`` (whose transfer counts are
+    ``ns``) followed by rows of the columns ``add_cols`` (from ``X_LINK1`` on): the first
+    transfers of all rows in row order, then the second ones."""
     firsts = int(np.count_nonzero(ns >= 1))
     k1, k2 = int(np.count_nonzero(ns[:keep] >= 1)), int(np.count_nonzero(ns[:keep] >= 2))
     a1 = int(np.count_nonzero(add_cols[:, X_NSTREAM - X_LINK1] >= 1))
@@ -339,77 +346,6 @@ def _kept_streams(last: Tables, last_cols: np.ndarray, keep: int,
         out.append(np.concatenate([held[:k1], add[:a1], held[firsts: firsts + k2],
                                    add[a1:]]))
     return out[0], out[1]
-
-
-#: Above this many runs :func:`move_rows` moves rows by an index instead of by slices: a
-#: choice (a slice copy costs about a microsecond, an indexed row some 50 ns), not a
-#: measurement of this machine.
-MOVE_RUNS = 256
-
-
-def move_rows(dst: np.ndarray, dst_at: np.ndarray, src: np.ndarray, src_at: np.ndarray) -> None:
-    """``dst[dst_at] = src[src_at]`` for increasing ``dst_at`` and ``src_at``, by slices
-    over the runs where both step by one (a decode step keeps its rows in a few runs)."""
-    n = len(dst_at)
-    if not n:
-        return
-    cut = np.flatnonzero((np.diff(dst_at) != 1) | (np.diff(src_at) != 1)) + 1
-    if len(cut) > MOVE_RUNS:
-        dst[dst_at] = src[src_at]
-        return
-    starts = [0, *cut.tolist()]
-    ends = [*starts[1:], n]
-    for a, b, d, s in zip(starts, ends, dst_at[starts].tolist(), src_at[starts].tolist(),
-                          strict=True):
-        dst[d: d + b - a] = src[s: s + b - a]
-
-
-def _a_position(index: np.ndarray, changed: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """A changed position holding each of the store ``rows`` (each held at one)."""
-    held = index[changed]
-    order = np.argsort(held, kind="stable")
-    return changed[order[np.searchsorted(held[order], rows)]]
-
-
-def _splice(ptr: np.ndarray, flat: np.ndarray, kept: np.ndarray, kept_at: np.ndarray,
-            add_ptr: np.ndarray, add_flat: np.ndarray, added_at: np.ndarray):
-    """``(ptr, flat)``: per-row lists (row ``j``'s: ``flat[ptr[j]: ptr[j + 1]]``) of the
-    rows ``kept`` of ``ptr``/``flat``, now rows ``kept_at``, and of rows given by
-    ``add_ptr``/``add_flat``, now rows ``added_at``."""
-    n = len(kept_at) + len(added_at)
-    lens = np.empty(n, np.int64)
-    start = np.empty(n, np.int64)  # where each row's list starts in flat, then add_flat
-    lens[kept_at] = ptr[kept + 1] - ptr[kept]
-    start[kept_at] = ptr[kept]
-    lens[added_at] = np.diff(add_ptr)
-    start[added_at] = len(flat) + add_ptr[:-1]
-    out_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(lens, out=out_ptr[1:])
-    src = np.repeat(start - out_ptr[:-1], lens) + np.arange(out_ptr[-1])
-    return out_ptr, np.concatenate([flat, add_flat])[src]
-
-
-#: Above this many times the values' count (plus a margin), :func:`unique_small` sorts
-#: instead of counting: a choice bounding its memory, not a measurement.
-COUNT_SPAN_PER_VALUE = 8
-COUNT_SPAN_MARGIN = 1 << 16
-
-
-def unique_small(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(unique, inverse)`` of int64 ``values`` as ``np.unique(values,
-    return_inverse=True)`` gives them (sorted distinct values, int64 inverse), by counting
-    when the values are non-negative and their span is small, else by sorting."""
-    n = len(values)
-    top = int(values.max(initial=0))
-    if n == 0 or int(values.min()) < 0 or top > COUNT_SPAN_PER_VALUE * n + COUNT_SPAN_MARGIN:
-        u, inv = np.unique(values, return_inverse=True)
-        return u, inv.reshape(-1).astype(np.int64)
-    seen = np.zeros(top + 1, bool)
-    seen[values] = True
-    u = np.flatnonzero(seen)
-    number = np.zeros(top + 1, np.int64)
-    number[u] = np.arange(len(u))
-    return u.astype(values.dtype), number[values]
 
 
 def _table(rows: np.ndarray, kinds_of, kind_count: int) -> np.ndarray:
@@ -424,11 +360,13 @@ def _set_pairs(table: np.ndarray, cols: np.ndarray, shift: int, kinds_of,
                kind_count: int) -> None:
     """Sets the stats additions' ``(link, kind)`` pairs of the ``table`` rows under the
     current memory map, from ``cols``: the rows' columns from column ``shift`` on."""
-    for k, (link, addr, pair) in enumerate(((X_LINK1, X_ADDR1, pl.I_PAIR1),
-                                            (X_LINK2, X_ADDR2, pl.I_PAIR2))):
-        has = np.flatnonzero(table[:, pl.I_NADD] > k)
-        table[has, pair] = (cols[has, link - shift] * kind_count
-                            + kinds_of(cols[has, addr - shift]))
+    nadd = table[:, pl.I_NADD]
+    has = (np.flatnonzero(nadd > 0), np.flatnonzero(nadd > 1))
+    kinds = kinds_of(np.concatenate([cols[has[0], X_ADDR1 - shift],
+                                     cols[has[1], X_ADDR2 - shift]]))
+    for rows, kind, link, pair in ((has[0], kinds[: len(has[0])], X_LINK1, pl.I_PAIR1),
+                                   (has[1], kinds[len(has[0]):], X_LINK2, pl.I_PAIR2)):
+        table[rows, pair] = cols[rows, link - shift] * kind_count + kind
 
 
 def _heads(rows: np.ndarray, held: np.ndarray):

@@ -63,10 +63,12 @@ class CallTrace:
         return prog
 
 
-def record(b: Builder, tiles: tuple, marks: tuple) -> CallTrace | None:
+def record(b: Builder, ins: tuple[Instruction, ...], tiles: tuple,
+           marks: tuple) -> CallTrace | None:
     """The trace of the call ``b`` lowered with its top-level blocks logged
-    (``b.trace``), or None when some instruction came from outside a top-level block or
-    a varying block followed other arguments than one of the call's ``tiles``.
+    (``b.trace``) into the program of the instructions ``ins`` (``tuple(b.ins)``), or
+    None when some instruction came from outside a top-level block or a varying block
+    followed other arguments than one of the call's ``tiles``.
 
     Varying instructions that are one object made by equal ``vary`` for one tile (every
     layer of a tile loads the same RoPE table rows, which the memo's replays made one
@@ -94,9 +96,9 @@ def record(b: Builder, tiles: tuple, marks: tuple) -> CallTrace | None:
                     made.append((vary, k, p))
                 positions.append(p)
                 group_of.append(g)
-    if end != len(b.ins):
+    if end != len(b.ins) or len(ins) != end:
         return None
-    return CallTrace(tuple(b.ins), tiles, tuple(positions), tuple(group_of), tuple(made),
+    return CallTrace(ins, tiles, tuple(positions), tuple(group_of), tuple(made),
                      marks, len(b.trace))
 
 

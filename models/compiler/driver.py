@@ -188,9 +188,10 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
     b, marks = _walk(lw, seqs, tiles, layer_ids, host_in=host_in, host_out=host_out,
                      one_call=one_call, every_token=every_token, head=head,
                      trace=traceable)
-    if traceable:
-        calltrace.keep(lw.memo, shape, calltrace.record(b, tiles, marks))
-    return Program(tuple(b.ins), formats=lw.formats, name=name, marks=marks)
+    prog = Program(tuple(b.ins), formats=lw.formats, name=name, marks=marks)
+    if traceable:  # (its instructions the very tuple: the next call names it as its base)
+        calltrace.keep(lw.memo, shape, calltrace.record(b, prog.instructions, tiles, marks))
+    return prog
 
 
 def _keys_by_shape(lw: Lowering, layer_ids: Sequence[int]) -> bool:

@@ -62,6 +62,7 @@ def test_a_replayed_call_says_which_positions_it_remade() -> None:
     first = cm.program(tokens=1, cache_size=99)
     assert first.patched_from is None  # the first call of its shape: lowered
     a = cm.program(tokens=1, cache_size=100)
+    assert a.patched_from.base is first.instructions  # made from the lowered one
     b = cm.program(tokens=1, cache_size=101)
     hint = b.patched_from
     assert hint.base is a.instructions
