@@ -15,7 +15,10 @@ instruction, read from its columns without making objects. A program of the leng
 formats of a recently built one (a decode step after the last) reuses that one's queues,
 flags and cross-core bits when every changed position keeps its engine, core, waits and
 signals, and patches the last one's tables at the changed positions (:func:`_incremental`
-states the proof); the tables are those of a full build, array for array.
+states the proof; the changed positions are those a program made by
+:meth:`~isa.instructions.Program.patched` names, else an identity scan finds them; a
+decode step's kept rows come first and :mod:`sim.table_patch` appends the added ones); the
+tables are those of a full build, array for array.
 """
 
 from __future__ import annotations
@@ -52,11 +55,11 @@ from sim.row_fill import ColumnRows
 from sim.row_lists import (
     MOVE_RUNS,
     a_position,
-    append_lists,
     move_rows,
     splice,
     unique_small,
 )
+from sim.table_patch import prefix_rows, prefix_tables, same_heads
 
 __all__ = ["LINKS", "MOVE_RUNS", "RowCache", "Tables", "build", "gather", "instructions_of",
            "move_rows", "unique_small"]
@@ -218,59 +221,69 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
             # only: afresh again, so that the full build numbers rows as on a fresh cache
             cache.clear()
             return None
-        if not _same_heads(store.rows, store.flags, sub, prev.index[changed]):
+        if not same_heads(store.rows, store.flags, sub, prev.index[changed]):
             return None
         index[changed] = sub
     last = prev.tables
     present = prev.present
-    nr = len(present)
     # the rows the program still holds, the changed positions' rows new to it (in the
-    # store's order, as a full build numbers them), and the number of each among them
-    uses = prev.uses.copy()
-    np.subtract.at(uses, last.row_of[changed], 1)
-    want = np.unique(index[changed])
-    k = np.minimum(np.searchsorted(present, want), max(nr - 1, 0))
-    known = present[k] == want if nr else np.zeros(len(want), bool)
-    keep = uses > 0
-    keep[k[known]] = True
-    added = want[~known]
-    kept = np.flatnonzero(keep)
-    nk, na = len(kept), len(added)
-    # a decode step drops the rows the last one added and adds rows new to the store:
+    # store's order, as a full build numbers them), and the number of each among them: a
+    # decode step drops the rows the last one added and adds rows new to the store, so
     # the kept rows are the first ones and the added ones come after them (a prefix)
-    prefix = (nk == 0 or int(kept[-1]) == nk - 1) and (
-        na == 0 or nk == 0 or int(added[0]) > int(present[nk - 1]))
+    prefix, nk, added, row_of, new_uses, pos = prefix_rows(
+        changed, index[changed], last.row_of, prev.uses, present)
     if prefix:
         new_present = np.concatenate([present[:nk], added])
-        kept_at = kept
-        added_at = np.arange(nk, nk + na)
-        row_of = last.row_of.copy()
-        new_uses = np.concatenate([uses[:nk], np.zeros(na, np.int64)])
+        added_at = slice(nk, nk + len(added))
     else:
-        new_present = present[kept]
-        if na:
-            new_present = np.insert(new_present, np.searchsorted(new_present, added), added)
-        kept_at = np.searchsorted(new_present, present[kept])
-        added_at = np.searchsorted(new_present, added)
-        remap = np.full(nr, -1, np.int32)
-        remap[kept] = kept_at
-        row_of = remap[last.row_of]
-        new_uses = np.zeros(len(new_present), np.int64)
-        new_uses[kept_at] = uses[kept]
-    row_of[changed] = np.searchsorted(new_present, index[changed])
-    np.add.at(new_uses, row_of[changed], 1)
+        new_present, kept, kept_at, added, added_at, row_of, new_uses, pos = _moved_rows(
+            changed, index, last.row_of, prev.uses, present)
     # the kept rows' table rows, waits and signals as the last program had them; the
     # added rows' gathered afresh (their cross-core bit: the last row's at a position
     # holding them)
     new = np.take(store.rows, added, axis=0)
-    table = np.empty((len(new_present), pl.I_FIELDS), np.int64)
     if prefix:
+        table = np.empty((len(new_present), pl.I_FIELDS), np.int64)
         table[:nk] = last.table[:nk]
+        ok, w_ptr, w_flag, s_ptr, s_flag, stream_base, stream_bytes, nstream = prefix_tables(
+            table, last.table, nk, new, pos, last.row_of, store.flags, last.flags,
+            last.w_ptr, last.w_flag, last.s_ptr, last.s_flag, last.stream_base,
+            last.stream_bytes, prev.nstream)
+        if not ok:
+            return None  # not the same flags (cannot happen when the heads are the same)
     else:
-        move_rows(table, kept_at, last.table, kept)
-    if na:
+        got = _moved_tables(last, new, store, kept, kept_at, added_at, pos, new_present)
+        if got is None:
+            return None
+        table, w_ptr, w_flag, s_ptr, s_flag, stream_base, stream_bytes, nstream = got
+    # the stats pairs under the current memory map (a kept row's are the last ones under
+    # the same map)
+    if kinds_key is not None and kinds_key is prev.kinds_key and last.pairs == len(
+            LINKS) * kind_count:
+        part = table[added_at]
+        _set_pairs(part, new[:, X_LINK1: X_SN2 + 1], X_LINK1, kinds_of, kind_count)
+        table[added_at] = part
+    else:
+        _set_pairs(table, store.rows[new_present, X_LINK1: X_SN2 + 1], X_LINK1, kinds_of,
+                   kind_count)
+    return index, store, Tables(
+        table, row_of, w_ptr, w_flag, s_ptr, s_flag, last.flags, last.q_ptr, last.q_items,
+        last.queues, len(LINKS) * kind_count, stream_base, stream_bytes), new_present, \
+        nstream, new_uses
+
+
+def _moved_tables(last: Tables, new: np.ndarray, store, kept: np.ndarray,
+                  kept_at: np.ndarray, added_at: np.ndarray, pos: np.ndarray,
+                  new_present: np.ndarray):
+    """``(table, w_ptr, w_flag, s_ptr, s_flag, stream_base, stream_bytes, nstream)`` of a
+    patched build whose kept rows are not all first (:func:`sim.table_patch.prefix_tables`
+    for the rest): the last tables' rows ``kept`` moved to rows ``kept_at``, the store rows
+    ``new`` at ``added_at`` (each one's cross-core bit the last row's at position
+    ``pos``), or None when an added row waits or signals a flag the program had not."""
+    table = np.empty((len(new_present), pl.I_FIELDS), np.int64)
+    move_rows(table, kept_at, last.table, kept)
+    if len(new):
         table[added_at] = new[:, : pl.I_FIELDS]
-        pos = a_position(index, changed, added)
         table[added_at, pl.I_FLAGS] |= (last.table[last.row_of[pos], pl.I_FLAGS]
                                         & pl.FL_CROSS)
     aw_ptr, as_ptr, wflat, sflat = _heads(new, store.flags)
@@ -279,73 +292,46 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
     if len(values) and (int(dense.max()) >= len(last.flags)
                         or not np.array_equal(last.flags[dense], values)):
         return None  # not the same flags (cannot happen when the heads are the same)
-    if prefix:
-        w_ptr, w_flag = append_lists(last.w_ptr, last.w_flag, nk, aw_ptr, dense[: len(wflat)])
-        s_ptr, s_flag = append_lists(last.s_ptr, last.s_flag, nk, as_ptr, dense[len(wflat):])
-    else:
-        w_ptr, w_flag = splice(last.w_ptr, last.w_flag, kept, kept_at, aw_ptr,
-                                dense[: len(wflat)], added_at)
-        s_ptr, s_flag = splice(last.s_ptr, last.s_flag, kept, kept_at, as_ptr,
-                                dense[len(wflat):], added_at)
-    # what depends on every row: its stats pairs (under the current memory map: a kept
-    # row's are the last ones under the same map) and transfers
-    add_cols = new[:, X_LINK1: X_SN2 + 1]
-    cols = None  # every row's columns X_LINK1 ... X_SN2, gathered when needed
-    if kinds_key is not None and kinds_key is prev.kinds_key and last.pairs == len(
-            LINKS) * kind_count:
-        part = table[added_at]
-        _set_pairs(part, add_cols, X_LINK1, kinds_of, kind_count)
-        table[added_at] = part
-    else:
-        cols = store.rows[new_present, X_LINK1: X_SN2 + 1]
-        _set_pairs(table, cols, X_LINK1, kinds_of, kind_count)
-    if prefix:
-        stream_base, stream_bytes = _kept_streams(last, prev.nstream, nk, add_cols)
-        nstream = np.concatenate([prev.nstream[:nk], new[:, X_NSTREAM]])
-    else:
-        if cols is None:
-            cols = store.rows[new_present, X_LINK1: X_SN2 + 1]
-        stream_base, stream_bytes = _streams(cols, X_LINK1)
-        nstream = np.ascontiguousarray(cols[:, X_NSTREAM - X_LINK1])
-    return index, store, Tables(
-        table, row_of, w_ptr, w_flag, s_ptr, s_flag, last.flags, last.q_ptr, last.q_items,
-        last.queues, len(LINKS) * kind_count, stream_base, stream_bytes), new_present, \
-        nstream, new_uses
+    w_ptr, w_flag = splice(last.w_ptr, last.w_flag, kept, kept_at, aw_ptr,
+                           dense[: len(wflat)], added_at)
+    s_ptr, s_flag = splice(last.s_ptr, last.s_flag, kept, kept_at, as_ptr,
+                           dense[len(wflat):], added_at)
+    cols = store.rows[new_present, X_LINK1: X_SN2 + 1]
+    stream_base, stream_bytes = _streams(cols, X_LINK1)
+    return (table, w_ptr, w_flag, s_ptr, s_flag, stream_base, stream_bytes,
+            np.ascontiguousarray(cols[:, X_NSTREAM - X_LINK1]))
 
 
-#: the row columns whose values a changed position must keep: its engine, queue core and
-#: the numbers of its waits and signals
-_HEAD = [X_ENG, X_QCORE, X_WLEN, X_SLEN]
-
-
-def _same_heads(rows: np.ndarray, held: np.ndarray, new: np.ndarray,
-                old: np.ndarray) -> bool:
-    """Whether the store rows ``new`` have the engines, queue cores, waits and signals
-    (held flat in ``held``) of the rows ``old``, pair by pair."""
-    a, b = rows[new], rows[old]
-    if not np.array_equal(a[:, _HEAD], b[:, _HEAD]):
-        return False
-    lens = np.concatenate([a[:, X_WLEN], a[:, X_SLEN]])
-    step = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-    return np.array_equal(
-        held[np.repeat(np.concatenate([a[:, X_WOFF], a[:, X_SOFF]]), lens) + step],
-        held[np.repeat(np.concatenate([b[:, X_WOFF], b[:, X_SOFF]]), lens) + step])
-
-
-def _kept_streams(last: Tables, ns: np.ndarray, keep: int,
-                  add_cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_streams` of the first ``keep`` rows of ``last`` (whose transfer counts are
-    ``ns``) followed by rows of the columns ``add_cols`` (from ``X_LINK1`` on): the first
-    transfers of all rows in row order, then the second ones."""
-    firsts = int(np.count_nonzero(ns >= 1))
-    k1, k2 = int(np.count_nonzero(ns[:keep] >= 1)), int(np.count_nonzero(ns[:keep] >= 2))
-    a1 = int(np.count_nonzero(add_cols[:, X_NSTREAM - X_LINK1] >= 1))
-    ab, an = _streams(add_cols, X_LINK1)
-    out = []
-    for held, add in ((last.stream_base, ab), (last.stream_bytes, an)):
-        out.append(np.concatenate([held[:k1], add[:a1], held[firsts: firsts + k2],
-                                   add[a1:]]))
-    return out[0], out[1]
+def _moved_rows(changed: np.ndarray, index: np.ndarray, last_row_of: np.ndarray,
+                last_uses: np.ndarray, present: np.ndarray):
+    """``(present, kept, kept_at, added, added_at, row_of, uses, first_at)`` of a patched
+    build whose kept rows are not all first (:func:`sim.table_patch.prefix_rows` for the
+    rest): the store row of each table row, the last table's rows kept and their new rows,
+    the store rows added and their rows, each position's row, the positions holding each
+    row and a changed position holding each added row."""
+    nr = len(present)
+    uses = last_uses - np.bincount(last_row_of[changed], minlength=nr)
+    want = np.unique(index[changed])
+    k = np.minimum(np.searchsorted(present, want), max(nr - 1, 0))
+    known = present[k] == want if nr else np.zeros(len(want), bool)
+    keep = uses > 0
+    keep[k[known]] = True
+    added = want[~known]
+    kept = np.flatnonzero(keep)
+    new_present = present[kept]
+    if len(added):
+        new_present = np.insert(new_present, np.searchsorted(new_present, added), added)
+    kept_at = np.searchsorted(new_present, present[kept])
+    added_at = np.searchsorted(new_present, added)
+    remap = np.full(nr, -1, np.int32)
+    remap[kept] = kept_at
+    row_of = remap[last_row_of]
+    new_uses = np.zeros(len(new_present), np.int64)
+    new_uses[kept_at] = uses[kept]
+    row_of[changed] = np.searchsorted(new_present, index[changed])
+    np.add.at(new_uses, row_of[changed], 1)
+    return (new_present, kept, kept_at, added, added_at, row_of, new_uses,
+            a_position(index, changed, added))
 
 
 def _table(rows: np.ndarray, kinds_of, kind_count: int) -> np.ndarray:

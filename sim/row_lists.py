@@ -9,17 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def append_lists(ptr: np.ndarray, flat: np.ndarray, keep: int, add_ptr: np.ndarray,
-                 add_flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(ptr, flat)``: per-row lists (row ``j``'s: ``flat[ptr[j]: ptr[j + 1]]``) of the
-    first ``keep`` rows of ``ptr``/``flat`` followed by the rows of ``add_ptr``/
-    ``add_flat``."""
-    end = ptr[keep]
-    return (np.concatenate([ptr[: keep + 1], end + add_ptr[1:]]),
-            np.concatenate([flat[:end], add_flat]))
-
-
 #: Above this many runs :func:`move_rows` moves rows by an index instead of by slices: a
 #: choice (a slice copy costs about a microsecond, an indexed row some 50 ns), not a
 #: measurement of this machine.

@@ -170,7 +170,7 @@ def _full_aside(dev: Device, prog: Program) -> program_tables.Tables:
 
 
 @pytest.mark.parametrize("keyed", [False, True])
-def test_patched_tables_equal_full_builds_going_back_and_forth(tiny, keyed):
+def test_patched_tables_equal_full_builds_going_back_and_forth(tiny, keyed, monkeypatch):
     # each step's tables are patched from the last's (rows of the last step dropped, new
     # ones added; a step going back takes rows the store holds but the last step did not);
     # ``keyed``: under one memory map, whose kept rows keep their stats pairs
@@ -179,6 +179,7 @@ def test_patched_tables_equal_full_builds_going_back_and_forth(tiny, keyed):
     steps = [made[n] for n in sizes]  # (a step going back is the same program again)
     dev = Device(ARIES, functional=False)
     key = {"kinds_key": dev.layout} if keyed else {}
+    prefixes = _prefix_builds(monkeypatch)
     tables, held = [], []
     for k, prog in enumerate(steps):
         got = _build(dev, prog, **key)
@@ -193,6 +194,8 @@ def test_patched_tables_equal_full_builds_going_back_and_forth(tiny, keyed):
     assert all(not np.array_equal(a.table, b.table) or n == m for a, b, n, m in zip(
         tables, tables[1:], sizes, sizes[1:], strict=False))
     assert held[0] < held[1] < held[2] == held[3] == held[4] < held[5] == held[6] == held[7]
+    # the steps forward kept the first rows; going back kept others (moved by runs)
+    assert 0 < prefixes[0] < len(steps) - 1
     # two objects of one structure (type, core, waits, signals) swapped: each changed
     # position takes a row the last program held at the other
     last = steps[-1].instructions
@@ -244,12 +247,30 @@ def test_a_replayed_step_names_its_changed_positions_and_skips_the_scan(tiny, mo
     assert all(p.patched_from.base is q.instructions for q, p in zip(steps, steps[1:],
                                                                       strict=False))
     seen = _scans(monkeypatch)
+    prefixes = _prefix_builds(monkeypatch)
     dev = Device(ARIES, functional=False)
     for k, prog in enumerate(steps):
         got = _build(dev, prog, kinds_key=dev.layout)
         assert dev.program_rows.incremental_builds == k
         _assert_same(got, _full_aside(dev, prog))
     assert seen[0] == 0  # every patched build took the positions the program names
+    # and, from the second on, kept the first rows of the last one's tables
+    # (sim.table_patch): the first drops rows of a program built in full, which lie among
+    # the others; later ones drop the rows the last step added, which came last
+    assert prefixes[0] == len(steps) - 2
+
+
+def _prefix_builds(monkeypatch) -> list[int]:
+    """Counts the patched builds whose kept rows were the first ones."""
+    made = program_tables.prefix_tables
+    seen = [0]
+
+    def counted(*args):
+        seen[0] += 1
+        return made(*args)
+
+    monkeypatch.setattr(program_tables, "prefix_tables", counted)
+    return seen
 
 
 def test_missing_or_stale_hints_fall_back_to_the_scan(tiny, monkeypatch):
