@@ -35,6 +35,19 @@ from sim.row_fill import (
 
 
 @njit(cache=True)
+def _first_at_least(sorted_values: np.ndarray, v: int) -> int:
+    """``np.searchsorted(sorted_values, v)`` (a binary search numba compiles quickly)."""
+    lo, hi = 0, len(sorted_values)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if sorted_values[mid] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True)
 def prefix_rows(changed: np.ndarray, sub: np.ndarray, last_row_of: np.ndarray,
                 last_uses: np.ndarray, present: np.ndarray):
     """``(ok, kept, added, row_of, uses, first_at)`` of a program that holds the store rows
@@ -48,35 +61,54 @@ def prefix_rows(changed: np.ndarray, sub: np.ndarray, last_row_of: np.ndarray,
     holding each, and ``first_at`` the first changed position holding each added row.
     When not ``ok`` the other results are not meaningful."""
     nc, nr = len(changed), len(present)
-    left = last_uses.copy()
+    left = np.empty(nr, np.int64)
+    for r in range(nr):
+        left[r] = last_uses[r]
     for j in range(nc):
         left[last_row_of[changed[j]]] -= 1
-    keep = left > 0
+    keep = np.empty(nr, np.bool_)
+    for r in range(nr):
+        keep[r] = left[r] > 0
     found = np.empty(nc, np.int64)
-    fresh = 0
     for j in range(nc):
-        k = np.searchsorted(present, sub[j])
+        k = _first_at_least(present, sub[j])
         if k < nr and present[k] == sub[j]:
             found[j] = k
             keep[k] = True
         else:
             found[j] = -1
-            fresh += 1
     kept = 0
     for r in range(nr):
         if keep[r]:
             kept += 1
-    new = np.empty(fresh, np.int64)
-    t = 0
+    # the distinct new rows, ascending (marked over their span: no sort)
+    lo, hi = 0, -1
     for j in range(nc):
         if found[j] < 0:
-            new[t] = sub[j]
+            if hi < lo:
+                lo = hi = sub[j]
+            lo, hi = min(lo, sub[j]), max(hi, sub[j])
+    mark = np.zeros(max(hi - lo + 1, 0), np.bool_)
+    for j in range(nc):
+        if found[j] < 0:
+            mark[sub[j] - lo] = True
+    na = 0
+    for i in range(len(mark)):
+        if mark[i]:
+            na += 1
+    added = np.empty(na, np.int64)
+    t = 0
+    for i in range(len(mark)):
+        if mark[i]:
+            added[t] = lo + i
             t += 1
-    added = np.unique(new)
-    na = len(added)
-    row_of = last_row_of.copy()
+    row_of = np.empty(len(last_row_of), last_row_of.dtype)
+    for i in range(len(last_row_of)):
+        row_of[i] = last_row_of[i]
     uses = np.zeros(kept + na, np.int64)
-    first_at = np.full(na, -1, np.int64)
+    first_at = np.empty(na, np.int64)
+    for a in range(na):
+        first_at[a] = -1
     ok = True
     for r in range(kept):
         if not keep[r]:
@@ -86,11 +118,12 @@ def prefix_rows(changed: np.ndarray, sub: np.ndarray, last_row_of: np.ndarray,
         ok = False
     if not ok:
         return False, kept, added, row_of, uses, first_at
-    uses[:kept] = left[:kept]
+    for r in range(kept):
+        uses[r] = left[r]
     for j in range(nc):
         r = found[j]
         if r < 0:
-            a = np.searchsorted(added, sub[j])
+            a = _first_at_least(added, sub[j])
             r = kept + a
             if first_at[a] < 0:
                 first_at[a] = changed[j]
@@ -119,7 +152,8 @@ def prefix_tables(table: np.ndarray, last_table: np.ndarray, kept: int, new: np.
     na = len(new)
     n = kept + na
     for a in range(na):
-        table[kept + a] = new[a, :I_FIELDS]
+        for f in range(I_FIELDS):
+            table[kept + a, f] = new[a, f]
         cross = last_table[last_row_of[first_at[a]], I_FLAGS] & FL_CROSS
         table[kept + a, I_FLAGS] |= cross
     ok_w, wp, wf = _append_flags(w_ptr, w_flag, kept, new, X_WOFF, X_WLEN, held, flags)
@@ -142,24 +176,27 @@ def prefix_tables(table: np.ndarray, last_table: np.ndarray, kept: int, new: np.
             a2 += 1
     base = np.empty(k1 + a1 + k2 + a2, np.int64)
     nbytes = np.empty(k1 + a1 + k2 + a2, np.int64)
-    base[:k1] = stream_base[:k1]
-    nbytes[:k1] = stream_bytes[:k1]
+    for i in range(k1):
+        base[i] = stream_base[i]
+        nbytes[i] = stream_bytes[i]
     t = k1
     for a in range(na):
         if new[a, X_NSTREAM] >= 1:
             base[t] = new[a, X_SB1]
             nbytes[t] = new[a, X_SN1]
             t += 1
-    base[t: t + k2] = stream_base[firsts: firsts + k2]
-    nbytes[t: t + k2] = stream_bytes[firsts: firsts + k2]
-    t += k2
+    for i in range(k2):
+        base[t] = stream_base[firsts + i]
+        nbytes[t] = stream_bytes[firsts + i]
+        t += 1
     for a in range(na):
         if new[a, X_NSTREAM] >= 2:
             base[t] = new[a, X_SB2]
             nbytes[t] = new[a, X_SN2]
             t += 1
     ns = np.empty(n, np.int64)
-    ns[:kept] = nstream[:kept]
+    for r in range(kept):
+        ns[r] = nstream[r]
     for a in range(na):
         ns[kept + a] = new[a, X_NSTREAM]
     return ok_w and ok_s, wp, wf, sp, sf, base, nbytes, ns
@@ -175,18 +212,20 @@ def _append_flags(ptr: np.ndarray, flat: np.ndarray, kept: int, new: np.ndarray,
     na = len(new)
     n = kept + na
     out_ptr = np.empty(n + 1, np.int64)
-    out_ptr[: kept + 1] = ptr[: kept + 1]
+    for r in range(kept + 1):
+        out_ptr[r] = ptr[r]
     for a in range(na):
         out_ptr[kept + a + 1] = out_ptr[kept + a] + new[a, ln]
     out = np.empty(out_ptr[n], flat.dtype)
     end = ptr[kept]
-    out[:end] = flat[:end]
+    for i in range(end):
+        out[i] = flat[i]
     t = end
     ok = True
     for a in range(na):
         for i in range(new[a, ln]):
             v = held[new[a, off] + i]
-            d = np.searchsorted(flags, v)
+            d = _first_at_least(flags, v)
             if d >= len(flags) or flags[d] != v:
                 ok = False
                 d = 0
