@@ -47,7 +47,13 @@ def _first_at_least(sorted_values: np.ndarray, v: int) -> int:
     return lo
 
 
-@njit(cache=True)
+#: The kernels are compiled (or loaded from numba's cache) when this module is imported, for
+#: these argument types, not at their first call: a decode run would otherwise pay the
+#: load in the middle of its first patched steps.
+_I1, _I1_32, _I2 = "int64[::1]", "int32[::1]", "int64[:, ::1]"
+
+
+@njit(f"({_I1}, {_I1}, {_I1_32}, {_I1}, {_I1})", cache=True)
 def prefix_rows(changed: np.ndarray, sub: np.ndarray, last_row_of: np.ndarray,
                 last_uses: np.ndarray, present: np.ndarray):
     """``(ok, kept, added, row_of, uses, first_at)`` of a program that holds the store rows
@@ -133,6 +139,39 @@ def prefix_rows(changed: np.ndarray, sub: np.ndarray, last_row_of: np.ndarray,
 
 
 @njit(cache=True)
+def _append_flags(ptr: np.ndarray, flat: np.ndarray, kept: int, new: np.ndarray, off: int,
+                  ln: int, held: np.ndarray, flags: np.ndarray):
+    """``(ok, ptr, flat)``: the per-row lists ``ptr``/``flat`` (row ``j``'s items
+    ``flat[ptr[j]: ptr[j + 1]]``) of the first ``kept`` rows, then the lists of the rows
+    ``new`` (``new[:, ln]`` items from ``held[new[:, off]]`` on) as dense ids of ``flags``
+    (``ok`` false: an item is not one of them)."""
+    na = len(new)
+    n = kept + na
+    out_ptr = np.empty(n + 1, np.int64)
+    for r in range(kept + 1):
+        out_ptr[r] = ptr[r]
+    for a in range(na):
+        out_ptr[kept + a + 1] = out_ptr[kept + a] + new[a, ln]
+    out = np.empty(out_ptr[n], flat.dtype)
+    end = ptr[kept]
+    for i in range(end):
+        out[i] = flat[i]
+    t = end
+    ok = True
+    for a in range(na):
+        for i in range(new[a, ln]):
+            v = held[new[a, off] + i]
+            d = _first_at_least(flags, v)
+            if d >= len(flags) or flags[d] != v:
+                ok = False
+                d = 0
+            out[t] = d
+            t += 1
+    return ok, out_ptr, out
+
+
+@njit(f"({_I2}, {_I2}, int64, {_I2}, {_I1}, {_I1_32}, {_I1}, {_I1}, {_I1}, {_I1}, {_I1}, "
+      f"{_I1}, {_I1}, {_I1}, {_I1})", cache=True)
 def prefix_tables(table: np.ndarray, last_table: np.ndarray, kept: int, new: np.ndarray,
                   first_at: np.ndarray,
                   last_row_of: np.ndarray, held: np.ndarray, flags: np.ndarray,
@@ -202,39 +241,7 @@ def prefix_tables(table: np.ndarray, last_table: np.ndarray, kept: int, new: np.
     return ok_w and ok_s, wp, wf, sp, sf, base, nbytes, ns
 
 
-@njit(cache=True)
-def _append_flags(ptr: np.ndarray, flat: np.ndarray, kept: int, new: np.ndarray, off: int,
-                  ln: int, held: np.ndarray, flags: np.ndarray):
-    """``(ok, ptr, flat)``: the per-row lists ``ptr``/``flat`` (row ``j``'s items
-    ``flat[ptr[j]: ptr[j + 1]]``) of the first ``kept`` rows, then the lists of the rows
-    ``new`` (``new[:, ln]`` items from ``held[new[:, off]]`` on) as dense ids of ``flags``
-    (``ok`` false: an item is not one of them)."""
-    na = len(new)
-    n = kept + na
-    out_ptr = np.empty(n + 1, np.int64)
-    for r in range(kept + 1):
-        out_ptr[r] = ptr[r]
-    for a in range(na):
-        out_ptr[kept + a + 1] = out_ptr[kept + a] + new[a, ln]
-    out = np.empty(out_ptr[n], flat.dtype)
-    end = ptr[kept]
-    for i in range(end):
-        out[i] = flat[i]
-    t = end
-    ok = True
-    for a in range(na):
-        for i in range(new[a, ln]):
-            v = held[new[a, off] + i]
-            d = _first_at_least(flags, v)
-            if d >= len(flags) or flags[d] != v:
-                ok = False
-                d = 0
-            out[t] = d
-            t += 1
-    return ok, out_ptr, out
-
-
-@njit(cache=True)
+@njit(f"({_I2}, {_I1}, {_I1}, {_I1})", cache=True)
 def same_heads(rows: np.ndarray, held: np.ndarray, new: np.ndarray, old: np.ndarray) -> bool:
     """Whether the store rows ``new`` have the engines, queue cores, waits and signals
     (held flat in ``held``) of the rows ``old``, pair by pair (``rows``: the store's)."""
