@@ -22,11 +22,14 @@ instructions, programs and layouts.
 from __future__ import annotations
 
 import bisect
+import operator
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar
 
+from .errors import IsaError
 from .instr_base import (
     NO_ADDR,
     PER_CORE_ENGINES,
@@ -303,6 +306,16 @@ BY_OPCODE: dict[int, type[Instruction]] = {t.opcode: t for t in INSTRUCTION_TYPE
 BY_MNEMONIC: dict[str, type[Instruction]] = {t.mnemonic: t for t in INSTRUCTION_TYPES}
 
 
+@dataclass(frozen=True, eq=False)
+class Patched:
+    """A program's instructions as :meth:`Program.patched` made them: the tuple ``base``
+    (held, so that it stays the object it was) with new objects at ``positions``
+    (increasing) and ``base``'s own object at every other position."""
+
+    base: tuple[Instruction, ...]
+    positions: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class Program:
     """A list of instructions plus its KV-format table and free-form metadata.
@@ -318,6 +331,30 @@ class Program:
     formats: tuple[str, ...] = ()
     name: str = ""
     marks: tuple[tuple[str, int, int], ...] = field(default=(), compare=False, repr=False)
+    #: how :meth:`patched` made the instructions from another program's (None: not so
+    #: made); metadata like ``marks``, and not copied by ``dataclasses.replace``
+    patched_from: Patched | None = field(default=None, init=False, compare=False, repr=False)
+
+    @classmethod
+    def patched(cls, base: tuple[Instruction, ...], positions: tuple[int, ...],
+                objects: Sequence[Instruction], *, formats: tuple[str, ...] = (),
+                name: str = "", marks: tuple[tuple[str, int, int], ...] = ()) -> Program:
+        """The program of ``base``'s instructions with ``objects`` at ``positions``
+        (increasing), which says so (:attr:`patched_from`): a consumer that holds what it
+        made of ``base`` need then look only at ``positions`` (the program tables of a
+        decode step after the last, :mod:`sim.program_tables`)."""
+        if len(positions) != len(objects):
+            raise IsaError(f"Program.patched: {len(positions)} positions for "
+                           f"{len(objects)} instructions")
+        if not all(map(operator.lt, (-1, *positions), (*positions, len(base)))):
+            raise IsaError("Program.patched: positions must increase within the program")
+        ins = list(base)
+        for at, obj in zip(positions, objects, strict=True):
+            ins[at] = obj
+        prog = cls(tuple(ins), formats=formats, name=name, marks=marks)
+        # set once, here: the instructions were made from ``base`` by this method only
+        object.__setattr__(prog, "patched_from", Patched(base, positions))
+        return prog
 
     def __len__(self) -> int:
         return len(self.instructions)

@@ -84,7 +84,10 @@ def run(dev, program: Program) -> LoopResult:
     from sim.device import engine_name
 
     instrs = program_tables.instructions_of(program)
-    tb = program_tables.build(program, dev.program_rows, dev.kinds_of, len(dev.kind_names))
+    # (the layout is frozen and set anew whenever the memory map changes: the kinds
+    # of addresses are the same while it is the same object)
+    tb = program_tables.build(program, dev.program_rows, dev.kinds_of, len(dev.kind_names),
+                              kinds_key=dev.layout)
     names = [engine_name(Engine(eng), core) for eng, core in tb.queues]
 
     # efficiency model: the DRAM timing of every distinct chunk, as ``Dram`` plans it

@@ -15,7 +15,10 @@ instruction, read from its columns without making objects. A program of the leng
 formats of a recently built one (a decode step after the last) reuses that one's queues,
 flags and cross-core bits when every changed position keeps its engine, core, waits and
 signals, and patches the last one's tables at the changed positions (:func:`_incremental`
-states the proof); the tables are those of a full build, array for array.
+states the proof; the changed positions are those a program made by
+:meth:`~isa.instructions.Program.patched` names, else an identity scan finds them; a
+decode step's kept rows come first and :mod:`sim.table_patch` appends the added ones); the
+tables are those of a full build, array for array.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from isa.columns import ColumnProgram
-from isa.instructions import Program
+from isa.instructions import Patched, Program
 from sim.components import loopdefs as pl
 from sim.program_rows import (
     LAST_PER_CORE,
@@ -49,9 +52,17 @@ from sim.program_rows import (
     RowCache,
 )
 from sim.row_fill import ColumnRows
+from sim.row_lists import (
+    MOVE_RUNS,
+    a_position,
+    move_rows,
+    splice,
+    unique_small,
+)
+from sim.table_patch import prefix_rows, prefix_tables, same_heads
 
-__all__ = ["LINKS", "RowCache", "Tables", "build", "gather", "instructions_of", "move_rows",
-           "unique_small"]
+__all__ = ["LINKS", "MOVE_RUNS", "RowCache", "Tables", "build", "gather", "instructions_of",
+           "move_rows", "unique_small"]
 
 
 @dataclass
@@ -80,29 +91,32 @@ def instructions_of(program: Program):
 
 
 def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
-          incremental: bool = True) -> Tables:
+          incremental: bool = True, kinds_key: object = None) -> Tables:
     """The tables of ``program`` with its rows from ``cache``; ``kinds_of(addresses)``
     gives each DRAM address's traffic kind as an id below ``kind_count``. A
     :class:`~isa.columns.ColumnProgram` has its rows read from its columns (one per
     instruction, no objects made), bypassing the cache. A program of the same length and
     formats as a recent one built with ``cache`` is built incrementally when it can be
     (:func:`_incremental`; not with ``incremental=False``): the same tables as a full
-    build, in less time (``cache.incremental_builds`` counts them)."""
+    build, in less time (``cache.incremental_builds`` counts them); ``kinds_key``: an
+    object that is the same (``is``) only while ``kinds_of`` maps addresses the same way
+    (the device's frozen memory layout), so that kept rows keep their stats pairs."""
     if isinstance(program, ColumnProgram):
         made = ColumnRows(program.columns, cache.cores, cache.num_cores, program.formats)
         return gather(made.rows, made.row_of, made.flags, kinds_of, kind_count)
     instrs = program.instructions
-    got = (_incremental(instrs, program.formats, cache, kinds_of, kind_count)
-           if incremental else None)
-    cols = None
+    got = (_incremental(instrs, program.formats, cache, kinds_of, kind_count,
+                        program.patched_from, kinds_key) if incremental else None)
     if got is None:
         index, store = cache.lookup(instrs, program.formats)
         present, row_of = _distinct(index, store)
         rows = store.rows if len(present) == len(store.objs) else np.take(
             store.rows, present, axis=0)
         tables = gather(rows, row_of, store.flags, kinds_of, kind_count)
+        uses = np.bincount(tables.row_of, minlength=len(tables.table))
+        nstream = np.ascontiguousarray(rows[:, X_NSTREAM])
     else:
-        index, store, tables, present, cols = got
+        index, store, tables, present, nstream, uses = got
         cache.incremental_builds += 1
     # kept for the next program (the instructions too: their ids stay theirs while held)
     key = (len(instrs), program.formats)
@@ -110,8 +124,7 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
     recent.pop(key, None)
     if len(instrs) <= RECENT_INSTRUCTIONS:
         recent[key] = _Previous(program.formats, instrs, index, cache.generation, store,
-                                tables, present,
-                                np.bincount(tables.row_of, minlength=len(tables.table)), cols)
+                                tables, present, uses, nstream, kinds_key)
     # the least recently built go first
     while len(recent) > RECENT_PROGRAMS or sum(n for n, _ in recent) > RECENT_INSTRUCTIONS:
         del recent[next(iter(recent))]
@@ -143,7 +156,8 @@ class _Previous:
     tables: Tables
     present: np.ndarray  # the store row of each table row (ascending)
     uses: np.ndarray  # the positions holding each table row
-    cols: np.ndarray | None  # its rows' columns X_LINK1 ... X_SN2 (None: not gathered)
+    nstream: np.ndarray  # the DRAM transfers of each table row (its column X_NSTREAM)
+    kinds_key: object  # what its stats pairs were set under (``build``'s ``kinds_key``)
 
 
 def _distinct(index: np.ndarray, store) -> tuple[np.ndarray, np.ndarray]:
@@ -159,11 +173,16 @@ def _distinct(index: np.ndarray, store) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
-                 kind_count: int):
-    """``(index, store, tables, present, cols)`` of a program built from the tables of the
-    last one of its length and formats (``present``, ``cols``: the store row and the
-    columns ``X_LINK1 ... X_SN2`` of each table row, kept for the next), or None when that
-    cannot be proved equal to a full build (the caller then builds in full).
+                 kind_count: int, hint: Patched | None = None, kinds_key: object = None):
+    """``(index, store, tables, present, nstream, uses)`` of a program built from the
+    tables of the last one of its length and formats (``present``, ``nstream``, ``uses``:
+    the store row, DRAM transfers and positions of each table row, kept for the next), or
+    None when that cannot be proved equal to a full build (the caller then builds in
+    full).
+
+    The changed positions are those the program names (``hint``: it was made from the
+    last program's instructions by :meth:`~isa.instructions.Program.patched`, which
+    holds every other position's object), else those an identity scan finds.
 
     The proof: the program has the last one's length and formats, the cache has not
     started afresh, and at every position whose object changed the new object's row has
@@ -176,15 +195,23 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
     last ones that some position still holds and the changed positions' rows new to the
     program, in the store's order as a full build numbers them; a kept row keeps its
     table row, waits and signals (moved by runs, :func:`move_rows`), a new one has them
-    gathered; the stats pairs (under the current memory map) and transfers of every row
-    are recomputed from its kept columns. So the tables are the full build's, array for
-    array, at a cost of the changed positions plus a few passes over the distinct rows."""
+    gathered; the stats pairs of every row are recomputed from its kept columns under the
+    current memory map (a kept row keeps its pairs when ``kinds_key`` is the object it was
+    last built under: the same map), and so are its transfers. So the tables are the full
+    build's, array for array. When the kept rows are the first ones and the added ones
+    come after them (a decode step drops the rows the last one added and adds rows new to
+    the store), every kept array is a prefix of the last one: the cost is then a copy of
+    those prefixes plus the changed positions' work."""
     prev = cache.recent.get((len(instrs), formats))
     if prev is None or prev.generation != cache.generation:
         return None
-    # the positions whose object changed (an identity test each: no ids needed)
-    changed = np.flatnonzero(~np.fromiter(map(operator.is_, instrs, prev.instrs), bool,
-                                          len(instrs)))
+    if hint is not None and hint.base is prev.instrs:
+        # made from the last program's instructions by ``Program.patched``: every other
+        # position holds the last program's object (some of these may too)
+        changed = np.fromiter(hint.positions, np.int64, len(hint.positions))
+    else:  # the positions whose object changed (an identity test each: no ids needed)
+        changed = np.flatnonzero(~np.fromiter(map(operator.is_, instrs, prev.instrs), bool,
+                                              len(instrs)))
     store = prev.store
     index = prev.index.copy()
     if len(changed):
@@ -194,25 +221,96 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
             # only: afresh again, so that the full build numbers rows as on a fresh cache
             cache.clear()
             return None
-        rows, old = store.rows, prev.index[changed]
-        for col in (X_ENG, X_QCORE, X_WLEN, X_SLEN):
-            if not np.array_equal(rows[sub, col], rows[old, col]):
-                return None
-        held = store.flags
-        for off, ln in ((X_WOFF, X_WLEN), (X_SOFF, X_SLEN)):
-            lens = rows[sub, ln]
-            step = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-            if not np.array_equal(held[np.repeat(rows[sub, off], lens) + step],
-                                  held[np.repeat(rows[old, off], lens) + step]):
-                return None
+        if not same_heads(store.rows, store.flags, sub, prev.index[changed]):
+            return None
         index[changed] = sub
     last = prev.tables
-    present, uses = prev.present, prev.uses
-    nr = len(present)
-    old_local = last.row_of[changed]
+    present = prev.present
     # the rows the program still holds, the changed positions' rows new to it (in the
-    # store's order, as a full build numbers them), and the number of each among them
-    uses = uses - np.bincount(old_local, minlength=nr)
+    # store's order, as a full build numbers them), and the number of each among them: a
+    # decode step drops the rows the last one added and adds rows new to the store, so
+    # the kept rows are the first ones and the added ones come after them (a prefix)
+    prefix, nk, added, row_of, new_uses, pos = prefix_rows(
+        changed, index[changed], last.row_of, prev.uses, present)
+    if prefix:
+        new_present = np.concatenate([present[:nk], added])
+        added_at = slice(nk, nk + len(added))
+    else:
+        new_present, kept, kept_at, added, added_at, row_of, new_uses, pos = _moved_rows(
+            changed, index, last.row_of, prev.uses, present)
+    # the kept rows' table rows, waits and signals as the last program had them; the
+    # added rows' gathered afresh (their cross-core bit: the last row's at a position
+    # holding them)
+    new = np.take(store.rows, added, axis=0)
+    if prefix:
+        table = np.empty((len(new_present), pl.I_FIELDS), np.int64)
+        table[:nk] = last.table[:nk]
+        ok, w_ptr, w_flag, s_ptr, s_flag, stream_base, stream_bytes, nstream = prefix_tables(
+            table, last.table, nk, new, pos, last.row_of, store.flags, last.flags,
+            last.w_ptr, last.w_flag, last.s_ptr, last.s_flag, last.stream_base,
+            last.stream_bytes, prev.nstream)
+        if not ok:
+            return None  # not the same flags (cannot happen when the heads are the same)
+    else:
+        got = _moved_tables(last, new, store, kept, kept_at, added_at, pos, new_present)
+        if got is None:
+            return None
+        table, w_ptr, w_flag, s_ptr, s_flag, stream_base, stream_bytes, nstream = got
+    # the stats pairs under the current memory map (a kept row's are the last ones under
+    # the same map)
+    if kinds_key is not None and kinds_key is prev.kinds_key and last.pairs == len(
+            LINKS) * kind_count:
+        part = table[added_at]
+        _set_pairs(part, new[:, X_LINK1: X_SN2 + 1], X_LINK1, kinds_of, kind_count)
+        table[added_at] = part
+    else:
+        _set_pairs(table, store.rows[new_present, X_LINK1: X_SN2 + 1], X_LINK1, kinds_of,
+                   kind_count)
+    return index, store, Tables(
+        table, row_of, w_ptr, w_flag, s_ptr, s_flag, last.flags, last.q_ptr, last.q_items,
+        last.queues, len(LINKS) * kind_count, stream_base, stream_bytes), new_present, \
+        nstream, new_uses
+
+
+def _moved_tables(last: Tables, new: np.ndarray, store, kept: np.ndarray,
+                  kept_at: np.ndarray, added_at: np.ndarray, pos: np.ndarray,
+                  new_present: np.ndarray):
+    """``(table, w_ptr, w_flag, s_ptr, s_flag, stream_base, stream_bytes, nstream)`` of a
+    patched build whose kept rows are not all first (:func:`sim.table_patch.prefix_tables`
+    for the rest): the last tables' rows ``kept`` moved to rows ``kept_at``, the store rows
+    ``new`` at ``added_at`` (each one's cross-core bit the last row's at position
+    ``pos``), or None when an added row waits or signals a flag the program had not."""
+    table = np.empty((len(new_present), pl.I_FIELDS), np.int64)
+    move_rows(table, kept_at, last.table, kept)
+    if len(new):
+        table[added_at] = new[:, : pl.I_FIELDS]
+        table[added_at, pl.I_FLAGS] |= (last.table[last.row_of[pos], pl.I_FLAGS]
+                                        & pl.FL_CROSS)
+    aw_ptr, as_ptr, wflat, sflat = _heads(new, store.flags)
+    values = np.concatenate([wflat, sflat])
+    dense = np.searchsorted(last.flags, values)
+    if len(values) and (int(dense.max()) >= len(last.flags)
+                        or not np.array_equal(last.flags[dense], values)):
+        return None  # not the same flags (cannot happen when the heads are the same)
+    w_ptr, w_flag = splice(last.w_ptr, last.w_flag, kept, kept_at, aw_ptr,
+                           dense[: len(wflat)], added_at)
+    s_ptr, s_flag = splice(last.s_ptr, last.s_flag, kept, kept_at, as_ptr,
+                           dense[len(wflat):], added_at)
+    cols = store.rows[new_present, X_LINK1: X_SN2 + 1]
+    stream_base, stream_bytes = _streams(cols, X_LINK1)
+    return (table, w_ptr, w_flag, s_ptr, s_flag, stream_base, stream_bytes,
+            np.ascontiguousarray(cols[:, X_NSTREAM - X_LINK1]))
+
+
+def _moved_rows(changed: np.ndarray, index: np.ndarray, last_row_of: np.ndarray,
+                last_uses: np.ndarray, present: np.ndarray):
+    """``(present, kept, kept_at, added, added_at, row_of, uses, first_at)`` of a patched
+    build whose kept rows are not all first (:func:`sim.table_patch.prefix_rows` for the
+    rest): the store row of each table row, the last table's rows kept and their new rows,
+    the store rows added and their rows, each position's row, the positions holding each
+    row and a changed position holding each added row."""
+    nr = len(present)
+    uses = last_uses - np.bincount(last_row_of[changed], minlength=nr)
     want = np.unique(index[changed])
     k = np.minimum(np.searchsorted(present, want), max(nr - 1, 0))
     known = present[k] == want if nr else np.zeros(len(want), bool)
@@ -227,111 +325,13 @@ def _incremental(instrs, formats: tuple[str, ...], cache: RowCache, kinds_of,
     added_at = np.searchsorted(new_present, added)
     remap = np.full(nr, -1, np.int32)
     remap[kept] = kept_at
-    row_of = remap[last.row_of]
+    row_of = remap[last_row_of]
+    new_uses = np.zeros(len(new_present), np.int64)
+    new_uses[kept_at] = uses[kept]
     row_of[changed] = np.searchsorted(new_present, index[changed])
-    # the kept rows' table rows, waits and signals as the last program had them; the
-    # added rows' gathered afresh (their cross-core bit: the last row's at a position
-    # holding them)
-    new = np.take(store.rows, added, axis=0)
-    table = np.empty((len(new_present), pl.I_FIELDS), np.int64)
-    move_rows(table, kept_at, last.table, kept)
-    if len(added):
-        table[added_at] = new[:, : pl.I_FIELDS]
-        pos = _a_position(index, changed, added)
-        table[added_at, pl.I_FLAGS] |= (last.table[last.row_of[pos], pl.I_FLAGS]
-                                        & pl.FL_CROSS)
-    aw_ptr, as_ptr, wflat, sflat = _heads(new, store.flags)
-    values = np.concatenate([wflat, sflat])
-    dense = np.searchsorted(last.flags, values)
-    if len(values) and (int(dense.max()) >= len(last.flags)
-                        or not np.array_equal(last.flags[dense], values)):
-        return None  # not the same flags (cannot happen when the heads are the same)
-    w_ptr, w_flag = _splice(last.w_ptr, last.w_flag, kept, kept_at, aw_ptr,
-                            dense[: len(wflat)], added_at)
-    s_ptr, s_flag = _splice(last.s_ptr, last.s_flag, kept, kept_at, as_ptr,
-                            dense[len(wflat):], added_at)
-    # what depends on every row: its stats pairs (under the current memory map) and
-    # transfers, from the columns that hold them
-    last_cols = prev.cols if prev.cols is not None else store.rows[present, X_LINK1: X_SN2 + 1]
-    cols = np.empty((len(new_present), last_cols.shape[1]), np.int64)
-    move_rows(cols, kept_at, last_cols, kept)
-    cols[added_at] = new[:, X_LINK1: X_SN2 + 1]
-    _set_pairs(table, cols, X_LINK1, kinds_of, kind_count)
-    stream_base, stream_bytes = _streams(cols, X_LINK1)
-    return index, store, Tables(
-        table, row_of, w_ptr, w_flag, s_ptr, s_flag, last.flags, last.q_ptr, last.q_items,
-        last.queues, len(LINKS) * kind_count, stream_base, stream_bytes), new_present, cols
-
-
-#: Above this many runs :func:`move_rows` moves rows by an index instead of by slices: a
-#: choice (a slice copy costs about a microsecond, an indexed row some 50 ns), not a
-#: measurement of this machine.
-MOVE_RUNS = 256
-
-
-def move_rows(dst: np.ndarray, dst_at: np.ndarray, src: np.ndarray, src_at: np.ndarray) -> None:
-    """``dst[dst_at] = src[src_at]`` for increasing ``dst_at`` and ``src_at``, by slices
-    over the runs where both step by one (a decode step keeps its rows in a few runs)."""
-    n = len(dst_at)
-    if not n:
-        return
-    cut = np.flatnonzero((np.diff(dst_at) != 1) | (np.diff(src_at) != 1)) + 1
-    if len(cut) > MOVE_RUNS:
-        dst[dst_at] = src[src_at]
-        return
-    starts = [0, *cut.tolist()]
-    ends = [*starts[1:], n]
-    for a, b, d, s in zip(starts, ends, dst_at[starts].tolist(), src_at[starts].tolist(),
-                          strict=True):
-        dst[d: d + b - a] = src[s: s + b - a]
-
-
-def _a_position(index: np.ndarray, changed: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """A changed position holding each of the store ``rows`` (each held at one)."""
-    held = index[changed]
-    order = np.argsort(held, kind="stable")
-    return changed[order[np.searchsorted(held[order], rows)]]
-
-
-def _splice(ptr: np.ndarray, flat: np.ndarray, kept: np.ndarray, kept_at: np.ndarray,
-            add_ptr: np.ndarray, add_flat: np.ndarray, added_at: np.ndarray):
-    """``(ptr, flat)``: per-row lists (row ``j``'s: ``flat[ptr[j]: ptr[j + 1]]``) of the
-    rows ``kept`` of ``ptr``/``flat``, now rows ``kept_at``, and of rows given by
-    ``add_ptr``/``add_flat``, now rows ``added_at``."""
-    n = len(kept_at) + len(added_at)
-    lens = np.empty(n, np.int64)
-    start = np.empty(n, np.int64)  # where each row's list starts in flat, then add_flat
-    lens[kept_at] = ptr[kept + 1] - ptr[kept]
-    start[kept_at] = ptr[kept]
-    lens[added_at] = np.diff(add_ptr)
-    start[added_at] = len(flat) + add_ptr[:-1]
-    out_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(lens, out=out_ptr[1:])
-    src = np.repeat(start - out_ptr[:-1], lens) + np.arange(out_ptr[-1])
-    return out_ptr, np.concatenate([flat, add_flat])[src]
-
-
-#: Above this many times the values' count (plus a margin), :func:`unique_small` sorts
-#: instead of counting: a choice bounding its memory, not a measurement.
-COUNT_SPAN_PER_VALUE = 8
-COUNT_SPAN_MARGIN = 1 << 16
-
-
-def unique_small(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(unique, inverse)`` of int64 ``values`` as ``np.unique(values,
-    return_inverse=True)`` gives them (sorted distinct values, int64 inverse), by counting
-    when the values are non-negative and their span is small, else by sorting."""
-    n = len(values)
-    top = int(values.max(initial=0))
-    if n == 0 or int(values.min()) < 0 or top > COUNT_SPAN_PER_VALUE * n + COUNT_SPAN_MARGIN:
-        u, inv = np.unique(values, return_inverse=True)
-        return u, inv.reshape(-1).astype(np.int64)
-    seen = np.zeros(top + 1, bool)
-    seen[values] = True
-    u = np.flatnonzero(seen)
-    number = np.zeros(top + 1, np.int64)
-    number[u] = np.arange(len(u))
-    return u.astype(values.dtype), number[values]
+    np.add.at(new_uses, row_of[changed], 1)
+    return (new_present, kept, kept_at, added, added_at, row_of, new_uses,
+            a_position(index, changed, added))
 
 
 def _table(rows: np.ndarray, kinds_of, kind_count: int) -> np.ndarray:
@@ -346,11 +346,13 @@ def _set_pairs(table: np.ndarray, cols: np.ndarray, shift: int, kinds_of,
                kind_count: int) -> None:
     """Sets the stats additions' ``(link, kind)`` pairs of the ``table`` rows under the
     current memory map, from ``cols``: the rows' columns from column ``shift`` on."""
-    for k, (link, addr, pair) in enumerate(((X_LINK1, X_ADDR1, pl.I_PAIR1),
-                                            (X_LINK2, X_ADDR2, pl.I_PAIR2))):
-        has = np.flatnonzero(table[:, pl.I_NADD] > k)
-        table[has, pair] = (cols[has, link - shift] * kind_count
-                            + kinds_of(cols[has, addr - shift]))
+    nadd = table[:, pl.I_NADD]
+    has = (np.flatnonzero(nadd > 0), np.flatnonzero(nadd > 1))
+    kinds = kinds_of(np.concatenate([cols[has[0], X_ADDR1 - shift],
+                                     cols[has[1], X_ADDR2 - shift]]))
+    for rows, kind, link, pair in ((has[0], kinds[: len(has[0])], X_LINK1, pl.I_PAIR1),
+                                   (has[1], kinds[len(has[0]):], X_LINK2, pl.I_PAIR2)):
+        table[rows, pair] = cols[rows, link - shift] * kind_count + kind
 
 
 def _heads(rows: np.ndarray, held: np.ndarray):

@@ -35,11 +35,13 @@ def remade(ins: Instruction, **changes: int) -> Instruction:
     only stores its fields (no ``__post_init__``), so a copy of its field values with
     ``changes`` is the instruction the constructor would build from them."""
     fields = ins.__dict__
-    if not changes.keys() <= fields.keys():
+    new = object.__new__(type(ins))
+    made = new.__dict__
+    made.update(fields)
+    made.update(changes)
+    if len(made) != len(fields):  # a change named a field the instruction lacks
         raise TypeError(f"{type(ins).__name__} has no field "
                         f"{', '.join(sorted(changes.keys() - fields.keys()))}")
-    new = object.__new__(type(ins))
-    new.__dict__.update(fields, **changes)
     return new
 
 @dataclass(frozen=True)
@@ -122,6 +124,9 @@ class Builder:
         # the varying instructions ``(index, vary)`` of the blocks being recorded, innermost
         # last (:meth:`BlockMemo.lower`)
         self.holes: list[list[tuple[int, Vary]]] = []
+        #: when a list: the blocks lowered at the top level, ``(start, recorded, args)``
+        #: in order (:mod:`.calltrace` makes a whole call's replay of them)
+        self.trace: list[tuple[int, _Recorded, Any]] | None = None
         self.flags = Flags(FORWARD, self.target.cores)
         # (core, name) -> flag id, looked up once per instruction field (a hot path)
         self._ids = {(c, name): i for name in FORWARD.per_core
@@ -341,6 +346,8 @@ class BlockMemo:
     def __init__(self, max_entries: int = 512):
         self.max_entries = max_entries
         self._entries: OrderedDict[tuple, _Recorded] = OrderedDict()
+        #: call shape -> the replay of its last call (:mod:`.calltrace`)
+        self.calls: OrderedDict[Hashable, Any] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
@@ -356,9 +363,12 @@ class BlockMemo:
                                "memoized block")
         full = (key, b.state_key())
         rec = self._entries.get(full)
+        top = b.trace is not None and not b.holes
         if rec is not None:
             self.hits += 1
             self._entries.move_to_end(full)
+            if top:
+                b.trace.append((len(b.ins), rec, args))
             self._replay(b, rec, args)
             return
         self.misses += 1
@@ -371,10 +381,12 @@ class BlockMemo:
         if holes and args is None:
             raise RuntimeError(f"block {key!r} has varying instructions but was memoized "
                                "without its varying arguments")
-        self._entries[full] = _Recorded(tuple(b.ins[start:]),
-                                        {c: b.tiles[c] - tiles0[c] for c in b.tiles},
-                                        dict(b.bar_due), dict(b.prefetched),
-                                        tuple((i - start, v) for i, v in holes), args)
+        rec = self._entries[full] = _Recorded(tuple(b.ins[start:]),
+                                              {c: b.tiles[c] - tiles0[c] for c in b.tiles},
+                                              dict(b.bar_due), dict(b.prefetched),
+                                              tuple((i - start, v) for i, v in holes), args)
+        if top:
+            b.trace.append((start, rec, args))
         if len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 

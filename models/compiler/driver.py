@@ -38,6 +38,7 @@ from typing import NamedTuple
 from isa.errors import ConfigError
 from isa.instructions import HostRead, HostWrite, Program
 
+from . import calltrace
 from .blocks.dense import DenseMlp
 from .blocks.io import (
     LAST_REGION,
@@ -172,8 +173,46 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
            host_out: int, one_call: bool, name: str, every_token: bool = False,
            head: bool = True) -> Program:
     cfg = lw.model
+    tiles = tuple(tiles_of(seqs, lw.m_tile))
+    layer_ids = range(cfg.num_layers) if layers is None else layers
+    # a call whose blocks key by its shape alone: the last program of that shape with its
+    # varying instructions re-made (:mod:`.calltrace`), or lowered and traced
+    shape = (tuple((s.slot, s.tokens, s.logits) for s in seqs),
+             None if layers is None else tuple(layers), host_in, host_out, one_call,
+             every_token, head)
+    traceable = _keys_by_shape(lw, layer_ids)
+    if traceable:
+        trace = calltrace.lookup(lw.memo, shape)
+        if trace is not None:
+            return trace.program(tiles, formats=lw.formats, name=name)
+    b, marks = _walk(lw, seqs, tiles, layer_ids, host_in=host_in, host_out=host_out,
+                     one_call=one_call, every_token=every_token, head=head,
+                     trace=traceable)
+    prog = Program(tuple(b.ins), formats=lw.formats, name=name, marks=marks)
+    if traceable:  # (its instructions the very tuple: the next call names it as its base)
+        calltrace.keep(lw.memo, shape, calltrace.record(b, prog.instructions, tiles, marks))
+    return prog
+
+
+def _keys_by_shape(lw: Lowering, layer_ids: Sequence[int]) -> bool:
+    """Whether every block of a call keys its memo by the call's shape alone (its
+    positions only as the blocks' varying arguments): the attention block says so, and
+    the MLPs are those :func:`_lower_mlp` keys without the tile's positions."""
+    if not getattr(lw.blocks.attention, "positions_as_args", False):
+        return False
+    return all(isinstance(lw.blocks.mlp(layer), DenseMlp | MoeMlp) for layer in layer_ids)
+
+
+def _walk(lw: Lowering, seqs: list[StepSeq], tiles: tuple, layer_ids: Sequence[int], *,
+          host_in: int, host_out: int, one_call: bool, every_token: bool, head: bool,
+          trace: bool) -> tuple[Builder, tuple[tuple[str, int, int], ...]]:
+    """Lower the call's blocks into a new builder (logging its top-level blocks when
+    ``trace``); returns it and the layer marks."""
+    cfg = lw.model
     blocks = lw.blocks
     b = Builder(lw.target)
+    if trace:
+        b.trace = []
     h = cfg.hidden_size
     emb = lw.mm["io.emb"].base
     m_all = sum(s.tokens for s in seqs)
@@ -191,8 +230,7 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
     cur = 0
     t0 = m = 0
     marks: list[tuple[str, int, int]] = []  # (layer, instruction range) for reports
-    layer_ids = range(cfg.num_layers) if layers is None else layers
-    for segs in tiles_of(seqs, lw.m_tile):
+    for segs in tiles:
         m = sum(sq.n for sq in segs)
         src, dst = emb + 4 * t0 * h, xbuf[cur]
         lw.memo.lower(b, ("input", src, dst, m),
@@ -209,7 +247,7 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
         t0 += m
     done = b.shared("logits")
     if one_call and not head:
-        return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))
+        return b, tuple(marks)
     if one_call:  # the head reads the last token's hidden state where it is
         x_last = xbuf[cur] + (m - 1) * h * lw.numerics.residual_bytes
 
@@ -221,10 +259,10 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
                                                if head_rows_of(lw, c))))
 
         lw.memo.lower(b, ("head", x_last, host_out), head)
-        return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))
+        return b, tuple(marks)
     n_out = len(ends)
     if not n_out:
-        return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))
+        return b, tuple(marks)
     per = head_rows(lw)
     logits = lw.mm[LOGITS_REGION].base
     stores = 0
@@ -235,7 +273,7 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
                                   logits + 4 * r0 * cfg.vocab_size)
     b.emit(HostRead(src=logits, dst=host_out, nbytes=4 * n_out * cfg.vocab_size,
                     wait=(done,) * stores))
-    return Program(tuple(b.ins), formats=lw.formats, name=name, marks=tuple(marks))
+    return b, tuple(marks)
 
 
 def _lower_mlp(b: Builder, lw: Lowering, layer: int, x_next: int, m: int,

@@ -169,16 +169,20 @@ def _full_aside(dev: Device, prog: Program) -> program_tables.Tables:
     return full
 
 
-def test_patched_tables_equal_full_builds_going_back_and_forth(tiny):
+@pytest.mark.parametrize("keyed", [False, True])
+def test_patched_tables_equal_full_builds_going_back_and_forth(tiny, keyed, monkeypatch):
     # each step's tables are patched from the last's (rows of the last step dropped, new
-    # ones added; a step going back takes rows the store holds but the last step did not)
+    # ones added; a step going back takes rows the store holds but the last step did not);
+    # ``keyed``: under one memory map, whose kept rows keep their stats pairs
     sizes = [16, 17, 18, 17, 16, 19, 19, 18]
     made = {n: tiny.program(tokens=1, cache_size=n) for n in sorted(set(sizes))}
     steps = [made[n] for n in sizes]  # (a step going back is the same program again)
     dev = Device(ARIES, functional=False)
+    key = {"kinds_key": dev.layout} if keyed else {}
+    prefixes = _prefix_builds(monkeypatch)
     tables, held = [], []
     for k, prog in enumerate(steps):
-        got = _build(dev, prog)
+        got = _build(dev, prog, **key)
         assert dev.program_rows.incremental_builds == k
         _assert_same(got, _full_aside(dev, prog))
         assert _per_instruction(got) == _per_instruction(_build(Device(ARIES, functional=False),
@@ -190,6 +194,8 @@ def test_patched_tables_equal_full_builds_going_back_and_forth(tiny):
     assert all(not np.array_equal(a.table, b.table) or n == m for a, b, n, m in zip(
         tables, tables[1:], sizes, sizes[1:], strict=False))
     assert held[0] < held[1] < held[2] == held[3] == held[4] < held[5] == held[6] == held[7]
+    # the steps forward kept the first rows; going back kept others (moved by runs)
+    assert 0 < prefixes[0] < len(steps) - 1
     # two objects of one structure (type, core, waits, signals) swapped: each changed
     # position takes a row the last program held at the other
     last = steps[-1].instructions
@@ -201,7 +207,7 @@ def test_patched_tables_equal_full_builds_going_back_and_forth(tiny):
     swapped = list(last)
     swapped[i], swapped[j] = last[j], last[i]
     prog = Program(tuple(swapped), formats=steps[-1].formats)
-    got = _build(dev, prog)
+    got = _build(dev, prog, **key)
     assert dev.program_rows.incremental_builds == len(steps) and len(dev.program_rows) == held[-1]
     _assert_same(got, _full_aside(dev, prog))
 
@@ -218,3 +224,88 @@ def test_rows_moved_by_runs_equal_an_indexed_move(spread):
     program_tables.move_rows(got, at, src, take)
     want[at] = src[take]
     np.testing.assert_array_equal(got, want)
+
+
+def _scans(monkeypatch) -> list[int]:
+    """Counts the positions the identity scan of a patched build compares."""
+    import operator
+    import types
+
+    seen = [0]
+
+    def is_(a, b) -> bool:
+        seen[0] += 1
+        return operator.is_(a, b)
+
+    monkeypatch.setattr(program_tables, "operator", types.SimpleNamespace(is_=is_))
+    return seen
+
+
+def test_a_replayed_step_names_its_changed_positions_and_skips_the_scan(tiny, monkeypatch):
+    # successive decode steps: each made from the last by the compiler's call replay
+    steps = [tiny.program(tokens=1, cache_size=24 + i) for i in range(5)]
+    assert all(p.patched_from.base is q.instructions for q, p in zip(steps, steps[1:],
+                                                                      strict=False))
+    seen = _scans(monkeypatch)
+    prefixes = _prefix_builds(monkeypatch)
+    dev = Device(ARIES, functional=False)
+    for k, prog in enumerate(steps):
+        got = _build(dev, prog, kinds_key=dev.layout)
+        assert dev.program_rows.incremental_builds == k
+        _assert_same(got, _full_aside(dev, prog))
+    assert seen[0] == 0  # every patched build took the positions the program names
+    # and, from the second on, kept the first rows of the last one's tables
+    # (sim.table_patch): the first drops rows of a program built in full, which lie among
+    # the others; later ones drop the rows the last step added, which came last
+    assert prefixes[0] == len(steps) - 2
+
+
+def _prefix_builds(monkeypatch) -> list[int]:
+    """Counts the patched builds whose kept rows were the first ones."""
+    made = program_tables.prefix_tables
+    seen = [0]
+
+    def counted(*args):
+        seen[0] += 1
+        return made(*args)
+
+    monkeypatch.setattr(program_tables, "prefix_tables", counted)
+    return seen
+
+
+def test_missing_or_stale_hints_fall_back_to_the_scan(tiny, monkeypatch):
+    a, b, c = (tiny.program(tokens=1, cache_size=50 + i) for i in range(3))
+    seen = _scans(monkeypatch)
+    dev = Device(ARIES, functional=False)
+    _build(dev, a)
+    # a hint against another program than the last one built (c was made from b's
+    # instructions, a was built): the scan finds the changed positions
+    assert c.patched_from.base is b.instructions
+    _assert_same(_build(dev, c), _full_aside(dev, c))
+    assert seen[0] == len(c)
+    # no hint (``dataclasses.replace`` drops it): scanned too
+    plain = dataclasses.replace(b, name="no hint")
+    assert plain.patched_from is None
+    _assert_same(_build(dev, plain), _full_aside(dev, plain))
+    assert seen[0] == 2 * len(c) and dev.program_rows.incremental_builds == 2
+
+
+def test_the_stats_pairs_follow_a_new_memory_map(tiny):
+    steps = [tiny.program(tokens=1, cache_size=60 + i) for i in range(3)]
+    dev = Device(ARIES, functional=False)
+    layout = tiny.layout(host_bytes=ARIES.host.memory_bytes)
+    dev.set_layout(layout)
+    _build(dev, steps[0], kinds_key=dev.layout)
+    # the same regions under other traffic kinds: another layout object
+    dev.set_layout(dataclasses.replace(layout, regions=tuple(
+        dataclasses.replace(r, kind="scratch") if r.kind == "weights" else r
+        for r in layout.regions)))
+    for prog in steps[1:]:
+        got = _build(dev, prog, kinds_key=dev.layout)
+        full = _full_aside(dev, prog)
+        _assert_same(got, full)
+    assert dev.program_rows.incremental_builds == 2
+    # (the pairs did change: the weight loads now count as another kind)
+    before = Device(ARIES, functional=False)
+    before.set_layout(layout)
+    assert not np.array_equal(_build(before, steps[-1]).table, got.table)

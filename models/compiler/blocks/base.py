@@ -26,6 +26,10 @@ class AttentionBlock(Protocol):
 
     kind: str
     components: tuple[str, ...]  # the cache components of a layer ("k", "v"; "c")
+    #: optional: true when its lowering reads the tile's positions only in its memo's
+    #: varying instructions (keys by the tile's shape), so a whole call of one shape
+    #: replays at other positions (:mod:`..calltrace`); absent: false
+    positions_as_args: bool
 
     def kv_problem(self, kv: str) -> str | None:
         """Why KV layout ``kv`` cannot hold this attention's cache, or None."""

@@ -15,6 +15,7 @@ the regions ``kv.s<slot>.l<layer>.k`` and ``.v``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from isa.instructions import Attn, AttnDq, DmaStore, Engine, KvWrite, Nop, Vec, VecFunc, f32_bits
 from isa.kvformats import KVFormat, KVPair
@@ -35,6 +36,9 @@ class GqaAttention:
 
     kind = "gqa"
     components = ("k", "v")
+    #: its memo keys by the tile's shape: it reads positions only in its varying
+    #: instructions (:meth:`lower`), so whole calls replay (:mod:`..calltrace`)
+    positions_as_args = True
 
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
@@ -175,9 +179,9 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
         for i, sq in enumerate(segs):  # per sequence: [cos | sin] of its positions
             t = tab + 2 * sq.off * rot
             b.load(c, cos + sq.pos0 * rot, t, sq.n * rot, to="in_vpu",
-                   vary=_table_rows(i, cos, rot))
+                   vary=_TableRows(i, cos, rot))
             b.load(c, sin + sq.pos0 * rot, t + sq.n * rot, sq.n * rot, to="in_vpu",
-                   vary=_table_rows(i, sin, rot))
+                   vary=_TableRows(i, sin, rot))
         gains = att.head_norm_gains(b, lw, c, plan, layer)
         first = (b.sem(c, "vpu_mxu"),)
         vpu_ops: list[tuple[str, int, int, int]] = []  # (kind, buf, width, kv head)
@@ -229,7 +233,7 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
                 for i, (sq, reg) in enumerate(zip(segs, regs, strict=True)):
                     b.emit(KvWrite(core=c, fmt=fmt, tokens=sq.n, width=hd, pos=sq.pos0,
                                    cap=lw.cap, src=buf + sq.off * hd, dst=reg.base + j * sub,
-                                   nbytes=sub, wait=wait), _append_at(i))
+                                   nbytes=sub, wait=wait), _AppendAt(i))
                     wait = ()
         if not tables_taken:  # the tables were loaded for nothing: consume their credits
             b.emit(Nop(core=c, on=Engine.VPU, wait=(b.sem(c, "in_vpu"),) * (2 * len(segs))))
@@ -273,14 +277,29 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
                             signal=b.barrier() if last else ()))
 
 
-def _table_rows(i: int, table: int, row_bytes: int) -> Vary:
-    """A load of sequence ``i``'s rows of a per-position table (RoPE cos or sin)."""
-    return lambda ins, segs: remade(ins, src=table + segs[i].pos0 * row_bytes)
+@dataclass(frozen=True)
+class _TableRows:
+    """How a load of sequence ``i``'s rows of a per-position table (RoPE cos or sin)
+    follows the positions (a :data:`~..builder.Vary`; equal ones make equal loads of one
+    load, so a whole call's replay makes them once: :mod:`..calltrace`)."""
+
+    i: int
+    table: int
+    row_bytes: int
+
+    def __call__(self, ins, segs):
+        return remade(ins, src=self.table + segs[self.i].pos0 * self.row_bytes)
 
 
-def _append_at(i: int) -> Vary:
-    """A cache append of sequence ``i``'s tokens at its positions."""
-    return lambda ins, segs: remade(ins, pos=segs[i].pos0)
+@dataclass(frozen=True)
+class _AppendAt:
+    """How a cache append of sequence ``i``'s tokens follows its positions (a
+    :data:`~..builder.Vary`)."""
+
+    i: int
+
+    def __call__(self, ins, segs):
+        return remade(ins, pos=segs[self.i].pos0)
 
 
 def _span_at(i: int, span: Callable[[TileSeq], dict[str, int]]) -> Vary:
