@@ -351,7 +351,7 @@ class _Checked:
 
     def add(self, ids: np.ndarray, objs: list[Instruction]) -> None:
         self.objs.extend(objs)
-        # two sorted runs: the stable sort (a merge sort) merges them in linear time
+        # two sorted runs: numpy's stable sort of int64 (timsort) merges them in linear time
         self.ids = np.sort(np.concatenate([self.ids, ids]), kind="stable")
 
 
