@@ -26,7 +26,6 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from functools import lru_cache
-from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -40,7 +39,6 @@ from isa.instructions import (
     Access,
     Attn,
     AttnDq,
-    DmaLoad,
     Gemm,
     GemmGroup,
     GemmRow,
@@ -55,10 +53,8 @@ from isa.instructions import (
 )
 from isa.kernels.gemm_group import MAX_K as GEMM_GROUP_MAX_K
 from isa.kernels.wide import MIN_ROW_SHIFT
+from isa.validate_batch import GEMM_W_BITS, batched_ok, flags_balanced, object_ids
 from isa.vecfuncs import vec_problem
-
-#: Gemm weight widths the matrix unit unpacks (bits per weight).
-GEMM_W_BITS = (2, 4, 8)
 
 
 def _is_format_index(name: str) -> bool:
@@ -332,27 +328,51 @@ def _instruction_ok(instr: Instruction, program: Program, layout: MemoryLayout,
 #: keeps its object alive, so its id cannot be reused by another object).
 MAX_REMEMBERED_INSTRUCTIONS = 1 << 20
 
-# (id of a layout, a program's formats) -> (that layout, {id(instr): instr} checked
-# against both); the layout is held so its id stays its own
-_REMEMBERED: dict[tuple[int, tuple[str, ...]],
-                  tuple[MemoryLayout, dict[int, Instruction]]] = {}
+
+class _Checked:
+    """Instruction objects found well-formed against one layout and format table: the
+    objects themselves (held, so their ids stay theirs) and their ids, sorted."""
+
+    def __init__(self, layout: MemoryLayout) -> None:
+        self.layout = layout  # held so its id stays its own
+        self.objs: list[Instruction] = []
+        self.ids = np.empty(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.objs)
+
+    def holds(self, ids: np.ndarray) -> np.ndarray:
+        """Per id of ``ids`` (ids of live objects), whether its object is held: a held
+        object is alive, so a live object of the same id is that object."""
+        if not len(self.ids):
+            return np.zeros(len(ids), bool)
+        at = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        return self.ids[at] == ids
+
+    def add(self, ids: np.ndarray, objs: list[Instruction]) -> None:
+        self.objs.extend(objs)
+        # two sorted runs: numpy's stable sort of int64 (timsort) merges them in linear time
+        self.ids = np.sort(np.concatenate([self.ids, ids]), kind="stable")
 
 
-def _remembered(layout: MemoryLayout, formats: tuple[str, ...]) -> dict[int, Instruction]:
+# (id of a layout, a program's formats) -> the objects checked against both
+_REMEMBERED: dict[tuple[int, tuple[str, ...]], _Checked] = {}
+
+
+def _remembered(layout: MemoryLayout, formats: tuple[str, ...]) -> _Checked:
     key = (id(layout), formats)
     entry = _REMEMBERED.get(key)
     if entry is None:
-        entry = _REMEMBERED[key] = (layout, {})
-    return entry[1]
+        entry = _REMEMBERED[key] = _Checked(layout)
+    return entry
 
 
-def _remember(seen: dict[int, Instruction], new: list[Instruction]) -> None:
-    held = sum(len(e[1]) for e in _REMEMBERED.values())
+def _remember(seen: _Checked, ids: np.ndarray, new: list[Instruction]) -> None:
+    held = sum(map(len, _REMEMBERED.values()))
     if held + len(new) > MAX_REMEMBERED_INSTRUCTIONS:
         _REMEMBERED.clear()  # bounded: start again rather than grow
         return
-    for instr in new:
-        seen[id(instr)] = instr
+    seen.add(ids, new)
 
 
 def validate_program(program: Program, layout: MemoryLayout) -> None:
@@ -361,7 +381,10 @@ def validate_program(program: Program, layout: MemoryLayout) -> None:
     An instruction object found well-formed against a layout and a format table is not
     checked again in later calls with the same layout and formats (instructions are
     frozen, and their checks read only them, the formats and the layout); the checks of
-    the program as a whole (its flags) run on every call."""
+    the program as a whole (its flags) run on every call. The types most instructions
+    have are checked at once in arrays (:mod:`isa.validate_batch`); what those checks do
+    not pass is checked one by one, so every verdict and message is the per-instruction
+    checks'."""
     instrs = program.instructions
     sizes = {s: layout.space_bytes(s) for s in Space}
     seen = _remembered(layout, tuple(program.formats))
@@ -369,21 +392,32 @@ def validate_program(program: Program, layout: MemoryLayout) -> None:
     # ones for repeated tiles), and an instruction's checks read only it, the program's
     # formats and the layout: check each object once, in the order of first occurrence.
     # The ids are of objects the program holds, so they stay valid for the whole call.
-    objs, uses = _distinct(instrs)
-    todo = [o for o in objs if seen.get(id(o)) is not o]
-    fine = _dma_loads_ok(todo, layout, sizes)
-    for instr, ok in zip(todo, fine, strict=True):
-        if ok or _instruction_ok(instr, program, layout, sizes):
+    held, ids, first, uses = _distinct(instrs)
+    new = ~seen.holds(ids)
+    todo_at = np.sort(first[new])  # the new objects' first places, in program order
+    todo = held[todo_at]
+    fine = batched_ok(todo, layout, sizes)
+    for i in np.flatnonzero(~fine).tolist():
+        instr = todo[i]
+        if _instruction_ok(instr, program, layout, sizes):
             continue
         problem = _instruction_problem(instr, program, layout)
         if problem is not None:  # the first problem in program order: of the first
             # object at fault, at its first occurrence
-            raise ProgramError(_first_index(instrs, instr), problem)
-    _remember(seen, todo)
+            raise ProgramError(int(todo_at[i]), problem)
+    _remember(seen, ids[new], todo.tolist())
 
+    objs = held[first]
+    if not flags_balanced(objs, uses):
+        _check_flags(instrs, objs.tolist(), uses.tolist())
+
+
+def _check_flags(instrs: Sequence[Instruction], objs: list[Instruction],
+                 uses: list[int]) -> None:
+    """Raise :class:`ProgramError` at the first wait on a flag waited on more times than it
+    is signalled, each of ``objs`` counting ``uses`` times."""
     # A flag is a counting semaphore: every wait takes one count, every signal gives one,
-    # so more waits than signals in total leaves some waiter blocked forever. Each
-    # distinct object's flags count as many times as it occurs.
+    # so more waits than signals in total leaves some waiter blocked forever.
     waits: Counter[int] = Counter()
     signals: Counter[int] = Counter()
     for instr, n in zip(objs, uses, strict=True):
@@ -404,84 +438,9 @@ def validate_program(program: Program, layout: MemoryLayout) -> None:
         )
 
 
-def _distinct(instrs: Sequence[Instruction]) -> tuple[list[Instruction], list[int]]:
-    """The distinct objects of ``instrs`` (by identity) in the order of first occurrence,
-    and how many times each occurs (ids sorted in numpy: several times faster than a
-    dict of millions of ids)."""
-    if not instrs:
-        return [], []
-    ids = np.fromiter(map(id, instrs), np.int64, len(instrs))
-    _, first, counts = np.unique(ids, return_index=True, return_counts=True)
-    order = np.argsort(first)
-    return (list(map(instrs.__getitem__, first[order].tolist())),
-            counts[order].tolist())
-
-
-#: Operands below this bound make the int64 extent arithmetic of :func:`_dma_loads_ok`
-#: exact (products of two under ``2**31``, sums under ``2**63``).
-_SAFE = 1 << 31
-_SAFE_ADDR = 1 << 61
-
-
-def _dma_loads_ok(instrs: list[Instruction], layout: MemoryLayout,
-                  sizes: dict[Space, int]) -> list[bool]:
-    """Per instruction, True for a :class:`DmaLoad` (the type itself, the bulk of a
-    program's distinct objects: its weight tiles) that :func:`_instruction_ok` would
-    pass, checked for all of them at once; False sends it (and every other type) to the
-    scalar checks. Sufficient, never necessary: an extent counts as inside a region when
-    the region with the greatest base at or below its start holds it."""
-    at = [i for i, x in enumerate(instrs) if type(x) is DmaLoad]
-    out = [False] * len(instrs)
-    plan = _plan(DmaLoad)
-    if not at or plan.enums or plan.formats or not plan.per_core:
-        return out
-    loads = [instrs[i] for i in at]
-    n = len(loads)
-
-    def column(name: str) -> np.ndarray:
-        return np.fromiter(map(attrgetter(name), loads), np.int64, n)
-
-    try:
-        core, src, dst, nbytes, rows, s_stride, d_stride = (
-            column(f) for f in ("core", "src", "dst", "nbytes", "rows", "src_stride",
-                                "dst_stride"))
-    except OverflowError:  # a field past int64: the scalar checks decide
-        return out
-    safe = ((rows < _SAFE) & (nbytes < _SAFE) & (s_stride < _SAFE) & (d_stride < _SAFE)
-            & (src < _SAFE_ADDR) & (dst < _SAFE_ADDR))
-    ok = safe & (core >= 0) & (core < layout.num_cores)
-    for space, addr, stride, cores in ((Space.DRAM, src, s_stride, np.zeros_like(core)),
-                                       (Space.SRAM, dst, d_stride, core)):
-        ext = np.where(rows > 0, (rows - 1) * np.where(stride > 0, stride, nbytes) + nbytes,
-                       0)
-        ok &= (ext > 0) & (addr >= 0) & (addr + ext <= sizes[space])
-        if layout.has_regions(space):
-            ok &= _in_a_region(layout, space, cores, addr, ext)
-    for i, good in zip(at, ok.tolist(), strict=True):
-        out[i] = good
-    return out
-
-
-def _in_a_region(layout: MemoryLayout, space: Space, cores: np.ndarray, addr: np.ndarray,
-                 nbytes: np.ndarray) -> np.ndarray:
-    """Whether the region of ``space`` (of each extent's core, for SRAM) with the greatest
-    base at or below each extent's start holds the whole extent."""
-    inside = np.zeros(len(addr), bool)
-    regions = [r for r in layout.regions if r.space == space]
-    for c in (np.unique(cores).tolist() if space == Space.SRAM else [0]):
-        mine = sorted((r for r in regions if space != Space.SRAM or r.core == c),
-                      key=attrgetter("base"))
-        sel = np.flatnonzero(cores == c) if space == Space.SRAM else np.arange(len(addr))
-        if not mine or not len(sel):
-            continue
-        bases = np.array([r.base for r in mine], np.int64)
-        ends = np.array([r.end for r in mine], np.int64)
-        i = np.searchsorted(bases, addr[sel], side="right") - 1
-        held = (i >= 0) & (addr[sel] + nbytes[sel] <= ends[np.maximum(i, 0)])
-        inside[sel] = held
-    return inside
-
-
-def _first_index(instrs: tuple[Instruction, ...], instr: Instruction) -> int:
-    """The index of ``instr`` itself (not of an equal object) in ``instrs``."""
-    return next(i for i, x in enumerate(instrs) if x is instr)
+def _distinct(instrs: Sequence[Instruction]) -> tuple[np.ndarray, ...]:
+    """``instrs`` as an object array; the ids of its distinct objects (by identity),
+    sorted; the index of each one's first occurrence; and how many times each occurs (ids
+    sorted in numpy: several times faster than a dict of millions of ids)."""
+    held, ids = object_ids(instrs)
+    return (held, *np.unique(ids, return_index=True, return_counts=True))

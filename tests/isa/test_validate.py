@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given
 
@@ -392,13 +393,13 @@ def test_an_instruction_checked_once_is_not_checked_again_against_the_same_layou
 
     gemm = Gemm(m=1, k=64, n=128, w_bits=8, a=0, w=TILE, out=4 * TILE)
     seen = []
-    check = validate._instruction_ok
+    check = validate.batched_ok  # every object not yet checked goes there first
 
-    def counted(instr, *args):
-        seen.append(instr)
-        return check(instr, *args)
+    def counted(objs, *args):
+        seen.extend(objs)
+        return check(objs, *args)
 
-    monkeypatch.setattr(validate, "_instruction_ok", counted)
+    monkeypatch.setattr(validate, "batched_ok", counted)
     validate_program(Program([gemm, gemm], formats=FORMATS), LAYOUT)
     validate_program(Program([gemm], formats=FORMATS), LAYOUT)  # a later call: remembered
     assert seen == [gemm]
@@ -421,9 +422,9 @@ def test_the_remembered_instructions_are_bounded(monkeypatch):
     monkeypatch.setattr(validate, "_REMEMBERED", {})
     gemms = [Gemm(m=1, k=64, n=128, w_bits=8, a=0, w=TILE, out=4 * TILE) for _ in range(4)]
     validate_program(Program(gemms[:3], formats=FORMATS), LAYOUT)
-    assert sum(len(e[1]) for e in validate._REMEMBERED.values()) == 3
+    assert sum(map(len, validate._REMEMBERED.values())) == 3
     validate_program(Program(gemms[3:], formats=FORMATS), LAYOUT)
-    assert sum(len(e[1]) for e in validate._REMEMBERED.values()) <= 3
+    assert sum(map(len, validate._REMEMBERED.values())) <= 3
 
 
 def _near(points: list[int], hi: int):
@@ -463,7 +464,7 @@ def test_the_batched_dma_load_check_passes_only_what_the_scalar_checks_pass(fiel
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(validate, "_REMEMBERED", {})
                 if not batched:
-                    mp.setattr(validate, "_dma_loads_ok", lambda instrs, *a: [False] * len(instrs))
+                    mp.setattr(validate, "batched_ok", lambda objs, *a: np.zeros(len(objs), bool))
                 try:
                     validate_program(Program([load], formats=FORMATS), layout)
                     verdicts.append(None)
