@@ -33,6 +33,7 @@ import numpy as np
 from isa import kv
 from isa.encoding import enum_choices, enum_values, field_enum
 from isa.errors import FormatError, ProgramError
+from isa.identity import object_array, object_ids
 from isa.instructions import (
     NO_ADDR,
     PER_CORE_ENGINES,
@@ -53,7 +54,7 @@ from isa.instructions import (
 )
 from isa.kernels.gemm_group import MAX_K as GEMM_GROUP_MAX_K
 from isa.kernels.wide import MIN_ROW_SHIFT
-from isa.validate_batch import GEMM_W_BITS, batched_ok, flags_balanced, object_ids
+from isa.validate_batch import GEMM_W_BITS, batched_ok, flags_balanced
 from isa.vecfuncs import vec_problem
 
 
@@ -442,5 +443,6 @@ def _distinct(instrs: Sequence[Instruction]) -> tuple[np.ndarray, ...]:
     """``instrs`` as an object array; the ids of its distinct objects (by identity),
     sorted; the index of each one's first occurrence; and how many times each occurs (ids
     sorted in numpy: several times faster than a dict of millions of ids)."""
-    held, ids = object_ids(instrs)
+    held = object_array(instrs)
+    ids = object_ids(held)
     return (held, *np.unique(ids, return_index=True, return_counts=True))

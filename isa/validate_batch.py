@@ -74,18 +74,6 @@ def _plain(cls: type[Instruction]) -> bool:
             and not any(f.name == "fmt" or f.name.endswith("_fmt") for f in fields))
 
 
-def object_ids(objs: Sequence[object]) -> tuple[np.ndarray, np.ndarray]:
-    """``objs`` as a numpy object array, and the id of each (int64). The pointers an object
-    array holds are the objects' ids where ``id`` is the address (CPython); elsewhere (a
-    first id that differs) the ids come from ``id`` itself."""
-    held = np.fromiter(objs, object, len(objs))
-    if held.itemsize == 8:
-        ids = np.frombuffer(held, np.int64)
-        if not len(ids) or int(ids[0]) == id(held[0]):
-            return held, ids
-    return held, np.fromiter(map(id, held), np.int64, len(held))
-
-
 def columns(objs: np.ndarray, names: tuple[str, ...],
             at: np.ndarray | None = None) -> np.ndarray | None:
     """The fields ``names`` of ``objs`` (an object array) as a ``(len(names), len(objs))``

@@ -25,6 +25,7 @@ from itertools import chain, count
 
 import numpy as np
 
+from isa.identity import object_ids
 from isa.instructions import Instruction
 from sim.row_fill import (
     FAMILIES,
@@ -48,7 +49,6 @@ from sim.row_fill import (
     X_WOFF,
     Built,
     build_rows,
-    object_ids,
     unique_rows,
 )
 
@@ -56,7 +56,7 @@ __all__ = [
     "FAMILIES", "LAST_PER_CORE", "LINKS", "MAX_ROWS", "ROW_FIELDS", "X_ADDR1", "X_ADDR2",
     "X_ENG", "X_LINK1", "X_LINK2", "X_NSTREAM", "X_QCORE", "X_SB1", "X_SB2", "X_SLEN", "X_SN1",
     "X_SN2", "X_SOFF", "X_WLEN", "X_WOFF", "Built", "RowCache", "RowStore", "build_rows",
-    "object_ids", "unique_rows",
+    "unique_rows",
 ]
 
 #: Rows a :class:`RowCache` holds before it starts afresh. An assumption sized for memory:

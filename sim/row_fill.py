@@ -10,17 +10,16 @@ shape, KV bytes from the formats' layouts once per distinct positions.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import struct
-import sys
 
 import numpy as np
 
 from isa import kvformats
 from isa.columns import ProgramColumns
 from isa.errors import DeviceError
+from isa.identity import object_ids
 from isa.instructions import (
     NO_ADDR,
     PER_CORE_ENGINES,
@@ -92,39 +91,6 @@ def _register(t: type) -> None:
     ids = np.fromiter(map(id, _TYPE_LIST), np.int64, len(_TYPE_LIST))
     order = np.argsort(ids)
     _TYPE_BY_ID[:] = ids[order], order
-
-
-def _held_ids(objs: np.ndarray) -> np.ndarray:
-    """The references an object array holds, as integers (a copy)."""
-    n = len(objs)
-    if not n:
-        return np.zeros(0, np.int64)
-    objs = np.ascontiguousarray(objs)  # (the references read are the array's memory)
-    held = (ctypes.c_int64 * n).from_address(objs.ctypes.data)
-    return np.frombuffer(held, np.int64).copy()
-
-
-def _ids_are_addresses() -> bool:
-    probe = [object(), 1.5, "kvsim", (), _TYPE_IDS]
-    a = np.fromiter(probe, object, len(probe))
-    return (sys.implementation.name == "cpython" and a.itemsize == 8
-            and _held_ids(a).tolist() == list(map(id, probe)))
-
-
-#: Whether an object's ``id`` is its address (CPython's), the reference an object array
-#: holds: then :func:`object_ids` reads them from the array (about 8 times faster than
-#: calling ``id`` per object, measured on 22,570 instructions: 0.4 ms against 3.0 ms).
-IDS_ARE_ADDRESSES = _ids_are_addresses()
-
-
-def object_ids(objs) -> np.ndarray:
-    """``id(o)`` of each object ``o`` of ``objs`` (a sequence, or an object array), as
-    ``int64``: the identity keys of :class:`sim.program_rows.RowCache`."""
-    if not isinstance(objs, np.ndarray) or objs.dtype != object:
-        objs = np.fromiter(objs, object, len(objs))
-    if IDS_ARE_ADDRESSES:
-        return _held_ids(objs)
-    return np.fromiter(map(id, objs), np.int64, len(objs))
 
 
 @functools.cache

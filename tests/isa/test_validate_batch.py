@@ -237,13 +237,6 @@ def test_the_flag_count_agrees_with_the_exact_count(uses: list[int], data) -> No
     assert batch.flags_balanced(held, np.array(uses)) == (exact and ints)
 
 
-def test_object_ids_are_the_ids() -> None:
-    objs = (Nop(on=1), Nop(on=2), Nop(on=1))
-    held, ids = batch.object_ids(objs)
-    assert ids.tolist() == [id(o) for o in objs]
-    assert held.tolist() == list(objs)
-
-
 def test_a_field_no_int64_holds_goes_to_the_scalar_checks() -> None:
     loads = np.array([DmaLoad(src=0, dst=0, nbytes=64), DmaLoad(src=0, dst=0, nbytes=1.5)],
                      dtype=object)

@@ -3,8 +3,6 @@ hold it, bounded, and the same timeline whatever the cache held before."""
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 
@@ -21,7 +19,7 @@ from isa.instructions import (
     Nop,
     Program,
 )
-from sim import array_engine, program_tables, row_fill
+from sim import array_engine, program_tables
 from sim.components import loopdefs
 from sim.device import Device
 from sim.hw import load_hardware
@@ -33,7 +31,6 @@ from sim.program_rows import (
     X_WOFF,
     RowCache,
     build_rows,
-    object_ids,
 )
 from tests.sim.test_engines import TINY, TINY_PROTOCOL, _run, assert_same
 
@@ -165,24 +162,6 @@ def test_logs_handed_over_in_small_batches_give_the_same_trace(monkeypatch):
     monkeypatch.setattr(array_engine, "run_program", counted)
     assert _run("fast", TINY_PROTOCOL, progs) == ref
     assert len(calls) > 10 and set(calls) == {3}
-
-
-@pytest.mark.parametrize("addresses", [True, False])
-def test_object_ids_are_the_objects_ids(monkeypatch, addresses):
-    # read from an object array's references (CPython) or by calling id: the same keys
-    monkeypatch.setattr(row_fill, "IDS_ARE_ADDRESSES", addresses and row_fill.IDS_ARE_ADDRESSES)
-    objs = [LOAD, GEMM, COPY, H2D, LOAD, (), 7]
-    want = [id(o) for o in objs]
-    assert object_ids(objs).tolist() == want
-    assert object_ids(tuple(objs)).tolist() == want
-    held = np.fromiter(objs, object, len(objs))
-    assert object_ids(held).tolist() == want
-    assert object_ids(held[::-2]).tolist() == want[::-2]  # not contiguous
-    assert object_ids([]).dtype == np.int64 and len(object_ids(())) == 0
-
-
-def test_ids_are_read_as_addresses_on_cpython():
-    assert row_fill.IDS_ARE_ADDRESSES == (sys.implementation.name == "cpython")
 
 
 def test_a_build_that_fails_leaves_no_rows_behind():
