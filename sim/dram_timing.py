@@ -120,6 +120,24 @@ class LpddrTiming:
                 "READ-to-PRECHARGE": self.read_to_precharge_ck,
                 "WRITE-to-PRECHARGE": self.write_to_precharge_ck}
 
+    def pages_in_closed_form(self, write: bool) -> bool:
+        """Whether a whole row of a channel's share (its row runs after the first, each
+        reopening the row) may be timed in closed form for this direction (the proof is at
+        :func:`_channel_run_ck`): granules and row runs hold whole bursts, and with ``L`` a
+        row run's last column command, ``A`` its ACTIVATE and ``L >= A + tRCD + (n - 1)
+        tCCD`` for a full run of ``n`` bursts, the next run's ACTIVATE is bound by its
+        PRECHARGE alone: tRAS by the close (``tRCD + (n - 1) tCCD + to_pre >= tRAS``), and
+        tRRD, tFAW (the ACTIVATE four back is no later than ``A``) and tCCD by the
+        precharge time."""
+        run = self.run_bytes or self.page_bytes
+        bb, ccd = self.burst_bytes, self.ccd_ck
+        if self.granule_bytes % bb or run % bb or self.page_bytes % bb:
+            return False
+        to_pre = self.write_to_precharge_ck if write else self.read_to_precharge_ck
+        after_act = self.rcd_ck + (run // bb - 1) * ccd + to_pre  # A to the PRECHARGE
+        return (after_act >= self.ras_ck and max(self.rrd_ck, self.faw_ck)
+                <= after_act + self.rp_pb_ck and ccd <= to_pre + self.rp_pb_ck + self.rcd_ck)
+
     @cached_property
     def vector(self) -> np.ndarray:
         """The parameters as the int64 vector the jitted loop reads (``_P_*`` order); built
@@ -133,7 +151,9 @@ class LpddrTiming:
                          self.run_bytes or self.page_bytes,
                          *(_log2_or_none(x) for x in (self.granule_bytes, self.page_bytes,
                                                       self.banks, self.channels,
-                                                      self.burst_bytes))], dtype=np.int64)
+                                                      self.burst_bytes)),
+                         int(self.pages_in_closed_form(False)),
+                         int(self.pages_in_closed_form(True))], dtype=np.int64)
         v.setflags(write=False)
         return v
 
@@ -141,7 +161,7 @@ class LpddrTiming:
 (_P_CH, _P_GRAN, _P_BANKS, _P_PAGE, _P_BURST, _P_CCD, _P_RCD, _P_RPPB, _P_RPAB, _P_RAS,
  _P_RRD, _P_FAW, _P_RFC, _P_REFI, _P_RL, _P_WL, _P_RTW, _P_WTRG, _P_RTP2PRE,
  _P_WR2PRE, _P_XOR, _P_RUN, _P_SH_GRAN, _P_SH_PAGE, _P_SH_BANKS, _P_SH_CH,
- _P_SH_BURST) = range(27)
+ _P_SH_BURST, _P_PAGES_R, _P_PAGES_W) = range(29)
 
 
 def _log2_or_none(x: int) -> int:
@@ -377,6 +397,11 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
     # signed index around (a compare and an add per index, a dozen accesses per row run)
     # and an unsigned one it takes as it is (both are >= 0 here).
     uc = np.uintp(c)
+    # Whole rows in closed form (below), from a channel state whose last four ACTIVATEs are
+    # no later than the last one (every state the steps leave; each ACTIVATE is no earlier
+    # than the one before, so the share keeps it so).
+    pages = p[_P_PAGES_W if w == 1 else _P_PAGES_R] != 0 and max(
+        faw[uc, 0], faw[uc, 1], faw[uc, 2], faw[uc, 3]) <= last_act
     first_cas = -1
     last_done = t0
     row_idx = _div(lo, page, sp)
@@ -386,12 +411,92 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
     row_mod = row - _div(row, banks, sb) * banks
     run_start = (lo - row_start) // run * run  # in-row offsets of the current run
     run_end = min(page, run_start + run)
-    g_next = (_div(lo, gran, sg) + 1) * gran  # the next granule boundary
+    g_next = 0  # the next granule boundary after a (set where the pieces' path begins)
     a = lo
     while True:
         seg_end = min(hi, row_start + run_end)
         bank = bank_lin ^ row_mod if xor else bank_lin
         ub = np.uintp(bank)
+        at_run = turn == 0 and a - row_start == run_start  # a run's start, no turnaround
+        if pages and at_run and (run_start != 0 or open_row[uc, ub] != row):
+            # The run opens its row (or reopens it at a run boundary): its ACTIVATE and first
+            # column command as the pieces' first step takes them, its bursts as the
+            # whole-run step does. Each next run of the same row is then in closed form: its
+            # ACTIVATE tRTP (tWR) + tRPpb after the last column command before it, its bursts
+            # from tRCD later (pages_in_closed_form: nothing else binds, for the run before
+            # is a full one). A run by whose last column command a refresh falls due is left
+            # to the steps below, untouched.
+            act_min = max(act_ok[uc, ub], t0)
+            if open_row[uc, ub] >= 0:
+                act_min = max(act_min, max(pre_ok[uc, ub], t0) + rppb)
+            t_act = max(act_min, last_act + rrd, faw[uc, np.uintp(pos)] + faw_ck)
+            t_cas = max(t_act + rcd, bus, t0)
+            lc = t_cas + (_div(seg_end - 1, bb, shift) - _div(a, bb, shift)) * ccd
+            if lc < nref:
+                if first_cas < 0:
+                    first_cas = t_cas
+                faw[uc, np.uintp(pos)] = t_act
+                pos = pos + 1 if pos < 3 else 0
+                open_row[uc, ub] = row
+                a = seg_end
+                while a < hi and run_end < page:
+                    nxt_end = min(page, run_end + run)
+                    nxt_hi = min(hi, row_start + nxt_end)
+                    act_n = lc + to_pre + rppb
+                    lc_n = act_n + rcd + (_div(nxt_hi - 1, bb, shift) - _div(a, bb, shift)) * ccd
+                    if lc_n >= nref:
+                        break
+                    t_act = act_n
+                    lc = lc_n
+                    faw[uc, np.uintp(pos)] = t_act
+                    pos = pos + 1 if pos < 3 else 0
+                    a = nxt_hi
+                    run_start = run_end
+                    run_end = nxt_end
+                last_act = t_act
+                cas_ok[uc, ub] = t_act + rcd
+                pre_ok[uc, ub] = max(t_act + ras, lc + to_pre)
+                last_cas = lc
+                bus = lc + ccd
+                if lc + lat > last_done:
+                    last_done = lc + lat
+        elif whole and at_run and max(t0, bus) < nref:
+            # The run in one step, the pieces' first step and the whole-run step below with
+            # what cannot happen here left out: ``a`` is the run's start and no turnaround is
+            # pending. Taken only if no refresh falls due by its last column command; else
+            # nothing is changed and the pieces' path does the run.
+            o = open_row[uc, ub]
+            opens = o != row or run_start != 0
+            if opens:
+                act_min = max(act_ok[uc, ub], t0)
+                if o >= 0:
+                    act_min = max(act_min, max(pre_ok[uc, ub], t0) + rppb)
+                t_act = max(act_min, last_act + rrd, faw[uc, np.uintp(pos)] + faw_ck)
+                cas_b = t_act + rcd
+                pre_b = t_act + ras
+            else:
+                t_act = 0
+                cas_b = cas_ok[uc, ub]
+                pre_b = pre_ok[uc, ub]
+            t_cas = max(cas_b, bus, t0)
+            lc = t_cas + (_div(seg_end - 1, bb, shift) - _div(a, bb, shift)) * ccd
+            if lc < nref:
+                if opens:
+                    faw[uc, np.uintp(pos)] = t_act
+                    pos = pos + 1 if pos < 3 else 0
+                    last_act = t_act
+                    open_row[uc, ub] = row
+                    cas_ok[uc, ub] = cas_b
+                pre_ok[uc, ub] = max(pre_b, lc + to_pre)
+                last_cas = lc
+                bus = lc + ccd
+                if lc + lat > last_done:
+                    last_done = lc + lat
+                if first_cas < 0:
+                    first_cas = t_cas
+                a = seg_end
+        if a < seg_end:
+            g_next = (_div(a, gran, sg) + 1) * gran  # the next granule boundary after a
         head = True
         while a < seg_end:
             sub = min(seg_end, g_next)
