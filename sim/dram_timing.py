@@ -244,9 +244,9 @@ def _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref):
     if start < next_ref[c]:
         return
     # Refreshes that fell wholly in idle time cost nothing but close the rows.
-    skip = (start - next_ref[c]) // refi
-    if skip > 0:
-        next_ref[c] += skip * refi
+    # (the division only then: one is tens of cycles, and most refreshes fall due in work)
+    if start - next_ref[c] >= refi:
+        next_ref[c] += (start - next_ref[c]) // refi * refi
     while start >= next_ref[c]:
         prea = next_ref[c]
         for k in range(p[_P_BANKS]):
@@ -534,6 +534,13 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
                 last_start = _div(seg_end - 1, gran, sg) * gran
                 if t_cas + (_div(last_start, bb, shift) - _div(a, bb, shift)) * ccd < nref:
                     sub = seg_end
+                elif nref > t_cas:
+                    # Else the pieces before the one at whose start the refresh falls due in
+                    # one step: each follows the bus and meets no refresh at its start (the
+                    # first such start is the first granule boundary whose bursts from ``a``
+                    # reach nref).
+                    x = (_div(a, bb, shift) + (nref - t_cas + ccd - 1) // ccd) * bb
+                    sub = max(sub, min(last_start, _div(x + gran - 1, gran, sg) * gran))
             if sub >= g_next:
                 g_next = (_div(sub, gran, sg) + 1) * gran
             more = _div(sub - 1, bb, shift) - _div(a, bb, shift)
