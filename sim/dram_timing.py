@@ -31,190 +31,20 @@ The access patterns, their closed forms and the per-pattern summary are in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 from numba import njit
 
-from sim.hw import DramConfig
+from sim.lpddr_timing import ChannelState, LpddrTiming, timing_from_config
 
-#: "Never" for the state arrays: far enough in the past that no constraint binds.
-_LONG_AGO_CK = -(10**15)
-
-
-@dataclass(frozen=True)
-class LpddrTiming:
-    """The timing of one channel in whole cycles of its clock, from a ``DramConfig``."""
-
-    tck_ps: float
-    channels: int
-    granule_bytes: int
-    banks: int
-    page_bytes: int
-    burst_bytes: int
-    ccd_ck: int  # BL/2: data cycles of one burst, and the READ-to-READ spacing
-    rcd_ck: int
-    rp_pb_ck: int
-    rp_ab_ck: int
-    ras_ck: int
-    rrd_ck: int
-    faw_ck: int
-    wr_ck: int
-    wtr_ck: int
-    rtp_ck: int
-    rfc_ab_ck: int
-    refi_ck: int
-    rl_ck: int
-    wl_ck: int
-    dqsck_ck: int
-    wpre_ck: int
-    bank_xor: bool = False  # bank = (row index mod banks) XOR (row mod banks)
-    run_bytes: int = 0  # a row is reopened every run_bytes of a channel (0: never)
-
-    @property
-    def read_to_write_ck(self) -> int:
-        """READ to WRITE command spacing (JESD209-4: RL + RU(tDQSCKmax/tCK) + BL/2 - WL +
-        tWPRE + RD(tRPST); tRPST of 0.5 nCK rounds down to 0)."""
-        return self.rl_ck + self.dqsck_ck + self.ccd_ck - self.wl_ck + self.wpre_ck
-
-    @property
-    def write_to_read_ck(self) -> int:
-        """WRITE to READ command spacing (JESD209-4: WL + 1 + BL/2 + RU(tWTR/tCK))."""
-        return self.wl_ck + 1 + self.ccd_ck + self.wtr_ck
-
-    @property
-    def read_to_precharge_ck(self) -> int:
-        """READ to PRECHARGE, same bank (JESD209-4, BL16: BL/2 + max(8, nRTP) - 8)."""
-        return self.ccd_ck + max(8, self.rtp_ck) - 8
-
-    @property
-    def write_to_precharge_ck(self) -> int:
-        """WRITE to PRECHARGE, same bank (JESD209-4: WL + BL/2 + 1 + RU(tWR/tCK))."""
-        return self.wl_ck + self.ccd_ck + 1 + self.wr_ck
-
-    @property
-    def rc_ck(self) -> int:
-        return self.ras_ck + self.rp_pb_ck
-
-    @property
-    def bytes_per_ck(self) -> float:
-        return self.burst_bytes / self.ccd_ck
-
-    @property
-    def channel_peak_bytes_per_s(self) -> float:
-        return self.bytes_per_ck / (self.tck_ps * 1e-12)
-
-    def ns_of(self, cycles: int) -> float:
-        return cycles * self.tck_ps / 1000
-
-    def cycles(self) -> dict[str, int]:
-        """The tCK-rounded values, by JEDEC name."""
-        return {"tCCD (BL/2)": self.ccd_ck, "tRCD": self.rcd_ck, "tRPpb": self.rp_pb_ck,
-                "tRPab": self.rp_ab_ck, "tRAS": self.ras_ck, "tRC": self.rc_ck,
-                "tRRD": self.rrd_ck, "tFAW": self.faw_ck, "tWR": self.wr_ck,
-                "tWTR": self.wtr_ck, "tRTP": self.rtp_ck, "tRFCab": self.rfc_ab_ck,
-                "tREFI": self.refi_ck, "RL": self.rl_ck, "WL": self.wl_ck,
-                "tDQSCK(max)": self.dqsck_ck, "tWPRE": self.wpre_ck,
-                "READ-to-WRITE": self.read_to_write_ck, "WRITE-to-READ": self.write_to_read_ck,
-                "READ-to-PRECHARGE": self.read_to_precharge_ck,
-                "WRITE-to-PRECHARGE": self.write_to_precharge_ck}
-
-    @cached_property
-    def vector(self) -> np.ndarray:
-        """The parameters as the int64 vector the jitted loop reads (``_P_*`` order); built
-        once per timing, so a call per chunk allocates nothing."""
-        v = np.array([self.channels, self.granule_bytes, self.banks, self.page_bytes,
-                         self.burst_bytes, self.ccd_ck, self.rcd_ck, self.rp_pb_ck,
-                         self.rp_ab_ck, self.ras_ck, self.rrd_ck, self.faw_ck, self.rfc_ab_ck,
-                         self.refi_ck, self.rl_ck, self.wl_ck, self.read_to_write_ck,
-                         self.write_to_read_ck, self.read_to_precharge_ck,
-                         self.write_to_precharge_ck, int(self.bank_xor),
-                         self.run_bytes or self.page_bytes,
-                         *(_log2_or_none(x) for x in (self.granule_bytes, self.page_bytes,
-                                                      self.banks, self.channels,
-                                                      self.burst_bytes))], dtype=np.int64)
-        v.setflags(write=False)
-        return v
-
-
+#: The indices of the parameters in ``LpddrTiming.vector`` (sim/lpddr_timing.py).
 (_P_CH, _P_GRAN, _P_BANKS, _P_PAGE, _P_BURST, _P_CCD, _P_RCD, _P_RPPB, _P_RPAB, _P_RAS,
  _P_RRD, _P_FAW, _P_RFC, _P_REFI, _P_RL, _P_WL, _P_RTW, _P_WTRG, _P_RTP2PRE,
  _P_WR2PRE, _P_XOR, _P_RUN, _P_SH_GRAN, _P_SH_PAGE, _P_SH_BANKS, _P_SH_CH,
- _P_SH_BURST) = range(27)
-
-
-def _log2_or_none(x: int) -> int:
-    """``log2(x)`` when ``x`` is a power of two, else -1: the loops divide by a power of two
-    with a shift (a 64-bit division by a value read at run time costs tens of cycles, and a
-    chunk needs a dozen of them per channel)."""
-    return x.bit_length() - 1 if x > 0 and x & (x - 1) == 0 else -1
-
-
-def _min_cycles(ns: float, tck_ns: float) -> int:
-    """A minimum time in whole cycles (rounded up; 1e-9 absorbs float noise)."""
-    return max(0, math.ceil(ns / tck_ns - 1e-9))
-
-
-def timing_from_config(dram: DramConfig) -> LpddrTiming:
-    """Round the ``[dram.timing]`` values to cycles of the channel clock."""
-    t = dram.timing
-    if t is None:
-        raise ValueError("dram.timing: this hardware has no [dram.timing] table; the protocol "
-                         "model needs one (see the aries preset)")
-    tck_ns = 2000.0 / dram.data_rate_mtps  # DDR: two transfers per clock
-    if t.trefi_ns < tck_ns:
-        raise ValueError(f"dram.timing.trefi_ns ({t.trefi_ns}) is under one clock cycle "
-                         f"({tck_ns:.3f} ns): refreshes would never end")
-    burst_bytes = t.burst_length * dram.bus_width_bits_per_channel // 8
-    return LpddrTiming(
-        tck_ps=tck_ns * 1000, channels=dram.channels, granule_bytes=dram.interleave_bytes,
-        banks=t.banks_per_channel, page_bytes=t.page_bytes, burst_bytes=burst_bytes,
-        ccd_ck=t.burst_length // 2, rcd_ck=_min_cycles(t.trcd_ns, tck_ns),
-        rp_pb_ck=_min_cycles(t.trp_pb_ns, tck_ns), rp_ab_ck=_min_cycles(t.trp_ab_ns, tck_ns),
-        ras_ck=_min_cycles(t.tras_ns, tck_ns), rrd_ck=_min_cycles(t.trrd_ns, tck_ns),
-        faw_ck=_min_cycles(t.tfaw_ns, tck_ns), wr_ck=_min_cycles(t.twr_ns, tck_ns),
-        wtr_ck=_min_cycles(t.twtr_ns, tck_ns), rtp_ck=_min_cycles(t.trtp_ns, tck_ns),
-        rfc_ab_ck=_min_cycles(t.trfc_ab_ns, tck_ns),
-        refi_ck=math.floor(t.trefi_ns / tck_ns + 1e-9),  # a maximum interval: round down
-        rl_ck=t.read_latency_ck, wl_ck=t.write_latency_ck,
-        dqsck_ck=_min_cycles(t.tdqsck_max_ns, tck_ns), wpre_ck=t.write_preamble_ck,
-        bank_xor=t.address_mapping == "row:bank^row:column",
-        run_bytes=0 if t.row_run_bytes is None or t.row_run_bytes >= t.page_bytes
-        else t.row_run_bytes)
+ _P_SH_BURST, _P_PAGES_R, _P_PAGES_W) = range(29)
 
 
 # --- the per-chunk model -------------------------------------------------------------------
-
-@dataclass
-class ChannelState:
-    """What the model remembers between chunks, per channel (and per bank): all in cycles."""
-
-    open_row: np.ndarray  # (channels, banks), -1 closed
-    act_ok: np.ndarray  # (channels, banks): earliest ACTIVATE
-    pre_ok: np.ndarray  # (channels, banks): earliest PRECHARGE
-    cas_ok: np.ndarray  # (channels, banks): earliest READ/WRITE
-    faw: np.ndarray  # (channels, 4): the last four ACTIVATEs, a ring
-    scalars: np.ndarray  # (channels, 5): faw ring position, last ACT, bus free, last CAS,
-    #                      direction of the last CAS (-1 none, 0 read, 1 write)
-    next_ref: np.ndarray  # (channels,): when the next all-bank refresh is due
-    per_channel: np.ndarray  # (channels, 3): the last chunk's bytes, first CAS, end per channel
-
-    @classmethod
-    def fresh(cls, t: LpddrTiming) -> ChannelState:
-        """All banks closed, nothing issued, the first refresh due at tREFI."""
-        c, b = t.channels, t.banks
-        scalars = np.full((c, 5), _LONG_AGO_CK, dtype=np.int64)
-        scalars[:, 0] = 0
-        scalars[:, 4] = -1
-        return cls(open_row=np.full((c, b), -1, dtype=np.int64),
-                   act_ok=np.full((c, b), _LONG_AGO_CK, dtype=np.int64),
-                   pre_ok=np.full((c, b), _LONG_AGO_CK, dtype=np.int64),
-                   cas_ok=np.full((c, b), _LONG_AGO_CK, dtype=np.int64),
-                   faw=np.full((c, 4), _LONG_AGO_CK, dtype=np.int64), scalars=scalars,
-                   next_ref=np.full(c, t.refi_ck, dtype=np.int64),
-                   per_channel=np.zeros((c, 3), dtype=np.int64))
-
 
 @njit(cache=True, inline="always")
 def _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref):
@@ -224,9 +54,9 @@ def _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref):
     if start < next_ref[c]:
         return
     # Refreshes that fell wholly in idle time cost nothing but close the rows.
-    skip = (start - next_ref[c]) // refi
-    if skip > 0:
-        next_ref[c] += skip * refi
+    # (the division only then: one is tens of cycles, and most refreshes fall due in work)
+    if start - next_ref[c] >= refi:
+        next_ref[c] += (start - next_ref[c]) // refi * refi
     while start >= next_ref[c]:
         prea = next_ref[c]
         for k in range(p[_P_BANKS]):
@@ -377,6 +207,11 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
     # signed index around (a compare and an add per index, a dozen accesses per row run)
     # and an unsigned one it takes as it is (both are >= 0 here).
     uc = np.uintp(c)
+    # Whole rows in closed form (below), from a channel state whose last four ACTIVATEs are
+    # no later than the last one (every state the steps leave; each ACTIVATE is no earlier
+    # than the one before, so the share keeps it so).
+    pages = p[_P_PAGES_W if w == 1 else _P_PAGES_R] != 0 and max(
+        faw[uc, 0], faw[uc, 1], faw[uc, 2], faw[uc, 3]) <= last_act
     first_cas = -1
     last_done = t0
     row_idx = _div(lo, page, sp)
@@ -386,12 +221,92 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
     row_mod = row - _div(row, banks, sb) * banks
     run_start = (lo - row_start) // run * run  # in-row offsets of the current run
     run_end = min(page, run_start + run)
-    g_next = (_div(lo, gran, sg) + 1) * gran  # the next granule boundary
+    g_next = 0  # the next granule boundary after a (set where the pieces' path begins)
     a = lo
     while True:
         seg_end = min(hi, row_start + run_end)
         bank = bank_lin ^ row_mod if xor else bank_lin
         ub = np.uintp(bank)
+        at_run = turn == 0 and a - row_start == run_start  # a run's start, no turnaround
+        if pages and at_run and (run_start != 0 or open_row[uc, ub] != row):
+            # The run opens its row (or reopens it at a run boundary): its ACTIVATE and first
+            # column command as the pieces' first step takes them, its bursts as the
+            # whole-run step does. Each next run of the same row is then in closed form: its
+            # ACTIVATE tRTP (tWR) + tRPpb after the last column command before it, its bursts
+            # from tRCD later (pages_in_closed_form: nothing else binds, for the run before
+            # is a full one). A run by whose last column command a refresh falls due is left
+            # to the steps below, untouched.
+            act_min = max(act_ok[uc, ub], t0)
+            if open_row[uc, ub] >= 0:
+                act_min = max(act_min, max(pre_ok[uc, ub], t0) + rppb)
+            t_act = max(act_min, last_act + rrd, faw[uc, np.uintp(pos)] + faw_ck)
+            t_cas = max(t_act + rcd, bus, t0)
+            lc = t_cas + (_div(seg_end - 1, bb, shift) - _div(a, bb, shift)) * ccd
+            if lc < nref:
+                if first_cas < 0:
+                    first_cas = t_cas
+                faw[uc, np.uintp(pos)] = t_act
+                pos = pos + 1 if pos < 3 else 0
+                open_row[uc, ub] = row
+                a = seg_end
+                while a < hi and run_end < page:
+                    nxt_end = min(page, run_end + run)
+                    nxt_hi = min(hi, row_start + nxt_end)
+                    act_n = lc + to_pre + rppb
+                    lc_n = act_n + rcd + (_div(nxt_hi - 1, bb, shift) - _div(a, bb, shift)) * ccd
+                    if lc_n >= nref:
+                        break
+                    t_act = act_n
+                    lc = lc_n
+                    faw[uc, np.uintp(pos)] = t_act
+                    pos = pos + 1 if pos < 3 else 0
+                    a = nxt_hi
+                    run_start = run_end
+                    run_end = nxt_end
+                last_act = t_act
+                cas_ok[uc, ub] = t_act + rcd
+                pre_ok[uc, ub] = max(t_act + ras, lc + to_pre)
+                last_cas = lc
+                bus = lc + ccd
+                if lc + lat > last_done:
+                    last_done = lc + lat
+        elif whole and at_run and max(t0, bus) < nref:
+            # The run in one step, the pieces' first step and the whole-run step below with
+            # what cannot happen here left out: ``a`` is the run's start and no turnaround is
+            # pending. Taken only if no refresh falls due by its last column command; else
+            # nothing is changed and the pieces' path does the run.
+            o = open_row[uc, ub]
+            opens = o != row or run_start != 0
+            if opens:
+                act_min = max(act_ok[uc, ub], t0)
+                if o >= 0:
+                    act_min = max(act_min, max(pre_ok[uc, ub], t0) + rppb)
+                t_act = max(act_min, last_act + rrd, faw[uc, np.uintp(pos)] + faw_ck)
+                cas_b = t_act + rcd
+                pre_b = t_act + ras
+            else:
+                t_act = 0
+                cas_b = cas_ok[uc, ub]
+                pre_b = pre_ok[uc, ub]
+            t_cas = max(cas_b, bus, t0)
+            lc = t_cas + (_div(seg_end - 1, bb, shift) - _div(a, bb, shift)) * ccd
+            if lc < nref:
+                if opens:
+                    faw[uc, np.uintp(pos)] = t_act
+                    pos = pos + 1 if pos < 3 else 0
+                    last_act = t_act
+                    open_row[uc, ub] = row
+                    cas_ok[uc, ub] = cas_b
+                pre_ok[uc, ub] = max(pre_b, lc + to_pre)
+                last_cas = lc
+                bus = lc + ccd
+                if lc + lat > last_done:
+                    last_done = lc + lat
+                if first_cas < 0:
+                    first_cas = t_cas
+                a = seg_end
+        if a < seg_end:
+            g_next = (_div(a, gran, sg) + 1) * gran  # the next granule boundary after a
         head = True
         while a < seg_end:
             sub = min(seg_end, g_next)
@@ -429,6 +344,13 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
                 last_start = _div(seg_end - 1, gran, sg) * gran
                 if t_cas + (_div(last_start, bb, shift) - _div(a, bb, shift)) * ccd < nref:
                     sub = seg_end
+                elif nref > t_cas:
+                    # Else the pieces before the one at whose start the refresh falls due in
+                    # one step: each follows the bus and meets no refresh at its start (the
+                    # first such start is the first granule boundary whose bursts from ``a``
+                    # reach nref).
+                    x = (_div(a, bb, shift) + (nref - t_cas + ccd - 1) // ccd) * bb
+                    sub = max(sub, min(last_start, _div(x + gran - 1, gran, sg) * gran))
             if sub >= g_next:
                 g_next = (_div(sub, gran, sg) + 1) * gran
             more = _div(sub - 1, bb, shift) - _div(a, bb, shift)

@@ -343,3 +343,52 @@ def test_channel_runs_equal_the_reference_on_any_stream(steps, xor, run, state_s
         t0 += gap
         accesses.append((addr, nbytes, write, t0))
     _run_both(t, accesses, start)
+
+
+# --- whole rows in closed form against the per-piece reference ------------------------------
+
+def test_rows_in_closed_form_only_where_the_proof_holds():
+    t = _variant("aries")
+    assert t.pages_in_closed_form(False) and t.pages_in_closed_form(True)
+    assert not _variant("odd_granule").pages_in_closed_form(False)  # granules split bursts
+    # tRAS past a run's close, or tFAW past its PRECHARGE: the row steps run by run instead
+    long_ras = dataclasses.replace(t, ras_ck=400)
+    long_faw = dataclasses.replace(t, faw_ck=400)
+    assert not long_ras.pages_in_closed_form(False)
+    assert not long_faw.pages_in_closed_form(True)
+    # a 2-burst run: READ-to-PRECHARGE (16) + tRCD + one tCCD is under tRAS (88)
+    assert not dataclasses.replace(t, run_bytes=64).pages_in_closed_form(False)
+
+
+@pytest.mark.parametrize("variant", ["aries", "short_trefi", "bank_xor", "long_ras", "long_faw",
+                                     "tiny_runs", "one_run_rows"])
+def test_sequential_streams_in_closed_form_equal_the_reference(variant):
+    """The decode's weight stream (chunks back to back over whole rows), read and write,
+    with records in other banks closing rows between them, refreshes falling inside rows
+    (short tREFI), partial first and last rows, chunks arriving late (an idle bus) and
+    presets where the closed form does not hold (the fallback): the same end cycles, reports
+    and bank state as the per-piece loop, from fresh and from drawn states."""
+    base = timing_from_config(load_hardware("aries").dram)
+    t = {"long_ras": dataclasses.replace(base, ras_ck=400),
+         "long_faw": dataclasses.replace(base, faw_ck=400, refi_ck=2000),
+         "tiny_runs": dataclasses.replace(base, run_bytes=96, refi_ck=1200, rfc_ab_ck=100),
+         "one_run_rows": dataclasses.replace(base, run_bytes=0, refi_ck=3000)}.get(
+        variant) or _variant(variant)
+    refreshed = 0
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        accesses, t0, addr = [], 0, int(rng.integers(0, 64)) * 256
+        for k in range(120):
+            t0 += int(rng.integers(0, 3000 if k % 7 == 0 else 200))
+            if k % 5 == 4:  # a record elsewhere, of the other direction now and then
+                accesses.append((int(rng.integers(0, 1 << 24)), int(rng.integers(1, 900)),
+                                 bool(rng.random() < 0.5), t0))
+                continue
+            nbytes = int(rng.choice([57344, 53504, 28672, 4864, 65536 + 96]))
+            accesses.append((addr, nbytes, seed % 2 == 1, t0))
+            addr += nbytes
+        start = None if seed < 2 else _random_state(t, rng, 1000)
+        if start is not None:
+            accesses = [(a, n, wr, t0 + 1000) for a, n, wr, t0 in accesses]
+        refreshed += _run_both(t, accesses, start)
+    assert refreshed > 0
