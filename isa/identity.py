@@ -29,9 +29,15 @@ def object_array(objs: Sequence[object] | np.ndarray) -> np.ndarray:
 
 
 def _held(objs: np.ndarray) -> np.ndarray:
-    """The references a contiguous object array holds, as integers (a copy: writing to it
-    cannot touch the array's references)."""
-    return np.frombuffer(objs, np.int64).copy() if len(objs) else np.zeros(0, np.int64)
+    """The references a contiguous object array holds, as integers: a read-only view of
+    its memory, which keeps the array (and so the objects) alive and cannot write to its
+    references. A view, not a copy: a Llama-3.1-8B prefill holds 13.6 million
+    instructions, whose ids take 109 MB."""
+    if not len(objs):
+        return np.zeros(0, np.int64)
+    ids = np.frombuffer(objs, np.int64)
+    ids.flags.writeable = False
+    return ids
 
 
 def _ids_are_addresses() -> bool:
@@ -48,8 +54,10 @@ IDS_ARE_ADDRESSES = _ids_are_addresses()
 
 def object_ids(objs: Sequence[object] | np.ndarray) -> np.ndarray:
     """``id(o)`` of each object ``o`` of ``objs`` (a sequence, or an object array), as
-    ``int64``."""
+    ``int64`` (read-only)."""
     held = object_array(objs)
     if IDS_ARE_ADDRESSES:
         return _held(held)
-    return np.fromiter(map(id, held), np.int64, len(held))
+    ids = np.fromiter(map(id, held), np.int64, len(held))
+    ids.flags.writeable = False
+    return ids

@@ -27,10 +27,14 @@ def test_object_ids_are_the_objects_ids(monkeypatch, addresses):
     assert object_ids([]).dtype == np.int64 and len(object_ids(())) == 0
 
 
-def test_the_ids_are_a_copy_that_cannot_touch_the_array():
+@pytest.mark.parametrize("addresses", [True, False])
+def test_the_ids_cannot_be_written(monkeypatch, addresses):
+    # a view of the array's references on CPython: writing to it would replace objects
+    monkeypatch.setattr(identity, "IDS_ARE_ADDRESSES", addresses and identity.IDS_ARE_ADDRESSES)
     held = object_array([Nop(on=1), Nop(on=2)])
     ids = object_ids(held)
-    ids[:] = 0
+    with pytest.raises(ValueError, match="read-only"):
+        ids[:] = 0
     assert [type(o) for o in held] == [Nop, Nop] and held[1].on == 2
 
 
