@@ -33,6 +33,12 @@ from .builder import BlockMemo, Builder, Vary
 #: measurement.
 CALL_TRACES = 8
 
+#: Instructions a kept trace may hold: a longer call (a long prefill: the 13.6 million
+#: instructions of a Llama-3.1-8B one hold 109 MB of references) is lowered again if
+#: its shape comes back, not held for it. Sized for memory (a decode step of an 8B model
+#: has 286,674), a choice, not a measurement.
+CALL_TRACE_INSTRUCTIONS = 1 << 20
+
 
 @dataclass
 class CallTrace:
@@ -112,8 +118,9 @@ def lookup(memo: BlockMemo, shape: Hashable) -> CallTrace | None:
 
 
 def keep(memo: BlockMemo, shape: Hashable, trace: Any) -> None:
-    """Keep ``trace`` for calls of ``shape`` (none when the memo keeps no blocks)."""
-    if trace is None or memo.max_entries <= 0:
+    """Keep ``trace`` for calls of ``shape`` (none when the memo keeps no blocks or the
+    trace holds more than :data:`CALL_TRACE_INSTRUCTIONS`)."""
+    if trace is None or memo.max_entries <= 0 or len(trace.ins) > CALL_TRACE_INSTRUCTIONS:
         return
     memo.calls[shape] = trace
     while len(memo.calls) > CALL_TRACES:

@@ -79,6 +79,25 @@ def test_a_replayed_call_says_which_positions_it_remade() -> None:
     assert all(x is y for x, y in zip(b.instructions, again.instructions, strict=True))
 
 
+def test_a_call_longer_than_the_bound_keeps_no_trace(monkeypatch) -> None:
+    from models.compiler import calltrace
+
+    cm = _compile("tiny", "kivi-4")
+    n = len(cm.program(tokens=1, cache_size=20).instructions)
+    monkeypatch.setattr(calltrace, "CALL_TRACE_INSTRUCTIONS", n - 1)
+    cm = _compile("tiny", "kivi-4")
+    for cache in (20, 21):
+        got = cm.program(tokens=1, cache_size=cache)
+        assert got.patched_from is None  # lowered each time
+        lw = cm.lowering(cm.tile_for(1))
+        assert not lw.memo.calls
+        assert encode_program(got) == encode_program(
+            lower_call(_fresh(lw), n=1, cache_size=cache))
+    monkeypatch.setattr(calltrace, "CALL_TRACE_INSTRUCTIONS", n)
+    cm.program(tokens=1, cache_size=22)
+    assert cm.program(tokens=1, cache_size=23).patched_from is not None
+
+
 def test_steps_replay_unless_an_instruction_is_outside_a_block() -> None:
     from sim.runtime.deviceops import step_compiled
 
