@@ -90,7 +90,7 @@ def run_mla(prompt: int) -> list[dict]:
     from models.compiler import HardwareTarget, compile_model
     from models.config import load_preset
     from models.reference import ReferenceModel
-    from sim.hw import load_hardware
+    from sim.device.hw import load_hardware
     from sim.runtime import Accelerator, Model
 
     hw = load_hardware("tiny")

@@ -1,4 +1,4 @@
-"""The quality table: every KV format of ``sim.quality.TABLE_FORMATS`` (int8, kivi-4,
+"""The quality table: every KV format of ``sim.app.quality.TABLE_FORMATS`` (int8, kivi-4,
 qserve-kv4, kivi-2, a 2-bit per-token format) through both KV read paths (integer codes,
 as ARIES reads them; dequantized to fp16), teacher-forced over a text on the simulated NPU
 against the float reference: perplexity, KL(reference || NPU) and top-1 agreement, with
@@ -12,7 +12,7 @@ positions.html (KL against position per format and read path).
                                     [--edit requantize:kivi-2 ... --edit-at 192 [--kv int8]]
 
 With ``--edit`` (repeatable) and ``--edit-at N`` it writes ``edits.md`` instead: each
-host-side cache edit (``sim.quality.parse_edit``) applied after N teacher-forced tokens,
+host-side cache edit (``sim.app.quality.parse_edit``) applied after N teacher-forced tokens,
 on the host and, where the device has the op, on the device, with the predictions after
 the edit against the float reference beside the edit's simulated time and PCIe bytes.
 
@@ -34,9 +34,9 @@ from rich.console import Console
 from rich.table import Table
 
 from isa import kvformats
-from sim.cacheops import CacheOpError
-from sim.cli_text import eval_tokens
-from sim.quality import bit_config, evaluate_edit, parse_edit, quality_table
+from sim.runtime.cacheops import CacheOpError
+from sim.app.cli.text import eval_tokens
+from sim.app.quality import bit_config, evaluate_edit, parse_edit, quality_table
 from traces.io import atomic_write_text
 
 

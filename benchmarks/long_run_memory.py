@@ -48,7 +48,7 @@ def decode_run(steps: int, trace: str, max_events: int) -> dict:
     from models.bits import build_bit_config
     from models.compiler import HardwareTarget, compile_model
     from models.config import load_preset
-    from sim.hw import load_hardware
+    from sim.device.hw import load_hardware
     from sim.runtime import Accelerator, Model
     from traces.recorder import Recorder
 
@@ -94,8 +94,8 @@ def serving_run(requests: int) -> dict:
     every output file off (needs ``sim.serving``)."""
     scenario = f"serving {requests:,} requests, trace off"
     try:
-        from sim.serving.config import load_serve_config
-        from sim.serving.run import run_serving
+        from sim.app.serve.config import load_serve_config
+        from sim.app.serve.run import run_serving
     except ImportError as err:
         return {"scenario": scenario, "skipped": f"sim.serving is not available ({err})"}
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ import time
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.source import resolve_model
-from sim.hw import load_hardware
+from sim.device.hw import load_hardware
 
 #: Tokens of context before the first timed decode step (an assumption: a short prompt).
 DECODE_START_TOKENS = 32

@@ -22,8 +22,8 @@ import numpy as np
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.source import resolve_model
-from sim.device import ENGINES, Device
-from sim.hw import load_hardware
+from sim.device.device import ENGINES, Device
+from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model
 
 
@@ -95,7 +95,7 @@ def measure_compile(model_name: str, hw_name: str) -> dict:
     import tempfile
     from pathlib import Path
 
-    from sim.device import static_roofline
+    from sim.device.device import static_roofline
 
     hw = load_hardware(hw_name)
     src = resolve_model(model_name)

@@ -20,8 +20,8 @@ import time
 
 from isa.validate import validate_program
 from models.demo import demo_data, gemv_layer
-from sim.device import ENGINES, Device
-from sim.hw import load_hardware
+from sim.device.device import ENGINES, Device
+from sim.device.hw import load_hardware
 from traces.recorder import Recorder
 
 

@@ -1,7 +1,7 @@
 """Object identities in bulk: the ``id`` of every object of a sequence as an ``int64``
 array, the keys by which validation remembers checked instructions
 (:func:`isa.validate.validate_program`) and the row cache finds an instruction's row
-(:class:`sim.program_rows.RowCache`).
+(:class:`sim.device.engine.rows.RowCache`).
 
 On CPython an object's ``id`` is its address, which is what a numpy object array holds
 for each element, so the ids are read from the array's memory instead of calling ``id``

@@ -342,7 +342,7 @@ class Program:
         """The program of ``base``'s instructions with ``objects`` at ``positions``
         (increasing), which says so (:attr:`patched_from`): a consumer that holds what it
         made of ``base`` need then look only at ``positions`` (the program tables of a
-        decode step after the last, :mod:`sim.program_tables`)."""
+        decode step after the last, :mod:`sim.device.engine.tables`)."""
         if len(positions) != len(objects):
             raise IsaError(f"Program.patched: {len(positions)} positions for "
                            f"{len(objects)} instructions")

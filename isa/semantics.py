@@ -111,7 +111,7 @@ from .vecfuncs import ROW_META_BYTES, wide_bytes
 
 class Memory(Protocol):
     """The bytes the instructions read and write. A memory may also offer strided block
-    access (:class:`BlockMemory`, as ``sim.memory.DeviceMemory`` does): the copies and the
+    access (:class:`BlockMemory`, as ``sim.device.memory.DeviceMemory`` does): the copies and the
     GEMM outputs with a stride then move all their blocks in one call instead of one call
     per block, with the same bytes."""
 

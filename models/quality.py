@@ -11,7 +11,7 @@ logits predict token ``i + 1``). Over them:
   mass;
 - ``top1_agreement``: the fraction of positions whose argmax the two share.
 
-The run that produces the NPU's logits is :func:`sim.quality.evaluate` (it drives the
+The run that produces the NPU's logits is :func:`sim.app.quality.evaluate` (it drives the
 simulated device; ``models`` does not import ``sim``).
 """
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 from rich.console import Console
 
-from .regress import RegressError, Report, check, print_report, update
+from sim.app.regress.regress import RegressError, Report, check, print_report, update
 
 #: Set to 1 to rewrite baselines instead of failing (a change recorded on purpose).
 UPDATE_ENV = "KVSIM_UPDATE_BASELINE"

@@ -99,7 +99,7 @@ def embedded_default_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     process (the full run and its outputs take a minute): ``tests/sim/test_cli.py`` and
     ``tests/test_examples.py`` read it (the embedded default is ``configs/quickstart.toml``:
     ``test_quickstart_is_the_embedded_default``); readers must not change it."""
-    from sim.cli import main
+    from sim.app.cli.main import main
 
     out = tmp_path_factory.mktemp("embedded-default") / "out"
     assert main(["run", "--out", str(out), "-q"]) == 0

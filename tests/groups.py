@@ -3,7 +3,7 @@
 Under ``pytest -n N`` the tests are distributed with ``loadgroup`` (``tests/conftest.py``):
 each group runs in one worker process, so its tests share that process's caches (the
 rotated device weights and the calibration kept by ``models.compiler.calibrate_wide``, the
-float reference kept by ``sim.quality.reference_logits``), and the scheduler hands the
+float reference kept by ``sim.app.quality.reference_logits``), and the scheduler hands the
 groups out first (it orders work units by their number of tests), one per worker, while
 the single tests fill in around them: the heaviest work neither shares a worker nor is
 left for the end.

@@ -41,7 +41,7 @@ def _text() -> list[int]:
 def _evaluate(*, weights: str, numerics: str, kv: str, hw: str,
               kv_read: str = "integer") -> None:
     from models.bits import NUMERICS_PRESETS, WEIGHT_BITS_PRESETS, BitConfig
-    from sim.quality import evaluate
+    from sim.app.quality import evaluate
 
     bits = BitConfig(weights=WEIGHT_BITS_PRESETS[weights], numerics=NUMERICS_PRESETS[numerics],
                      kv_read=kv_read)

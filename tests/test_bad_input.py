@@ -6,7 +6,7 @@ Every case asserts three things: the error is of a documented type (a subclass o
 substring, and nothing changed: the config and output files on disk (results of an earlier
 run), the compiled-model file, the ISA input, the device's KV cache (its DRAM bytes, read
 directly), the cache files on disk, and the simulated clock. Run configs are also given to
-``kvsim run`` (``sim.cli.main``), which must exit 2 with one line and leave the earlier
+``kvsim run`` (``sim.app.cli.main.main``), which must exit 2 with one line and leave the earlier
 outputs as they were.
 
 A case that crashes with an undocumented exception today is marked ``xfail(strict=True,
@@ -64,15 +64,15 @@ from isa.validate import validate_program
 from models.bits import build_bit_config
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.config import load_preset
-from sim.cacheops import CacheOpError
-from sim.cacheops import evict_positions as _evict_positions
-from sim.cacheops import requantize_through as _requantize_through
-from sim.cacheops import score_eviction as _score_eviction
-from sim.cli import main as cli_main
-from sim.config import load_run_config
-from sim.hw import load_hardware
-from sim.regress import RegressError
-from sim.run import run, write_outputs
+from sim.runtime.cacheops import CacheOpError
+from sim.runtime.cacheops import evict_positions as _evict_positions
+from sim.runtime.cacheops import requantize_through as _requantize_through
+from sim.runtime.cacheops import score_eviction as _score_eviction
+from sim.app.cli.main import main as cli_main
+from sim.app.config import load_run_config
+from sim.device.hw import load_hardware
+from sim.app.regress.regress import RegressError
+from sim.app.run import run, write_outputs
 from sim.runtime import Accelerator, BatchParam, Model, ModelConfig, RuntimeApiError
 
 #: The documented exception types (README, isa/errors.py, and the modules that define them).

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
-from sim.config import load_run_config
-from sim.sweep import load_sweep, run_sweep
+from sim.app.cli.main import main
+from sim.app.config import load_run_config
+from sim.app.sweep.sweep import load_sweep, run_sweep
 from tests.groups import QUICKSTART
 from tests.traces.test_trace_levels import assert_perfetto_ready
 from traces.browser import check, find_chromium
@@ -44,7 +44,7 @@ def _browser_check(page: Path) -> None:
 
 def _cache_ops_executed() -> bool:
     """Whether ``kvsim run`` executes ``workload.cache_ops`` yet (a tiny run with one op)."""
-    from sim.run import run
+    from sim.app.run import run
 
     cfg = load_run_config(None, [
         "hardware.preset=tiny", "model.preset=tiny", "compile.core_mode=single",

@@ -33,8 +33,8 @@ from isa.encoding import decode_program, encode_program
 from isa.errors import AssembleError, ConfigError, DecodeError, KvsimError
 from isa.instructions import BY_MNEMONIC, Program
 from models.compiler import CompiledModel, CompileError
-from sim.cacheops import CacheOpError, pack_file, unpack_file
-from sim.config import build_run_config, load_run_config
+from sim.runtime.cacheops import CacheOpError, pack_file, unpack_file
+from sim.app.config import build_run_config, load_run_config
 from tests.isa.strategies import programs
 
 # Every property: no deadline (the first examples pay for imports and caches); the number
@@ -301,7 +301,7 @@ def kvm(tmp_path_factory):
     from models.bits import build_bit_config
     from models.compiler import HardwareTarget, compile_model
     from models.config import load_preset
-    from sim.hw import load_hardware
+    from sim.device.hw import load_hardware
 
     cm = compile_model(load_preset("tiny"), build_bit_config({}),
                        HardwareTarget.from_hw(load_hardware("tiny")), core_mode="single",

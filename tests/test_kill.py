@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import traces.io as tio
-from sim.config import load_run_config
-from sim.run import run, write_outputs
+from sim.app.config import load_run_config
+from sim.app.run import run, write_outputs
 
 FILES = ("metrics.json", "report.html", "trace.json")
 OLD = ["hardware.preset=tiny", "model.preset=tiny", "compile.core_mode=single",
@@ -58,14 +58,14 @@ def stalled(fd, data):
     open(marker, "w").close()
     time.sleep(120)
 tio._write_all = stalled
-from sim.cli import main
+from sim.app.cli.main import main
 sys.exit(main(["run", cfg, "--out", out, "-q"]))
 """
 
 
 def _kvsim() -> list[str]:
     script = Path(sys.executable).with_name("kvsim")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "sim.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "sim.app.cli.main"]
 
 
 def _read(folder: Path) -> dict[str, bytes]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from isa.errors import KvsimError
-from sim.regress import (
+from sim.app.regress.regress import (
     EXIT_BAD_INPUT,
     EXIT_MOVED,
     EXIT_PASS,
@@ -29,7 +29,7 @@ from sim.testing import assert_no_regression
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "configs" / "regress" / "baseline.json"
-ARIES_DRAM_MTPS = 4167.0  # sim/presets/aries.toml
+ARIES_DRAM_MTPS = 4167.0  # sim/device/presets/aries.toml
 ONE_PERCENT_SLOWER = f"hardware.dram.data_rate_mtps={ARIES_DRAM_MTPS * 0.99!r}"
 FAST = ("tiny-kivi4.toml", "gemv-aries.toml", "tiny-cache-ops.toml")  # the quick entries
 
@@ -302,12 +302,13 @@ def test_assert_no_regression_updates_on_request(tmp_path, monkeypatch, fresh):
 
 
 def test_registers_as_a_kvsim_subcommand(tmp_path, capsys, fresh):
-    # what sim/cli.py's build_parser does with `regress.add_parser(sub)`
+    # what sim/app/cli/main.py's build_parser does with `regress.add_parser(sub)`
     import argparse
 
     from rich.console import Console
 
-    from sim import cli, regress
+    from sim.app.cli import main as cli
+    from sim.app.regress import regress
 
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -10,7 +10,7 @@ for its own tiles. A :class:`CallTrace` holds the last such program and, per var
 instruction, its position, how it follows the positions (``vary``) and its token tile:
 replaying it costs the varying instructions, not the program. The program it makes says
 which positions it re-made (:meth:`isa.instructions.Program.patched`), so the program
-tables of the device (:mod:`sim.program_tables`) patch only those.
+tables of the device (:mod:`sim.device.engine.tables`) patch only those.
 
 Which blocks key by shape alone is theirs to say (``AttentionBlock.positions_as_args``;
 dense and MoE MLPs key without the tile's positions, see :func:`.driver._lower_mlp`);

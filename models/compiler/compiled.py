@@ -52,7 +52,7 @@ ROPE_Q = 14  # isa.kernels.vector: Q14 cos/sin tables
 
 @dataclass(frozen=True)
 class HardwareTarget:
-    """The hardware facts the compiler uses (from ``sim.hw.HardwareConfig``)."""
+    """The hardware facts the compiler uses (from ``sim.device.hw.HardwareConfig``)."""
 
     name: str
     num_cores: int

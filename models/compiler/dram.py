@@ -53,7 +53,7 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
     mm.add("act.hb", hb * m_tile * max(cfg.intermediate_size, shared), "activations")
     mm.add("io.emb", 4 * max_seq * h, "host_io")
     mm.add("io.logits", 4 * cfg.vocab_size, "host_io")
-    # scratch for on-device cache rearrangement (sim.cacheops): one cache's worth of int8
+    # scratch for on-device cache rearrangement (sim.runtime.cacheops): one cache's worth of int8
     # values per core, so compaction never reads a token it has already overwritten
     mm.add("act.kvtmp", max(CORE_MODES.values()) * cap * blocks.attention.cache_width,
            "activations")

@@ -60,7 +60,7 @@ FORWARD = FlagLayout(
     stride=16,
 )
 
-#: The on-device cache rearrangement programs (sim.cacheops).
+#: The on-device cache rearrangement programs (sim.runtime.cacheops).
 CACHE_OPS = FlagLayout(per_core=("vpu_out", "out_vpu", "out_in", "in_vpu", "vpu_in"),
                        shared=(), stride=8)
 

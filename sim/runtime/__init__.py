@@ -37,12 +37,12 @@ from pathlib import Path
 
 from isa.errors import DeviceError
 
-from .accelerator import DEVICE_TYPES, Accelerator
-from .checks import FILTER_TAIL_MAX, RuntimeApiError
-from .deviceops import HOST_IN
-from .model import Model
-from .tracing import start_tracing_events, stop_tracing_events
-from .types import BatchParam, BufferInfo, CacheInfo, CallRecord, ModelConfig
+from sim.runtime.accelerator import DEVICE_TYPES, Accelerator
+from sim.runtime.checks import FILTER_TAIL_MAX, RuntimeApiError
+from sim.runtime.deviceops import HOST_IN
+from sim.runtime.model import Model
+from sim.runtime.tracing import start_tracing_events, stop_tracing_events
+from sim.runtime.types import BatchParam, BufferInfo, CacheInfo, CallRecord, ModelConfig
 
 
 def load(path: str | os.PathLike, model_config: ModelConfig | None = None, *,
@@ -63,7 +63,7 @@ def load(path: str | os.PathLike, model_config: ModelConfig | None = None, *,
         from models.bits import BitConfig, default_numerics
         from models.compiler import HardwareTarget, compile_model
 
-        from ..quality import hardware_of, source_of, widest_core_mode
+        from sim.app.quality import hardware_of, source_of, widest_core_mode
 
         hwc = hardware_of(hw or "aries")
         src = source_of(path)

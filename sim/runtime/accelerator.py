@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING
 from isa.instructions import Program
 from traces.recorder import Recorder
 
-from ..device import Device, ProgramRun
-from ..hw import HardwareConfig, load_hardware
-from ..units import ns_to_ps
-from . import tracing
-from .checks import RuntimeApiError, index, is_index
-from .types import CallRecord
+from sim.device.device import Device, ProgramRun
+from sim.device.hw import HardwareConfig, load_hardware
+from sim.units import ns_to_ps
+from sim.runtime import tracing
+from sim.runtime.checks import RuntimeApiError, index, is_index
+from sim.runtime.types import CallRecord
 
 if TYPE_CHECKING:
-    from .model import Model
+    from sim.runtime.model import Model
 
 #: Vendor device types (``Accelerator("aries-rb", 0)``, qbruntime 1.4) -> kvsim preset.
 DEVICE_TYPES = {"aries": "aries", "aries-rb": "aries", "regulus": "regulus"}

@@ -1,6 +1,6 @@
 """``dump_cache_memory_to(dir)`` / ``load_cache_memory_from(dir)``: one file per cache,
 ``cache_<layer_hash>.bin``, each with a header (format version, model and KV-format
-identity, cache name, size, the slot it holds, CRC-32 of the bytes; ``sim.cacheops``
+identity, cache name, size, the slot it holds, CRC-32 of the bytes; ``sim.runtime.cacheops``
 packs it; a sliding-window layer's ring adds its ``window``, ``ring_slots`` and the
 positions ``held`` per slot, :func:`.rings.dump_meta`). A load checks every file before
 it changes anything (a ring dump of another window is refused by its ``window``)."""
@@ -11,13 +11,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cacheops import CacheOpError, model_identity, pack_file, unpack_file
-from . import deviceops
-from .checks import check_bufs, folder
-from .rings import check_dump_window, dump_meta
+from sim.runtime.cacheops import CacheOpError, model_identity, pack_file, unpack_file
+from sim.runtime import deviceops
+from sim.runtime.checks import check_bufs, folder
+from sim.runtime.rings import check_dump_window, dump_meta
 
 if TYPE_CHECKING:
-    from .model import Model
+    from sim.runtime.model import Model
 
 
 def dump_to(model: Model, directory: Any, slot: int | None) -> list[Path]:

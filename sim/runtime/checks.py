@@ -12,7 +12,7 @@ import numpy as np
 
 from isa.errors import KvsimError
 
-from ..cacheops import CacheOpError
+from sim.runtime.cacheops import CacheOpError
 
 #: The vendor's filter_cache_tail handles at most this many tail tokens (FACTS.md).
 FILTER_TAIL_MAX = 32
@@ -103,7 +103,7 @@ def check_infer(cm: Any, inputs: Any, cache_size: Any, cache_id: Any, batch_para
                               "batch_param (one), not both")
     seq_len = None
     if batch_param is not None:
-        from .types import BatchParam
+        from sim.runtime.types import BatchParam
 
         if not isinstance(batch_param, BatchParam):
             raise RuntimeApiError(f"batch_param must be a BatchParam(sequence_length, "
@@ -130,7 +130,7 @@ def check_infer(cm: Any, inputs: Any, cache_size: Any, cache_id: Any, batch_para
 
 
 def _batch(cm: Any, x: np.ndarray, cache_size: Any, batch_params: Any) -> list[Request]:
-    from .types import BatchParam
+    from sim.runtime.types import BatchParam
 
     if not isinstance(batch_params, list | tuple) or not batch_params:
         raise RuntimeApiError(f"batch_params must be a non-empty list of BatchParam, got "

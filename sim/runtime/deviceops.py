@@ -13,14 +13,14 @@ import numpy as np
 from isa.instructions import HostRead, HostWrite, Nop, Program
 from models.compiler import CompiledModel
 
-from ..cacheops import rearrange_program
-from .checks import Request, RuntimeApiError
-from .rings import check_rearrange
+from sim.runtime.cacheops import rearrange_program
+from sim.runtime.checks import Request, RuntimeApiError
+from sim.runtime.rings import check_rearrange
 
 if TYPE_CHECKING:
-    from ..hw import HardwareConfig
-    from .accelerator import Accelerator
-    from .model import Model
+    from sim.device.hw import HardwareConfig
+    from sim.runtime.accelerator import Accelerator
+    from sim.runtime.model import Model
 
 #: Host-memory layout the runtime uses for its staging buffers.
 HOST_IN = 0

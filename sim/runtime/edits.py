@@ -1,6 +1,6 @@
 """Cache edits: on the host (dump over PCIe, decode, the user's function, encode, load
 back) and the same edits on the device (KvRead/KvWrite programs through DRAM scratch, no
-PCIe), so their costs can be compared on the same cache (``sim.cacheops`` has the edit
+PCIe), so their costs can be compared on the same cache (``sim.runtime.cacheops`` has the edit
 functions and the programs)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..cacheops import (
+from sim.runtime.cacheops import (
     CacheOpError,
     CacheView,
     EditFn,
@@ -19,13 +19,13 @@ from ..cacheops import (
     measure,
     requantize_program,
 )
-from .checks import check_size
-from .deviceops import cache_groups, rearrange
-from .rings import check_window, held_in, held_on_device, ring_specs
-from .types import CallRecord
+from sim.runtime.checks import check_size
+from sim.runtime.deviceops import cache_groups, rearrange
+from sim.runtime.rings import check_window, held_in, held_on_device, ring_specs
+from sim.runtime.types import CallRecord
 
 if TYPE_CHECKING:
-    from .model import Model
+    from sim.runtime.model import Model
 
 
 def cache_views(model: Model, bufs: list[bytes], cache_size: int,

@@ -15,10 +15,10 @@ import numpy as np
 
 from models.compiler import CompiledModel
 
-from ..cacheops import CacheView, EditFn, EditResult
-from . import cachefiles, deviceops, edits, tracing
-from .accelerator import Accelerator
-from .checks import (
+from sim.runtime.cacheops import CacheView, EditFn, EditResult
+from sim.runtime import cachefiles, deviceops, edits, tracing
+from sim.runtime.accelerator import Accelerator
+from sim.runtime.checks import (
     RuntimeApiError,
     check_all_logits,
     check_bufs,
@@ -28,7 +28,7 @@ from .checks import (
     check_outputs,
     check_slot,
 )
-from .types import BatchParam, BufferInfo, CacheInfo, CallRecord, ModelConfig
+from sim.runtime.types import BatchParam, BufferInfo, CacheInfo, CallRecord, ModelConfig
 
 
 class Model:

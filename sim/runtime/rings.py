@@ -26,10 +26,10 @@ import numpy as np
 from isa.kv import header
 from models.compiler.kvspec import KvCacheSpec
 
-from ..cacheops import CacheOpError
+from sim.runtime.cacheops import CacheOpError
 
 if TYPE_CHECKING:
-    from .model import Model
+    from sim.runtime.model import Model
 
 
 def ring_slots(spec: KvCacheSpec, cap: int) -> int:

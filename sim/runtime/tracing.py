@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 from traces.chrome import chrome_trace
 from traces.recorder import Recorder
 
-from .checks import RuntimeApiError
+from sim.runtime.checks import RuntimeApiError
 
 if TYPE_CHECKING:
-    from .accelerator import Accelerator
-    from .types import CallRecord
+    from sim.runtime.accelerator import Accelerator
+    from sim.runtime.types import CallRecord
 
 #: Most calls one tracing session keeps (a bound on memory; later calls are counted in
 #: the trace's ``dropped_calls``). An assumption: a long generation is ~10^5 calls.

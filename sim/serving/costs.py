@@ -40,12 +40,12 @@ from typing import Any
 
 from models.compiler import CompiledModel
 from models.compiler.driver import StepSeq, head_rows, lower_step, tiles_of
-from sim.hw import HardwareConfig
+from sim.device.hw import HardwareConfig
 from sim.progress import Phases
 from traces.io import atomic_write_json
 
-from .grid import GridSpec, default_cache_dir, run_tasks, task_from_json, timing_device
-from .interp import Line, Plane
+from sim.serving.grid import GridSpec, default_cache_dir, run_tasks, task_from_json, timing_device
+from sim.serving.interp import Line, Plane
 
 __all__ = ["COST_MODEL_VERSION", "MOE_PROBE_LAYERS", "GridSpec", "Line", "Plane",
            "StepCostModel", "default_cache_dir"]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from .scheduler import Request
+    from sim.serving.scheduler import Request
 
 
 #: Rows of :attr:`DecodeSet.f`: cached tokens, tokens still to sample, device blocks

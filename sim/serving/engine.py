@@ -20,8 +20,8 @@ import simpy
 
 from models.compiler.driver import StepSeq
 
-from .blocks import KvGeometry
-from .scheduler import Request, Scheduler, SchedulerConfig, StepPlan
+from sim.serving.blocks import KvGeometry
+from sim.serving.scheduler import Request, Scheduler, SchedulerConfig, StepPlan
 
 Router = Literal["round_robin", "least_loaded"]
 StepCost = Callable[[list[StepSeq]], int]

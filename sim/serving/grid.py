@@ -14,8 +14,8 @@ from typing import Any
 from isa.instructions import HostRead, Program
 from models.compiler import CompiledModel
 from models.compiler.driver import LOGITS_REGION, StepSeq, lower_step
-from sim.device import Device
-from sim.hw import HardwareConfig
+from sim.device.device import Device
+from sim.device.hw import HardwareConfig
 from sim.progress import Phases
 
 

@@ -32,8 +32,8 @@ from typing import Literal
 
 from models.compiler.driver import StepSeq
 
-from .blocks import KvGeometry
-from .decodeset import DecodeSet
+from sim.serving.blocks import KvGeometry
+from sim.serving.decodeset import DecodeSet
 
 Preemption = Literal["recompute", "swap"]
 

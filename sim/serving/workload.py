@@ -17,7 +17,7 @@ from isa.errors import ConfigError
 from models.schema import Frozen
 from sim.units import s_to_ps
 
-from .scheduler import Request
+from sim.serving.scheduler import Request
 
 
 class _Section(Frozen):

@@ -1,5 +1,5 @@
 """The semantics of a 2-D DMA (rows of ``nbytes`` at a source and a destination stride):
-on a memory with strided block access (``sim.memory.DeviceMemory``) one block read and
+on a memory with strided block access (``sim.device.memory.DeviceMemory``) one block read and
 one block write; on a memory with only ``read`` / ``write``, one read of each span where
 the spans allow it, else one read per block; all give the per-block loop's bytes,
 whatever the strides, overlaps included."""
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from isa.instructions import DmaLoad, DmaStore, Space
 from isa.semantics import execute
-from sim.memory import DeviceMemory
+from sim.device.memory import DeviceMemory
 
 SRAM = 1 << 14
 

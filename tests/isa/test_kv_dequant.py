@@ -13,8 +13,8 @@ from isa import semantics
 from isa.errors import ProgramError
 from isa.instructions import Attn, AttnDq, MemoryLayout, Program, Space, f32_bits, f32_value
 from isa.validate import validate_program
-from sim.components.core import DEQUANT_OPS_PER_VALUE, FLOAT_SOFTMAX_OPS, ComputeCore
-from sim.hw import load_hardware
+from sim.device.components.core import DEQUANT_OPS_PER_VALUE, FLOAT_SOFTMAX_OPS, ComputeCore
+from sim.device.hw import load_hardware
 from tests.isa.kvref import format_and_values
 from tests.isa.test_kv_region import FlatMemory
 

@@ -14,7 +14,7 @@ from models.compiler.blocks import registry
 from models.compiler.flags import CACHE_OPS, FORWARD, FlagLayout, Flags
 from models.compiler.kvspec import KvCacheSpec
 from models.config import load_model
-from sim.hw import load_hardware
+from sim.device.hw import load_hardware
 
 
 def _tiny(name: str = "tiny", **kw) -> CompiledModel:

@@ -14,7 +14,7 @@ from models.compiler import HardwareTarget, compile_model
 from models.compiler.builder import BlockMemo
 from models.compiler.driver import StepSeq, lower_call, lower_step
 from models.config import build_model, load_preset
-from sim.hw import load_hardware
+from sim.device.hw import load_hardware
 
 TINY_HW = load_hardware("tiny")
 #: The tiny preset with three sliding layers of a 4-token window, then a full layer

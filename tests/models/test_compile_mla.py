@@ -16,12 +16,12 @@ from models.bits import BitConfig
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.compiler.blocks.moe import contributors
 from models.config import load_model, load_preset
-from sim.device import Device
-from sim.hw import load_hardware
+from sim.device.device import Device
+from sim.device.hw import load_hardware
 
 HOST_BYTES = 1 << 24
 #: DMA event size for the DeepSeek runs: the preset's 64 KiB is simulation granularity
-#: (sim/presets/aries.toml); 1 MiB events give the same bytes and ~the same time, faster.
+#: (sim/device/presets/aries.toml); 1 MiB events give the same bytes and ~the same time, faster.
 ARIES_FAST = {"dma.chunk_bytes": 1 << 20}
 DSV2_CAP = 4096  # tokens: a cache of a few thousand tokens next to the W8 weights
 DSV2_SEQ = 4  # a short prefill (every prompt token routes to 6 of 64 experts)

@@ -133,7 +133,7 @@ def test_tiny_presets_have_their_family_features(name: str) -> None:
 
 
 def test_kv_bytes_of_command_r7b_at_32k_match_the_hand_calculation(capsys) -> None:
-    from sim.cli import main
+    from sim.app.cli.main import main
 
     path = HF_DIR / "command-r7b.json"
     model = str(path if path.exists() else PRESETS / "command-r7b.json")
@@ -165,7 +165,7 @@ def _tiny_cosines(name: str, kv: str = "int8", **bits) -> list[float]:
     from models.compiler import HardwareTarget, compile_model
     from models.reference import ReferenceModel
     from models.source import open_weights
-    from sim.hw import load_hardware
+    from sim.device.hw import load_hardware
     from sim.runtime import Accelerator, Model
 
     hw = load_hardware("tiny")
@@ -317,7 +317,7 @@ def test_the_residual_rotation_is_refused_by_name_where_it_cannot_fold(name, num
 def _timing_compile(cfg, kv_read: str = "integer", numerics: dict | None = None, **kw):
     from models.bits import build_bit_config
     from models.compiler import HardwareTarget, compile_model
-    from sim.hw import load_hardware
+    from sim.device.hw import load_hardware
 
     opts = {"core_mode": "single", "max_seq": 16, "cap": 64} | kw
     bits = {"weights": "W8", "kv_read": kv_read} | ({"numerics": numerics} if numerics else {})
@@ -348,7 +348,7 @@ def test_tiny_exaone4_blocks_qk_norm_and_post_norms() -> None:
 def test_tiny_exaone4_runs_for_timing() -> None:
     import numpy as np
 
-    from sim.hw import load_hardware
+    from sim.device.hw import load_hardware
     from sim.runtime import Accelerator, Model
 
     cfg = load_preset("tiny-exaone4")
@@ -382,8 +382,8 @@ def test_real_configs_compile_and_run_a_decode_step_for_timing(stem: str, layers
     from isa.instructions import Attn
     from models.bits import build_bit_config
     from models.compiler import HardwareTarget, compile_model
-    from sim.device import Device, static_roofline
-    from sim.hw import load_hardware
+    from sim.device.device import Device, static_roofline
+    from sim.device.hw import load_hardware
 
     cfg = _real(stem, layers)
     hw = load_hardware("aries")
@@ -438,7 +438,7 @@ def test_compiled_files_keep_the_new_norms(name: str, wide: bool, tmp_path: Path
 
     from models.bits import build_bit_config
     from models.compiler import CompiledModel, HardwareTarget, compile_model
-    from sim.hw import load_hardware
+    from sim.device.hw import load_hardware
 
     bits = {"weights": "W8"} | ({"numerics": _w8()} if wide else {})
     cm = compile_model(load_preset(name), build_bit_config(bits),

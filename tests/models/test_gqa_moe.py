@@ -143,8 +143,8 @@ def test_gqa_moe_compiles_and_decode_reads_only_its_experts(preset: str) -> None
     from isa.instructions import DmaLoad, DmaLoadIndexed, Gemm
     from models.bits import BitConfig
     from models.compiler import HardwareTarget, compile_model
-    from sim.device import Device
-    from sim.hw import load_hardware
+    from sim.device.device import Device
+    from sim.device.hw import load_hardware
 
     cfg = load_preset(preset)
     hw = load_hardware("tiny")

@@ -15,8 +15,8 @@ from isa.instructions import Attn, AttnDq
 from models.bits import W4V8, BitConfig, NumericsOptions, build_bit_config
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.config import load_preset
-from sim.device import Device
-from sim.hw import load_hardware
+from sim.device.device import Device
+from sim.device.hw import load_hardware
 
 from .test_compiler import _decode_cosines, _run_program
 

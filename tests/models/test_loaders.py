@@ -133,8 +133,8 @@ def test_hf_folder_tokenizer_and_chat_template(tmp_path: Path) -> None:
 
 
 def test_a_run_on_a_gguf_model(tmp_path: Path) -> None:
-    from sim.config import load_run_config
-    from sim.run import run
+    from sim.app.config import load_run_config
+    from sim.app.run import run
 
     p = write_gguf(tmp_path / "m.gguf", TINY_LLAMA, SyntheticWeights(TINY_LLAMA, seed=2))
     cfg = tmp_path / "run.toml"
@@ -155,7 +155,7 @@ def test_a_run_on_a_gguf_model(tmp_path: Path) -> None:
 @pytest.mark.parametrize("form", ["gguf", "folder", "config.json"])
 def test_kvsim_compile_takes_every_form(tmp_path: Path, form: str) -> None:
     from models.compiler import CompiledModel
-    from sim.cli import main
+    from sim.app.cli.main import main
 
     synth = SyntheticWeights(TINY_LLAMA, seed=6)
     name = {"gguf": write_gguf(tmp_path / "m.gguf", TINY_LLAMA, synth),

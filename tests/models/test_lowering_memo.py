@@ -14,7 +14,7 @@ from models.compiler import HardwareTarget, compile_model
 from models.compiler.builder import BlockMemo, Builder, Matrix, Target, remade
 from models.compiler.sram import SramPlan
 from models.config import load_preset
-from sim.hw import load_hardware
+from sim.device.hw import load_hardware
 from tests.isa.strategies import flag_lists, instructions, values_for
 
 TINY_HW = load_hardware("tiny")

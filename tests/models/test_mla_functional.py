@@ -16,7 +16,7 @@ from models.compiler.blocks.mla_calib import deinterleaved, device_matrix
 from models.config import load_model, load_preset
 from models.reference import ReferenceModel, apply_rope, rope_cos_sin
 from models.weights import SyntheticWeights
-from sim.hw import load_hardware
+from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model
 
 PRESET = "tiny-mla-dense"

@@ -15,7 +15,7 @@ from models.bits import build_bit_config
 from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.config import load_model
 from models.reference import ReferenceModel
-from sim.hw import load_hardware
+from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model
 
 PROMPT = 10
@@ -193,7 +193,7 @@ def test_the_three_engines_time_a_moe_step_alike(preset: str) -> None:
     """The slot schedule (routed loads, TOPK_GATE, GATE_ACC, SIGMOID) on the array loop,
     the lean event kernel and SimPy: one decode step and a 4-token prefill, equal to the
     picosecond."""
-    from sim.device import Device
+    from sim.device.device import Device
 
     cm = _compile(preset, functional=False)
     hw = load_hardware("tiny")

@@ -15,7 +15,7 @@ from models.compiler.rotation import RotatedWeights, hadamard
 from models.config import load_model
 from models.reference import ReferenceModel
 from models.weights import SyntheticWeights
-from sim.hw import load_hardware
+from sim.device.hw import load_hardware
 
 W8 = BitConfig(numerics=NUMERICS_PRESETS["w8"])
 RESIDENT = BitConfig(numerics=NUMERICS_PRESETS["w8"].model_copy(update={"schedule": "resident"}))

@@ -13,7 +13,7 @@ from models.compiler import CompileError, HardwareTarget, compile_model
 from models.compiler.blocks.registry import features
 from models.config import build_model, load_preset
 from models.reference import ReferenceModel
-from sim.hw import load_hardware
+from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model
 
 TINY_HW = load_hardware("tiny")

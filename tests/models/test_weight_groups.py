@@ -16,8 +16,8 @@ from models.compiler.wgroup import quantize_group, quantize_matrix
 from models.config import load_preset
 from models.source import resolve_model
 from models.weights import quantize_weight
-from sim.components.core import ComputeCore
-from sim.hw import load_hardware
+from sim.device.components.core import ComputeCore
+from sim.device.hw import load_hardware
 
 from .test_compiler import _decode_cosines, _run_program
 

@@ -1,4 +1,4 @@
-"""The rows of :mod:`sim.program_rows` as they were built before the vectorised builder:
+"""The rows of :mod:`sim.device.engine.rows` as they were built before the vectorised builder:
 per instruction type with attribute getters, durations once per distinct shape found by a
 dict over row tuples. Kept as the reference the vectorised rows are compared with."""
 
@@ -26,8 +26,8 @@ from isa.instructions import (
     Nop,
     Vec,
 )
-from sim.components import loopdefs as pl
-from sim.program_rows import (
+from sim.device.engine import loopdefs as pl
+from sim.device.engine.rows import (
     LAST_PER_CORE,
     ROW_FIELDS,
     X_ADDR1,

@@ -11,7 +11,7 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
 from models.reference import ReferenceModel
-from sim.hw import load_hardware
+from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model, ModelConfig, RuntimeApiError
 
 TINY_HW = load_hardware("tiny")

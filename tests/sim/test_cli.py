@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from sim.cli import main
+from sim.app.cli.main import main
 from tests.groups import QUICKSTART
 
 TINY = ["--set", "hardware.preset=tiny", "--set", "model.preset=tiny", "--set",
@@ -98,7 +98,7 @@ def test_hw_list_names_every_preset(capsys):
 
 
 def test_every_subcommand_is_registered():
-    from sim.cli import build_parser
+    from sim.app.cli.main import build_parser
 
     p = build_parser()
     for argv in (["run"], ["check", "x.toml"], ["sweep", "x.toml"], ["serve"],

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
+from sim.app.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--set", "hardware.preset=tiny", "--set", "model.preset=tiny",

@@ -9,7 +9,7 @@ import os
 import pytest
 from rich.console import Console
 
-from sim.config import load_run_config
+from sim.app.config import load_run_config
 from sim.progress import Phases, progress_enabled
 
 TINY = ["hardware.preset=tiny", "model.preset=tiny", "compile.core_mode=single",
@@ -30,8 +30,8 @@ def test_progress_shows_on_a_terminal_only_and_never_under_ci(monkeypatch):
 
 
 def test_run_phases_follow_the_runtime_calls():
-    from sim.cli import run_phases
-    from sim.run import run
+    from sim.app.cli.main import run_phases
+    from sim.app.run import run
 
     cfg = load_run_config(None, TINY)
     screen = _Tty()
@@ -106,7 +106,7 @@ def _terminal(monkeypatch, module) -> tuple[_Tty, list]:
 def test_serve_shows_its_phases_and_requests_done_on_a_terminal(serve_file, tmp_path,
                                                                  monkeypatch, capsys):
     import sim.progress
-    from sim.cli import main
+    from sim.app.cli.main import main
 
     screen, made = _terminal(monkeypatch, sim.progress)
     assert main(["serve", str(serve_file), "--out", str(tmp_path / "o")]) == 0
@@ -118,7 +118,7 @@ def test_serve_shows_its_phases_and_requests_done_on_a_terminal(serve_file, tmp_
 
 
 def test_serve_and_regress_print_no_progress_into_a_pipe(serve_file, tmp_path, capsys):
-    from sim.cli import main
+    from sim.app.cli.main import main
 
     assert main(["serve", str(serve_file), "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr()
@@ -132,7 +132,7 @@ def test_serve_and_regress_print_no_progress_into_a_pipe(serve_file, tmp_path, c
 
 def _baseline(tmp_path):
     """A baseline of two quick configs, written with the real figures."""
-    from sim.regress import create
+    from sim.app.regress.regress import create
 
     cfg = tmp_path / "gemv.toml"
     cfg.write_text('[hardware]\npreset = "tiny"\n[workload]\nkind = "gemv"\nk = 64\nn = 64\n'
@@ -143,17 +143,17 @@ def _baseline(tmp_path):
 
 
 def test_regress_counts_its_configs_on_a_terminal(tmp_path, monkeypatch):
-    import sim.regress
+    import sim.app.regress.regress
 
     base = _baseline(tmp_path)
-    screen, made = _terminal(monkeypatch, sim.regress)
-    assert sim.regress.main([str(base)]) == 0
+    screen, made = _terminal(monkeypatch, sim.app.regress.regress)
+    assert sim.app.regress.regress.main([str(base)]) == 0
     assert made[0].history == [("run the baseline's configs: 2 configs", 2, 2)]
     assert "run the baseline's configs" in screen.getvalue()
 
 
 def test_ctrl_c_while_serving_leaves_no_output(serve_file, tmp_path, monkeypatch, capsys):
-    from sim.cli import main
+    from sim.app.cli.main import main
     from sim.serving import engine
 
     def interrupted(self):
@@ -167,7 +167,7 @@ def test_ctrl_c_while_serving_leaves_no_output(serve_file, tmp_path, monkeypatch
 
 
 def test_ctrl_c_while_serve_writes_leaves_only_whole_files(serve_file, tmp_path, monkeypatch):
-    from sim.cli import main
+    from sim.app.cli.main import main
     from traces import io as tio
 
     out = tmp_path / "o"
@@ -193,12 +193,12 @@ def test_ctrl_c_while_serve_writes_leaves_only_whole_files(serve_file, tmp_path,
 
 
 def test_ctrl_c_during_regress_update_leaves_the_baseline_as_it_was(tmp_path, monkeypatch):
-    import sim.regress
-    from sim.cli import main
+    import sim.app.regress.regress
+    from sim.app.cli.main import main
 
     base = _baseline(tmp_path)
     before = base.read_bytes()
-    real, calls = sim.regress.run_figures, []
+    real, calls = sim.app.regress.regress.run_figures, []
 
     def second_interrupts(config, sets=()):
         calls.append(config)
@@ -206,7 +206,7 @@ def test_ctrl_c_during_regress_update_leaves_the_baseline_as_it_was(tmp_path, mo
             raise KeyboardInterrupt
         return {k: v * 2 for k, v in real(config, sets).items()}
 
-    monkeypatch.setattr(sim.regress, "run_figures", second_interrupts)
+    monkeypatch.setattr(sim.app.regress.regress, "run_figures", second_interrupts)
     assert main(["regress", str(base), "--update"]) == 130
     assert base.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base.json", "gemv.toml"]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sim.cli import main
+from sim.app.cli.main import main
 
 TINY_SWEEP = """
 [base.hardware]
@@ -121,7 +121,7 @@ def test_check_knows_a_serving_file(tmp_path, capsys):
 def test_a_run_collects_garbage_less_often_and_restores_the_thresholds():
     import gc
 
-    from sim.cli_run import RUN_GC_THRESHOLDS, fewer_collections
+    from sim.app.cli.run import RUN_GC_THRESHOLDS, fewer_collections
 
     before = gc.get_threshold()
     with pytest.raises(KeyError), fewer_collections():

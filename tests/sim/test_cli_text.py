@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sim.cli import main
+from sim.app.cli.main import main
 from tests.groups import REAL_OTHER
 
 # Today's default numerics (one static int8 scale for the residual stream) zero every

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.cli import main
+from sim.app.cli.main import main
 
 #: A fast valid config (tiny model on the tiny device) that each case breaks.
 TINY = """
@@ -166,7 +166,7 @@ format = "kivi-2.k"
 
 
 def test_ffn_overrides_the_presets_up_gate_and_down():
-    from sim.config import load_run_config
+    from sim.app.config import load_run_config
 
     bits = load_run_config(None, ["bits.preset=W8", "bits.weights.ffn=4"]).bits
     wb = bits.weight_bits()

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from isa.errors import ConfigError
-from sim.config import cache_length, load_run_config
-from sim.run import run
+from sim.app.config import cache_length, load_run_config
+from sim.app.run import run
 
 BASE = ["hardware.preset=tiny", "model.preset=tiny", "compile.core_mode=single",
         "outputs.trace=off", "compile.max_sequence_length=16"]

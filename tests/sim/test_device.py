@@ -13,8 +13,8 @@ from isa.instructions import (
     Program,
 )
 from models.demo import demo_data, gemv_layer
-from sim.device import Device
-from sim.hw import load_hardware
+from sim.device.device import Device
+from sim.device.hw import load_hardware
 from traces.recorder import Recorder
 
 TINY = load_hardware("tiny")

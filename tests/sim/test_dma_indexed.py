@@ -10,8 +10,8 @@ import pytest
 
 from isa.errors import IsaError
 from isa.instructions import DmaLoad, DmaLoadIndexed, DmaStore, Program, Space
-from sim.device import Device
-from sim.hw import load_hardware
+from sim.device.device import Device
+from sim.device.hw import load_hardware
 
 TABLE = 0x10000  # DRAM: 4 entries of STRIDE bytes
 STRIDE = 4096

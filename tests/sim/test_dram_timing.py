@@ -1,4 +1,4 @@
-"""Formula tests of the LPDDR4X protocol model (sim/dram_timing.py): each figure against a
+"""Formula tests of the LPDDR4X protocol model (sim/device/dram/timing.py): each figure against a
 hand calculation from the timing parameters, as Ramulator's tests check unloaded latency and
 peak throughput against theory. aries: 4167 MT/s, tCK = 2 / 4167e6 s = 0.47996 ns."""
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isa.errors import ConfigError
-from sim.dram_patterns import (
+from sim.device.dram.patterns import (
     AccessPattern,
     closed_form_efficiency,
     protocol_summary,
@@ -19,14 +19,14 @@ from sim.dram_patterns import (
     refresh_stall_ck,
     stream_efficiency,
 )
-from sim.dram_timing import (
+from sim.device.dram.timing import (
     ChannelState,
     chunk_channels_ck,
     chunk_channels_ck_reference,
     chunk_time_ps,
     timing_from_config,
 )
-from sim.hw import load_hardware
+from sim.device.hw import load_hardware
 from sim.units import KiB, MiB
 
 TCK_PS = 2e6 / 4167.0

@@ -7,10 +7,11 @@ import math
 import pytest
 
 from isa.instructions import DmaLoad, Engine, Gemm, Nop, Program
-from sim.breakdown import FIXED_COSTS, Labelled, time_breakdown
-from sim.components import Dram, kernel
-from sim.device import Device, cross_core_waits
-from sim.hw import load_hardware
+from sim.app.breakdown import FIXED_COSTS, Labelled, time_breakdown
+from sim.device.components import Dram
+from sim.device.engine import kernel
+from sim.device.device import Device, cross_core_waits
+from sim.device.hw import load_hardware
 from sim.runtime import CallRecord
 from sim.units import KiB, ns_to_ps
 from traces.recorder import Recorder
@@ -194,9 +195,9 @@ def test_protocol_needs_a_timing_table():
 
 
 def test_row_runs_give_each_reopen_count_once_and_the_fit_is_inside_its_bounds():
-    from sim.calibration import RUN_BOUNDS_BYTES, SRAM_BOUNDS_BYTES, run_lengths
-    from sim.dram_patterns import reopens_per_page
-    from sim.dram_timing import timing_from_config
+    from sim.app.calibration import RUN_BOUNDS_BYTES, SRAM_BOUNDS_BYTES, run_lengths
+    from sim.device.dram.patterns import reopens_per_page
+    from sim.device.dram.timing import timing_from_config
 
     runs = run_lengths()
     assert runs == [2048, 1024, 704, 512, 416, 352, 320, 256]

@@ -1,4 +1,4 @@
-"""The quality of a cache edit beside its cost (``sim.quality.evaluate_edit``) on the tiny
+"""The quality of a cache edit beside its cost (``sim.app.quality.evaluate_edit``) on the tiny
 synthetic model: the first 256 tokens teacher-forced, the cache edited on the host (dump
 over PCIe, edit, load back) or on the device, the rest teacher-forced, the predictions
 after the edit compared with the float reference. Figures are deterministic: asserted
@@ -11,9 +11,9 @@ import pytest
 
 from isa.errors import ConfigError
 from models.bits import build_bit_config
-from sim.cacheops import round_trip
-from sim.cli import main
-from sim.quality import evaluate_edit, parse_edit
+from sim.runtime.cacheops import round_trip
+from sim.app.cli.main import main
+from sim.app.quality import evaluate_edit, parse_edit
 
 IDS = np.random.default_rng(5).integers(0, 256, size=300).tolist()
 AT = 256
@@ -131,8 +131,8 @@ def test_kvsim_eval_edit_flags_are_checked(args, needle, capsys) -> None:
 
 
 def test_an_edit_the_device_cannot_do_is_refused_before_any_run(monkeypatch) -> None:
-    import sim.quality as quality
-    from sim.cacheops import CacheOpError
+    import sim.app.quality as quality
+    from sim.runtime.cacheops import CacheOpError
 
     def too_big(cm) -> None:
         raise CacheOpError("kivi-4.k: a region exceeds the scratch area")

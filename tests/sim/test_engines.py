@@ -2,7 +2,7 @@
 
 Each scenario runs on three devices, one per engine: ``simpy`` (the reference), ``kernel``
 (the same processes on the lean event kernel) and ``fast`` (the array loop of
-``sim.components.programloop`` wherever the device is eligible, which these scenarios
+``sim.device.engine.loop`` wherever the device is eligible, which these scenarios
 check it used), and compares everything a run leaves behind: every recorder span
 (instructions, DMA chunks, DRAM bursts, link chunks) in order with its times and
 arguments, the byte bins and totals, the per-program timing and stats, the device's
@@ -41,10 +41,11 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
 from models.demo import demo_data, gemv_layer
-from sim import array_engine, program_tables
-from sim.components import kernel, loopdefs
-from sim.device import Device, cross_core_waits
-from sim.hw import load_hardware, preset_dict
+from sim.device.engine import array as array_engine
+from sim.device.engine import tables as program_tables
+from sim.device.engine import kernel, loopdefs
+from sim.device.device import Device, cross_core_waits
+from sim.device.hw import load_hardware, preset_dict
 from sim.runtime import Accelerator, Model
 from traces.recorder import Recorder
 

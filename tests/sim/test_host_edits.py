@@ -14,8 +14,8 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
 from sim import runtime
-from sim.cacheops import CacheOpError, requantize_through
-from sim.hw import load_hardware
+from sim.runtime.cacheops import CacheOpError, requantize_through
+from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model
 
 TINY_HW = load_hardware("tiny")
@@ -133,7 +133,7 @@ def test_evict_takes_numpy_integer_positions(cm, emb):
 
 
 def test_evict_positions_past_the_cache_are_refused(cm, emb):
-    from sim.cacheops import evict_positions
+    from sim.runtime.cacheops import evict_positions
 
     _, m = _launched(cm, emb)
     before = m.dump_cache_memory()

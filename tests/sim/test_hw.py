@@ -2,7 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from isa.errors import ConfigError
-from sim.hw import HardwareConfig, load_hardware, preset_dict, preset_names
+from sim.device.hw import HardwareConfig, load_hardware, preset_dict, preset_names
 
 
 def _leaves(tree, prefix=""):
@@ -80,7 +80,7 @@ def test_hw_show_prints_the_protocol_efficiency_per_pattern_and_that_the_engine_
         capsys):
     import json
 
-    from sim.cli import main
+    from sim.app.cli.main import main
 
     assert main(["hw", "show", "aries"]) == 0
     out = " ".join(capsys.readouterr().out.split())
@@ -95,8 +95,8 @@ def test_hw_show_prints_the_protocol_efficiency_per_pattern_and_that_the_engine_
                                   "activation_store", "mixed_rw"])
     # refresh (1 - 882 / 8133 = 0.8916) times the reopens of each row (of 512 cycles of
     # data) that other masters force: 84 cycles each (tRTP - BL/2 + tRPpb + tRCD)
-    from sim.dram_patterns import reopens_per_page
-    from sim.dram_timing import timing_from_config
+    from sim.device.dram.patterns import reopens_per_page
+    from sim.device.dram.timing import timing_from_config
 
     r = reopens_per_page(timing_from_config(load_hardware("aries").dram))
     assert eff["weight_stream"] == pytest.approx((1 - 882 / 8133) * 512 / (512 + 84 * r),
@@ -110,7 +110,7 @@ def test_hw_show_prints_the_protocol_efficiency_per_pattern_and_that_the_engine_
 def test_hw_show_protocol_follows_a_set_timing_field(capsys):
     import json
 
-    from sim.cli import main
+    from sim.app.cli.main import main
 
     assert main(["hw", "show", "aries", "--json", "--set", "dram.timing.trfc_ab_ns=280"]) == 0
     data = json.loads(capsys.readouterr().out)["dram_protocol"]

@@ -1,4 +1,4 @@
-"""The array loop's event heap (sim/components/loopdefs.py): pushes append and one sift
+"""The array loop's event heap (sim/device/engine/loopdefs.py): pushes append and one sift
 before each pop orders them, which must pop events in exactly the (time, priority,
 insertion id) order, and leave the very heap rows, that a push sifting each entry at
 once gives (the loop's timeline depends on both only through the pop order; the rows are
@@ -8,7 +8,7 @@ import heapq
 
 import numpy as np
 
-from sim.components import loopdefs as lp
+from sim.device.engine import loopdefs as lp
 
 
 def _push_now(h, n, row):

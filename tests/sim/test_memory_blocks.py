@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from isa.errors import DeviceError
 from isa.instructions import Space
-from sim.memory import DeviceMemory, SparseMemory
+from sim.device.memory import DeviceMemory, SparseMemory
 
 PAGE_BYTES = 64
 SIZE_BYTES = 4096

@@ -1,6 +1,6 @@
 """The ``w8`` numerics on the embedded real model (SmolLM2-135M-Instruct), W8 weights and
 the int8 KV cache on ``aries``, through the simulated NPU (the greedy checks share one
-compile and launch; the teacher-forced run is ``sim.quality.evaluate``'s, which the quality
+compile and launch; the teacher-forced run is ``sim.app.quality.evaluate``'s, which the quality
 table's int8 row reuses):
 
 - teacher-forced over 257 tokens of ``models/data/english.txt``: top-1 agreement >= 0.90
@@ -26,8 +26,8 @@ from models.bits import NUMERICS_PRESETS, W8, BitConfig
 from models.compiler.rotation import RotatedWeights
 from models.reference import ReferenceModel
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
-from sim.hw import load_hardware
-from sim.quality import compile_for_text, evaluate
+from sim.device.hw import load_hardware
+from sim.app.quality import compile_for_text, evaluate
 from sim.runtime import Accelerator, Model, ModelConfig
 from tests.groups import REAL_W8
 
@@ -84,7 +84,7 @@ def test_w8_numerics_meet_the_teacher_forced_targets(run) -> None:
     src, tok, _, _ = run
     ids = tok.encode(english_text())[:TEXT_TOKENS]
     assert len(ids) == TEXT_TOKENS
-    # through sim.quality.evaluate, which keeps the result: the quality table's int8 row
+    # through sim.app.quality.evaluate, which keeps the result: the quality table's int8 row
     # (tests/sim/test_quality_table.py, same text, same worker) is this configuration
     q = evaluate(src, ids, bits=BitConfig(weights=W8, numerics=NUMERICS_PRESETS["w8"]),
                  kv="int8", hw="aries")

@@ -19,7 +19,7 @@ import pytest
 
 from models.bits import NUMERICS_PRESETS, W4V8, W8, BitConfig
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
-from sim.quality import evaluate
+from sim.app.quality import evaluate
 from tests.groups import REAL_OTHER, REAL_W8
 
 TEXT_TOKENS = 257

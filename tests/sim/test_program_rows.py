@@ -19,11 +19,12 @@ from isa.instructions import (
     Nop,
     Program,
 )
-from sim import array_engine, program_tables
-from sim.components import loopdefs
-from sim.device import Device
-from sim.hw import load_hardware
-from sim.program_rows import (
+from sim.device.engine import array as array_engine
+from sim.device.engine import tables as program_tables
+from sim.device.engine import loopdefs
+from sim.device.device import Device
+from sim.device.hw import load_hardware
+from sim.device.engine.rows import (
     ROW_FIELDS,
     X_SLEN,
     X_SOFF,

@@ -1,4 +1,4 @@
-"""Quality measured on the simulated NPU (``sim.quality.evaluate``): deterministic figures
+"""Quality measured on the simulated NPU (``sim.app.quality.evaluate``): deterministic figures
 on the tiny synthetic model, and the degenerate-output guard on the embedded real model
 under the old numerics (one static int8 scale for the residual stream)."""
 
@@ -11,7 +11,7 @@ from isa.errors import ConfigError
 from models.bits import build_bit_config
 from models.quality import DegenerateOutput, perplexity
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
-from sim.quality import bit_config, evaluate, reference_logits, source_of
+from sim.app.quality import bit_config, evaluate, reference_logits, source_of
 from tests.groups import REAL_OTHER
 
 IDS = np.random.default_rng(3).integers(0, 256, size=40)

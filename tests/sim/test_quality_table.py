@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
-from sim.quality import quality_table
+from sim.app.quality import quality_table
 from tests.groups import REAL_W8
 
 pytestmark = pytest.mark.xdist_group(REAL_W8)
 
 
 #: The text of tests/sim/test_numerics_real.py and of benchmarks/kv_quality.py: the int8 row
-#: is that test's teacher-forced run (kept by sim.quality.evaluate when both run in one
+#: is that test's teacher-forced run (kept by sim.app.quality.evaluate when both run in one
 #: process) and the rows are the README table's integer rows. KIVI keeps 128 recent
 #: tokens in fp16, so the text must be well beyond that for the formats to differ.
 TEXT_TOKENS = 257

@@ -1,4 +1,4 @@
-"""Typed results (``sim.results``): the regress figures read from metrics.json and back
+"""Typed results (``sim.app.results``): the regress figures read from metrics.json and back
 under its names; everything metrics.json holds as frozen dataclasses that give the same
 file back and the sweep's columns."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from sim.results import (
+from sim.app.results import (
     CacheOpFigures,
     CacheOpRecord,
     GemvMetrics,
@@ -79,8 +79,8 @@ def metrics_text() -> dict[str, str]:
     """Each tiny run's ``metrics.json`` text, as ``kvsim run`` writes it."""
     import copy
 
-    from sim.config import build_run_config
-    from sim.run import render_outputs, run
+    from sim.app.config import build_run_config
+    from sim.app.run import render_outputs, run
 
     out = {}
     for name, tree in RUNS.items():

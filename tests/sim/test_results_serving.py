@@ -1,4 +1,4 @@
-"""A serving run's metrics.json as typed data (``sim.results_serving``): the same file
+"""A serving run's metrics.json as typed data (``sim.app.serve.results``): the same file
 back, units in the field names, a tree of another shape refused by name."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from sim.results import ResultsError
-from sim.results_serving import ServingMetrics, serving_metrics_of
+from sim.app.results import ResultsError
+from sim.app.serve.results import ServingMetrics, serving_metrics_of
 
 #: three requests of the tiny model on the tiny device, step costs computed directly
 TREE = {"hardware": {"preset": "tiny"}, "model": {"preset": "tiny"},
@@ -22,8 +22,8 @@ TREE = {"hardware": {"preset": "tiny"}, "model": {"preset": "tiny"},
 
 @pytest.fixture(scope="module")
 def metrics_text(tmp_path_factory) -> str:
-    from sim.serving.config import build_serve_config
-    from sim.serving.run import run_serving, write_serving_outputs
+    from sim.app.serve.config import build_serve_config
+    from sim.app.serve.run import run_serving, write_serving_outputs
 
     out = tmp_path_factory.mktemp("serve")
     paths = write_serving_outputs(run_serving(build_serve_config(TREE)), out)

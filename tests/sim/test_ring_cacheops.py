@@ -13,15 +13,15 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import build_model, load_preset
 from models.reference import ReferenceModel
-from sim.cacheops import (
+from sim.runtime.cacheops import (
     CacheOpError,
     evict_positions,
     rearrange_program,
     requantize_through,
     unpack_file,
 )
-from sim.device import static_roofline
-from sim.hw import load_hardware
+from sim.device.device import static_roofline
+from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model
 from sim.units import ns_to_ps, transfer_ps
 

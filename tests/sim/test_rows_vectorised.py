@@ -1,4 +1,4 @@
-"""The vectorised rows (:func:`sim.program_rows.build_rows`) equal the rows of the builder
+"""The vectorised rows (:func:`sim.device.engine.rows.build_rows`) equal the rows of the builder
 they replaced (:mod:`tests.sim.rows_reference`), on every instruction type and on compiled
 prefill and decode programs under several KV formats; a program's tables equal the tables
 gathered from the reference rows."""
@@ -36,10 +36,11 @@ from isa.instructions import (
 from models.bits import NUMERICS_PRESETS, W4V8, W8, BitConfig, build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
-from sim import program_rows, program_tables
-from sim.device import Device
-from sim.hw import load_hardware
-from sim.program_rows import RowCache, build_rows, unique_rows
+from sim.device.engine import rows as program_rows
+from sim.device.engine import tables as program_tables
+from sim.device.device import Device
+from sim.device.hw import load_hardware
+from sim.device.engine.rows import RowCache, build_rows, unique_rows
 from tests.sim.rows_reference import reference_rows
 
 ARIES = load_hardware("aries")
@@ -133,7 +134,7 @@ def test_rows_of_compiled_prefill_and_decode_equal_the_reference(kv, bits, funct
 
 
 class _ReferenceBuilt(program_rows.Built):
-    """:class:`sim.program_rows.Built` with the reference's rows."""
+    """:class:`sim.device.engine.rows.Built` with the reference's rows."""
 
     made = 0  # objects whose rows it made
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
+from sim.app.cli.main import main
 from tests.groups import REAL_OTHER, REAL_W8
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "real-model.toml"

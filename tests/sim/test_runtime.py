@@ -16,8 +16,8 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
 from models.reference import ReferenceModel
-from sim.cacheops import CacheOpError, evict_positions, requantize_through, score_eviction
-from sim.hw import load_hardware
+from sim.runtime.cacheops import CacheOpError, evict_positions, requantize_through, score_eviction
+from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model, RuntimeApiError
 from sim.units import ns_to_ps, transfer_ps
 
@@ -279,8 +279,8 @@ def test_a_vendor_style_host_program_runs_unchanged(compiled, tmp_path):
     {"op": "requantize", "format": "b4.token.g16.asym.scale-fp16.zero-fp16"},
 ])
 def test_scheduled_cache_ops_agree_on_host_and_device(op):
-    from sim.config import build_run_config, load_tree
-    from sim.run import run
+    from sim.app.config import build_run_config, load_tree
+    from sim.app.run import run
 
     results = {}
     for where in ("host", "device"):

@@ -13,7 +13,7 @@ from models.bits import BitConfig
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
 from sim import runtime
-from sim.hw import load_hardware
+from sim.device.hw import load_hardware
 
 TINY_HW = load_hardware("tiny")
 

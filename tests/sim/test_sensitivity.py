@@ -7,10 +7,10 @@ import json
 import pytest
 
 from isa.errors import ConfigError
-from sim.cli import main
-from sim.config import build_run_config, set_field
-from sim.run import run
-from sim.sensitivity import perturbations, run_sensitivity
+from sim.app.cli.main import main
+from sim.app.config import build_run_config, set_field
+from sim.app.run import run
+from sim.app.sweep.sensitivity import perturbations, run_sensitivity
 
 TREE = {
     "hardware": {"preset": "tiny"},

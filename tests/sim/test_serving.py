@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from isa import kvformats
 from sim.serving.blocks import simple_geometry, steady_bytes_per_token
 from sim.serving.engine import ServingSim
-from sim.serving.run import serving_metrics, step_shape
+from sim.app.serve.run import serving_metrics, step_shape
 from sim.serving.scheduler import Request, SchedulerConfig
 from sim.serving.workload import LengthDist, WorkloadSpec, make_requests, read_trace
 
@@ -36,7 +36,7 @@ def _run(reqs, *, blocks=6, block_tokens=4, budget=8, seqs=4, mode="recompute", 
                      swap_cost=swap_cost, router=router,
                      scheduler=SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=budget,
                                                preemption=mode))
-    sim.run()
+    sim.app.run()
     return sim
 
 
@@ -124,7 +124,7 @@ def test_limits_max_num_seqs_and_whole_prompts_without_chunking():
     sim = ServingSim(reqs, chips=1, geometry=geo, step_cost=toy_cost,
                      scheduler=SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=8,
                                                chunked_prefill=False))
-    sim.run()
+    sim.app.run()
     assert [s.items for s in sim.chips[0].steps] == [
         ((0, 5),),  # r1's 5 tokens do not fit the 3 left of the budget: no chunking
         ((0, 1), (1, 5)),

@@ -15,14 +15,14 @@ from models.bits import BitConfig
 from models.compiler import HardwareTarget, compile_model
 from models.compiler.driver import StepSeq, lower_call, lower_step, tiles_of
 from models.config import load_model
-from sim.device import Device
-from sim.hw import load_hardware
+from sim.device.device import Device
+from sim.device.hw import load_hardware
 from sim.serving.blocks import kv_geometry
-from sim.serving.cli import main as serve_main
-from sim.serving.config import build_serve_config
+from sim.app.cli.serve import main as serve_main
+from sim.app.serve.config import build_serve_config
 from sim.serving.costs import GridSpec, StepCostModel
 from sim.serving.engine import ServingSim
-from sim.serving.run import SwapCost, compile_for_serving, run_serving, write_serving_outputs
+from sim.app.serve.run import SwapCost, compile_for_serving, run_serving, write_serving_outputs
 from sim.serving.scheduler import SchedulerConfig
 from sim.serving.workload import make_requests
 
@@ -235,7 +235,7 @@ def test_plan_cost_is_the_grid_model_of_the_plans_sequences(tmp_path, preemption
                      scheduler=SchedulerConfig(max_num_seqs=s.max_num_seqs,
                                                max_num_batched_tokens=50,
                                                preemption=preemption))
-    sim.run()
+    sim.app.run()
     assert len(checked) == result.metrics["serving"]["steps"]
     assert sum(r.preemptions for r in sim.requests) > 0
     assert [vars(x) for x in sim.chips[0].steps] == [vars(x) for x in result.steps[0]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from models.bits import BitConfig
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_model
-from sim.hw import load_hardware
+from sim.device.hw import load_hardware
 from sim.serving import grid
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from isa.errors import ConfigError
-from sim.cli import main
-from sim.sweep import build_sweep, flatten_metrics, load_sweep, run_sweep
+from sim.app.cli.main import main
+from sim.app.sweep.sweep import build_sweep, flatten_metrics, load_sweep, run_sweep
 
 #: 4 x 4 = 16 points of the tiny model on the tiny device (a fraction of a second each).
 TINY_SWEEP = """
@@ -213,9 +213,9 @@ def test_missing_dask_is_a_clear_error(sweep_file, tmp_path, monkeypatch):
 
 
 def test_a_points_row_is_the_columns_of_its_typed_result():
-    from sim.config import build_run_config
-    from sim.results import ResultsError, run_metrics
-    from sim.run import run
+    from sim.app.config import build_run_config
+    from sim.app.results import ResultsError, run_metrics
+    from sim.app.run import run
 
     tree = {"hardware": {"preset": "tiny"}, "workload": {"kind": "gemv", "k": 64, "n": 64,
                                                           "w_bits": 8}}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from isa.errors import ConfigError
-from sim.textgen import Sampler, first_difference
+from sim.app.textgen import Sampler, first_difference
 
 
 @pytest.mark.parametrize(("a", "b", "at"), [

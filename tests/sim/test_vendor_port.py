@@ -16,7 +16,7 @@ import sim.runtime as qbruntime
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
-from sim.cacheops import CacheOpError
+from sim.runtime.cacheops import CacheOpError
 from sim.runtime import Accelerator, BatchParam, Model, RuntimeApiError
 from tests.sim import zoo_host
 
@@ -28,7 +28,7 @@ PROMPT = [5, 17, 3, 99, 42, 7, 61, 8, 23, 11, 70, 2, 9, 33, 14, 50, 1, 4, 88, 19
 
 @pytest.fixture(scope="module")
 def cm():
-    from sim.hw import load_hardware
+    from sim.device.hw import load_hardware
 
     return compile_model(TINY, build_bit_config({}), HardwareTarget.from_hw(load_hardware(ARIES)),
                          kv="int8", core_mode="single", max_seq=16, cap=96, slots=SLOTS)
@@ -197,7 +197,7 @@ def test_tracing_refuses_misuse(tmp_path):
 
 @pytest.mark.parametrize("kv", ["int8", "kivi-4"])
 def test_a_batch_is_one_program_exact_per_request_and_streams_the_weights_once(kv, table):
-    from sim.hw import load_hardware
+    from sim.device.hw import load_hardware
 
     cm = compile_model(TINY, build_bit_config({}), HardwareTarget.from_hw(load_hardware(ARIES)),
                        kv=kv, core_mode="single", max_seq=16, cap=96, slots=SLOTS)

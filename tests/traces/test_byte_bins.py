@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from models.demo import gemv_layer
-from sim.device import Device
-from sim.hw import load_hardware
+from sim.device.device import Device
+from sim.device.hw import load_hardware
 from traces.chrome import bandwidth_series, chrome_trace, chrome_trace_json
 from traces.recorder import Recorder
 

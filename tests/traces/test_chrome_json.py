@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import traces.chrome as chrome
-from sim.config import load_run_config
-from sim.run import run
+from sim.app.config import load_run_config
+from sim.app.run import run
 from traces.chrome import chrome_trace, chrome_trace_json, lane_tracks
 from traces.recorder import Recorder
 

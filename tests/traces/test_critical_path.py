@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.config import load_run_config
-from sim.run import run
+from sim.app.config import load_run_config
+from sim.app.run import run
 from traces.critical import GAP, critical_path, path_columns, time_by_group
 from traces.recorder import Span
 

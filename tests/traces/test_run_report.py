@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from sim.config import load_run_config
-from sim.run import run
+from sim.app.config import load_run_config
+from sim.app.run import run
 from traces.recorder import Span
 from traces.report import _binned_lanes, run_report
 from traces.sweep_report import sweep_report, x_axis
@@ -145,7 +145,7 @@ def test_marks_change_neither_the_encoded_program_nor_its_equality(tiny):
     from dataclasses import replace
 
     from isa.encoding import decode_program, encode_program
-    from sim.run import compile_for_run
+    from sim.app.run import compile_for_run
 
     cm = compile_for_run(tiny.config)
     prog = cm.program(tokens=1, cache_size=8)

@@ -10,9 +10,9 @@ from collections import defaultdict
 
 import pytest
 
-from sim.cli import main
-from sim.config import load_run_config
-from sim.run import render_outputs, run
+from sim.app.cli.main import main
+from sim.app.config import load_run_config
+from sim.app.run import render_outputs, run
 from traces.chrome import chrome_trace
 from traces.recorder import Recorder, Span
 

@@ -1,0 +1,1 @@
+"""The ``kvsim`` command line."""

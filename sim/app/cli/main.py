@@ -1,0 +1,575 @@
+"""``kvsim`` command line.
+
+Exit codes: 0 success, 2 bad input (config, file, arguments: one line naming the field),
+130 interrupted (Ctrl-C), 1 anything unexpected. Long commands show their progress on a
+terminal (``sim.progress``), and nothing when output goes to a file or ``CI`` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from isa.errors import ConfigError, KvsimError
+from sim.app.cli.run import DEFAULT_OUT, cmd_run, config_kind, run_help_epilog, run_phases
+from sim.app.console import make_console
+from sim.progress import Phases, progress_enabled
+
+EXIT_BAD_INPUT = 2
+__all__ = ["DEFAULT_OUT", "build_parser", "cmd_run", "config_kind", "main", "run_help_epilog",
+           "run_phases"]
+#: The shell's code for a command stopped by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+def _fmt_bytes_per_s(v: float) -> str:
+    return f"{v / 1e9:,.3f} GB/s"
+
+
+def _fmt_s(v: float) -> str:
+    if v >= 1:
+        return f"{v:.3f} s"
+    if v >= 1e-3:
+        return f"{v * 1e3:.3f} ms"
+    return f"{v * 1e6:.3f} µs"
+
+
+def cmd_hw_list(args: argparse.Namespace, console: Console) -> int:
+    from sim.device.hw import load_hardware, preset_names
+
+    table = Table(title="hardware presets")
+    table.add_column("name")
+    table.add_column("description")
+    for name in preset_names():
+        table.add_row(name, load_hardware(name).description)
+    console.print(table)
+    return 0
+
+
+def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
+    from sim.app.config import apply_sets, resolve_hardware
+    from sim.device.hw import build_hardware
+
+    tree: dict = {"preset": args.name}
+    apply_sets(tree, args.set or [])
+    hw = build_hardware(resolve_hardware(tree))
+    protocol = None
+    if hw.dram.timing is not None:
+        from sim.device.dram.patterns import protocol_summary
+
+        protocol = protocol_summary(hw.dram)
+    if args.json:
+        out = {"config": hw.model_dump(mode="json"), "derived": hw.derived}
+        if protocol is not None:
+            out["dram_protocol"] = protocol.to_json()
+        print(json.dumps(out, indent=1))
+        return 0
+    console.print(f"[bold]{hw.name}[/bold]: {hw.description}")
+    table = Table(title="parameters")
+    for col in ("field", "value", "source / assumption"):
+        table.add_column(col, overflow="fold")
+
+    def walk(prefix: str, obj: dict) -> None:
+        for k, v in obj.items():
+            path = f"{prefix}.{k}" if prefix else k
+            if isinstance(v, dict) and k not in ("macs_per_cycle",):
+                walk(path, v)
+            elif isinstance(v, dict):
+                for kk, vv in v.items():
+                    p2 = f"{path}.{kk}"
+                    table.add_row(p2, str(vv), _note(p2))
+            else:
+                table.add_row(path, str(v), _note(path))
+
+    def _note(path: str) -> str:
+        if path in hw.sources:
+            return f"source: {hw.sources[path]}"
+        if path in hw.assumptions:
+            return f"assumption: {hw.assumptions[path]}"
+        if "all" in hw.assumptions:
+            return f"assumption: {hw.assumptions['all']}"
+        return ""
+
+    data = hw.model_dump(mode="json", exclude={"name", "description", "sources", "assumptions"})
+    walk("", data)
+    console.print(table)
+    d = Table(title="derived figures")
+    d.add_column("figure")
+    d.add_column("value", justify="right")
+    for k, v in hw.derived.items():
+        if k.startswith("peak_ops"):
+            d.add_row(k, f"{v / 1e12:,.2f} TOPS")
+        else:
+            d.add_row(k, _fmt_bytes_per_s(v))
+    console.print(d)
+    if protocol is not None:
+        _print_dram_protocol(protocol, console)
+    return 0
+
+
+def _print_dram_protocol(protocol, console: Console) -> None:
+    """The LPDDR4X protocol model's timing in cycles and its efficiency per access pattern."""
+    from rich.markup import escape
+
+    c = Table(title=f"DRAM protocol timing, rounded to tCK = {protocol.tck_ps / 1000:.3f} ns")
+    c.add_column("parameter")
+    c.add_column("cycles", justify="right")
+    c.add_column("ns", justify="right")
+    for k, v in protocol.cycles.items():
+        c.add_row(k, str(v), f"{v * protocol.tck_ps / 1000:.2f}")
+    console.print(c)
+    p = Table(title="DRAM sustained efficiency per access pattern (LPDDR4X protocol model)")
+    for col in ("pattern", "efficiency", "closed form", "sustained, all channels", "what"):
+        p.add_column(col, justify="left" if col in ("pattern", "what") else "right",
+                     overflow="fold")
+    for f in protocol.patterns:
+        closed = "-" if f.closed_form is None else f"{f.closed_form:.4f}"
+        p.add_row(f.name, f"{f.efficiency:.4f}", closed,
+                  _fmt_bytes_per_s(f.sustained_bytes_per_s), escape(f.description))
+    console.print(p)
+    console.print(f"refresh alone: tRFCab / tREFI = {protocol.refresh_loss:.4f} of the time")
+    console.print(f"[yellow]note[/yellow]: {protocol.note}")
+
+
+#: Short column names of the sensitivity table.
+FIGURE_LABELS = {"prefill.ttft_s": "TTFT", "decode.time_per_token_s": "decode/token",
+                 "sim_time_s": "time"}
+
+
+def cmd_hw_sensitivity(args: argparse.Namespace, console: Console) -> int:
+    from sim.app.config import apply_sets, load_tree
+    from sim.app.sweep.sensitivity import run_sensitivity
+
+    tree = load_tree(args.config)
+    if args.model is not None:
+        key = "hf_config" if args.model.endswith(".json") or "/" in args.model else "preset"
+        tree["model"] = {key: args.model}
+    apply_sets(tree, args.set or [])
+    res = run_sensitivity(tree, fraction=args.fraction, only=args.param, workers=args.workers,
+                          executor=args.executor, scheduler=args.scheduler,
+                          progress=not (args.quiet or args.json))
+    if args.json:
+        print(json.dumps(res.to_json(), indent=1))
+        return 0
+    pct = f"{res.fraction:.0%}"
+    t = Table(title=f"change of each figure at -{pct} / +{pct} of one hardware field")
+    t.add_column("field", overflow="fold")
+    t.add_column("value", justify="right")
+    for f in res.figures:
+        label = FIGURE_LABELS.get(f, f)
+        t.add_column(f"{label} -{pct}", justify="right")
+        t.add_column(f"{label} +{pct}", justify="right")
+    t.add_column("note", overflow="fold")
+
+    def cell(v: float | None) -> str:
+        return "-" if v is None else f"{v:+.2f} %"
+
+    for r in res.rows:
+        cells = [cell(v) for f in res.figures for v in r.change_pct[f]]
+        t.add_row(r.field, f"{r.base:g}", *cells, r.note)
+    console.print(t)
+    console.print("base: " + ", ".join(f"{k} = {_fmt_s(v)}" for k, v in res.base.items()))
+    console.print("not perturbed: the fields of the DRAM model not in use (dram.efficiency "
+                  "under dram.model = protocol, \\[dram.timing] under efficiency)")
+    return 0
+
+
+def print_run_summary(metrics: dict, paths: dict, console: Console) -> None:
+    console.print(f"[bold]kvsim run[/bold]: {metrics['scenario']}")
+    text = metrics.get("text")
+    if text:  # a prompt text through the NPU: what it wrote, beside the float reference
+        diff = text.get("first_difference")
+        console.print(f"prompt: {escape(repr(text.get('prompt')))}\n"
+                      f"NPU:       {escape(repr(text.get('generated_text')))}\n"
+                      f"reference: {escape(repr(text.get('reference_text')))}\n"
+                      + ("identical to the reference" if diff is None
+                         else f"first difference at generated token {diff}"))
+    t = Table(show_header=False)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    if "prefill" in metrics:
+        p, d, kv = metrics["prefill"], metrics["decode"], metrics["kv_cache"]
+        t.add_row("time to first token (TTFT)", _fmt_s(p["ttft_s"]))
+        t.add_row("decode time per token", _fmt_s(d["time_per_token_s"]))
+        t.add_row("decode tokens/s", f"{d['tokens_per_s']:,.2f}")
+        t.add_row("roofline: prefill bound", _fmt_s(metrics["roofline"]["prefill"]["bound_s"]))
+        t.add_row("roofline: decode bound per token",
+                  _fmt_s(metrics["roofline"]["decode_per_token"]["bound_s"]))
+        t.add_row("launch (weights over the host link)", _fmt_s(metrics["launch"]["time_s"]))
+        t.add_row(f"KV cache ({kv['format']}) bytes per token", f"{kv['bytes_per_token']:,.1f}")
+        t.add_row("KV compression vs bf16", f"{kv['compression_vs_bf16']:.2f}x")
+        t.add_row("KV capacity (tokens in free DRAM)", f"{kv['capacity_tokens']:,}")
+        for k, v in metrics["traffic_by_kind"].items():
+            t.add_row(f"traffic {k}", f"{v:,} B")
+    else:
+        t.add_row("simulated time", _fmt_s(metrics["sim_time_s"]))
+        t.add_row("roofline bound", _fmt_s(metrics["roofline"]["bound_s"]))
+        if "weight_stream_bytes_per_s" in metrics:
+            t.add_row("weight stream rate", _fmt_bytes_per_s(metrics["weight_stream_bytes_per_s"]))
+        if metrics.get("functional_check"):
+            t.add_row("functional result vs numpy", metrics["functional_check"])
+    for k, v in metrics["traffic_bytes"].items():
+        t.add_row(f"traffic {k}", f"{v:,} B")
+    console.print(t)
+    e = Table(title="engine busy time (summed over cores)")
+    e.add_column("engine")
+    e.add_column("busy", justify="right")
+    e.add_column("utilization", justify="right")
+    groups: dict[str, list[float]] = {}
+    for k, v in metrics["engine_busy_s"].items():
+        kind = k.split(".", 1)[1] if k.startswith("core") else k
+        groups.setdefault(kind, []).append(v)
+    total = metrics["sim_time_s"] or 1.0
+    for kind, vals in groups.items():
+        e.add_row(f"{kind} (x{len(vals)})" if len(vals) > 1 else kind, _fmt_s(sum(vals)),
+                  f"{sum(vals) / len(vals) / total * 100:.1f} %")
+    console.print(e)
+    for name, p in paths.items():
+        console.print(f"{name}: {p}")
+
+
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    from sim.app.check import check_run
+    from sim.app.config import apply_sets, build_run_config, load_tree
+    from sim.app.sweep.sweep import build_sweep, is_sweep_tree
+
+    tree = load_tree(args.config)
+    if args.config is not None and is_sweep_tree(tree):
+        sweep = build_sweep(tree, folder=Path(args.config).parent, sets=args.set,
+                            axes=args.axis, source=args.config)
+        shape = " x ".join(f"{k} ({len(v)})" for k, v in sweep.axes.items())
+        print(f"ok: sweep of {len(sweep.points)} points: {shape}")
+        return 0
+    if args.axis:
+        raise ConfigError("--axis: only a sweep file (with [axes]) takes axes")
+    apply_sets(tree, args.set or [])
+    if config_kind(tree) == "serve":
+        from sim.app.serve.config import build_serve_config
+
+        cfg = build_serve_config(tree)
+        w = cfg.serving.workload
+        print(f"ok: serving {w.requests} requests of {cfg.model.preset or cfg.model.hf_config}"
+              f" on {cfg.serving.chips} x {cfg.hardware.name}")
+        return 0
+    print(f"ok: {check_run(build_run_config(tree)).summary}")
+    return 0
+
+
+def _metric_column(name: str, values: list) -> tuple[str, list[str]]:
+    """A results column for the console: its label with the unit, and its cells."""
+    from traces.report import fmt_number, quantity
+
+    def number(v) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+
+    label, scale = quantity(name, [v for v in values if number(v)])
+    cells = [fmt_number(v / scale if scale != 1 else v) if number(v) else
+             ("" if v is None else str(v)) for v in values]
+    return label, cells
+
+
+def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    from sim.app.sweep.sweep import load_sweep, run_sweep
+    from traces.io import check_out_folder
+
+    sweep = load_sweep(args.sweep, args.set, args.axis)
+    check_out_folder(args.out, "--out")
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
+    if args.scheduler and args.executor != "dask":
+        raise ConfigError("--scheduler: only with --executor dask")
+    if not args.quiet:
+        where = (f"dask scheduler {args.scheduler}" if args.scheduler else
+                 "a dask LocalCluster" if args.executor == "dask" else "local processes")
+        console.print(f"[bold]kvsim sweep[/bold] {args.sweep}: {len(sweep.points)} points "
+                      f"on {where}")
+    result = run_sweep(sweep, args.out, executor=args.executor, workers=args.workers,
+                       scheduler=args.scheduler,
+                       progress=not args.quiet and progress_enabled())
+    failed = result.failed
+    if not args.quiet:
+        t = Table(title=f"{len(result.rows)} points in {result.wall_s:,.1f} s "
+                        f"({result.executor}, {result.workers} workers)")
+        shown = [_metric_column(m, [r.get(m) for r in result.rows])
+                 for m in sweep.metrics if m in result.columns]
+        for col in ("#", *sweep.axes, "status", *(label for label, _ in shown)):
+            t.add_column(col, justify="right", overflow="fold")
+        for i, r in enumerate(result.rows):
+            t.add_row(str(r["index"]), *(str(r[a]) for a in sweep.axes), r["status"],
+                      *(cells[i] for _, cells in shown))
+        console.print(t)
+        for name, p in result.paths.items():
+            console.print(f"{name}: {p}")
+    for r in failed:
+        point = sweep.points[r["index"]]
+        print(f"kvsim: point {r['index']} ({point.label}) failed: {r['error']}\n"
+              f"  to run it alone: {sweep.rerun_hint(point)}", file=sys.stderr)
+    if failed:
+        print(f"kvsim: {len(failed)} of {len(result.rows)} points failed; the others' "
+              f"results are in {args.out}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _model_and_bits(args: argparse.Namespace):
+    from models.bits import build_bit_config
+    from models.config import load_model
+
+    model = load_model(args.model, where="--model")
+    bits = build_bit_config({"weights": args.bits}, where="--bits")
+    return model, bits
+
+
+def cmd_compile(args: argparse.Namespace, console: Console) -> int:
+    from models.compiler import HardwareTarget, compile_model
+    from models.source import resolve_model
+    from sim.device.hw import load_hardware
+    from traces.io import check_out_file
+
+    check_out_file(args.output, "-o/--output")
+    model, bits = _model_and_bits(args)
+    hw = load_hardware(args.hw)
+    with Phases(enabled=progress_enabled()) as ph:
+        ph.start(f"compile {model.name}"
+                 + ("" if args.timing_only else " (calibrating integer parameters)"))
+        cm = compile_model(model, bits, HardwareTarget.from_hw(hw), kv=args.kv,
+                           core_mode=args.core_mode, max_seq=args.max_seq,
+                           cap=args.cache_length, slots=args.cache_slots,
+                           functional=not args.timing_only,
+                           weights=resolve_model(args.model, where="--model")
+                           .weight_spec(args.seed))
+        ph.start(f"write {args.output}")
+        cm.save(args.output)
+    t = Table(title=f"compiled {model.name} -> {args.output}")
+    t.add_column("item")
+    t.add_column("value", justify="right")
+    t.add_row("hardware / core mode", f"{hw.name} / {cm.core_mode}")
+    t.add_row("weights (DRAM)", f"{cm.mm.bytes_of_kind('weights'):,} B")
+    t.add_row("KV cache (DRAM)", f"{cm.mm.bytes_of_kind('kv_cache'):,} B")
+    t.add_row("activations + host I/O (DRAM)",
+              f"{cm.mm.bytes_of_kind('activations') + cm.mm.bytes_of_kind('host_io'):,} B")
+    t.add_row("tokens per pass (SRAM-fitted tile)", str(cm.m_tile))
+    from sim.device.device import static_roofline
+
+    for name, prog in cm.programs.items():
+        roof = static_roofline(prog, hw)
+        t.add_row(f"program {name}", f"{len(prog):,} instructions, roofline "
+                  f"{_fmt_s(roof['bound_s'])} ({roof['dram_bytes']:,} DRAM bytes)")
+    console.print(t)
+    if args.asm:
+        from isa.asm import disassemble
+
+        print(disassemble(cm.programs["decode"]))
+    return 0
+
+
+def cmd_kv(args: argparse.Namespace, console: Console) -> int:
+    from collections import Counter
+
+    from isa import kvformats
+    from models.config import load_model
+
+    model = load_model(args.model, where="--model")
+    pair = kvformats.pair(args.format)
+    bf16 = kvformats.parse("bf16")
+    n = args.context
+    comps = model.kv_components()
+    if model.is_mla:
+        caches = [("latent", pair.k, comps["content"] + comps["rope"], 1)]
+    else:
+        hd = model.head_dim
+        caches = [("key", pair.k, hd, model.num_kv_heads),
+                  ("value", pair.v, hd, model.num_kv_heads)]
+    rows = []
+    for name, fmt, width, heads in caches:
+        b = heads * fmt.bytes(n, width)
+        ref = heads * bf16.bytes(n, width)
+        rows.append({"cache": name, "format": kvformats.to_text(fmt), "width": width,
+                     "heads": heads, "bytes_per_layer": b, "bf16_bytes_per_layer": ref,
+                     "bytes_per_token_per_layer": b / n, "compression_vs_bf16": ref / b})
+    # a sliding-window layer holds only its last window of tokens (rows: a full layer)
+    held = [model.kv_tokens(layer, n) for layer in range(model.num_layers)]
+    total = sum(heads * fmt.bytes(t, width) for t in held for _, fmt, width, heads in caches)
+    total_ref = sum(heads * bf16.bytes(t, width) for t in held for _, _, width, heads in caches)
+    out = {"model": model.name, "format": args.format, "context_tokens": n,
+           "layers": model.num_layers, "layers_by_tokens_held": dict(Counter(held)),
+           "per_layer": rows, "total_bytes": total,
+           "bytes_per_token": total / n, "bf16_total_bytes": total_ref,
+           "compression_vs_bf16": total_ref / total}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    windowed = "" if len(set(held)) == 1 else (
+        "; " + ", ".join(f"{c} layers hold {t:,}" for t, c in Counter(held).items()))
+    t = Table(title=f"{model.name}: KV cache {args.format} at {n:,} tokens "
+                    f"({model.num_layers} layers{windowed})")
+    for col in ("cache", "format", "heads x width", "bytes per layer", "bytes/token/layer",
+                "vs bf16"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["cache"], r["format"], f"{r['heads']} x {r['width']}",
+                  f"{r['bytes_per_layer']:,}", f"{r['bytes_per_token_per_layer']:,.2f}",
+                  f"{r['compression_vs_bf16']:.3f}x")
+    t.add_row("total", "", "", f"{total:,}", f"{total / n:,.2f}",
+              f"{total_ref / total:.3f}x")
+    console.print(t)
+    return 0
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def version_text() -> str:
+    """``kvsim X.Y.Z`` (the installed package's version)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"kvsim {version('kvsim')}"
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "kvsim (not installed: version unknown)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvsim",
+        description="Cycle simulator of an LLM inference NPU with a focus on the KV cache.",
+    )
+    p.add_argument("--version", action="version", version=version_text())
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run any kvsim config: a run, a sweep or a serving file "
+                       "(the embedded default run without CONFIG)",
+                       description="Run a kvsim config file: a run config here, a sweep file "
+                       "as kvsim sweep would, a serving file as kvsim serve would.",
+                       epilog=run_help_epilog(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    r.add_argument("config", nargs="?", help="config file (TOML); omit for the embedded "
+                   "default run")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override any config field, e.g. --set hardware.dram.efficiency=0.7 "
+                   "(of a sweep: of its base config)")
+    r.add_argument("--out", help="output folder (default: kvsim-out; kvsim-sweep for a sweep, "
+                   "kvsim-serve for a serving file)")
+    r.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    r.set_defaults(func=cmd_run)
+
+    ch = sub.add_parser("check", help="validate a run or sweep config without running it")
+    ch.add_argument("config", nargs="?", help="run or sweep config (TOML); omit for the "
+                    "embedded default")
+    ch.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a config field (of a sweep: of its base config)")
+    ch.add_argument("--axis", action="append", metavar="KEY=[V1,V2,...]",
+                    help="sweep only: replace or add an axis")
+    ch.set_defaults(func=cmd_check)
+
+    sw = sub.add_parser("sweep", help="run a parameter sweep (cartesian product of axes)")
+    sw.add_argument("sweep", help="sweep config (TOML): base run config, [axes], [outputs]")
+    sw.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a field of the base config")
+    sw.add_argument("--axis", action="append", metavar="KEY=[V1,V2,...]",
+                    help="replace or add an axis, e.g. --axis workload.prompt_tokens=[512,2048]")
+    sw.add_argument("--out", default="kvsim-sweep", help="output folder (default: kvsim-sweep)")
+    sw.add_argument("--executor", choices=["local", "dask"], default="local",
+                    help="local process pool (default) or a Dask distributed cluster")
+    sw.add_argument("--workers", type=int, metavar="N",
+                    help="local: processes (default: one per CPU; 1 runs in this process); "
+                         "dask without --scheduler: workers of the LocalCluster it starts")
+    sw.add_argument("--scheduler", metavar="ADDRESS",
+                    help="dask: scheduler address, e.g. tcp://10.0.0.5:8786 (default: start a "
+                         "LocalCluster)")
+    sw.add_argument("-q", "--quiet", action="store_true",
+                    help="no progress bar or table (failed points are still reported)")
+    sw.set_defaults(func=cmd_sweep)
+
+    c = sub.add_parser("compile", help="compile a model to a .kvm file (memory map, programs)")
+    c.add_argument("--model", required=True, help="model preset, smollm2-135m, a GGUF file, "
+                   "a Hugging Face folder or a config.json")
+    c.add_argument("--bits", default="W8", help="weight-bit preset (W8, W4V8)")
+    c.add_argument("--kv", default="int8", help="KV format (int8, bf16, kivi-4, ...)")
+    c.add_argument("--hw", default="aries", help="hardware preset")
+    c.add_argument("--core-mode", default="global8", choices=["single", "global4", "global8"])
+    c.add_argument("--max-seq", type=_positive, default=512, help="most tokens per infer call")
+    c.add_argument("--cache-length", type=_positive, default=4096, help="KV capacity, tokens")
+    c.add_argument("--cache-slots", type=_positive, default=1, help="cache slots")
+    c.add_argument("--seed", type=int, default=0, help="synthetic weight seed")
+    c.add_argument("--timing-only", action="store_true",
+                   help="skip calibration of integer parameters (timing-only runs)")
+    c.add_argument("--asm", action="store_true", help="print the decode program's assembly")
+    c.add_argument("-o", "--output", required=True, help="output file (.kvm)")
+    c.set_defaults(func=cmd_compile)
+
+    k = sub.add_parser("kv", help="KV-cache bytes of a model in a format")
+    k.add_argument("--model", required=True)
+    k.add_argument("--format", required=True)
+    k.add_argument("--context", type=_positive, required=True, help="tokens in the cache")
+    k.add_argument("--json", action="store_true")
+    k.set_defaults(func=cmd_kv)
+
+    hw = sub.add_parser("hw", help="hardware presets")
+    hsub = hw.add_subparsers(dest="hw_command", required=True)
+    hl = hsub.add_parser("list", help="list presets")
+    hl.set_defaults(func=cmd_hw_list)
+    hs = hsub.add_parser("show", help="show a preset with its sources and derived figures")
+    hs.add_argument("name")
+    hs.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                    help="override a field, e.g. --set dram.efficiency=0.7")
+    hs.add_argument("--json", action="store_true", help="print JSON")
+    hs.set_defaults(func=cmd_hw_show)
+    he = hsub.add_parser("sensitivity", help="TTFT and decode change per +-10 %% of each "
+                         "numeric hardware field")
+    he.add_argument("--model", help="model preset or config.json path (default: the config's)")
+    he.add_argument("--config", help="run config (TOML; default: the embedded default run)")
+    he.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a run-config field, e.g. --set hardware.preset=tiny")
+    he.add_argument("--param", action="append", metavar="FIELD",
+                    help="only this hardware field or table (repeatable), e.g. dram")
+    he.add_argument("--fraction", type=float, default=0.1, help="relative step (default 0.1)")
+    he.add_argument("--workers", type=_positive, default=1, help="processes (default 1)")
+    he.add_argument("--executor", choices=["local", "dask"], default="local")
+    he.add_argument("--scheduler", help="dask: scheduler address")
+    he.add_argument("--json", action="store_true", help="print JSON")
+    he.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    he.set_defaults(func=cmd_hw_sensitivity)
+
+    from sim.app.cli.text import add_text_parsers
+    from sim.app.regress.regress import add_parser as add_regress_parser
+    from sim.app.cli.serve import add_serve_parser
+
+    add_regress_parser(sub)
+    add_serve_parser(sub)
+    add_text_parsers(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = make_console()
+    try:
+        return args.func(args, console)
+    except KvsimError as err:
+        print(f"kvsim: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        # output files are written atomically: each is its old or its new self, whole
+        print("kvsim: interrupted; no output file was left half-written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

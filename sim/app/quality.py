@@ -1,0 +1,420 @@
+"""Quality measured on the simulated NPU: a text teacher-forced through the integer pipeline
+(functional mode, all-position logits) against the float reference on the same float
+weights (the metrics: :mod:`models.quality`)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from isa import kvformats
+from isa.errors import ConfigError
+from models.bits import (
+    WEIGHT_BITS_PRESETS,
+    BitConfig,
+    build_numerics,
+    default_numerics,
+    weight_bits_preset,
+)
+from models.compiler import CORE_MODES, HardwareTarget, compile_model
+from models.compiler.compiled import CompiledModel
+from models.quality import Quality, compare
+from models.reference import ReferenceModel
+from models.source import ModelSource, resolve_model
+
+from sim.runtime.cacheops import (
+    CacheOpError,
+    CacheView,
+    EditFn,
+    EditResult,
+    as_layout,
+    evict_positions,
+    requantize_program,
+    requantize_through,
+    score_eviction,
+)
+from sim.device.hw import HardwareConfig, load_hardware
+from sim.runtime import Accelerator, Model, ModelConfig
+
+#: Tokens per teacher-forced prefill call (a longer text runs as consecutive calls, each
+#: returning the logits of all its positions).
+CHUNK_TOKENS = 256
+#: Cache lengths are rounded up to this many tokens (a multiple of every KV format's
+#: token group).
+CACHE_ROUND_TOKENS = 128
+
+
+def source_of(source: str | Path | ModelSource) -> ModelSource:
+    """A :class:`ModelSource` from anything :func:`models.source.resolve_model` accepts."""
+    return source if isinstance(source, ModelSource) else resolve_model(source)
+
+
+def hardware_of(hw: str | HardwareConfig) -> HardwareConfig:
+    return load_hardware(hw) if isinstance(hw, str) else hw
+
+
+def widest_core_mode(hw: HardwareConfig) -> str:
+    """The core mode that uses the most of ``hw``'s cores."""
+    return max((m for m, n in CORE_MODES.items() if n <= hw.cores.num_cores),
+               key=CORE_MODES.__getitem__)
+
+
+def bits_label(bits: BitConfig) -> str:
+    """The weight-bit preset's name (``W8``), or the per-role bits when it is none."""
+    for name, wb in WEIGHT_BITS_PRESETS.items():
+        if wb == bits.weights:
+            return name
+    return ",".join(f"{k}={v}" for k, v in bits.weights.model_dump().items())
+
+
+def bit_config(bits: str = "W8", *, numerics: str | None = None,
+               kv_read: str = "integer", real_weights: bool = True) -> BitConfig:
+    """A :class:`BitConfig` from the names a command line gives: the weight-bit preset,
+    the numerics preset (None: :func:`models.bits.default_numerics` of the weights) and
+    the KV read path."""
+    if kv_read not in ("integer", "dequant"):
+        raise ConfigError(f"kv_read: {kv_read!r} is not one of integer, dequant")
+    opts = (default_numerics(real_weights) if numerics is None
+            else build_numerics({"preset": numerics}, where="numerics"))
+    return BitConfig(weights=weight_bits_preset(bits, where="bits"), numerics=opts,
+                     kv_read=kv_read)
+
+
+def compile_for_text(src: ModelSource, bits: BitConfig, *, kv: str, hw: HardwareConfig,
+                     tokens: int, seed: int = 0, chunk_tokens: int = CHUNK_TOKENS,
+                     functional: bool = True) -> CompiledModel:
+    """The compiled model of ``src`` (functional by default) for a text of ``tokens``
+    tokens, on every core of ``hw``, in calls of up to ``chunk_tokens``."""
+    cap = -(-tokens // CACHE_ROUND_TOKENS) * CACHE_ROUND_TOKENS
+    # The runtime lowers each call's program when it runs it, so the compiler's stored
+    # prefill/decode programs would be lowered once more for nothing (store_programs=False;
+    # the programs the calls run are the same).
+    return compile_model(src.config, bits, HardwareTarget.from_hw(hw), kv=kv,
+                         core_mode=widest_core_mode(hw), max_seq=min(tokens, chunk_tokens),
+                         cap=cap, functional=functional, weights=src.weight_spec(seed),
+                         store_programs=False)
+
+
+#: How many float references :func:`reference_logits` keeps (each ``n x vocab`` float32:
+#: 50 MB for 257 tokens of SmolLM2's 49,152-token vocabulary).
+REFERENCES_KEPT = 2
+#: ``(key, logits)`` of the last :data:`REFERENCES_KEPT` references, newest last.
+_REFERENCES: list[tuple[tuple, np.ndarray]] = []
+#: How many :class:`Quality` results :func:`evaluate` keeps (a few hundred bytes each).
+QUALITIES_KEPT = 64
+#: key -> quality of the last :data:`QUALITIES_KEPT` evaluations, oldest first.
+_QUALITIES: dict[tuple, Quality] = {}
+#: key -> the unedited quality after an edit position (:func:`evaluate_edit`), oldest first.
+_UNEDITED: dict[tuple, Quality] = {}
+
+
+def _model_key(src: ModelSource, seed: int) -> tuple:
+    """What a model's results depend on: its name and config, its weight files with their
+    size and modification time (a file rewritten in place is another model), the seed."""
+    spec = src.weight_spec(seed)
+    files = [spec["path"]] if "path" in spec else list(spec.get("paths", ()))
+    stamps = tuple((str(f), Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
+                   for f in files)
+    return (src.name, src.config.model_dump_json(),
+            json.dumps(spec, sort_keys=True, default=str), stamps, seed)
+
+
+def reference_logits(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) -> np.ndarray:
+    """The float reference's teacher-forced logits ``(n, vocab)`` (float weights).
+
+    The last few are kept in memory, keyed on the model (:func:`_model_key`) and the token
+    ids: the same text compared with several KV formats, read paths or bit configs runs
+    the float model once. The array returned is read-only (it is shared)."""
+    ids = np.asarray([int(t) for t in tokens], dtype=np.int64)
+    key = (_model_key(src, seed), ids.tobytes())
+    for k, logits in _REFERENCES:
+        if k == key:
+            return logits
+    logits = ReferenceModel(src.config, src.open_weights(seed)).prefill(ids.tolist())
+    logits.setflags(write=False)
+    _REFERENCES[:] = [*_REFERENCES[-(REFERENCES_KEPT - 1):], (key, logits)]
+    return logits
+
+
+def npu_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int], *,
+               seed: int = 0) -> tuple[np.ndarray, float]:
+    """The simulated NPU's teacher-forced logits ``(n, vocab)`` and the simulated seconds
+    of the prefill calls (the host embeds the tokens: float32 rows of the embedding)."""
+    acc = Accelerator(hw=hw, functional=True)
+    model = Model(cm, ModelConfig(all_logits=True))
+    model.launch(acc)
+    embed = cm.weight_source().tensor("embed")
+    ids = np.asarray(tokens, dtype=np.int64)
+    rows, time_s = [], 0.0
+    for t0 in range(0, ids.size, cm.max_seq):
+        chunk = ids[t0 : t0 + cm.max_seq]
+        [out] = model.infer(embed[chunk].astype(np.float32), cache_size=t0, all_logits=True)
+        rows.append(out)
+        time_s += acc.calls[-1].time_s
+    model.dispose()
+    return np.concatenate(rows), time_s
+
+
+def evaluate(source: str | Path | ModelSource, tokens: Sequence[int], *, bits: BitConfig,
+             kv: str = "int8", hw: str | HardwareConfig = "aries", seed: int = 0,
+             reference: np.ndarray | None = None, allow_degenerate: bool = False,
+             chunk_tokens: int = CHUNK_TOKENS) -> Quality:
+    """Teacher-force ``tokens`` through the simulated NPU (``bits``, KV format ``kv``, the
+    read path ``bits.kv_read``, on ``hw``) and compare its logits with the float
+    reference's (``reference``: those logits, if already computed). Degenerate NPU logits
+    raise :class:`models.quality.DegenerateOutput` unless ``allow_degenerate``.
+
+    Results are deterministic, so the last :data:`QUALITIES_KEPT` are kept in memory,
+    keyed on every input (model and weight files, tokens, bit config, KV format, hardware,
+    seed, call size, ``allow_degenerate``): tests and tables that ask for the same
+    configuration simulate it once. Calls given a ``reference`` are not kept."""
+    src = source_of(source)
+    ids = [int(t) for t in tokens]
+    if len(ids) < 2:
+        raise ConfigError(f"text: {len(ids)} tokens; teacher forcing needs at least 2")
+    vocab = src.config.vocab_size
+    if min(ids) < 0 or max(ids) >= vocab:
+        raise ConfigError(f"text: token ids must lie in 0..{vocab - 1}")
+    hwc = hardware_of(hw)
+    # Deterministic, so kept: keyed on every input (a given reference is not: its
+    # logits would have to be compared too).
+    key = (_model_key(src, seed), np.asarray(ids, np.int64).tobytes(), bits.model_dump_json(),
+           kv, hwc.model_dump_json(), chunk_tokens, allow_degenerate)
+    if reference is None and key in _QUALITIES:
+        return copy.deepcopy(_QUALITIES[key])
+    cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
+                          chunk_tokens=chunk_tokens)
+    npu, time_s = npu_logits(cm, hwc, ids, seed=seed)
+    ref = reference_logits(src, ids, seed=seed) if reference is None else reference
+    q = compare(ref, npu, ids, allow_degenerate=allow_degenerate, model=src.name,
+                real_weights=src.real, bits=bits_label(bits),
+                numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
+                hw=hwc.name, prefill_s=time_s)
+    if reference is None:
+        _QUALITIES[key] = copy.deepcopy(q)
+        while len(_QUALITIES) > QUALITIES_KEPT:
+            del _QUALITIES[next(iter(_QUALITIES))]
+    return q
+
+
+#: The KV formats of the quality table: (label, format name or spec). The 2-bit per-token
+#: format is KIVI-2 with its keys grouped per token instead of per channel (same group,
+#: scales and fp16 window of 128 recent tokens), so it isolates the key axis.
+TABLE_FORMATS: tuple[tuple[str, str], ...] = (
+    ("int8", "int8"),
+    ("kivi-4", "kivi-4"),
+    ("qserve-kv4", "qserve-kv4"),
+    ("kivi-2", "kivi-2"),
+    ("2-bit per-token", "b2.token.g32.asym.scale-fp16.zero-fp16.fp-fp16.window128"),
+)
+READ_PATHS = ("integer", "dequant")
+
+
+def quality_table(source: str | Path | ModelSource, tokens: Sequence[int], *,
+                  bits: str = "W8", numerics: str | None = None,
+                  hw: str | HardwareConfig = "aries",
+                  formats: Sequence[tuple[str, str]] = TABLE_FORMATS,
+                  read_paths: Sequence[str] = READ_PATHS,
+                  allow_degenerate: bool = False,
+                  progress=None) -> list[tuple[str, Quality]]:
+    """Every KV format of ``formats`` through every read path, on one text: ``(label,
+    quality)`` rows (the float reference runs once: :func:`reference_logits` keeps it).
+    ``progress(label, read)`` is called
+    before each configuration."""
+    src = source_of(source)
+    rows = []
+    for label, fmt in formats:
+        for read in read_paths:
+            if progress is not None:
+                progress(label, read)
+            q = evaluate(src, tokens, bits=bit_config(bits, numerics=numerics, kv_read=read),
+                         kv=fmt, hw=hw, allow_degenerate=allow_degenerate)
+            rows.append((label, q))
+    return rows
+
+
+# --- the quality of a cache edit beside its cost -----------------------------------------
+
+#: The edits :func:`parse_edit` names (``kvsim eval --edit``).
+EDIT_HELP = ("requantize:FORMAT (a KV format or K/V layout, e.g. kivi-2; host or device), "
+             "evict:SINKS,RECENT,BUDGET (sim.runtime.cacheops.score_eviction; host), "
+             "drop:FIRST-LAST (evict those positions; host or device)")
+EDIT_SIDES = ("host", "device")
+
+
+@dataclass(frozen=True)
+class CacheEdit:
+    """One cache edit, on the host (``host``: a ``sim.runtime.cacheops`` edit function) and, where
+    the device has the same op, on the device (``device(model, cache_size)``)."""
+
+    label: str
+    host: EditFn
+    device: Callable[[Model, int], EditResult] | None = None
+    #: raises :class:`CacheOpError` when the device cannot do the edit on a compiled model
+    #: (checked before any run)
+    device_check: Callable[[CompiledModel], None] | None = None
+
+
+def requantize_layout(via) -> EditFn:
+    """A host edit passing K caches through ``via``'s K format and V caches through its
+    V format (a format, a ``KVPair`` or a name ``as_layout`` accepts): the host side of
+    ``requantize_on_device(via)``."""
+    lay = as_layout(via, "requantize")
+    lay = lay if isinstance(lay, kvformats.KVPair) else kvformats.KVPair(lay, lay)
+    k_edit, v_edit = requantize_through(lay.k), requantize_through(lay.v)
+
+    def edit(views: list[CacheView]) -> list[np.ndarray]:
+        return [(v_edit if v.component == "v" else k_edit)([v])[0] for v in views]
+
+    return edit
+
+
+def parse_edit(spec: str | EditFn | CacheEdit, *, where: str = "edit") -> CacheEdit:
+    """The :class:`CacheEdit` a name gives (:data:`EDIT_HELP`); a callable is a user's
+    host edit (e.g. ``sim.runtime.cacheops.round_trip(quantize, pack, unpack, dequantize)``),
+    host only. A bad name raises :class:`ConfigError` naming ``where``."""
+    if isinstance(spec, CacheEdit):
+        return spec
+    if callable(spec):
+        return CacheEdit(getattr(spec, "__name__", "custom"), spec)
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ConfigError(f"{where}: {spec!r} is not an edit; one of {EDIT_HELP}")
+    kind, arg = (x.strip() for x in spec.split(":", 1))
+    try:
+        if kind == "requantize":
+            via = as_layout(arg, f"{where} requantize")
+            # the program of an empty cache checks that the scratch area holds a region
+            # in the via formats (the cache's size does not change that)
+            return CacheEdit(spec, requantize_layout(via),
+                             lambda m, n: m.requantize_on_device(via, cache_size=n),
+                             lambda cm: requantize_program(cm, slot=0, tokens=0, via=via))
+        if kind == "evict":
+            parts = arg.split(",")
+            if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+                raise ConfigError(f"{where}: evict takes SINKS,RECENT,BUDGET (three integers "
+                                  f">= 0), got {arg!r}")
+            sinks, recent, budget = (int(p) for p in parts)
+            return CacheEdit(spec, score_eviction(sinks, recent, budget))
+        if kind == "drop":
+            lo, sep, hi = arg.partition("-")
+            if not (sep and lo.strip().isdigit() and hi.strip().isdigit()
+                    and int(lo) <= int(hi)):
+                raise ConfigError(f"{where}: drop takes FIRST-LAST (integers, FIRST <= LAST), "
+                                  f"got {arg!r}")
+            drop = list(range(int(lo), int(hi) + 1))
+            return CacheEdit(spec, evict_positions(drop),
+                             lambda m, n: m.evict_on_device(drop, cache_size=n))
+    except CacheOpError as err:
+        raise ConfigError(str(err)) from None
+    raise ConfigError(f"{where}: unknown edit {kind!r}; one of {EDIT_HELP}")
+
+
+@dataclass(frozen=True)
+class EditQuality:
+    """A cache edit's quality effect beside its cost: the text's first ``at`` tokens
+    teacher-forced, the edit applied on ``side``, the rest teacher-forced; ``quality``
+    and ``unedited`` cover the same predictions (positions ``at ..``), with and without
+    the edit, against the float reference."""
+
+    edit: str
+    side: str  # "host" | "device"
+    at: int
+    quality: Quality
+    unedited: Quality
+    time_s: float  # simulated time of the edit
+    pcie_bytes: int  # host link bytes of the edit, both ways
+    dram_bytes: int
+    host_model_s: float  # the host cost model's share (host edits)
+    new_cache_size: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def edited_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int], *, at: int,
+                  apply: Callable[[Model, int], EditResult] | None
+                  ) -> tuple[np.ndarray, float, EditResult | None]:
+    """Teacher-forced logits ``(n, vocab)`` of ``tokens`` with ``apply(model, at)`` run on
+    the cache after the first ``at`` tokens (None: no edit; the logits equal
+    :func:`npu_logits`'s), the later tokens placed after the edit's new cache size; and
+    the simulated seconds of the prefill calls."""
+    acc = Accelerator(hw=hw, functional=True)
+    model = Model(cm, ModelConfig(all_logits=True))
+    model.launch(acc)
+    embed = cm.weight_source().tensor("embed")
+    ids = np.asarray(tokens, dtype=np.int64)
+    rows, time_s, res, base = [], 0.0, None, 0
+    for lo, hi in ((0, at), (at, ids.size)):
+        if lo == at and apply is not None:
+            res = apply(model, at)
+            base = res.new_cache_size - at
+        for t0 in range(lo, hi, cm.max_seq):
+            chunk = ids[t0 : min(t0 + cm.max_seq, hi)]
+            [out] = model.infer(embed[chunk].astype(np.float32), cache_size=base + t0,
+                                all_logits=True)
+            rows.append(out)
+            time_s += acc.calls[-1].time_s
+    model.dispose()
+    return np.concatenate(rows), time_s, res
+
+
+def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
+                  bits: BitConfig, edit: str | EditFn | CacheEdit, at: int,
+                  kv: str = "int8", side: str = "host", hw: str | HardwareConfig = "aries",
+                  seed: int = 0, allow_degenerate: bool = False,
+                  chunk_tokens: int = CHUNK_TOKENS) -> EditQuality:
+    """Teacher-force the first ``at`` tokens of ``tokens``, apply ``edit``
+    (:func:`parse_edit`) to the cache on ``side`` (``host``: dump over PCIe, edit, load
+    back, timed by the runtime; ``device``: the device's op, where one exists), teacher-
+    force the rest, and compare the predictions after the edit with the float reference,
+    beside the same predictions without the edit and the edit's simulated cost."""
+    src = source_of(source)
+    ids = [int(t) for t in tokens]
+    ce = parse_edit(edit)
+    if side not in EDIT_SIDES:
+        raise ConfigError(f"side: {side!r} is not one of {', '.join(EDIT_SIDES)}")
+    if side == "device" and ce.device is None:
+        raise ConfigError(f"side: the edit {ce.label!r} has no device op (host only)")
+    if isinstance(at, bool) or not isinstance(at, int | np.integer) or not (
+            1 <= at <= len(ids) - 2):
+        raise ConfigError(f"at: {at!r} must be an integer in 1..{len(ids) - 2} (the text "
+                          f"has {len(ids)} tokens; predictions must follow the edit)")
+    at = int(at)
+    hwc = hardware_of(hw)
+    cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
+                          chunk_tokens=chunk_tokens)
+    if side == "device" and ce.device_check is not None:
+        ce.device_check(cm)
+    ref = reference_logits(src, ids, seed=seed)
+    config = dict(model=src.name, real_weights=src.real, bits=bits_label(bits),
+                  numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
+                  hw=hwc.name, allow_degenerate=allow_degenerate, first=at)
+    apply = ((lambda m, n: m.edit_cache_on_host(ce.host, cache_size=n)) if side == "host"
+             else ce.device)
+    # the edited run first: an edit the device cannot do fails before the unedited run
+    npu, time_s, res = edited_logits(cm, hwc, ids, at=at, apply=apply)
+    q = compare(ref, npu, ids, prefill_s=time_s, **config)
+    # the same predictions without the edit: deterministic, so kept per configuration
+    # (host and device edits, and several edits, of one text share it)
+    key = (_model_key(src, seed), np.asarray(ids, np.int64).tobytes(), bits.model_dump_json(),
+           kv, hwc.model_dump_json(), chunk_tokens, allow_degenerate, at)
+    if key not in _UNEDITED:
+        plain, plain_s, _ = edited_logits(cm, hwc, ids, at=at, apply=None)
+        _UNEDITED[key] = compare(ref, plain, ids, prefill_s=plain_s, **config)
+        while len(_UNEDITED) > QUALITIES_KEPT:
+            del _UNEDITED[next(iter(_UNEDITED))]
+    return EditQuality(ce.label, side, at, q, copy.deepcopy(_UNEDITED[key]), res.time_s,
+                       res.pcie_bytes, res.dram_bytes, res.host_model_s, res.new_cache_size)
+
+
+__all__ = ["CHUNK_TOKENS", "EDIT_HELP", "EDIT_SIDES", "QUALITIES_KEPT", "READ_PATHS",
+           "REFERENCES_KEPT", "TABLE_FORMATS", "CacheEdit", "EditQuality", "bit_config",
+           "bits_label", "compile_for_text", "edited_logits", "evaluate", "evaluate_edit",
+           "npu_logits", "parse_edit", "quality_table", "reference_logits",
+           "requantize_layout", "source_of", "widest_core_mode"]

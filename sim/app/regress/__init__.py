@@ -1,0 +1,1 @@
+"""Latency regression checks (``kvsim regress``)."""

@@ -1,0 +1,1 @@
+"""``kvsim serve``: a serving config, its run and its typed results."""

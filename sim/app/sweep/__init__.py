@@ -1,0 +1,1 @@
+"""Parameter sweeps and the hardware sensitivity table."""

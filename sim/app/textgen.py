@@ -1,0 +1,186 @@
+"""Text in, text out: a prompt prefilled and continued on the simulated NPU (functional
+mode), greedily or by seeded sampling, beside the float reference's continuation of the
+same prompt, with the simulated time to first token and time per output token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from isa.errors import ConfigError
+from models.bits import BitConfig
+from models.quality import DegenerateOutput, collapsed, degenerate_logits
+from models.reference import ReferenceModel
+from models.source import ModelSource
+
+from sim.device.hw import HardwareConfig
+from sim.app.quality import bits_label, compile_for_text, hardware_of, source_of
+from sim.runtime import Accelerator, Model
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Greedy (``temperature`` 0) or softmax sampling at ``temperature`` from a generator
+    seeded with ``seed`` (the NPU and the reference each get their own, equally seeded)."""
+
+    temperature: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
+            raise ConfigError(f"temperature: must be a finite number >= 0, got "
+                              f"{self.temperature!r}")
+
+    def picker(self) -> Callable[[np.ndarray], int]:
+        rng = np.random.default_rng(self.seed)
+
+        def pick(logits: np.ndarray) -> int:
+            if self.temperature == 0:
+                return int(np.argmax(logits))
+            z = np.asarray(logits, np.float64) / self.temperature
+            p = np.exp(z - z.max())
+            return int(rng.choice(p.size, p=p / p.sum()))
+
+        return pick
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A continuation on the NPU beside the reference's."""
+
+    model: str
+    real_weights: bool
+    bits: str
+    kv: str
+    kv_read: str
+    hw: str
+    prompt_tokens: int
+    tokens: list[int]  # the NPU's continuation
+    text: str
+    reference_tokens: list[int]
+    reference_text: str
+    first_difference: int | None  # index of the first token that differs; None: same
+    ttft_s: float  # simulated: the prefill calls
+    time_per_token_s: float  # simulated: mean decode call
+    degenerate: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first index where ``a`` and ``b`` differ (a shorter one differs where it ends),
+    or None if they are equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _stream(tok, on_text: Callable[[str], None] | None):
+    """A function taking the tokens so far that passes the new text to ``on_text``."""
+    shown = [""]
+
+    def push(ids: list[int]) -> None:
+        if on_text is None:
+            return
+        text = tok.decode(ids)
+        if text.startswith(shown[0]) and not text.endswith("\ufffd"):
+            on_text(text[len(shown[0]):])
+            shown[0] = text
+
+    return push
+
+
+def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: int,
+             bits: BitConfig, kv: str = "int8", hw: str | HardwareConfig = "aries",
+             chat: bool = False, sampler: Sampler | None = None, seed: int = 0,
+             allow_degenerate: bool = False,
+             on_text: Callable[[str], None] | None = None) -> Generation:
+    """Prefill ``prompt`` (with the model's chat template if ``chat``) and continue it by up
+    to ``max_new_tokens`` tokens on the NPU (stopping at the end-of-sequence token), passing
+    the text to ``on_text`` as it is produced; the float reference continues the same
+    prompt. Degenerate logits, or a continuation that collapses to one repeated token while
+    the reference's does not, raise :class:`DegenerateOutput` unless ``allow_degenerate``."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
+    src = source_of(source)
+    tok = src.tokenizer()
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+    ids = tok.encode(text)
+    if not ids:
+        raise ConfigError("prompt: no tokens")
+    sampler = sampler or Sampler()
+    hwc = hardware_of(hw)
+    cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids) + max_new_tokens,
+                          seed=seed)
+    acc = Accelerator(hw=hwc, functional=True)
+    model = Model(cm)
+    model.launch(acc)
+    embed = cm.weight_source().tensor("embed")
+    degenerate: list[str] = []
+
+    def check(logits: np.ndarray, where: str) -> None:
+        if (why := degenerate_logits(logits)) is not None:
+            if not allow_degenerate:
+                model.dispose()
+                raise DegenerateOutput(f"NPU logits of {where}: {why} (the integer pipeline's "
+                                       f"output cannot be right; --allow-degenerate goes on)")
+            degenerate.append(f"{where}: {why}")
+
+    start = acc.device.env.now
+    cache, logits = 0, None
+    for t0 in range(0, len(ids), cm.max_seq):
+        chunk = np.asarray(ids[t0 : t0 + cm.max_seq])
+        [logits] = model.infer(embed[chunk].astype(np.float32), cache_size=cache)
+        cache += chunk.size
+    ttft_s = (acc.device.env.now - start) / 1e12
+    check(logits, "the prompt")
+    pick, out, push = sampler.picker(), [], _stream(tok, on_text)
+    decode_s: list[float] = []
+    while True:
+        t = pick(logits)
+        out.append(t)
+        push(out)
+        if t == tok.eos_id or len(out) == max_new_tokens:
+            break
+        [logits] = model.infer(embed[[t]].astype(np.float32), cache_size=cache)
+        decode_s.append(acc.calls[-1].time_s)
+        cache += 1
+        check(logits, f"output token {len(out)}")
+    model.dispose()
+    ref_out = reference_continuation(src, ids, max_new_tokens, sampler, tok.eos_id,
+                                     seed=seed)
+    if (why := collapsed(out, ref_out)) is not None:
+        if not allow_degenerate:
+            raise DegenerateOutput(f"NPU text: {why} (--allow-degenerate goes on)")
+        degenerate.append(why)
+    return Generation(model=src.name, real_weights=src.real, bits=bits_label(bits), kv=kv,
+                      kv_read=bits.kv_read, hw=hwc.name, prompt_tokens=len(ids), tokens=out,
+                      text=tok.decode(out), reference_tokens=ref_out,
+                      reference_text=tok.decode(ref_out),
+                      first_difference=first_difference(out, ref_out), ttft_s=ttft_s,
+                      time_per_token_s=float(np.mean(decode_s)) if decode_s else 0.0,
+                      degenerate="; ".join(degenerate) or None)
+
+
+def reference_continuation(src: ModelSource, ids: Sequence[int], max_new_tokens: int,
+                           sampler: Sampler, eos_id: int | None, *,
+                           seed: int = 0) -> list[int]:
+    """The float reference's continuation of ``ids`` (same sampling rule and seed)."""
+    ref = ReferenceModel(src.config, src.open_weights(seed))
+    logits = ref.prefill(ids)[-1]
+    pick, out = sampler.picker(), []
+    while True:
+        t = pick(logits)
+        out.append(t)
+        if t == eos_id or len(out) == max_new_tokens:
+            return out
+        logits = ref.decode(t)
+
+
+__all__ = ["Generation", "Sampler", "first_difference", "generate", "reference_continuation"]

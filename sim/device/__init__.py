@@ -1,0 +1,1 @@
+"""The simulated card: hardware config and presets, components, DRAM protocol, engines, memory."""

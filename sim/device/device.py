@@ -1,0 +1,477 @@
+"""The simulated device: SimPy components plus one queue per engine executing programs.
+
+Each engine (per core: DMA load, DMA store, matrix unit, vector unit; device-wide: DRAM
+copy engine, host link h2d and d2h) runs its instructions in program order. Engines run
+in parallel and synchronise only through flags: an instruction takes one count of each
+flag in ``wait`` before it starts and gives one count of each flag in ``signal`` when it
+ends (counting semaphores, SimPy ``Container``s). Each instruction's duration comes from
+the component that executes it; its result, in functional mode, from ``isa.semantics``.
+
+The components are SimPy-style processes; ``Device(engine=...)`` chooses how they run:
+``"fast"`` (the default: a whole program on the array loop of
+:mod:`sim.device.engine.loop`, the same processes written as state machines in Numba,
+with the same events in the same order; when a device is not eligible for it, see
+:func:`sim.device.engine.array.eligible`, the program runs as ``"kernel"``), ``"kernel"`` (the
+generator processes on the lean event kernel :mod:`sim.device.engine.kernel`, SimPy's exact
+event order at a fraction of its cost) or ``"simpy"`` (the reference). All three give the
+same timeline to the picosecond, the same stats and the same recorder spans in the same
+order (``tests/sim/test_engines.py``). Passing a ``simpy.Environment`` as ``env`` selects
+the reference.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from isa import kvformats, semantics
+from isa.errors import DeviceError
+from isa.instructions import (
+    PER_CORE_ENGINES,
+    Attn,
+    DmaCopy,
+    DmaLoad,
+    DmaStore,
+    Engine,
+    Gemm,
+    HostRead,
+    HostWrite,
+    Instruction,
+    KvRead,
+    KvWrite,
+    MemoryLayout,
+    Nop,
+    Program,
+    Space,
+    Vec,
+)
+from sim.device.engine import array as array_engine
+from sim.device.components import ComputeCore, DmaEngine, Dram, HostLink, Sram
+from sim.device.engine import kernel
+from sim.device.hw import HardwareConfig
+from sim.device.memory import DeviceMemory
+from sim.device.engine.rows import RowCache
+from sim.device.stats import Stats
+from sim.units import cycles_to_ps, ns_to_ps
+from traces.recorder import Recorder
+
+UNMAPPED = "unmapped"
+#: Instructions whose timing is one compute-core duration.
+_COMPUTE_ONLY = frozenset({Gemm, Vec, Nop})
+#: Instructions that touch no DRAM: the matrix unit's (every Gemm variant), the vector
+#: unit's and Nop.
+_SRAM_ONLY = (Gemm, Vec, Nop)
+#: Event engines a device can run on (see :class:`Device`).
+ENGINES = ("fast", "kernel", "simpy")
+
+
+def static_roofline(program: Program, hw: HardwareConfig,
+                    precision: str = "w8a8") -> dict[str, float]:
+    """A program's lower bound from its instructions alone: ``max(DRAM bytes / effective
+    DRAM bandwidth, ops / peak ops)``, where DRAM bytes are what its instructions read and
+    write in DRAM (for KV writes and reads, what the format's layout moves)."""
+    fmts = {t: kvformats.parse(t) for t in program.formats}
+
+    def cost(ins) -> tuple[int, int]:
+        """(DRAM bytes, ops) of one instruction."""
+        if isinstance(ins, _SRAM_ONLY):
+            return 0, ins.ops()  # every extent these name is in SRAM (their accesses())
+        if isinstance(ins, KvWrite):
+            b = sum(fmts[program.formats[ins.fmt]].write_bytes(ins.pos, ins.tokens, ins.width))
+        elif isinstance(ins, KvRead):
+            b = fmts[program.formats[ins.fmt]].read_bytes(ins.pos, ins.tokens, ins.width)
+        elif isinstance(ins, (DmaLoad, DmaStore)):
+            b = ins.total_bytes  # a 2-D transfer moves rows x nbytes, not its extent
+        else:
+            b = sum(a.nbytes for a in ins.accesses() if a.space == Space.DRAM)
+        return b, ins.ops()
+
+    # programs repeat instruction objects (the compiler's block memo): cost each once
+    seen: dict[int, tuple[int, int]] = {}
+    dram = ops = 0
+    for ins in program.instructions:
+        c = seen.get(id(ins))
+        if c is None:
+            c = seen[id(ins)] = cost(ins)
+        dram += c[0]
+        ops += c[1]
+    d = dram / hw.dram.bound_bytes_per_s
+    c = ops / hw.cores.peak_ops_per_s(precision)
+    return {"dram_bytes": dram, "ops": ops, "dram_bound_s": d,
+            "compute_bound_s": c, "bound_s": max(d, c)}
+
+
+def cross_core_waits(program: Program) -> frozenset[int]:
+    """Indices of the instructions on a core's engine that wait on a flag some other core
+    signals: the cross-core synchronisations (layer and stage barriers of a multi-core
+    program), each of which costs ``cores.barrier_sync_ns``."""
+    producers: dict[int, set[int]] = defaultdict(set)
+    for ins in program.instructions:
+        if ins.engine in PER_CORE_ENGINES:
+            for f in ins.signal:
+                producers[f].add(ins.core)
+    out = []
+    for idx, ins in enumerate(program.instructions):
+        if ins.engine in PER_CORE_ENGINES and any(
+                producers.get(f, set()) - {ins.core} for f in ins.wait):
+            out.append(idx)
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class ProgramRun:
+    """Timing of one program on the device, and what it moved."""
+
+    name: str
+    start_ps: int
+    end_ps: int
+    stats: dict
+
+    @property
+    def duration_ps(self) -> int:
+        return self.end_ps - self.start_ps
+
+
+def engine_name(engine: Engine, core: int) -> tuple[str, str]:
+    """(block, lane) names of an engine queue, as they appear in traces and metrics."""
+    if engine in PER_CORE_ENGINES:
+        return f"core{core}", engine.name.lower()
+    if engine in (Engine.H2D, Engine.D2H):
+        return "pcie", engine.name.lower()
+    return "device", engine.name.lower()
+
+
+class Device:
+    """One NPU chip: DRAM, per-core SRAM/DMA/compute, a copy engine and the host link."""
+
+    def __init__(
+        self,
+        hw: HardwareConfig,
+        *,
+        functional: bool = True,
+        recorder: Recorder | None = None,
+        layout: MemoryLayout | None = None,
+        env: simpy.Environment | kernel.Environment | None = None,
+        engine: str = "fast",
+    ):
+        if env is None:
+            if engine not in ENGINES:
+                raise DeviceError(f"engine {engine!r}: valid engines are "
+                                  f"{', '.join(ENGINES)}")
+            env = simpy.Environment() if engine == "simpy" else kernel.Environment()
+        elif isinstance(env, simpy.Environment):
+            engine = "simpy"
+        self.hw = hw
+        self.functional = functional
+        #: the event kernel: "fast" (``sim.device.engine.kernel``, SimPy's event order at a
+        #: fraction of its cost) or "simpy" (the reference); both give identical timelines
+        self.engine = engine if isinstance(env, kernel.Environment) else "simpy"
+        self.env = env
+        self.recorder = recorder or Recorder(level="off")
+        self.stats = Stats()
+        n = hw.cores.num_cores
+        self.num_cores = n
+        self.dram = Dram(self.env, hw.dram, self.recorder)
+        self.srams = [Sram(self.env, hw.sram, hw.cores.clock_hz, c) for c in range(n)]
+        self.cores = [ComputeCore(hw.cores, c) for c in range(n)]
+        #: the array loop's rows of the instruction objects this device has run
+        self.program_rows = RowCache(self.cores, n)
+        self.dma_in = [
+            DmaEngine(self.env, f"core{c}", "dma_in", hw.dma, self.dram, self.srams[c],
+                      self.recorder)
+            for c in range(n)
+        ]
+        self.dma_out = [
+            DmaEngine(self.env, f"core{c}", "dma_out", hw.dma, self.dram, self.srams[c],
+                      self.recorder)
+            for c in range(n)
+        ]
+        self.kv_stream = [
+            DmaEngine(self.env, f"core{c}", "kv_stream", hw.dma, self.dram, None,
+                      self.recorder)
+            for c in range(n)
+        ]
+        self.copy_engine = DmaEngine(
+            self.env, "device", "copy", hw.dma, self.dram, None, self.recorder
+        )
+        self.link = HostLink(self.env, hw.host_link, self.dram, self.recorder)
+        self.mem = (
+            DeviceMemory(
+                dram_bytes=hw.dram.capacity_bytes,
+                sram_bytes=hw.sram.bytes_per_core,
+                num_cores=n,
+                host_bytes=hw.host.memory_bytes,
+            )
+            if functional
+            else None
+        )
+        self.layout = layout or self.default_layout()
+        self._index_regions()
+        self._link_prefix = "pcie" if hw.host_link.kind == "pcie" else "host_copy"
+        self._formats: dict[str, kvformats.KVFormat] = {}
+        # the fixed costs of hardware.cores, in ps
+        self._launch_ps = ns_to_ps(hw.cores.program_launch_ns)
+        self._dispatch_ps = cycles_to_ps(hw.cores.dispatch_cycles, hw.cores.clock_hz)
+        self._sync_ps = ns_to_ps(hw.cores.barrier_sync_ns)
+
+    # --- memory map -------------------------------------------------------------------
+    def default_layout(self) -> MemoryLayout:
+        return MemoryLayout(
+            dram_bytes=self.hw.dram.capacity_bytes,
+            sram_bytes=self.hw.sram.bytes_per_core,
+            host_bytes=self.hw.host.memory_bytes,
+            num_cores=self.num_cores,
+        )
+
+    def set_layout(self, layout: MemoryLayout) -> None:
+        if layout.dram_bytes > self.hw.dram.capacity_bytes:
+            raise DeviceError(
+                f"memory map needs {layout.dram_bytes} bytes of DRAM; the device has "
+                f"{self.hw.dram.capacity_bytes}"
+            )
+        self.layout = layout
+        self._index_regions()
+
+    def _index_regions(self) -> None:
+        dram = sorted(
+            (r for r in self.layout.regions if r.space == Space.DRAM), key=lambda r: r.base
+        )
+        self._dram_bases = [r.base for r in dram]
+        self._dram_regions = dram
+        #: traffic kinds by id (:meth:`kinds_of`): the regions' kinds, then ``unmapped``
+        self.kind_names = sorted({r.kind for r in dram}) + [UNMAPPED]
+        ids = {k: i for i, k in enumerate(self.kind_names)}
+        self._kind_bases = np.asarray(self._dram_bases, np.int64)
+        self._kind_ends = np.asarray([r.end for r in dram], np.int64)
+        self._kind_ids = np.asarray([ids[r.kind] for r in dram], np.int64)
+
+    def kind_of(self, dram_addr: int) -> str:
+        """Traffic kind of the DRAM region holding ``dram_addr``."""
+        i = bisect.bisect_right(self._dram_bases, dram_addr) - 1
+        if i >= 0 and dram_addr < self._dram_regions[i].end:
+            return self._dram_regions[i].kind
+        return UNMAPPED
+
+    def kinds_of(self, dram_addrs: np.ndarray) -> np.ndarray:
+        """:meth:`kind_of` of many addresses at once, as ids into :attr:`kind_names`."""
+        addrs = np.asarray(dram_addrs, np.int64)
+        i = np.searchsorted(self._kind_bases, addrs, side="right") - 1
+        safe = np.maximum(i, 0)
+        inside = (i >= 0) & (addrs < self._kind_ends[safe]) if len(self._kind_ends) else (
+            np.zeros(len(addrs), bool))
+        unmapped = len(self.kind_names) - 1
+        if not len(self._kind_ids):
+            return np.full(len(addrs), unmapped, np.int64)
+        return np.where(inside, self._kind_ids[safe], unmapped)
+
+    # --- execution --------------------------------------------------------------------
+    def start(self, program: Program, *, validate: bool = True):
+        """Start ``program`` on the engines; returns the process (of the device's event
+        kernel) that ends with it."""
+        if validate:
+            from isa.validate import validate_program
+
+            validate_program(program, self.layout)
+        env = self.env
+        flags: dict[int, simpy.Container | kernel.Container] = defaultdict(
+            lambda: kernel.container_for(env))
+        queues: dict[tuple[Engine, int], list[tuple[int, Instruction]]] = defaultdict(list)
+        for idx, ins in enumerate(program.instructions):
+            eng = ins.engine
+            queues[(eng, ins.core if eng in PER_CORE_ENGINES else 0)].append((idx, ins))
+        cross = cross_core_waits(program)
+        self.stats.launch_ps += self._launch_ps
+        procs = [
+            self.env.process(self._engine(eng, core, items, flags, program, cross))
+            for (eng, core), items in sorted(queues.items())
+        ]
+        self._blocked: dict[str, tuple[int, int]] = {}
+        return self.env.process(self._join(procs))
+
+    def _join(self, procs):
+        if procs:
+            yield self.env.all_of(procs)
+
+    def run(self, program: Program, *, validate: bool = True) -> ProgramRun:
+        """Run ``program`` to completion and return its timing and traffic."""
+        before = self.stats.snapshot()
+        start = self.env.now
+        if self.engine == "fast" and array_engine.eligible(self):
+            if validate:
+                from isa.validate import validate_program
+
+                validate_program(program, self.layout)
+            result = array_engine.run(self, program)
+            if not result.completed:
+                self._blocked = result.blocked
+                self._deadlock(program)
+            return ProgramRun(program.name, start, self.env.now,
+                              Stats.delta(self.stats.snapshot(), before))
+        proc = self.start(program, validate=validate)
+        try:
+            self.env.run(until=proc)
+        except RuntimeError as err:
+            if "No scheduled events left" not in str(err):
+                raise
+            self._deadlock(program)
+        return ProgramRun(
+            program.name, start, self.env.now, Stats.delta(self.stats.snapshot(), before)
+        )
+
+    def _deadlock(self, program: Program) -> None:
+        blocked = ", ".join(
+            f"{who} at instruction {idx} waiting on flag {flag}"
+            for who, (idx, flag) in sorted(self._blocked.items())
+        )
+        raise DeviceError(f"program {program.name!r} deadlocked: {blocked}") from None
+
+    def _engine(self, eng: Engine, core: int, items, flags, program: Program,
+                cross: frozenset[int]):
+        block, lane = engine_name(eng, core)
+        who = f"{block}.{lane}"
+        env = self.env
+        rec = self.recorder
+        traced = rec.wants("ops")
+        stats = self.stats
+        busy = stats.busy_ps
+        functional = self.functional
+        mem = self.mem
+        formats = program.formats
+        timing = self._timing
+        # compute-only instructions are timed here (the same single timeout as _timing
+        # gives them) to save a generator per instruction
+        compute = self.cores[core].duration_ps if eng in PER_CORE_ENGINES else None
+        dispatch_ps, sync_ps = self._dispatch_ps, self._sync_ps
+        if self._launch_ps:  # the program reaches every engine queue after its launch
+            yield env.timeout(self._launch_ps)
+        for idx, ins in items:
+            if dispatch_ps and type(ins) is not Nop:
+                # fetch and decode, before (and overlapping) the wait for its flags
+                yield env.timeout(dispatch_ps)
+                stats.dispatch_ps[who] += dispatch_ps
+            for f in ins.wait:
+                flag = flags[f]
+                if flag.level < 1:
+                    self._blocked[who] = (idx, f)
+                    yield flag.get(1)
+                    self._blocked.pop(who, None)
+                else:
+                    yield flag.get(1)
+            if sync_ps and idx in cross:
+                yield env.timeout(sync_ps)
+                stats.sync_ps[who] += sync_ps
+            start = env.now
+            if compute is not None and type(ins) in _COMPUTE_ONLY:
+                dur = compute(ins, formats)
+                if dur:
+                    yield env.timeout(dur)
+            else:
+                yield from timing(ins, program)
+            if functional:
+                semantics.execute(ins, mem, formats)
+            end = env.now
+            busy[who] += end - start
+            stats.instructions += 1
+            stats.ops += ins.ops()
+            if traced:
+                rec.span(block, lane, ins.mnemonic, start, end, args={"index": idx})
+            for f in ins.signal:
+                flags[f].put(1)
+
+    def _timing(self, ins: Instruction, program: Program):
+        st = self.stats
+        if isinstance(ins, DmaLoad):
+            st.add("dram_read", self.kind_of(ins.src), ins.total_bytes)
+            yield from self.dma_in[ins.core].transfer(
+                "load", ins.src, ins.dst, ins.nbytes, rows=ins.rows,
+                src_stride=ins.src_stride, dst_stride=ins.dst_stride,
+            )
+        elif isinstance(ins, DmaStore):
+            st.add("dram_write", self.kind_of(ins.dst), ins.total_bytes)
+            yield from self.dma_out[ins.core].transfer(
+                "store", ins.src, ins.dst, ins.nbytes, rows=ins.rows,
+                src_stride=ins.src_stride, dst_stride=ins.dst_stride,
+            )
+        elif isinstance(ins, DmaCopy):
+            st.add("dram_read", self.kind_of(ins.src), ins.nbytes)
+            st.add("dram_write", self.kind_of(ins.dst), ins.nbytes)
+            yield from self.copy_engine.transfer("copy", ins.src, ins.dst, ins.nbytes)
+        elif isinstance(ins, HostWrite):
+            kind = self.kind_of(ins.dst)
+            st.add(f"{self._link_prefix}_h2d", kind, ins.nbytes)
+            st.add("dram_write", kind, ins.nbytes)
+            if self._link_prefix != "pcie":
+                st.add("dram_read", kind, ins.nbytes)
+            yield from self.link.transfer("h2d", ins.dst, ins.nbytes)
+        elif isinstance(ins, HostRead):
+            kind = self.kind_of(ins.src)
+            st.add(f"{self._link_prefix}_d2h", kind, ins.nbytes)
+            st.add("dram_read", kind, ins.nbytes)
+            if self._link_prefix != "pcie":
+                st.add("dram_write", kind, ins.nbytes)
+            yield from self.link.transfer("d2h", ins.src, ins.nbytes)
+        elif isinstance(ins, Attn):
+            # the attention unit streams K and V from DRAM while it computes
+            kind = self.kind_of(ins.k)
+            st.add("dram_read", kind, ins.k_nbytes + ins.v_nbytes)
+            dur = self.cores[ins.core].duration_ps(ins, program.formats)
+            stream = self.kv_stream[ins.core]
+            yield self.env.all_of([
+                self.env.timeout(dur),
+                self.env.process(stream.transfer("read", ins.k, 0, ins.k_nbytes)),
+                self.env.process(stream.transfer("read", ins.v, 0, ins.v_nbytes)),
+            ])
+        elif isinstance(ins, (KvWrite, KvRead)):
+            fmt = self._format(program.formats[ins.fmt])
+            # the bytes the format's DRAM region layout really moves
+            if isinstance(ins, KvWrite):
+                rd, wr = fmt.write_bytes(ins.pos, ins.tokens, ins.width)
+                base = ins.dst
+            else:
+                rd = fmt.read_bytes(ins.pos, ins.tokens, ins.width)
+                wr = 0
+                base = ins.src
+            kind = self.kind_of(base)
+            dur = self.cores[ins.core].duration_ps(ins, program.formats)
+            stream = self.kv_stream[ins.core]
+            parts = [self.env.timeout(dur)]
+            if rd:
+                st.add("dram_read", kind, rd)
+                parts.append(self.env.process(stream.transfer("read", base, 0, rd)))
+            if wr:
+                st.add("dram_write", kind, wr)
+                parts.append(self.env.process(stream.transfer("write", 0, base, wr)))
+            yield self.env.all_of(parts)
+        elif isinstance(ins, (Gemm, Vec, Nop)):
+            dur = self.cores[ins.core].duration_ps(ins, program.formats)
+            if dur:
+                yield self.env.timeout(dur)
+        else:
+            raise DeviceError(f"no engine executes {type(ins).__name__}")
+
+    def _format(self, text: str) -> kvformats.KVFormat:
+        fmt = self._formats.get(text)
+        if fmt is None:
+            fmt = self._formats[text] = kvformats.parse(text)
+        return fmt
+
+    # --- host memory helpers (for the runtime and tests) ----------------------------------
+    def host_write(self, addr: int, data) -> None:
+        """Put bytes in host memory (host-side code; costs no device time)."""
+        if self.mem is not None:
+            self.mem.host.write(addr, data)
+
+    def host_discard(self, addr: int, nbytes: int) -> None:
+        """Drop the host memory pages wholly inside ``[addr, addr + nbytes)`` (host-side
+        code: a staging buffer the host frees; costs no device time)."""
+        if self.mem is not None:
+            self.mem.host.discard(addr, nbytes)
+
+    def host_read(self, addr: int, nbytes: int):
+        if self.mem is None:
+            raise DeviceError("host memory has no bytes in timing-only mode")
+        return self.mem.host.read(addr, nbytes)
