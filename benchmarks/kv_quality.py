@@ -34,9 +34,9 @@ from rich.console import Console
 from rich.table import Table
 
 from isa import kvformats
-from sim.runtime.cacheops import CacheOpError
 from sim.app.cli.text import eval_tokens
 from sim.app.quality import bit_config, evaluate_edit, parse_edit, quality_table
+from sim.runtime.cacheops import CacheOpError
 from traces.io import atomic_write_text
 
 

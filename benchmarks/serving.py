@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sim.progress import Phases, progress_enabled  # noqa: E402
 from sim.app.serve.config import load_serve_config  # noqa: E402
 from sim.app.serve.run import run_serving  # noqa: E402
+from sim.progress import Phases, progress_enabled  # noqa: E402
 
 
 def main() -> int:

@@ -20,9 +20,9 @@ from rich.table import Table
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
-from sim.runtime.cacheops import evict_positions
 from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model
+from sim.runtime.cacheops import evict_positions
 
 
 def compare(hw_name: str, kv: str, tokens: list[int], model: str = "qwen2.5-0.5b") -> list:

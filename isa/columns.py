@@ -5,7 +5,8 @@ as flat flag lists with offsets.
 Generators that know their instructions' fields in bulk (``models.demo.gemv_layer``) fill
 a :class:`ColumnsBuilder` with numpy arrays instead of making one object per instruction;
 the simulator reads the rows it needs straight from the columns
-(``sim.device.engine.row_fill.ColumnRows``). The instruction objects are made only when something asks
+(``sim.device.engine.row_fill.ColumnRows``). The instruction objects are made only when
+something asks
 for them (validation, functional execution, span names): :class:`ColumnProgram` is a
 :class:`~isa.instructions.Program` whose ``instructions`` are materialised from its columns
 on first use, and equal the objects the same fields would have built.

@@ -1,18 +1,12 @@
-"""Documented exception types of kvsim.
-
-Every error kvsim raises on bad input derives from :class:`KvsimError`, so callers can
-catch one type. The subclasses say which kind of input was at fault.
+"""The instruction set's exception types: programs, binaries, assembly text and KV-cache
+formats. They derive from :class:`kvsim.errors.KvsimError`, the base every kvsim error shares
+(the errors every layer raises, :class:`~kvsim.errors.ConfigError` and
+:class:`~kvsim.errors.DeviceError`, live in :mod:`kvsim.errors`).
 """
 
 from __future__ import annotations
 
-
-class KvsimError(Exception):
-    """Base class of every documented kvsim error."""
-
-
-class ConfigError(KvsimError, ValueError):
-    """A configuration (hardware, model, run, sweep) is invalid; the message names the field."""
+from kvsim.errors import KvsimError
 
 
 class IsaError(KvsimError, ValueError):
@@ -38,7 +32,3 @@ class ProgramError(IsaError):
 
 class FormatError(KvsimError, ValueError):
     """A KV-cache format or a packed buffer does not match its format."""
-
-
-class DeviceError(KvsimError, RuntimeError):
-    """The simulated device refused an operation (capacity, SRAM overflow, deadlock)."""

@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 
 from .config import ModelConfig, TensorRole
 from .schema import Frozen as _Frozen

@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 
 from .layer_features import LayerType, check_layer_features
 from .schema import Frozen as _Frozen

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from isa.columns import ColumnProgram, ColumnsBuilder, ProgramColumns
-from isa.errors import ConfigError
 from isa.instructions import (
     DmaLoad,
     DmaStore,
@@ -28,6 +27,7 @@ from isa.instructions import (
     Region,
     Space,
 )
+from kvsim.errors import ConfigError
 
 ALIGN = 64
 

@@ -19,7 +19,7 @@ Layout facts (llama.cpp's ``convert_hf_to_gguf.py``):
 
 :func:`open_gguf` checks the whole file before anything is used: metadata, every tensor's
 name, type, shape and that its bytes lie inside the file, so a bad file is refused with one
-:class:`~isa.errors.ConfigError` naming it, and nothing is half-loaded.
+:class:`~kvsim.errors.ConfigError` naming it, and nothing is half-loaded.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 
 from .config import ModelConfig, build_model
 

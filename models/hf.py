@@ -7,7 +7,7 @@ bring per-layer features (:mod:`models.layer_features`), the last two a mixture-
 MLP beside grouped-query attention. Keys
 that the HF configuration classes give a default (``num_key_value_heads``, ``rope_theta``,
 ...) take that default when absent, as ``transformers`` does; keys without a safe default
-are required, and a file that lacks some gets one :class:`~isa.errors.ConfigError` listing
+are required, and a file that lacks some gets one :class:`~kvsim.errors.ConfigError` listing
 all of them. Features kvsim does not model (another activation, MLP biases, Qwen2/Mistral
 sliding windows, other RoPE scalings, other MoE scoring) are rejected by name rather than
 silently ignored.
@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 
 from .config import ModelConfig, build_model
 from .layer_features import LAYER_TYPES, pattern_layer_types

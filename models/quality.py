@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from isa.errors import KvsimError
+from kvsim.errors import KvsimError
 
 
 class DegenerateOutput(KvsimError):

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 
 from .bits import WeightBits
 from .config import LinearRopeScaling, Llama3RopeScaling, ModelConfig, YarnRopeScaling

@@ -16,7 +16,7 @@ get the weights (a JSON-able spec a compiled model records, read back by
 
 Every file is checked when the model is named (tensors present, supported types, shapes,
 the vocabulary against the config), so a bad file fails at once with one
-:class:`~isa.errors.ConfigError` naming it, not half way through a run.
+:class:`~kvsim.errors.ConfigError` naming it, not half way through a run.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 
 from .config import ModelConfig, load_preset, preset_names
 from .weights import SafetensorsWeights, SyntheticWeights, WeightSource

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 
 #: llama.cpp token types (``llama_token_type``) that are special tokens.
 _SPECIAL_TOKEN_TYPES = (3, 4)  # CONTROL, USER_DEFINED

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 
 from .bits import WeightBits
 from .config import ModelConfig, TensorSpec

@@ -44,7 +44,7 @@ def assert_no_regression(baseline_path: str | os.PathLike, *, sets: Sequence[str
     override the baseline's. ``update_baseline`` (default: the environment variable
     ``KVSIM_UPDATE_BASELINE=1``) rewrites the baseline with the new figures instead.
     Bad input (a broken baseline, a bad config) raises the documented
-    :class:`~isa.errors.KvsimError` subclasses.
+    :class:`~kvsim.errors.KvsimError` subclasses.
     """
     __tracebackhide__ = True  # pytest: show the caller's line, not this helper's
     if update_baseline is None:

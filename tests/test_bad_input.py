@@ -2,7 +2,7 @@
 programs, cache blobs and files, and runtime misuse.
 
 Every case asserts three things: the error is of a documented type (a subclass of
-``isa.errors.KvsimError`` from the documented list below), its message holds a given
+``kvsim.errors.KvsimError`` from the documented list below), its message holds a given
 substring, and nothing changed: the config and output files on disk (results of an earlier
 run), the compiled-model file, the ISA input, the device's KV cache (its DRAM bytes, read
 directly), the cache files on disk, and the simulated clock. Run configs are also given to
@@ -33,16 +33,7 @@ import pytest
 
 from isa.asm import assemble
 from isa.encoding import decode_program, encode_program
-from isa.errors import (
-    AssembleError,
-    ConfigError,
-    DecodeError,
-    DeviceError,
-    FormatError,
-    IsaError,
-    KvsimError,
-    ProgramError,
-)
+from isa.errors import AssembleError, DecodeError, FormatError, IsaError, ProgramError
 from isa.instructions import (
     Attn,
     AttnDq,
@@ -61,19 +52,20 @@ from isa.instructions import (
     f32_bits,
 )
 from isa.validate import validate_program
+from kvsim.errors import ConfigError, DeviceError, KvsimError
 from models.bits import build_bit_config
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.config import load_preset
+from sim.app.cli.main import main as cli_main
+from sim.app.config import load_run_config
+from sim.app.regress.regress import RegressError
+from sim.app.run import run, write_outputs
+from sim.device.hw import load_hardware
+from sim.runtime import Accelerator, BatchParam, Model, ModelConfig, RuntimeApiError
 from sim.runtime.cacheops import CacheOpError
 from sim.runtime.cacheops import evict_positions as _evict_positions
 from sim.runtime.cacheops import requantize_through as _requantize_through
 from sim.runtime.cacheops import score_eviction as _score_eviction
-from sim.app.cli.main import main as cli_main
-from sim.app.config import load_run_config
-from sim.device.hw import load_hardware
-from sim.app.regress.regress import RegressError
-from sim.app.run import run, write_outputs
-from sim.runtime import Accelerator, BatchParam, Model, ModelConfig, RuntimeApiError
 
 #: The documented exception types (README, isa/errors.py, and the modules that define them).
 DOCUMENTED = (KvsimError, ConfigError, IsaError, DecodeError, AssembleError, ProgramError,

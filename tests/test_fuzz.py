@@ -30,11 +30,12 @@ from hypothesis import strategies as st
 
 from isa.asm import assemble, disassemble
 from isa.encoding import decode_program, encode_program
-from isa.errors import AssembleError, ConfigError, DecodeError, KvsimError
+from isa.errors import AssembleError, DecodeError
 from isa.instructions import BY_MNEMONIC, Program
+from kvsim.errors import ConfigError, KvsimError
 from models.compiler import CompiledModel, CompileError
-from sim.runtime.cacheops import CacheOpError, pack_file, unpack_file
 from sim.app.config import build_run_config, load_run_config
+from sim.runtime.cacheops import CacheOpError, pack_file, unpack_file
 from tests.isa.strategies import programs
 
 # Every property: no deadline (the first examples pay for imports and caches); the number

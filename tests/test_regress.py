@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from isa.errors import KvsimError
+from kvsim.errors import KvsimError
 from sim.app.regress.regress import (
     EXIT_BAD_INPUT,
     EXIT_MOVED,

@@ -193,8 +193,8 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None =
 
 def check_out_folder(path: str | os.PathLike, flag: str) -> None:
     """Refuse, before any work, an output folder that cannot be one: an existing file, or a
-    path under a file. :class:`isa.errors.ConfigError` naming ``flag``."""
-    from isa.errors import ConfigError
+    path under a file. :class:`kvsim.errors.ConfigError` naming ``flag``."""
+    from kvsim.errors import ConfigError
 
     p = Path(path)
     for q in (p, *p.parents):
@@ -209,7 +209,7 @@ def check_out_folder(path: str | os.PathLike, flag: str) -> None:
 def check_out_file(path: str | os.PathLike, flag: str) -> None:
     """Refuse, before any work, an output file path that cannot be written: empty, an
     existing folder, or in a folder that does not exist or cannot be written."""
-    from isa.errors import ConfigError
+    from kvsim.errors import ConfigError
 
     if not str(path):
         raise ConfigError(f"{flag}: an empty path")

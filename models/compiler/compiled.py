@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from isa import kvformats
-from isa.errors import ConfigError, DeviceError, KvsimError
 from isa.instructions import MemoryLayout, Program
+from kvsim.errors import ConfigError, DeviceError, KvsimError
 
 from ..bits import BitConfig
 from ..config import ModelConfig

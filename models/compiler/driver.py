@@ -35,8 +35,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from isa.errors import ConfigError
 from isa.instructions import HostRead, HostWrite, Program
+from kvsim.errors import ConfigError
 
 from . import calltrace
 from .blocks.dense import DenseMlp

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from isa.errors import KvsimError
+from kvsim.errors import KvsimError
 
 
 class CompileError(KvsimError, ValueError):

@@ -18,8 +18,9 @@ import numpy as np
 
 from isa import kvformats
 from isa.encoding import decode_program, encode_program
-from isa.errors import DecodeError, KvsimError
+from isa.errors import DecodeError
 from isa.instructions import Program
+from kvsim.errors import KvsimError
 
 from ..bits import build_bit_config
 from ..config import build_model

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from isa import kvformats
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 
 from ..config import ModelConfig
 from .builder import BlockMemo, Matrix, Target, split

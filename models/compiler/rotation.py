@@ -28,7 +28,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 
 from ..config import ModelConfig
 from ..weights import CachedWeights, WeightSource

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from isa.errors import DeviceError
+from kvsim.errors import DeviceError
 
 from .memmap import align
 

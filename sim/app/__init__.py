@@ -1,1 +1,2 @@
-"""The application on top of the device, runtime and serving: CLI, runs, sweeps, regress, quality, calibration, results."""
+"""The application on top of the device, the runtime and serving: the CLI, runs, sweeps,
+regress, quality, calibration and results."""

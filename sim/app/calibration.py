@@ -36,7 +36,6 @@ from typing import Any
 from models.bits import NUMERICS_PRESETS, build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_model, load_preset
-
 from sim.device.device import Device
 from sim.device.hw import HardwareConfig, load_hardware
 from sim.units import KiB, ns_to_ps

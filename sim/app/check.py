@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from isa import kvformats
-from isa.errors import ConfigError, KvsimError
+from kvsim.errors import ConfigError, KvsimError
 from models.bits import BitConfig
 from models.compiler.blocks.mla import mla_kv_problem
 from models.compiler.blocks.moe_calib import moe_problem
 from models.compiler.compiled import CORE_MODES, build_memory_map, dram_problem
 from models.config import ModelConfig, load_model
 from models.source import resolve_model
-
 from sim.app.config import RunConfig, cache_length
 
 GIB = 2**30

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field, StrictInt, ValidationError, model_validator
 
 from isa import kvformats
-from isa.errors import ConfigError, KvsimError
+from kvsim.errors import ConfigError, KvsimError
 from models.bits import (
     BitConfig,
     KvReadPath,
@@ -30,7 +30,6 @@ from models.bits import (
     preset_with_overrides,
 )
 from models.schema import Frozen, validation_message
-
 from sim.device.hw import HardwareConfig, preset_dict, set_dotted
 
 DEFAULT_CONFIG_TOML = """

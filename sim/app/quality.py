@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from isa import kvformats
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.bits import (
     WEIGHT_BITS_PRESETS,
     BitConfig,
@@ -27,7 +27,8 @@ from models.compiler.compiled import CompiledModel
 from models.quality import Quality, compare
 from models.reference import ReferenceModel
 from models.source import ModelSource, resolve_model
-
+from sim.device.hw import HardwareConfig, load_hardware
+from sim.runtime import Accelerator, Model, ModelConfig
 from sim.runtime.cacheops import (
     CacheOpError,
     CacheView,
@@ -39,8 +40,6 @@ from sim.runtime.cacheops import (
     requantize_through,
     score_eviction,
 )
-from sim.device.hw import HardwareConfig, load_hardware
-from sim.runtime import Accelerator, Model, ModelConfig
 
 #: Tokens per teacher-forced prefill call (a longer text runs as consecutive calls, each
 #: returning the logits of all its positions).

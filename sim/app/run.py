@@ -17,23 +17,22 @@ from typing import Any
 import numpy as np
 
 from isa import kvformats
-from isa.errors import KvsimError
+from kvsim.errors import KvsimError
 from models.bits import default_numerics
 from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.config import load_model
 from models.demo import demo_data, gemv_layer
 from models.source import resolve_model
+from sim.app.breakdown import Labelled, call_rows, time_breakdown
+from sim.app.config import RunConfig, cache_length
+from sim.device.device import Device
+from sim.device.stats import LINKS
+from sim.runtime import Accelerator, CallRecord, Model
+from sim.units import PS_PER_S, ps_to_s
 from traces.chrome import chrome_trace_json
 from traces.io import atomic_write_text
 from traces.recorder import Recorder
 from traces.report import run_report
-
-from sim.app.breakdown import Labelled, call_rows, time_breakdown
-from sim.app.config import RunConfig, cache_length
-from sim.device.device import Device
-from sim.runtime import Accelerator, CallRecord, Model
-from sim.device.stats import LINKS
-from sim.units import PS_PER_S, ps_to_s
 
 
 @dataclass
@@ -284,7 +283,6 @@ def run_cache_op(model: Model, op, cache_size: int, functional: bool):
     """Execute one scheduled cache operation (``sim.app.config.CacheOp``) on a cache of
     ``cache_size`` tokens; returns its :class:`sim.runtime.cacheops.EditResult`."""
     from isa import kvformats
-
     from sim.runtime.cacheops import EditResult, evict_positions, requantize_through, score_eviction
 
     if op.op == "dump_load":

@@ -9,10 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from isa.errors import ConfigError, KvsimError
+from kvsim.errors import ConfigError, KvsimError
 from models.quality import DegenerateOutput, collapsed, degenerate_logits
 from models.source import ModelSource, resolve_model
-
 from sim.app.config import RunConfig, check_cache_ops
 
 

@@ -11,14 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.bits import BitConfig
 from models.quality import DegenerateOutput, collapsed, degenerate_logits
 from models.reference import ReferenceModel
 from models.source import ModelSource
-
-from sim.device.hw import HardwareConfig
 from sim.app.quality import bits_label, compile_for_text, hardware_of, source_of
+from sim.device.hw import HardwareConfig
 from sim.runtime import Accelerator, Model
 
 

@@ -19,7 +19,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from isa.errors import KvsimError
+from kvsim.errors import KvsimError
 
 
 class ResultsError(KvsimError, ValueError):

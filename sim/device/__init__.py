@@ -1,1 +1,2 @@
-"""The simulated card: hardware config and presets, components, DRAM protocol, engines, memory."""
+"""The simulated card: hardware config and presets, components, the DRAM protocol, the
+engines and the functional memories."""

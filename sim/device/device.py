@@ -29,7 +29,6 @@ import numpy as np
 import simpy
 
 from isa import kvformats, semantics
-from isa.errors import DeviceError
 from isa.instructions import (
     PER_CORE_ENGINES,
     Attn,
@@ -49,12 +48,13 @@ from isa.instructions import (
     Space,
     Vec,
 )
-from sim.device.engine import array as array_engine
+from kvsim.errors import DeviceError
 from sim.device.components import ComputeCore, DmaEngine, Dram, HostLink, Sram
+from sim.device.engine import array as array_engine
 from sim.device.engine import kernel
+from sim.device.engine.rows import RowCache
 from sim.device.hw import HardwareConfig
 from sim.device.memory import DeviceMemory
-from sim.device.engine.rows import RowCache
 from sim.device.stats import Stats
 from sim.units import cycles_to_ps, ns_to_ps
 from traces.recorder import Recorder

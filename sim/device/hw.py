@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.schema import Frozen, validation_message
 
 PRESET_PACKAGE = "sim.device.presets"
@@ -30,7 +30,8 @@ class DramTimingConfig(Frozen):
     """LPDDR4/LPDDR4X organisation and timing of one x16 channel (JEDEC JESD209-4).
 
     Times are the datasheet minimums in ns (``trefi_ns`` is the maximum average refresh
-    interval); the protocol model (``sim/device/dram/timing.py``) rounds each to whole clock cycles of
+    interval); the protocol model (``sim/device/dram/timing.py``) rounds each to whole clock
+    cycles of
     the channel clock (``data_rate_mtps / 2``). Latencies set in mode registers (RL, WL,
     write preamble) are already in cycles. The engine uses them when ``dram.model =
     "protocol"``.

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from isa.errors import DeviceError
 from isa.instructions import Space
+from kvsim.errors import DeviceError
 
 
 def span_bytes(rows: int, nbytes: int, stride: int) -> int:

@@ -35,8 +35,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from isa.errors import DeviceError
-
+from kvsim.errors import DeviceError
 from sim.runtime.accelerator import DEVICE_TYPES, Accelerator
 from sim.runtime.checks import FILTER_TAIL_MAX, RuntimeApiError
 from sim.runtime.deviceops import HOST_IN
@@ -62,7 +61,6 @@ def load(path: str | os.PathLike, model_config: ModelConfig | None = None, *,
     if Path(path).suffix != ".kvm":
         from models.bits import BitConfig, default_numerics
         from models.compiler import HardwareTarget, compile_model
-
         from sim.app.quality import hardware_of, source_of, widest_core_mode
 
         hwc = hardware_of(hw or "aries")

@@ -7,14 +7,13 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from isa.instructions import Program
-from traces.recorder import Recorder
-
 from sim.device.device import Device, ProgramRun
 from sim.device.hw import HardwareConfig, load_hardware
-from sim.units import ns_to_ps
 from sim.runtime import tracing
 from sim.runtime.checks import RuntimeApiError, index, is_index
 from sim.runtime.types import CallRecord
+from sim.units import ns_to_ps
+from traces.recorder import Recorder
 
 if TYPE_CHECKING:
     from sim.runtime.model import Model

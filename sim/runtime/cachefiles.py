@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.runtime.cacheops import CacheOpError, model_identity, pack_file, unpack_file
 from sim.runtime import deviceops
+from sim.runtime.cacheops import CacheOpError, model_identity, pack_file, unpack_file
 from sim.runtime.checks import check_bufs, folder
 from sim.runtime.rings import check_dump_window, dump_meta
 

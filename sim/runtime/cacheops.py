@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from isa.errors import KvsimError
 from isa.instructions import DmaLoad, DmaStore, HostRead, HostWrite, KvRead, KvWrite, Program
+from kvsim.errors import KvsimError
 from models.compiler import CompiledModel
 from models.compiler.flags import CACHE_OPS, Flags
 from models.compiler.kvspec import KvCacheSpec

@@ -10,8 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from isa.errors import KvsimError
-
+from kvsim.errors import KvsimError
 from sim.runtime.cacheops import CacheOpError
 
 #: The vendor's filter_cache_tail handles at most this many tail tokens (FACTS.md).

@@ -12,7 +12,6 @@ import numpy as np
 
 from isa.instructions import HostRead, HostWrite, Nop, Program
 from models.compiler import CompiledModel
-
 from sim.runtime.cacheops import rearrange_program
 from sim.runtime.checks import Request, RuntimeApiError
 from sim.runtime.rings import check_rearrange

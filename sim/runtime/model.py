@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 
 from models.compiler import CompiledModel
-
-from sim.runtime.cacheops import CacheView, EditFn, EditResult
 from sim.runtime import cachefiles, deviceops, edits, tracing
 from sim.runtime.accelerator import Accelerator
+from sim.runtime.cacheops import CacheView, EditFn, EditResult
 from sim.runtime.checks import (
     RuntimeApiError,
     check_all_logits,

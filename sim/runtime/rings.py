@@ -25,7 +25,6 @@ import numpy as np
 
 from isa.kv import header
 from models.compiler.kvspec import KvCacheSpec
-
 from sim.runtime.cacheops import CacheOpError
 
 if TYPE_CHECKING:

@@ -15,10 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sim.runtime.checks import RuntimeApiError
 from traces.chrome import chrome_trace
 from traces.recorder import Recorder
-
-from sim.runtime.checks import RuntimeApiError
 
 if TYPE_CHECKING:
     from sim.runtime.accelerator import Accelerator

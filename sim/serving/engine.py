@@ -19,7 +19,6 @@ from typing import Literal
 import simpy
 
 from models.compiler.driver import StepSeq
-
 from sim.serving.blocks import KvGeometry
 from sim.serving.scheduler import Request, Scheduler, SchedulerConfig, StepPlan
 

@@ -31,7 +31,6 @@ from operator import sub
 from typing import Literal
 
 from models.compiler.driver import StepSeq
-
 from sim.serving.blocks import KvGeometry
 from sim.serving.decodeset import DecodeSet
 

@@ -13,11 +13,10 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.schema import Frozen
-from sim.units import s_to_ps
-
 from sim.serving.scheduler import Request
+from sim.units import s_to_ps
 
 
 class _Section(Frozen):

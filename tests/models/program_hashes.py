@@ -25,9 +25,9 @@ from models.bits import BitConfig
 from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.compiler.driver import StepSeq, lower_step
 from models.config import load_model
-from sim.runtime.cacheops import rearrange_program, requantize_program
-from sim.device.hw import load_hardware
 from sim.app.serve.run import compile_for_serving
+from sim.device.hw import load_hardware
+from sim.runtime.cacheops import rearrange_program, requantize_program
 
 GOLDEN = Path(__file__).with_name("program_hashes.json")
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.bits import BitConfig
 from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.compiler.blocks import registry

@@ -11,9 +11,9 @@ from models.bits import build_bit_config
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.config import load_preset
 from models.reference import ReferenceModel
+from sim.app.run import roofline_s
 from sim.device.device import Device, static_roofline
 from sim.device.hw import load_hardware
-from sim.app.run import roofline_s
 from sim.runtime import Accelerator, Model
 
 TINY_HW = load_hardware("tiny")

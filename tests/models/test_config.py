@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.config import ModelConfig, TensorSpec, load_model, load_preset, preset_names
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.config import build_model, load_preset
 from models.hf import hf_config_to_model, load_hf_config
 from models.layer_features import pattern_layer_types

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.compiler.blocks.registry import features
 from models.config import load_model, load_preset
 from models.hf import hf_config_to_model, load_hf_config

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.config import load_model, load_preset
 from models.hf import load_hf_config
 

@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.config import load_model
 from models.gguf import (
     GGUFWeights,

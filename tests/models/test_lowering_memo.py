@@ -205,8 +205,8 @@ def test_a_varying_instruction_needs_the_varying_arguments() -> None:
 
 
 def test_an_sram_probe_without_the_head_is_the_call_up_to_its_head() -> None:
-    from isa.errors import ConfigError
     from isa.instructions import HostRead
+    from kvsim.errors import ConfigError
     from models.compiler.driver import lower_call
 
     cm = _compile()

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.config import ModelConfig
 from models.gguf import permute_rope_rows
 from models.reference import ReferenceModel

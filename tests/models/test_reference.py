@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.bits import W4V8, W8
 from models.config import ModelConfig, load_model, load_preset
 from models.reference import (

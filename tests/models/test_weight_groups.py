@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from isa.errors import ConfigError
 from isa.instructions import Gemm, GemmGroup, GemmRow, GemmRowGroup
 from isa.kernels.gemm_group import group_row_bytes, unpack_group_rows
+from kvsim.errors import ConfigError
 from models.bits import W4V8, BitConfig, NumericsOptions, build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.compiler.wgroup import quantize_group, quantize_matrix

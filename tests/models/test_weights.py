@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from isa.errors import ConfigError
 from isa.instructions import Gemm
+from kvsim.errors import ConfigError
 from models.bits import W4V8, W8
 from models.config import ModelConfig, load_model, load_preset
 from models.weights import (

@@ -10,7 +10,6 @@ from operator import attrgetter
 import numpy as np
 
 from isa import kvformats
-from isa.errors import DeviceError
 from isa.instructions import (
     NO_ADDR,
     Attn,
@@ -26,6 +25,7 @@ from isa.instructions import (
     Nop,
     Vec,
 )
+from kvsim.errors import DeviceError
 from sim.device.engine import loopdefs as pl
 from sim.device.engine.rows import (
     LAST_PER_CORE,

@@ -27,11 +27,11 @@ from isa.instructions import (
 from isa.validate import validate_program
 from models.bits import build_bit_config
 from models.demo import gemv_layer
-from sim.device.engine import tables as program_tables
 from sim.device.device import Device
-from sim.device.hw import load_hardware
-from sim.device.engine.rows import ROW_FIELDS, X_SLEN, X_SOFF, X_WLEN, X_WOFF, build_rows
+from sim.device.engine import tables as program_tables
 from sim.device.engine.row_fill import ColumnRows
+from sim.device.engine.rows import ROW_FIELDS, X_SLEN, X_SOFF, X_WLEN, X_WOFF, build_rows
+from sim.device.hw import load_hardware
 from tests.sim.test_rows_vectorised import FORMATS, _compiled, _every_type
 from traces.recorder import Recorder
 

@@ -12,10 +12,10 @@ import simpy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from isa.errors import DeviceError
+from kvsim.errors import DeviceError
 from sim.device.components import ComputeCore, DmaEngine, Dram, HostLink, Sram
-from sim.device.engine import kernel
 from sim.device.components.dram import bytes_per_channel
+from sim.device.engine import kernel
 from sim.device.hw import load_hardware
 from sim.units import PS_PER_S, ns_to_ps, transfer_ps
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from sim.app.config import cache_length, load_run_config
 from sim.app.run import run
 

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 
-from isa.errors import DeviceError
 from isa.instructions import (
     DmaLoad,
     DmaStore,
@@ -12,6 +11,7 @@ from isa.instructions import (
     Nop,
     Program,
 )
+from kvsim.errors import DeviceError
 from models.demo import demo_data, gemv_layer
 from sim.device.device import Device
 from sim.device.hw import load_hardware

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from sim.device.dram.patterns import (
     AccessPattern,
     closed_form_efficiency,

@@ -9,8 +9,8 @@ import pytest
 from isa.instructions import DmaLoad, Engine, Gemm, Nop, Program
 from sim.app.breakdown import FIXED_COSTS, Labelled, time_breakdown
 from sim.device.components import Dram
-from sim.device.engine import kernel
 from sim.device.device import Device, cross_core_waits
+from sim.device.engine import kernel
 from sim.device.hw import load_hardware
 from sim.runtime import CallRecord
 from sim.units import KiB, ns_to_ps
@@ -185,7 +185,7 @@ def test_no_fixed_costs_without_the_parameters():
 
 
 def test_protocol_needs_a_timing_table():
-    from isa.errors import ConfigError
+    from kvsim.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"dram.*\[dram\.timing\]"):
         load_hardware("tiny", {"dram.model": "protocol"})

@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.bits import build_bit_config
-from sim.runtime.cacheops import round_trip
 from sim.app.cli.main import main
 from sim.app.quality import evaluate_edit, parse_edit
+from sim.runtime.cacheops import round_trip
 
 IDS = np.random.default_rng(5).integers(0, 256, size=300).tolist()
 AT = 256

@@ -20,7 +20,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sim.runtime.accelerator
-from isa.errors import DeviceError
 from isa.instructions import (
     Attn,
     DmaCopy,
@@ -37,14 +36,15 @@ from isa.instructions import (
     Vec,
     VecFunc,
 )
+from kvsim.errors import DeviceError
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
 from models.demo import demo_data, gemv_layer
-from sim.device.engine import array as array_engine
-from sim.device.engine import tables as program_tables
-from sim.device.engine import kernel, loopdefs
 from sim.device.device import Device, cross_core_waits
+from sim.device.engine import array as array_engine
+from sim.device.engine import kernel, loopdefs
+from sim.device.engine import tables as program_tables
 from sim.device.hw import load_hardware, preset_dict
 from sim.runtime import Accelerator, Model
 from traces.recorder import Recorder

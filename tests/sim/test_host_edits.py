@@ -14,9 +14,9 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
 from sim import runtime
-from sim.runtime.cacheops import CacheOpError, requantize_through
 from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model
+from sim.runtime.cacheops import CacheOpError, requantize_through
 
 TINY_HW = load_hardware("tiny")
 TINY = load_preset("tiny")

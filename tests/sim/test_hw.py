@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from sim.device.hw import HardwareConfig, load_hardware, preset_dict, preset_names
 
 

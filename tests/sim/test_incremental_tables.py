@@ -15,10 +15,10 @@ from isa.instructions import Engine, Nop, Program
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
-from sim.device.engine import tables as program_tables
 from sim.device.device import Device
-from sim.device.hw import load_hardware
+from sim.device.engine import tables as program_tables
 from sim.device.engine.rows import RowCache
+from sim.device.hw import load_hardware
 from tests.sim.test_column_rows import _per_instruction
 
 ARIES = load_hardware("aries")
@@ -255,7 +255,8 @@ def test_a_replayed_step_names_its_changed_positions_and_skips_the_scan(tiny, mo
         _assert_same(got, _full_aside(dev, prog))
     assert seen[0] == 0  # every patched build took the positions the program names
     # and, from the second on, kept the first rows of the last one's tables
-    # (sim.device.engine.table_patch): the first drops rows of a program built in full, which lie among
+    # (sim.device.engine.table_patch): the first drops rows of a program built in full,
+    # which lie among
     # the others; later ones drop the rows the last step added, which came last
     assert prefixes[0] == len(steps) - 2
 

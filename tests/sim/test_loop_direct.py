@@ -26,10 +26,10 @@ from isa.instructions import (
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
+from sim.device.device import Device
 from sim.device.engine import array as array_engine
 from sim.device.engine import loopdefs as lp
 from sim.device.engine.loop import run_program
-from sim.device.device import Device
 from sim.device.hw import load_hardware
 from tests.sim.test_engines import TINY, TINY_PROTOCOL
 from traces.recorder import Recorder

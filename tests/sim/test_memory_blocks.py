@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from isa.errors import DeviceError
 from isa.instructions import Space
+from kvsim.errors import DeviceError
 from sim.device.memory import DeviceMemory, SparseMemory
 
 PAGE_BYTES = 64

@@ -26,8 +26,8 @@ from models.bits import NUMERICS_PRESETS, W8, BitConfig
 from models.compiler.rotation import RotatedWeights
 from models.reference import ReferenceModel
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
-from sim.device.hw import load_hardware
 from sim.app.quality import compile_for_text, evaluate
+from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model, ModelConfig
 from tests.groups import REAL_W8
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from isa.errors import DeviceError
 from isa.instructions import (
     Attn,
     DmaCopy,
@@ -19,11 +18,11 @@ from isa.instructions import (
     Nop,
     Program,
 )
-from sim.device.engine import array as array_engine
-from sim.device.engine import tables as program_tables
-from sim.device.engine import loopdefs
+from kvsim.errors import DeviceError
 from sim.device.device import Device
-from sim.device.hw import load_hardware
+from sim.device.engine import array as array_engine
+from sim.device.engine import loopdefs
+from sim.device.engine import tables as program_tables
 from sim.device.engine.rows import (
     ROW_FIELDS,
     X_SLEN,
@@ -33,6 +32,7 @@ from sim.device.engine.rows import (
     RowCache,
     build_rows,
 )
+from sim.device.hw import load_hardware
 from tests.sim.test_engines import TINY, TINY_PROTOCOL, _run, assert_same
 
 LOAD = DmaLoad(core=0, src=0, dst=0, nbytes=3000, signal=(1,))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.bits import build_bit_config
 from models.quality import DegenerateOutput, perplexity
 from models.source import EMBEDDED_MODEL, english_text, resolve_model

@@ -13,6 +13,9 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import build_model, load_preset
 from models.reference import ReferenceModel
+from sim.device.device import static_roofline
+from sim.device.hw import load_hardware
+from sim.runtime import Accelerator, Model
 from sim.runtime.cacheops import (
     CacheOpError,
     evict_positions,
@@ -20,9 +23,6 @@ from sim.runtime.cacheops import (
     requantize_through,
     unpack_file,
 )
-from sim.device.device import static_roofline
-from sim.device.hw import load_hardware
-from sim.runtime import Accelerator, Model
 from sim.units import ns_to_ps, transfer_ps
 
 HW = load_hardware("tiny")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from isa.errors import DeviceError
 from isa.instructions import (
     NO_ADDR,
     Attn,
@@ -33,14 +32,15 @@ from isa.instructions import (
     VecFunc,
     f32_bits,
 )
+from kvsim.errors import DeviceError
 from models.bits import NUMERICS_PRESETS, W4V8, W8, BitConfig, build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
+from sim.device.device import Device
 from sim.device.engine import rows as program_rows
 from sim.device.engine import tables as program_tables
-from sim.device.device import Device
-from sim.device.hw import load_hardware
 from sim.device.engine.rows import RowCache, build_rows, unique_rows
+from sim.device.hw import load_hardware
 from tests.sim.rows_reference import reference_rows
 
 ARIES = load_hardware("aries")

@@ -16,9 +16,9 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset
 from models.reference import ReferenceModel
-from sim.runtime.cacheops import CacheOpError, evict_positions, requantize_through, score_eviction
 from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model, RuntimeApiError
+from sim.runtime.cacheops import CacheOpError, evict_positions, requantize_through, score_eviction
 from sim.units import ns_to_ps, transfer_ps
 
 TINY_HW = load_hardware("tiny")

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.bits import BitConfig
 from models.compiler import HardwareTarget, compile_model
 from models.config import load_preset

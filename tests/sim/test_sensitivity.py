@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from sim.app.cli.main import main
 from sim.app.config import build_run_config, set_field
 from sim.app.run import run

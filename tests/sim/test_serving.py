@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isa import kvformats
+from sim.app.serve.run import serving_metrics, step_shape
 from sim.serving.blocks import simple_geometry, steady_bytes_per_token
 from sim.serving.engine import ServingSim
-from sim.app.serve.run import serving_metrics, step_shape
 from sim.serving.scheduler import Request, SchedulerConfig
 from sim.serving.workload import LengthDist, WorkloadSpec, make_requests, read_trace
 

@@ -15,14 +15,14 @@ from models.bits import BitConfig
 from models.compiler import HardwareTarget, compile_model
 from models.compiler.driver import StepSeq, lower_call, lower_step, tiles_of
 from models.config import load_model
+from sim.app.cli.serve import main as serve_main
+from sim.app.serve.config import build_serve_config
+from sim.app.serve.run import SwapCost, compile_for_serving, run_serving, write_serving_outputs
 from sim.device.device import Device
 from sim.device.hw import load_hardware
 from sim.serving.blocks import kv_geometry
-from sim.app.cli.serve import main as serve_main
-from sim.app.serve.config import build_serve_config
 from sim.serving.costs import GridSpec, StepCostModel
 from sim.serving.engine import ServingSim
-from sim.app.serve.run import SwapCost, compile_for_serving, run_serving, write_serving_outputs
 from sim.serving.scheduler import SchedulerConfig
 from sim.serving.workload import make_requests
 

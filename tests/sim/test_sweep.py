@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from sim.app.cli.main import main
 from sim.app.sweep.sweep import build_sweep, flatten_metrics, load_sweep, run_sweep
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from isa import kvformats
-from isa.errors import KvsimError
+from kvsim.errors import KvsimError
 
 from ...config import ModelConfig
 from ..builder import Matrix, split

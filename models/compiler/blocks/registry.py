@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 
 from ...config import ModelConfig
 from .base import AttentionBlock, MlpBlock

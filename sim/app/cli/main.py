@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from isa.errors import ConfigError, KvsimError
+from kvsim.errors import ConfigError, KvsimError
 from sim.app.cli.run import DEFAULT_OUT, cmd_run, config_kind, run_help_epilog, run_phases
 from sim.app.console import make_console
 from sim.progress import Phases, progress_enabled
@@ -546,9 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     he.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     he.set_defaults(func=cmd_hw_sensitivity)
 
+    from sim.app.cli.serve import add_serve_parser
     from sim.app.cli.text import add_text_parsers
     from sim.app.regress.regress import add_parser as add_regress_parser
-    from sim.app.cli.serve import add_serve_parser
 
     add_regress_parser(sub)
     add_serve_parser(sub)

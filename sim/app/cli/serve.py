@@ -48,11 +48,10 @@ def print_serve_summary(metrics: dict, paths: dict, console: Console) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
-    from sim.progress import Phases, progress_enabled
-    from traces.io import check_out_folder
-
     from sim.app.serve.config import load_serve_config
     from sim.app.serve.run import run_serving, write_serving_outputs
+    from sim.progress import Phases, progress_enabled
+    from traces.io import check_out_folder
 
     cfg = load_serve_config(args.config, args.set)
     check_out_folder(args.out, "--out")

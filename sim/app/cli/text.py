@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 
 DEFAULT_MODEL = "smollm2-135m"
 #: Fewest tokens of an eval text (teacher forcing over less says little about a model).

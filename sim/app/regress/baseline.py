@@ -1,4 +1,5 @@
-"""The baseline file of ``kvsim regress`` (``sim.app.regress.regress``): its format, read and checked
+"""The baseline file of ``kvsim regress`` (:mod:`sim.app.regress.regress`): its format, read
+and checked
 (every problem a :class:`RegressError` naming the entry or field), and written
 atomically (sorted keys)::
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from isa.errors import KvsimError
+from kvsim.errors import KvsimError
 
 BASELINE_VERSION = 1
 

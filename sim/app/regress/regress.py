@@ -50,11 +50,8 @@ from typing import Any
 
 from rich.console import Console
 
-from isa.errors import KvsimError
+from kvsim.errors import KvsimError
 from sim.app.console import make_console
-from sim.progress import Phases, progress_enabled
-from sim.app.results import RunFigures
-
 from sim.app.regress.baseline import (
     BASELINE_VERSION,
     Baseline,
@@ -65,6 +62,8 @@ from sim.app.regress.baseline import (
     load_baseline,
 )
 from sim.app.regress.report import GROUP_FIGURES, Report, Row, compare, print_report, tolerance_for
+from sim.app.results import RunFigures
+from sim.progress import Phases, progress_enabled
 
 EXIT_PASS, EXIT_MOVED, EXIT_BAD_INPUT = 0, 1, 2
 #: Runs for a regression check need no trace; the trace level changes no figure

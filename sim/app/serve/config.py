@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.schema import Frozen, validation_message
 from sim.app.config import (
     ModelOnHardware,
@@ -23,7 +23,6 @@ from sim.app.config import (
     load_tree,
     resolve_hardware,
 )
-
 from sim.serving.workload import WorkloadSpec
 
 

@@ -17,24 +17,23 @@ from typing import Any
 
 import numpy as np
 
-from isa.errors import ConfigError
 from isa.instructions import HostRead, HostWrite, Program
+from kvsim.errors import ConfigError
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.compiler.compiled import build_memory_map
 from models.compiler.dram import batch_memory_map
 from models.compiler.driver import StepSeq
 from models.config import load_model
+from sim.app.serve.config import ServeConfig
 from sim.device.device import Device
 from sim.device.hw import HardwareConfig
 from sim.progress import Phases
-from traces.io import atomic_write_text
-
 from sim.serving.blocks import KvGeometry, kv_geometry
-from sim.app.serve.config import ServeConfig
 from sim.serving.costs import StepCostModel
 from sim.serving.engine import ServingSim, StepRecord
 from sim.serving.scheduler import Request, SchedulerConfig
 from sim.serving.workload import make_requests
+from traces.io import atomic_write_text
 
 #: Token count the compiler first fits its token tile under (grown while the tile fills it).
 FIRST_TILE_PROBE = 8

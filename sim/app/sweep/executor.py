@@ -14,8 +14,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Literal
 
-from isa.errors import ConfigError, KvsimError
-
+from kvsim.errors import ConfigError, KvsimError
 from sim.app.config import build_run_config, set_field
 from sim.app.results import run_metrics
 from sim.app.sweep.file import Point, SweepConfig

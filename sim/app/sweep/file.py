@@ -16,9 +16,8 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from isa.errors import ConfigError
+from kvsim.errors import ConfigError
 from models.schema import Frozen, validation_message
-
 from sim.app.config import (
     apply_sets,
     build_run_config,

@@ -15,8 +15,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from isa.errors import ConfigError
-
+from kvsim.errors import ConfigError
 from sim.app.config import resolve_hardware, set_field
 from sim.device.hw import build_hardware
 

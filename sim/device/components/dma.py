@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import Literal
 
+from sim.device.components.dram import Dram
+from sim.device.components.sram import Sram
+from sim.device.engine.kernel import AnyEnvironment, resource_for
 from sim.device.hw import DmaConfig
 from sim.units import ns_to_ps
 from traces.recorder import Recorder
-
-from sim.device.components.dram import Dram
-from sim.device.engine.kernel import AnyEnvironment, resource_for
-from sim.device.components.sram import Sram
 
 Direction = Literal["load", "store", "copy", "read", "write"]
 

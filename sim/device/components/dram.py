@@ -23,11 +23,10 @@ from __future__ import annotations
 import math
 
 from sim.device.dram.timing import ChannelState, chunk_channels_ck, timing_from_config
+from sim.device.engine.kernel import AnyEnvironment
 from sim.device.hw import DramConfig
 from sim.units import ns_to_ps, transfer_ps
 from traces.recorder import Recorder
-
-from sim.device.engine.kernel import AnyEnvironment
 
 
 def bytes_per_channel(addr: int, nbytes: int, granule: int, channels: int) -> list[int]:

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+from sim.device.components.dram import Dram
+from sim.device.engine.kernel import AnyEnvironment
 from sim.device.hw import HostLinkConfig
 from sim.units import ns_to_ps, transfer_ps
 from traces.recorder import Recorder
-
-from sim.device.components.dram import Dram
-from sim.device.engine.kernel import AnyEnvironment
 
 LinkDirection = Literal["h2d", "d2h"]
 

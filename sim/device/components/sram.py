@@ -8,11 +8,10 @@ dedicated port), so they are not modelled as port time.
 
 from __future__ import annotations
 
-from isa.errors import DeviceError
+from kvsim.errors import DeviceError
+from sim.device.engine.kernel import AnyEnvironment
 from sim.device.hw import SramConfig
 from sim.units import transfer_ps
-
-from sim.device.engine.kernel import AnyEnvironment
 
 
 class Sram:

@@ -430,7 +430,8 @@ def chunk_time_ps(state: ChannelState, addr: int, nbytes: int, is_write: bool, n
     return max(now_ps, math.ceil(end_ck * timing.tck_ps - 1e-6))
 
 
-#: The per-chunk step for callers that keep their own state arrays (``sim/device/components/dram.py``
+#: The per-chunk step for callers that keep their own state arrays
+#: (``sim/device/components/dram.py``
 #: and Numba code): ``(params, open_row, act_ok, pre_ok, cas_ok, faw, scalars, next_ref, addr,
 #: nbytes, is_write, t0_ck, per_channel) -> end cycle``, all int64 arrays and scalars.
 chunk_channels_ck = _chunk_runs_ck

@@ -1,1 +1,2 @@
-"""The engines that run a program on the components: the lean event kernel and the Numba array loop."""
+"""The engines that run a program on the components: the lean event kernel and the Numba
+array loop."""

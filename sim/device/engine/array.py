@@ -28,10 +28,10 @@ import numpy as np
 
 from isa import semantics
 from isa.instructions import Engine, Program
-from sim.device.engine import tables as program_tables
+from sim.device.components.dram import efficiency_split
 from sim.device.engine import kernel
 from sim.device.engine import loopdefs as pl
-from sim.device.components.dram import efficiency_split
+from sim.device.engine import tables as program_tables
 from sim.device.engine.loop import new_state, run_program
 from sim.units import cycles_to_ps, ns_to_ps
 from traces.recorder import Span

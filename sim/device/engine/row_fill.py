@@ -18,7 +18,6 @@ import numpy as np
 
 from isa import kvformats
 from isa.columns import ProgramColumns
-from isa.errors import DeviceError
 from isa.identity import object_ids
 from isa.instructions import (
     NO_ADDR,
@@ -36,6 +35,7 @@ from isa.instructions import (
     Nop,
     Vec,
 )
+from kvsim.errors import DeviceError
 from sim.device.engine import loopdefs as pl
 
 #: Links of the stats additions, by id.

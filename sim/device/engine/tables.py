@@ -17,7 +17,8 @@ flags and cross-core bits when every changed position keeps its engine, core, wa
 signals, and patches the last one's tables at the changed positions (:func:`_incremental`
 states the proof; the changed positions are those a program made by
 :meth:`~isa.instructions.Program.patched` names, else an identity scan finds them; a
-decode step's kept rows come first and :mod:`sim.device.engine.table_patch` appends the added ones); the
+decode step's kept rows come first and :mod:`sim.device.engine.table_patch` appends the added
+ones); the
 tables are those of a full build, array for array.
 """
 
@@ -31,6 +32,14 @@ import numpy as np
 from isa.columns import ColumnProgram
 from isa.instructions import Patched, Program
 from sim.device.engine import loopdefs as pl
+from sim.device.engine.row_fill import ColumnRows
+from sim.device.engine.row_lists import (
+    MOVE_RUNS,
+    a_position,
+    move_rows,
+    splice,
+    unique_small,
+)
 from sim.device.engine.rows import (
     LAST_PER_CORE,
     LINKS,
@@ -50,14 +59,6 @@ from sim.device.engine.rows import (
     X_WLEN,
     X_WOFF,
     RowCache,
-)
-from sim.device.engine.row_fill import ColumnRows
-from sim.device.engine.row_lists import (
-    MOVE_RUNS,
-    a_position,
-    move_rows,
-    splice,
-    unique_small,
 )
 from sim.device.engine.table_patch import prefix_rows, prefix_tables, same_heads
 
@@ -276,7 +277,8 @@ def _moved_tables(last: Tables, new: np.ndarray, store, kept: np.ndarray,
                   kept_at: np.ndarray, added_at: np.ndarray, pos: np.ndarray,
                   new_present: np.ndarray):
     """``(table, w_ptr, w_flag, s_ptr, s_flag, stream_base, stream_bytes, nstream)`` of a
-    patched build whose kept rows are not all first (:func:`sim.device.engine.table_patch.prefix_tables`
+    patched build whose kept rows are not all first
+    (:func:`sim.device.engine.table_patch.prefix_tables`
     for the rest): the last tables' rows ``kept`` moved to rows ``kept_at``, the store rows
     ``new`` at ``added_at`` (each one's cross-core bit the last row's at position
     ``pos``), or None when an added row waits or signals a flag the program had not."""
@@ -305,7 +307,8 @@ def _moved_tables(last: Tables, new: np.ndarray, store, kept: np.ndarray,
 def _moved_rows(changed: np.ndarray, index: np.ndarray, last_row_of: np.ndarray,
                 last_uses: np.ndarray, present: np.ndarray):
     """``(present, kept, kept_at, added, added_at, row_of, uses, first_at)`` of a patched
-    build whose kept rows are not all first (:func:`sim.device.engine.table_patch.prefix_rows` for the
+    build whose kept rows are not all first
+    (:func:`sim.device.engine.table_patch.prefix_rows` for the
     rest): the store row of each table row, the last table's rows kept and their new rows,
     the store rows added and their rows, each position's row, the positions holding each
     row and a changed position holding each added row."""
