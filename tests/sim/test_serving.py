@@ -36,7 +36,7 @@ def _run(reqs, *, blocks=6, block_tokens=4, budget=8, seqs=4, mode="recompute", 
                      swap_cost=swap_cost, router=router,
                      scheduler=SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=budget,
                                                preemption=mode))
-    sim.app.run()
+    sim.run()
     return sim
 
 
@@ -124,7 +124,7 @@ def test_limits_max_num_seqs_and_whole_prompts_without_chunking():
     sim = ServingSim(reqs, chips=1, geometry=geo, step_cost=toy_cost,
                      scheduler=SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=8,
                                                chunked_prefill=False))
-    sim.app.run()
+    sim.run()
     assert [s.items for s in sim.chips[0].steps] == [
         ((0, 5),),  # r1's 5 tokens do not fit the 3 left of the budget: no chunking
         ((0, 1), (1, 5)),

@@ -235,7 +235,7 @@ def test_plan_cost_is_the_grid_model_of_the_plans_sequences(tmp_path, preemption
                      scheduler=SchedulerConfig(max_num_seqs=s.max_num_seqs,
                                                max_num_batched_tokens=50,
                                                preemption=preemption))
-    sim.app.run()
+    sim.run()
     assert len(checked) == result.metrics["serving"]["steps"]
     assert sum(r.preemptions for r in sim.requests) > 0
     assert [vars(x) for x in sim.chips[0].steps] == [vars(x) for x in result.steps[0]]

@@ -265,7 +265,7 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
                      plan_cost=cost.plan_ps if c.mode == "grid" else None,
                      on_finish=None if progress is None else progress.advance)
     try:
-        sim.app.run()
+        sim.run()
     except ValueError as err:  # a request that cannot fit the KV pool
         raise ConfigError(f"serving: {err}") from None
     sim_s = time.perf_counter() - t0
