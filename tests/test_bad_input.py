@@ -406,7 +406,7 @@ _kvm("wrong format name", "not a kvsim compiled model",
 _kvm("wrong version", "compiled-model version 3 is not supported",
      _header(lambda h: h.update(version=3)))
 _kvm("older version", "compiled with an older kvsim (compiled-model version 1; this kvsim "
-     "reads version 2); recompile it", _header(lambda h: h.update(version=1)))
+     "reads version 3); recompile it", _header(lambda h: h.update(version=1)))
 _kvm("big-tile bound beyond the token tile", "big_tile_tokens = 100000 is not an integer in "
      "0..m_tile", _header(lambda h: h.update(big_tile_tokens=100000)))
 _kvm("missing numerics", "header is incomplete or invalid",

@@ -1,76 +1,101 @@
-"""Calibration of the ``aries`` preset against the published Llama-3.2-1B point.
+"""Calibration of the ``aries`` preset against the two published MLA100 points.
 
-The published MLA100 measurement (FACTS.md; ``configs/validate-llama-3.2-1b.toml``) gives
-two figures: TTFT for 240 prompt tokens and decode tokens/s per user. Two equations fit at
-most two free parameters; every other parameter keeps its source or its assumption. The
-two fitted here, each inside its physical bounds:
+The published measurements (FACTS.md; ``configs/validate-llama-3.2-1b.toml``): NVIDIA
+GenAI-Perf against an OpenAI-compatible server on an MLA100 MXM, 240 input and 10 output
+tokens, W8 builds. Llama-3.2-1B-Instruct: TTFT 430.56 ms, 30.73 output tokens/s per user;
+Llama-3.1-8B-Instruct: TTFT 4,430.71 ms, 5.81 tokens/s. A client measures the card's time
+plus the serving stack's (``hardware.stack``), so each figure here is the card's
+(the runtime's calls, as ``kvsim run`` times them) plus the stack's costs:
 
-- ``dram.timing.row_run_bytes`` (decode): how many bytes of one stream a DRAM row serves
-  before the other masters' accesses close it (eight cores, their KV and store streams and
-  the host link share the channels). Bounds: one interleave granule (256 B: arbitration
-  per request) to one page (2048 B: no interference, the JEDEC-ideal schedule). Decode is
-  a weight stream, so it is the figure this parameter moves most.
-- ``sram.bytes_per_core`` (TTFT): prefill re-streams the weights once per token tile and
-  the tile is what the SRAM holds, so TTFT / decode fixes it. Bounds: 128–512 KiB per core
-  (1–4 MiB per chip, the range of edge NPUs of this class; an assumption).
+- TTFT = ``stack.request_ns`` + the prefill calls (240 tokens in host chunks of
+  ``compile.max_sequence_length`` = 128, the model zoo's ``npu_prefill_chunk_size``
+  default) + ``stack.token_ns``;
+- time per output token (1 / tokens per second per user: GenAI-Perf's inter-token
+  latency) = one decode call + ``stack.token_ns``.
 
-The fixed costs (``host.call_overhead_ns``, ``cores.program_launch_ns``,
-``cores.dispatch_cycles``, ``cores.barrier_sync_ns``) are not fitted: one point cannot
-separate them from the DRAM parameter (each adds time to both figures), and together they
-are under 1 % of TTFT and of a decode token at their assumed values (the breakdown's
-rows); a measurement of the same model at two
-prompt lengths and with a one-layer model (per-call and per-layer costs apart from the
-bytes) would.
+Four figures, fitted at once with the numerics and the schedule the validation config runs
+(its ``[bits]`` and ``[compile]``), by five parameters, each with a unit, bounds and the
+figures that fix it (the preset's ``[fitted]`` table, ``kvsim hw show aries``):
 
-Each figure is measured on the device directly (one forward program plus the runtime's
-per-call host overhead, as ``infer`` does), without the launch, so a fit takes minutes;
-``kvsim run configs/validate-llama-3.2-1b.toml`` confirms the result.
+- the decode's slope in bytes: ``dram.timing.row_run_bytes`` (how many bytes of one stream
+  a DRAM row serves before the other masters close it; a whole number of reopens per row)
+  and ``dma.setup_latency_ns`` (descriptor fetch and address translation, once per
+  transfer: with a weight tile per transfer, also a cost per byte). The difference of the
+  two decode figures (8B minus 1B, 139.6 ms: 6.3 GB more weights per token) fixes their
+  joint effect; the two points cannot tell them apart, so the row run is the coarse step
+  (a reopen more or less per row) and the set-up the fine one.
+- ``stack.token_ns``: the rest of a 1B decode token (the 8B follows from the slope).
+- ``sram.bytes_per_core``: prefill streams the weights once per token tile, and the tile
+  is what the SRAM holds at the model's width, so the SRAM fixes how TTFT grows with width
+  (the 8B TTFT against the 1B's).
+- ``stack.request_ns``: the rest of the 1B TTFT.
+
+What the two points cannot separate (each scales like a fitted one): the runtime's per-call
+cost (``host.call_overhead_ns``, per call as ``stack.token_ns`` is per token), the per-layer
+and per-instruction costs on the card (``cores.barrier_sync_ns``, ``cores.dispatch_cycles``;
+16 and 32 layers differ in bytes as much as in layers) and a lower controller efficiency of
+any other kind (against the row run and the set-up). They keep their sourced or assumed
+values. What would separate them: decode of one model at two context lengths, a one-layer
+build, and a raw DMA bandwidth test on the card.
+
+Each figure is measured on the device directly (the runtime's call programs and per-call
+overhead, as ``infer`` does), without the launch, so a fit takes minutes; ``kvsim run
+configs/validate-llama-3.2-1b.toml`` (and with ``--set
+model.hf_config=configs/models/llama-3.1-8b.json``) confirms it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.bits import NUMERICS_PRESETS, build_bit_config
-from models.compiler import HardwareTarget, compile_model
-from models.config import load_model, load_preset
+from sim.app.config import RunConfig, load_run_config
+from sim.app.run import compile_for_run
 from sim.device.device import Device
-from sim.device.hw import HardwareConfig, load_hardware
 from sim.units import KiB, ns_to_ps
 
-#: The published point (FACTS.md: MLA100 MXM, GenAI-Perf, 240 input and 10 output tokens,
-#: INT8 weights): TTFT in seconds and decode seconds per token (1 / 30.73 tokens/s).
-PUBLISHED_TTFT_S = 0.43056
-PUBLISHED_DECODE_S = 1 / 30.73
-PROMPT_TOKENS = 240
-#: The bits the preset was fitted with: W8 weights, int8 KV, the int8 dataflow (the
-#: ``static-int8`` numerics). ``--numerics w8`` fits with the numerics the validation config
-#: now runs (configs/validate-llama-3.2-1b.toml says why the published build most plausibly
-#: uses them); measured: row_run_bytes stays 704 B and sram.bytes_per_core would move from
-#: 224 to 236 KiB (residuals TTFT +4.7 % -> -2.8 %, decode +5.4 % -> +4.4 %). The preset
-#: keeps 224 KiB: both fits are inside 10 % of both figures, and 236 KiB would re-tile every
-#: aries program for a 2-point fit that cannot tell the two apart.
-CALIBRATION_BITS = build_bit_config({})
+ROOT = Path(__file__).resolve().parents[2]
+VALIDATION_CONFIG = ROOT / "configs" / "validate-llama-3.2-1b.toml"
+MODEL_CONFIGS = ROOT / "configs" / "models"
 
-#: The fitted parameter and its bounds: one interleave granule (arbitration per request) to
-#: one page (no interference: the JEDEC-ideal schedule of one stream).
-RUN_FIELD = "dram.timing.row_run_bytes"
-RUN_BOUNDS_BYTES = (256, 2048)
-BURST_BYTES = 32  # aries: BL16 x 16 bits
-#: The second: SRAM per core, 128-512 KiB (1-4 MiB per chip: an assumption for an edge NPU
-#: of this class), on a 4 KiB grid.
+
+@dataclass(frozen=True)
+class Published:
+    """One published point (FACTS.md): TTFT and output tokens/s per user at the client."""
+
+    name: str
+    model_sets: tuple[str, ...]  # the --set lines that select the model
+    ttft_s: float
+    tokens_per_s: float
+
+    @property
+    def decode_s(self) -> float:
+        return 1.0 / self.tokens_per_s
+
+
+#: The published points (FACTS.md: MLA100 MXM, GenAI-Perf, 240 input + 10 output tokens, W8).
+POINTS = (
+    Published("llama-3.2-1b", (), 0.43056, 30.73),
+    Published("llama-3.1-8b", (f"model.hf_config={MODEL_CONFIGS / 'llama-3.1-8b.json'}",),
+              4.43071, 5.81),
+)
+
+#: The fitted fields (their bounds, units and reasons are in the preset's ``[fitted]``).
 SRAM_FIELD = "sram.bytes_per_core"
-SRAM_BOUNDS_BYTES = (128 * KiB, 512 * KiB)
+RUN_FIELD = "dram.timing.row_run_bytes"
+SETUP_FIELD = "dma.setup_latency_ns"
+TOKEN_FIELD = "stack.token_ns"
+REQUEST_FIELD = "stack.request_ns"
+BURST_BYTES = 32  # aries: BL16 x 16 bits
+PAGE_BYTES = 2048
 SRAM_STEP = 4 * KiB
 
 
-def run_lengths(page_bytes: int = 2048) -> list[int]:
-    """The distinct row runs within the bounds, one per reopen count ``k = ceil(page / run)
-    - 1`` (0, 1, 2, ...): the shortest whole number of bursts that gives ``k``, so the
+def run_lengths(lo: int = 256, hi: int = 2048, page_bytes: int = PAGE_BYTES) -> list[int]:
+    """The distinct row runs within ``lo .. hi``, one per reopen count ``k = ceil(page /
+    run) - 1`` (0, 1, 2, ...): the shortest whole number of bursts that gives ``k``, so the
     decode time rises along the list."""
-    lo, hi = RUN_BOUNDS_BYTES
     out = []
     for k in range(page_bytes // lo):
         run = -(-page_bytes // (k + 1) // BURST_BYTES) * BURST_BYTES
@@ -81,170 +106,232 @@ def run_lengths(page_bytes: int = 2048) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Figures:
+class Card:
+    """A model's figures on the card alone (the runtime's calls, per-call overhead in)."""
+
     ttft_s: float | None
     decode_s: float
 
 
-@dataclass
-class Fit:
-    run_bytes: int
-    sram_bytes: int
-    figures: Figures
-    tried: list[tuple[int, float]] = field(default_factory=list)
-
-    def residuals_pct(self) -> dict[str, float]:
-        out = {"decode": (self.figures.decode_s / PUBLISHED_DECODE_S - 1) * 100}
-        if self.figures.ttft_s is not None:
-            out["ttft"] = (self.figures.ttft_s / PUBLISHED_TTFT_S - 1) * 100
-        return out
+def run_config(point: Published, hw: dict[str, Any], extra: tuple[str, ...] = ()) -> RunConfig:
+    """The validation config for ``point`` with hardware overrides ``hw``."""
+    sets = [*point.model_sets, *extra, "outputs.trace=off"]
+    sets += [f"hardware.{k}={v!r}" if isinstance(v, str) else f"hardware.{k}={v}"
+             for k, v in hw.items()]
+    return load_run_config(VALIDATION_CONFIG, sets)
 
 
 _COMPILED: dict[tuple, Any] = {}
 
 
-def _compiled(hw: HardwareConfig, model: str):
-    """The model compiled for ``hw`` (memoized: the compiler sees only the target, so runs
-    that change DRAM or fixed costs share one compile)."""
-    key = (model, HardwareTarget.from_hw(hw))
+def _compiled(cfg: RunConfig):
+    """The compiled model of ``cfg`` (memoized on what the compiler sees: runs that change
+    only DRAM, DMA, fixed or stack costs share one compile)."""
+    from models.compiler import HardwareTarget
+
+    key = (cfg.model.model_dump_json(), cfg.bits.model_dump_json(), cfg.kv.model_dump_json(),
+           cfg.compile.model_dump_json(), HardwareTarget.from_hw(cfg.hardware))
     if key not in _COMPILED:
-        _COMPILED.clear()
-        cfg = load_model(model) if model.endswith(".json") else load_preset(model)
-        _COMPILED[key] = compile_model(cfg, CALIBRATION_BITS, HardwareTarget.from_hw(hw),
-                                       kv="int8", core_mode="global8", max_seq=PROMPT_TOKENS,
-                                       cap=PROMPT_TOKENS + 16, functional=False)
+        if len(_COMPILED) >= 4:
+            _COMPILED.pop(next(iter(_COMPILED)))
+        _COMPILED[key] = compile_for_run(cfg)
     return _COMPILED[key]
 
 
-def _program_s(hw: HardwareConfig, cm, tokens: int, cache_size: int) -> float:
+def _call_s(cfg: RunConfig, cm, tokens: int, cache_size: int) -> float:
+    hw = cfg.hardware
     dev = Device(hw, functional=False)
     dev.set_layout(cm.layout(host_bytes=hw.host.memory_bytes))
     run = dev.run(cm.program(tokens=tokens, cache_size=cache_size), validate=False)
     return (run.duration_ps + ns_to_ps(hw.host.call_overhead_ns)) / 1e12
 
 
-def measure(overrides: dict[str, Any], *, ttft: bool = True,
-            model: str = "llama-3.2-1b") -> Figures:
-    """TTFT (prefill of 240 tokens) and decode seconds per token (one token at 240 cached)
-    with ``overrides`` on the aries preset."""
-    hw = load_hardware("aries", overrides)
-    cm = _compiled(hw, model)
-    decode = _program_s(hw, cm, 1, PROMPT_TOKENS)
-    return Figures(_program_s(hw, cm, PROMPT_TOKENS, 0) if ttft else None, decode)
+def card(cfg: RunConfig, *, ttft: bool = True) -> Card:
+    """The card's TTFT (the prompt in calls of at most ``max_sequence_length`` tokens, as
+    ``kvsim run`` makes them) and its decode time per token (one call with the whole prompt
+    cached)."""
+    cm = _compiled(cfg)
+    n = cfg.workload.prompt_tokens
+    decode = _call_s(cfg, cm, 1, n)
+    if not ttft:
+        return Card(None, decode)
+    t = sum(_call_s(cfg, cm, min(cm.max_seq, n - t0), t0) for t0 in range(0, n, cm.max_seq))
+    return Card(t, decode)
 
 
-def fit_run(sram: int, *, log=print) -> tuple[int, list[tuple[int, float]]]:
-    """The row run whose decode time is nearest the published one (a bisection over the
-    reopen counts: decode rises with them)."""
-    runs = run_lengths()
-    tried: list[tuple[int, float]] = []
-    a, b = 0, len(runs) - 1
-    while a <= b:
+def client(cfg: RunConfig, c: Card) -> tuple[float | None, float]:
+    """``(TTFT, time per token)`` at the client: the card's plus the stack's costs."""
+    req, tok = cfg.hardware.stack.request_ns / 1e9, cfg.hardware.stack.token_ns / 1e9
+    return (None if c.ttft_s is None else req + c.ttft_s + tok), c.decode_s + tok
+
+
+def passes(cfg: RunConfig) -> int:
+    """Weight passes of the prompt: one per token tile of each host chunk."""
+    cm = _compiled(cfg)
+    n = cfg.workload.prompt_tokens
+    return sum(-(-min(cm.max_seq, n - t0) // cm.m_tile) for t0 in range(0, n, cm.max_seq))
+
+
+def bounds(name: str) -> tuple[float, float]:
+    from sim.device.hw import load_hardware
+
+    f = load_hardware("aries").fitted[name]
+    return f.low, f.high
+
+
+# --- the fit ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Fit:
+    """The fitted values (by field), the figures at them and what the search tried."""
+
+    values: dict[str, Any]
+    cards: dict[str, Card]
+    clients: dict[str, tuple[float, float]]
+    tried: list[str]
+
+    def residuals_pct(self) -> dict[str, float]:
+        out = {}
+        for p in POINTS:
+            ttft, dec = self.clients[p.name]
+            out[f"{p.name} TTFT"] = (ttft / p.ttft_s - 1) * 100
+            out[f"{p.name} tokens/s"] = (1 / dec / p.tokens_per_s - 1) * 100
+        return out
+
+
+def _decodes(hw: dict[str, Any]) -> tuple[Card, Card]:
+    p1, p8 = POINTS
+    return card(run_config(p1, hw), ttft=False), card(run_config(p8, hw), ttft=False)
+
+
+def fit_decode(hw: dict[str, Any], *, log=print) -> dict[str, Any]:
+    """The row run and DMA set-up whose decode slope (8B minus 1B time per token, the same
+    stack cost in both) is the published one: the fewest reopens per row for which some
+    set-up inside its bounds reaches the slope, then the set-up by bisection (1 ns)."""
+    p1, p8 = POINTS
+    want = p8.decode_s - p1.decode_s
+    lo_s, hi_s = bounds(SETUP_FIELD)
+    lo_r, hi_r = bounds(RUN_FIELD)
+
+    def slope(run: int, setup: float) -> float:
+        c1, c8 = _decodes({**hw, RUN_FIELD: run, SETUP_FIELD: setup})
+        d = c8.decode_s - c1.decode_s
+        log(f"  row_run_bytes {run:5d}, setup {setup:6.1f} ns: decode 1B {c1.decode_s * 1e3:.3f}"
+            f" ms, 8B {c8.decode_s * 1e3:.3f} ms, slope {d * 1e3:.3f} ms (want {want * 1e3:.3f})")
+        return d
+
+    runs = run_lengths(int(lo_r), int(hi_r))
+    for i, run in enumerate(runs):
+        if slope(run, hi_s) < want and i + 1 < len(runs):
+            continue  # too fast even at the longest set-up: one reopen more per row
+        a, b = lo_s, hi_s
+        if slope(run, a) > want:  # too slow even at the shortest set-up
+            return {RUN_FIELD: run, SETUP_FIELD: a}
+        while b - a > 1.0:
+            mid = round((a + b) / 2)
+            if slope(run, mid) < want:
+                a = mid
+            else:
+                b = mid
+        return {RUN_FIELD: run, SETUP_FIELD: float(a)}
+    raise AssertionError("unreachable: the last row run returns")
+
+
+def _ttft_gap(hw: dict[str, Any], *, log=print) -> tuple[float, Card, Card]:
+    """8B minus 1B card TTFT, less the published difference (the stack's request and token
+    costs are the same in both, so they cancel): the SRAM's residual."""
+    p1, p8 = POINTS
+    c1, c8 = (card(run_config(p, hw)) for p in POINTS)
+    gap = (c8.ttft_s - c1.ttft_s) - (p8.ttft_s - p1.ttft_s)
+    log(f"  sram {hw[SRAM_FIELD] // KiB} KiB: passes 1B {passes(run_config(p1, hw))}, 8B "
+        f"{passes(run_config(p8, hw))}; TTFT card 1B {c1.ttft_s * 1e3:.2f} ms, 8B "
+        f"{c8.ttft_s * 1e3:.2f} ms; gap {gap * 1e3:+.2f} ms")
+    return gap, c1, c8
+
+
+def fit_sram(hw: dict[str, Any], *, log=print) -> int:
+    """The SRAM per core (on its 4 KiB grid, inside its bounds) whose TTFT slope with width
+    is nearest the published one: more SRAM, longer token tiles, fewer weight passes, and
+    the wider model gains more, so the gap falls as the SRAM grows (bisection, then the
+    nearer of the two sides)."""
+    lo, hi = (int(v) // SRAM_STEP for v in bounds(SRAM_FIELD))
+    seen: dict[int, float] = {}
+
+    def gap(k: int) -> float:
+        if k not in seen:
+            seen[k] = _ttft_gap({**hw, SRAM_FIELD: k * SRAM_STEP}, log=log)[0]
+        return seen[k]
+
+    a, b = lo, hi
+    while b - a > 1:
         mid = (a + b) // 2
-        d = measure({RUN_FIELD: runs[mid], SRAM_FIELD: sram}, ttft=False).decode_s
-        tried.append((runs[mid], d))
-        log(f"  row_run_bytes {runs[mid]:5d}: decode {d * 1e3:.3f} ms/token")
-        if d < PUBLISHED_DECODE_S:
-            a = mid + 1
+        if gap(mid) > 0:
+            a = mid
         else:
-            b = mid - 1
-    return min(tried, key=lambda rd: abs(rd[1] - PUBLISHED_DECODE_S))[0], tried
-
-
-def passes(sram: int, model: str = "llama-3.2-1b") -> int:
-    """Weight passes of the 240-token prefill: one per token tile the SRAM holds."""
-    hw = load_hardware("aries", {SRAM_FIELD: sram})
-    return -(-PROMPT_TOKENS // _compiled(hw, model).m_tile)
-
-
-def fit_sram(run: int, ttft_s: float, sram: int, *, log=print) -> int:
-    """The SRAM whose passes bring ``ttft_s`` (measured at ``sram``) nearest the published
-    TTFT, TTFT scaling with the passes: the smallest size on the grid with that many."""
-    p0 = passes(sram)
-    want = max(1, round(p0 * PUBLISHED_TTFT_S / ttft_s))
-    lo, hi = SRAM_BOUNDS_BYTES
-    a, b, best = lo // SRAM_STEP, hi // SRAM_STEP, hi
-    while a <= b:  # more SRAM, longer tiles, fewer passes
-        mid = (a + b) // 2
-        p = passes(mid * SRAM_STEP)
-        log(f"  sram {mid * SRAM_STEP // KiB} KiB: {p} passes (want {want})")
-        if p <= want:
-            best, b = mid * SRAM_STEP, mid - 1
-        else:
-            a = mid + 1
-    return best
+            b = mid
+    best = min((k for k in (a, b) if k in seen) or (a,), key=lambda k: abs(gap(k)))
+    return best * SRAM_STEP
 
 
 def fit(*, log=print) -> Fit:
-    """Row run to the decode, SRAM to the TTFT, the row run again at that SRAM (the tile
-    size moves decode a little), then both figures."""
-    sram = load_hardware("aries").sram.bytes_per_core
-    run, tried = fit_run(sram, log=log)
-    first = measure({RUN_FIELD: run, SRAM_FIELD: sram})
-    log(f"  at {run} B, {sram // KiB} KiB: TTFT {first.ttft_s * 1e3:.2f} ms")
-    sram = fit_sram(run, first.ttft_s, sram, log=log)
-    run, more = fit_run(sram, log=log)
-    return Fit(run, sram, measure({RUN_FIELD: run, SRAM_FIELD: sram}), tried + more)
+    """Decode slope (row run, set-up) at the preset's SRAM, then the SRAM from the TTFT
+    slope, the decode slope again at that SRAM (its tiles move decode a little), then the
+    stack's token and request costs from the 1B figures."""
+    from sim.device.hw import load_hardware
 
+    p1, p8 = POINTS
+    aries = load_hardware("aries")
+    hw: dict[str, Any] = {SRAM_FIELD: aries.sram.bytes_per_core, TOKEN_FIELD: 0.0,
+                          REQUEST_FIELD: 0.0}
+    tried: list[str] = []
 
-#: The models predicted with the fitted preset (not fitted: their published MLA100 figures,
-#: where there are any, are kept aside for checking), from their config.json.
-MODEL_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "models"
-PREDICTED_MODELS = {name: str(MODEL_CONFIGS / f"{name}.json")
-                    for name in ("llama-3.2-3b", "llama-3.1-8b", "qwen2.5-7b")}
-#: The preset as it was before the protocol model: one efficiency for DRAM, no fixed costs
-#: besides the per-call host overhead (for "which way did the predictions move").
-SINGLE_FACTOR = {"dram.model": "efficiency", "dram.efficiency": 0.68,
-                 "cores.dispatch_cycles": 0, "cores.program_launch_ns": 0.0,
-                 "cores.barrier_sync_ns": 0.0}
+    def note(line: str) -> None:
+        tried.append(line)
+        log(line)
 
-
-def predict(models: dict[str, str], *, ttft: bool, log=print) -> dict[str, dict[str, Figures]]:
-    """Each model's figures with the preset as it is and with the single-factor preset."""
-    out: dict[str, dict[str, Figures]] = {}
-    for name, path in models.items():
-        out[name] = {}
-        for label, over in (("protocol", {}), ("single_factor", SINGLE_FACTOR)):
-            f = measure(over, ttft=ttft, model=path)
-            out[name][label] = f
-            t = "-" if f.ttft_s is None else f"{f.ttft_s * 1e3:.1f} ms"
-            log(f"  {name:14s} {label:14s} TTFT {t:>10s}  decode {f.decode_s * 1e3:8.3f} ms "
-                f"({1 / f.decode_s:6.2f} tokens/s)")
-    return out
+    hw.update(fit_decode(hw, log=note))
+    hw[SRAM_FIELD] = fit_sram(hw, log=note)
+    hw.update(fit_decode(hw, log=note))
+    c1, c8 = (card(run_config(p, hw)) for p in POINTS)
+    hw[TOKEN_FIELD] = round((p1.decode_s - c1.decode_s) * 1e9)
+    hw[REQUEST_FIELD] = round((p1.ttft_s - c1.ttft_s) * 1e9) - hw[TOKEN_FIELD]
+    cards = {p1.name: c1, p8.name: c8}
+    clients = {p.name: client(run_config(p, hw), cards[p.name]) for p in POINTS}
+    return Fit(hw, cards, clients, tried)
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m sim.app.calibration", description=__doc__.split(
-        "\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sim.app.calibration",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=("fit", "predict"), nargs="?", default="fit")
-    ap.add_argument("--numerics", choices=("static-int8", "w8"), default="static-int8",
-                    help="the [bits.numerics] preset the fit compiles with (default: the "
-                         "int8 dataflow the preset was fitted with)")
-    ap.add_argument("--ttft", action="store_true",
-                    help="predict: also TTFT (a prefill of 240 tokens per model: slow)")
+    ap.add_argument("--ttft", action=argparse.BooleanOptionalAction, default=True,
+                    help="predict: also TTFT (a prefill of 240 tokens per model)")
+    ap.add_argument("--models", nargs="*", default=None,
+                    help="predict: only these (names of the table's rows)")
     args = ap.parse_args(argv)
-    log = print
-    global CALIBRATION_BITS
-    CALIBRATION_BITS = build_bit_config({}).model_copy(
-        update={"numerics": NUMERICS_PRESETS[args.numerics]})
-    _COMPILED.clear()
     if args.what == "predict":
-        log("predictions with the aries preset (protocol) and the single-factor preset")
-        predict(PREDICTED_MODELS, ttft=args.ttft, log=log)
-        return 0
-    log("fitting the aries preset to the published Llama-3.2-1B point "
-        f"(TTFT {PUBLISHED_TTFT_S * 1e3:.2f} ms, decode {PUBLISHED_DECODE_S * 1e3:.3f} ms/token)")
-    res = fit(log=log)
-    lo, hi = RUN_BOUNDS_BYTES
-    log(f"fitted {RUN_FIELD} = {res.run_bytes}  (bounds {lo} .. {hi})")
-    lo, hi = SRAM_BOUNDS_BYTES
-    log(f"fitted {SRAM_FIELD} = {res.sram_bytes}  (bounds {lo} .. {hi})")
-    f = res.figures
-    log(f"TTFT {f.ttft_s * 1e3:.2f} ms, decode {f.decode_s * 1e3:.3f} ms/token "
-        f"({1 / f.decode_s:.2f} tokens/s)")
-    log("residuals: " + ", ".join(f"{k} {v:+.2f} %" for k, v in res.residuals_pct().items()))
+        from sim.app.predict import print_predictions
+
+        return print_predictions(ttft=args.ttft, only=args.models)
+    print("fitting the aries preset to both published points at once: "
+          + "; ".join(f"{p.name} TTFT {p.ttft_s * 1e3:.2f} ms, {p.tokens_per_s} tokens/s"
+                      for p in POINTS))
+    res = fit()
+    from sim.device.hw import load_hardware
+
+    aries = load_hardware("aries")
+    for name, value in res.values.items():
+        f = aries.fitted[name]
+        inside = "inside" if f.low <= value <= f.high else "OUTSIDE"
+        print(f"fitted {name} = {value:g} {f.unit}  (bounds {f.low:g} .. {f.high:g}: {inside})")
+    for name, c in res.cards.items():
+        ttft, dec = res.clients[name]
+        print(f"{name}: card TTFT {c.ttft_s * 1e3:.2f} ms, decode {c.decode_s * 1e3:.3f} ms; "
+              f"client TTFT {ttft * 1e3:.2f} ms, {1 / dec:.2f} tokens/s")
+    print("residuals: " + ", ".join(f"{k} {v:+.2f} %" for k, v in res.residuals_pct().items()))
     return 0
 
 

@@ -48,6 +48,8 @@ class RunFigures:
     time_per_token_s: float | None = None
     decode_tokens_per_s: float | None = None
     launch_time_s: float | None = None
+    client_ttft_s: float | None = None
+    client_time_per_token_s: float | None = None
     sim_time_s: float | None = None
     traffic_bytes: tuple[tuple[str, int], ...] = ()
     traffic_by_kind_bytes: tuple[tuple[str, int], ...] = ()
@@ -57,7 +59,9 @@ class RunFigures:
     SCALARS: ClassVar[Mapping[str, tuple[str, str]]] = MappingProxyType({
         "ttft_s": ("prefill", "ttft_s"), "time_per_token_s": ("decode", "time_per_token_s"),
         "decode_tokens_per_s": ("decode", "tokens_per_s"),
-        "launch_time_s": ("launch", "time_s")})
+        "launch_time_s": ("launch", "time_s"),
+        "client_ttft_s": ("client", "ttft_s"),
+        "client_time_per_token_s": ("client", "time_per_token_s")})
     #: field -> its ``metrics.json`` group (every numeric entry is a figure)
     GROUPS: ClassVar[Mapping[str, str]] = MappingProxyType({
         "traffic_bytes": "traffic_bytes", "traffic_by_kind_bytes": "traffic_by_kind"})
@@ -138,6 +142,9 @@ class PrefillFigures(Record):
     tokens: int
     calls: int
     tokens_per_s: float
+    #: weight bytes the prefill calls streamed from DRAM per prompt token (once per token
+    #: tile: the tile schedule's cost)
+    weight_bytes_per_token: float
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,19 @@ class DecodeFigures(Record):
     time_per_token_s: float
     tokens_per_s: float
     time_per_call_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ClientFigures(Record):
+    """The run as a client of the serving stack measures it (``hardware.stack``):
+    ``ttft_s`` = request + the card's TTFT + one token's stack cost; ``time_per_token_s``
+    and ``tokens_per_s`` only with decode calls."""
+
+    ttft_s: float
+    stack_request_s: float
+    stack_token_s: float
+    time_per_token_s: float | None = None
+    tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -226,6 +246,8 @@ class CompiledFigures(Record):
     max_sequence_tokens: int = field(metadata=_key("max_sequence_length"))
     cache_tokens: int = field(metadata=_key("cache_length"))
     m_tile_tokens: int = field(metadata=_key("m_tile"))
+    weight_tile_bytes: int = field()  # a prefill pass's weight tile buffer (two per core)
+    decode_tile_bytes: int = field()  # a decode pass's
     dram_bytes: int = field()
     weight_bytes: int = field()
 
@@ -317,6 +339,7 @@ class GenerateMetrics(Record):
     context: ContextFigures = field()
     prefill: PrefillFigures = field()
     decode: DecodeFigures = field()
+    client: ClientFigures = field()
     traffic_bytes: Mapping[str, int] = field()
     traffic_by_kind_bytes: Mapping[str, int] = field(metadata=_key("traffic_by_kind"))
     kv_cache: KvCacheFigures = field()
@@ -368,7 +391,8 @@ def run_metrics(metrics: Mapping[str, Any],
     return cls.from_metrics(metrics, where)
 
 
-__all__ = ["Bound", "CacheOpFigures", "CacheOpRecord", "CallRow", "CompiledFigures",
+__all__ = ["Bound", "CacheOpFigures", "CacheOpRecord", "CallRow", "ClientFigures",
+           "CompiledFigures",
            "ContextFigures", "DecodeFigures", "GemvMetrics", "GenerateMetrics",
            "KvCacheFigures", "LaunchFigures", "PhaseTime", "PrefillFigures", "ResultsError",
            "RooflineFigures", "RunFigures", "ServingMetrics", "TextFigures", "TraceFigures",

@@ -214,11 +214,14 @@ def run_generate(cfg: RunConfig) -> RunResult:
         "context": {"tokens": w.context_tokens,
                     "cache_holds": context_contents(w.context_tokens, functional)},
         "prefill": {"ttft_s": ttft, "tokens": w.prompt_tokens, "calls": len(prefill_calls),
-                    "tokens_per_s": w.prompt_tokens / ttft},
+                    "tokens_per_s": w.prompt_tokens / ttft,
+                    "weight_bytes_per_token":
+                        prefill_stats["by_kind"].get("weights", 0) / w.prompt_tokens},
         "decode": {"tokens": len(decode_calls),
                    "time_per_token_s": tpot,
                    "tokens_per_s": 1.0 / tpot if tpot else 0.0,
                    "time_per_call_s": [c.time_s for c in decode_calls]},
+        "client": client_metrics(hw.stack, ttft, tpot if decode_calls else None),
         "traffic_bytes": {k: st["traffic"].get(k, 0) for k in LINKS}
         | {k: v for k, v in st["traffic"].items() if k not in LINKS},
         "traffic_by_kind": {k: st["by_kind"].get(k, 0)
@@ -239,6 +242,8 @@ def run_generate(cfg: RunConfig) -> RunResult:
         "instructions": sum(c.stats.get("instructions", 0) for c in work),
         "compiled": {"core_mode": cm.core_mode, "max_sequence_length": cm.max_seq,
                      "cache_length": cm.cap, "m_tile": cm.m_tile,
+                     "weight_tile_bytes": cm.tile_bytes,
+                     "decode_tile_bytes": cm.big_tile_bytes,
                      "dram_bytes": cm.mm.total_bytes,
                      "weight_bytes": cm.mm.bytes_of_kind("weights")},
         "generated_tokens": generated,
@@ -250,6 +255,18 @@ def run_generate(cfg: RunConfig) -> RunResult:
     }
     model.dispose()
     return RunResult(cfg, metrics, recorder)
+
+
+def client_metrics(stack, ttft_s: float, tpot_s: float | None) -> dict[str, Any]:
+    """TTFT and time per output token as a client of a serving stack measures them
+    (GenAI-Perf: TTFT from the request to the first streamed token; output tokens/s per
+    user is 1 / the mean inter-token latency), from the card's figures (the runtime's calls:
+    ``ttft_s``, ``tpot_s``) and the stack's costs (``hardware.stack``, ``StackConfig``)."""
+    req, tok = stack.request_ns / 1e9, stack.token_ns / 1e9
+    ttft = req + ttft_s + tok
+    tpot = None if tpot_s is None else tpot_s + tok
+    return {"ttft_s": ttft, "stack_request_s": req, "stack_token_s": tok,
+            "time_per_token_s": tpot, "tokens_per_s": None if not tpot else 1.0 / tpot}
 
 
 def fill_context(model: Model, tokens: int, embeddings, functional: bool, seed: int) -> int:

@@ -297,6 +297,38 @@ class HostConfig(Frozen):
     edit_overhead_ns: float = Field(ge=0, description="fixed cost of one host-side edit")
 
 
+class StackConfig(Frozen):
+    """The serving stack between a benchmark client and the card (an OpenAI-compatible
+    server: HTTP streaming, chat template, tokenizer and detokenizer, the server's
+    scheduler and its generate loop), apart from the card's own time and the runtime's
+    per-call cost (``host.call_overhead_ns``). A client such as GenAI-Perf measures TTFT
+    as ``request_ns`` + the prefill calls + ``token_ns`` (the first token sampled, detokenized
+    and streamed), and each later token as one decode call + ``token_ns``."""
+
+    request_ns: float = Field(0.0, ge=0, description="once per request, at the client: "
+                              "HTTP request and first response, chat template and "
+                              "tokenization of the prompt, admission by the scheduler")
+    token_ns: float = Field(0.0, ge=0, description="once per output token: sampling from "
+                            "the logits on the host, the generate loop's step, "
+                            "detokenization and one streamed HTTP event")
+
+
+class FittedParam(Frozen):
+    """A parameter fitted to published measurements: its physical bounds (in the unit of
+    the field) and what sets them (``python -m sim.app.calibration fit``)."""
+
+    low: float
+    high: float
+    unit: str
+    fitted_to: str = Field(description="the published figures that fix it")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FittedParam:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low:g}) must be <= high ({self.high:g})")
+        return self
+
+
 class HardwareConfig(Frozen):
     name: str
     description: str = ""
@@ -306,8 +338,35 @@ class HardwareConfig(Frozen):
     host_link: HostLinkConfig
     cores: CoresConfig
     host: HostConfig
+    stack: StackConfig = StackConfig()
     sources: dict[str, str] = Field(default_factory=dict)
     assumptions: dict[str, str] = Field(default_factory=dict)
+    #: the fitted parameters by dotted field, with their bounds (``kvsim hw show``)
+    fitted: dict[str, FittedParam] = Field(default_factory=dict)
+
+    def field_value(self, dotted: str) -> Any:
+        """The value of a dotted field (``"sram.bytes_per_core"``)."""
+        node: Any = self
+        for part in dotted.split("."):
+            node = node[part] if isinstance(node, dict) else getattr(node, part)
+        return node
+
+    @model_validator(mode="after")
+    def _fitted_fields_exist(self) -> HardwareConfig:
+        for name in self.fitted:
+            try:
+                value = self.field_value(name)
+            except (AttributeError, KeyError):
+                raise ValueError(f"fitted: {name!r} is not a hardware field") from None
+            if not isinstance(value, int | float):
+                raise ValueError(f"fitted: {name!r} is not a number")
+        return self
+
+    def fitted_outside(self) -> list[str]:
+        """The fitted fields whose value lies outside their bounds (an override may put
+        them there; the fit never does)."""
+        return [n for n, f in self.fitted.items()
+                if not f.low <= self.field_value(n) <= f.high]
 
     @cached_property
     def derived(self) -> dict[str, float]:

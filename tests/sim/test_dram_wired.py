@@ -195,15 +195,17 @@ def test_protocol_needs_a_timing_table():
 
 
 def test_row_runs_give_each_reopen_count_once_and_the_fit_is_inside_its_bounds():
-    from sim.app.calibration import RUN_BOUNDS_BYTES, SRAM_BOUNDS_BYTES, run_lengths
+    from sim.app.calibration import RUN_FIELD, SRAM_FIELD, run_lengths
     from sim.device.dram.patterns import reopens_per_page
     from sim.device.dram.timing import timing_from_config
 
+    aries = load_hardware("aries")
+    RUN_BOUNDS_BYTES = (aries.fitted[RUN_FIELD].low, aries.fitted[RUN_FIELD].high)
+    SRAM_BOUNDS_BYTES = (aries.fitted[SRAM_FIELD].low, aries.fitted[SRAM_FIELD].high)
     runs = run_lengths()
     assert runs == [2048, 1024, 704, 512, 416, 352, 320, 256]
     counts = [reopens_per_page(timing_from_config(load_hardware(
         "aries", {"dram.timing.row_run_bytes": r}).dram)) for r in runs]
     assert counts == list(range(8))  # ceil(2048 / run) - 1
-    aries = load_hardware("aries")
     assert RUN_BOUNDS_BYTES[0] <= aries.dram.timing.row_run_bytes <= RUN_BOUNDS_BYTES[1]
     assert SRAM_BOUNDS_BYTES[0] <= aries.sram.bytes_per_core <= SRAM_BOUNDS_BYTES[1]

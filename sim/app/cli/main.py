@@ -97,9 +97,12 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
             return f"assumption: {hw.assumptions['all']}"
         return ""
 
-    data = hw.model_dump(mode="json", exclude={"name", "description", "sources", "assumptions"})
+    data = hw.model_dump(mode="json", exclude={"name", "description", "sources", "assumptions",
+                                               "fitted"})
     walk("", data)
     console.print(table)
+    if hw.fitted:
+        _print_fitted(hw, console)
     d = Table(title="derived figures")
     d.add_column("figure")
     d.add_column("value", justify="right")
@@ -112,6 +115,19 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
     if protocol is not None:
         _print_dram_protocol(protocol, console)
     return 0
+
+
+def _print_fitted(hw, console: Console) -> None:
+    """The fitted parameters beside their physical bounds and what fixes them."""
+    f = Table(title="fitted parameters (python -m sim.app.calibration fit)")
+    for col in ("field", "value", "low", "high", "unit", "inside", "fitted to"):
+        f.add_column(col, justify="left" if col in ("field", "fitted to") else "right",
+                     overflow="fold")
+    outside = set(hw.fitted_outside())
+    for name, p in hw.fitted.items():
+        f.add_row(name, f"{hw.field_value(name):g}", f"{p.low:g}", f"{p.high:g}", p.unit,
+                  "NO" if name in outside else "yes", p.fitted_to)
+    console.print(f)
 
 
 def _print_dram_protocol(protocol, console: Console) -> None:
@@ -140,7 +156,8 @@ def _print_dram_protocol(protocol, console: Console) -> None:
 
 #: Short column names of the sensitivity table.
 FIGURE_LABELS = {"prefill.ttft_s": "TTFT", "decode.time_per_token_s": "decode/token",
-                 "sim_time_s": "time"}
+                 "client.ttft_s": "client TTFT",
+                 "client.time_per_token_s": "client decode/token", "sim_time_s": "time"}
 
 
 def cmd_hw_sensitivity(args: argparse.Namespace, console: Console) -> int:
@@ -196,9 +213,20 @@ def print_run_summary(metrics: dict, paths: dict, console: Console) -> None:
     t.add_column("value", justify="right")
     if "prefill" in metrics:
         p, d, kv = metrics["prefill"], metrics["decode"], metrics["kv_cache"]
-        t.add_row("time to first token (TTFT)", _fmt_s(p["ttft_s"]))
-        t.add_row("decode time per token", _fmt_s(d["time_per_token_s"]))
-        t.add_row("decode tokens/s", f"{d['tokens_per_s']:,.2f}")
+        t.add_row("time to first token (TTFT), card", _fmt_s(p["ttft_s"]))
+        t.add_row("decode time per token, card", _fmt_s(d["time_per_token_s"]))
+        t.add_row("decode tokens/s, card", f"{d['tokens_per_s']:,.2f}")
+        c = metrics.get("client")
+        if c and (c["stack_request_s"] or c["stack_token_s"]):  # a serving stack in front
+            t.add_row("TTFT at the client (hardware.stack)", _fmt_s(c["ttft_s"]))
+            if c.get("tokens_per_s"):
+                t.add_row("output tokens/s per user at the client",
+                          f"{c['tokens_per_s']:,.2f}")
+        cp = metrics["compiled"]
+        t.add_row("prefill: tokens per pass, weight tiles (prefill / decode)",
+                  f"{cp['m_tile']}, {cp['weight_tile_bytes']:,} / {cp['decode_tile_bytes']:,} B")
+        t.add_row("prefill: weight bytes streamed per prompt token",
+                  f"{p['weight_bytes_per_token']:,.0f} B")
         t.add_row("roofline: prefill bound", _fmt_s(metrics["roofline"]["prefill"]["bound_s"]))
         t.add_row("roofline: decode bound per token",
                   _fmt_s(metrics["roofline"]["decode_per_token"]["bound_s"]))
@@ -356,12 +384,18 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
     t.add_row("activations + host I/O (DRAM)",
               f"{cm.mm.bytes_of_kind('activations') + cm.mm.bytes_of_kind('host_io'):,} B")
     t.add_row("tokens per pass (SRAM-fitted tile)", str(cm.m_tile))
+    t.add_row("weight tile: prefill / decode pass",
+              f"{cm.tile_bytes:,} / {cm.big_tile_bytes:,} B (two per core)")
     from sim.device.device import static_roofline
 
     for name, prog in cm.programs.items():
         roof = static_roofline(prog, hw)
+        n = cm.max_seq if name.startswith("prefill") else 1
+        tile = cm.tile_for(min(n, cm.m_tile))
         t.add_row(f"program {name}", f"{len(prog):,} instructions, roofline "
-                  f"{_fmt_s(roof['bound_s'])} ({roof['dram_bytes']:,} DRAM bytes)")
+                  f"{_fmt_s(roof['bound_s'])} ({roof['dram_bytes']:,} DRAM bytes, "
+                  f"{roof['dram_bytes'] / n:,.0f} per token; {-(-n // cm.m_tile)} "
+                  f"pass(es) of <= {min(n, cm.m_tile)} tokens, {tile:,} B weight tiles)")
     console.print(t)
     if args.asm:
         from isa.asm import disassemble
