@@ -210,7 +210,8 @@ def fields_from_header(h: dict, arrays: dict[str, np.ndarray]) -> dict[str, Any]
             hw=dict(h["hw"]), core_mode=h["core_mode"], max_seq=h["max_seq"],
             cap=h["cap"], slots=h["slots"], tile_bytes=h["tile_bytes"], m_tile=h["m_tile"],
             tile_fixed=h["tile_fixed"], big_tile_tokens=h["big_tile_tokens"],
-            big_tile=h["big_tile"], mm=MemoryMap.from_json(h["memory_map"]), numerics=numerics, weights=h["weights"],
+            big_tile=h["big_tile"], mm=MemoryMap.from_json(h["memory_map"]),
+            numerics=numerics, weights=h["weights"],
         )
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CompileError(f"compiled model header is incomplete or invalid: {err!r}") from None

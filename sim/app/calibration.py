@@ -205,62 +205,62 @@ def _decodes(hw: dict[str, Any]) -> tuple[Card, Card]:
     return card(run_config(p1, hw), ttft=False), card(run_config(p8, hw), ttft=False)
 
 
-def fit_decode(hw: dict[str, Any], *, log=print) -> dict[str, Any]:
-    """The row run and DMA set-up whose decode slope (8B minus 1B time per token, the same
-    stack cost in both) is the published one: the fewest reopens per row for which some
-    set-up inside its bounds reaches the slope, then the set-up by bisection (1 ns)."""
+def fit_setup(hw: dict[str, Any], run: int, *, log=print) -> float | None:
+    """The DMA set-up (bisection, 1 ns) whose decode slope at row run ``run`` (8B minus 1B
+    time per token, the stack's cost the same in both) is the published one; None when no
+    set-up inside its bounds reaches it (the run is too fast or too slow for any)."""
     p1, p8 = POINTS
     want = p8.decode_s - p1.decode_s
     lo_s, hi_s = bounds(SETUP_FIELD)
-    lo_r, hi_r = bounds(RUN_FIELD)
 
-    def slope(run: int, setup: float) -> float:
+    def slope(setup: float) -> float:
         c1, c8 = _decodes({**hw, RUN_FIELD: run, SETUP_FIELD: setup})
         d = c8.decode_s - c1.decode_s
         log(f"  row_run_bytes {run:5d}, setup {setup:6.1f} ns: decode 1B {c1.decode_s * 1e3:.3f}"
             f" ms, 8B {c8.decode_s * 1e3:.3f} ms, slope {d * 1e3:.3f} ms (want {want * 1e3:.3f})")
         return d
 
-    runs = run_lengths(int(lo_r), int(hi_r))
-    for i, run in enumerate(runs):
-        if slope(run, hi_s) < want and i + 1 < len(runs):
-            continue  # too fast even at the longest set-up: one reopen more per row
-        a, b = lo_s, hi_s
-        if slope(run, a) > want:  # too slow even at the shortest set-up
-            return {RUN_FIELD: run, SETUP_FIELD: a}
-        while b - a > 1.0:
-            mid = round((a + b) / 2)
-            if slope(run, mid) < want:
-                a = mid
-            else:
-                b = mid
-        return {RUN_FIELD: run, SETUP_FIELD: float(a)}
-    raise AssertionError("unreachable: the last row run returns")
+    if slope(hi_s) < want or slope(lo_s) > want:
+        return None
+    a, b = lo_s, hi_s
+    while b - a > 1.0:
+        mid = float(round((a + b) / 2))
+        if slope(mid) < want:
+            a = mid
+        else:
+            b = mid
+    return a
 
 
-def _ttft_gap(hw: dict[str, Any], *, log=print) -> tuple[float, Card, Card]:
+def _ttft_gap(hw: dict[str, Any], *, log=print) -> float:
     """8B minus 1B card TTFT, less the published difference (the stack's request and token
-    costs are the same in both, so they cancel): the SRAM's residual."""
+    costs are the same in both, so they cancel): what the SRAM must bring to zero."""
     p1, p8 = POINTS
     c1, c8 = (card(run_config(p, hw)) for p in POINTS)
     gap = (c8.ttft_s - c1.ttft_s) - (p8.ttft_s - p1.ttft_s)
     log(f"  sram {hw[SRAM_FIELD] // KiB} KiB: passes 1B {passes(run_config(p1, hw))}, 8B "
         f"{passes(run_config(p8, hw))}; TTFT card 1B {c1.ttft_s * 1e3:.2f} ms, 8B "
         f"{c8.ttft_s * 1e3:.2f} ms; gap {gap * 1e3:+.2f} ms")
-    return gap, c1, c8
+    return gap
 
 
-def fit_sram(hw: dict[str, Any], *, log=print) -> int:
+#: How far below the bisection's bracket the SRAM search looks for other pass counts
+#: (the 1B's passes fall as the 8B's do, so the gap is not monotone between them).
+SRAM_LOOK_BELOW = 8 * SRAM_STEP
+
+
+def fit_sram(hw: dict[str, Any], *, log=print) -> tuple[int, float]:
     """The SRAM per core (on its 4 KiB grid, inside its bounds) whose TTFT slope with width
-    is nearest the published one: more SRAM, longer token tiles, fewer weight passes, and
-    the wider model gains more, so the gap falls as the SRAM grows (bisection, then the
-    nearer of the two sides)."""
+    is nearest the published one, and its gap. More SRAM, longer token tiles, fewer weight
+    passes, and the wider model gains more, so the gap falls as the SRAM grows: a bisection
+    brackets the sign change; then every pair of pass counts (1B, 8B) found on the grid
+    just below the bracket is tried, once each, and the smallest gap wins."""
     lo, hi = (int(v) // SRAM_STEP for v in bounds(SRAM_FIELD))
     seen: dict[int, float] = {}
 
     def gap(k: int) -> float:
         if k not in seen:
-            seen[k] = _ttft_gap({**hw, SRAM_FIELD: k * SRAM_STEP}, log=log)[0]
+            seen[k] = _ttft_gap({**hw, SRAM_FIELD: k * SRAM_STEP}, log=log)
         return seen[k]
 
     a, b = lo, hi
@@ -270,32 +270,55 @@ def fit_sram(hw: dict[str, Any], *, log=print) -> int:
             a = mid
         else:
             b = mid
-    best = min((k for k in (a, b) if k in seen) or (a,), key=lambda k: abs(gap(k)))
-    return best * SRAM_STEP
+    pairs: dict[tuple[int, ...], int] = {}
+    for k in range(max(lo, a - SRAM_LOOK_BELOW // SRAM_STEP), b + 1):
+        key = tuple(passes(run_config(p, {**hw, SRAM_FIELD: k * SRAM_STEP})) for p in POINTS)
+        pairs.setdefault(key, k)
+    best = min(pairs.values(), key=lambda k: abs(gap(k)))
+    return best * SRAM_STEP, gap(best)
 
 
 def fit(*, log=print) -> Fit:
-    """Decode slope (row run, set-up) at the preset's SRAM, then the SRAM from the TTFT
-    slope, the decode slope again at that SRAM (its tiles move decode a little), then the
-    stack's token and request costs from the 1B figures."""
+    """For each row run (fewest reopens first) whose decode slope some DMA set-up inside
+    its bounds reaches: that set-up, the SRAM from the TTFT slope, the set-up again at that
+    SRAM (its tiles move decode a little); the row run whose TTFT slope comes nearest wins.
+    Then the stack's token and request costs from the 1B figures."""
     from sim.device.hw import load_hardware
 
     p1, p8 = POINTS
     aries = load_hardware("aries")
-    hw: dict[str, Any] = {SRAM_FIELD: aries.sram.bytes_per_core, TOKEN_FIELD: 0.0,
-                          REQUEST_FIELD: 0.0}
     tried: list[str] = []
 
     def note(line: str) -> None:
         tried.append(line)
         log(line)
 
-    hw.update(fit_decode(hw, log=note))
-    hw[SRAM_FIELD] = fit_sram(hw, log=note)
-    hw.update(fit_decode(hw, log=note))
+    lo_r, hi_r = bounds(RUN_FIELD)
+    best: tuple[float, dict[str, Any]] | None = None
+    for run in run_lengths(int(lo_r), int(hi_r)):
+        hw: dict[str, Any] = {SRAM_FIELD: aries.sram.bytes_per_core, RUN_FIELD: run}
+        setup = fit_setup(hw, run, log=note)
+        if setup is None:
+            if best is not None:
+                break  # slower runs only get further from the decode slope
+            continue
+        hw[SETUP_FIELD] = setup
+        hw[SRAM_FIELD], _ = fit_sram(hw, log=note)
+        setup = fit_setup(hw, run, log=note)
+        if setup is None:
+            continue
+        hw[SETUP_FIELD] = setup
+        g = _ttft_gap(hw, log=note)
+        note(f"  row run {run} B: set-up {setup:g} ns, sram {hw[SRAM_FIELD] // KiB} KiB, "
+             f"TTFT gap {g * 1e3:+.1f} ms")
+        if best is None or abs(g) < abs(best[0]):
+            best = (g, hw)
+    if best is None:
+        raise AssertionError("no row run reaches the decode slope with a set-up in bounds")
+    hw = best[1]
     c1, c8 = (card(run_config(p, hw)) for p in POINTS)
-    hw[TOKEN_FIELD] = round((p1.decode_s - c1.decode_s) * 1e9)
-    hw[REQUEST_FIELD] = round((p1.ttft_s - c1.ttft_s) * 1e9) - hw[TOKEN_FIELD]
+    hw[TOKEN_FIELD] = float(round((p1.decode_s - c1.decode_s) * 1e9))
+    hw[REQUEST_FIELD] = float(round((p1.ttft_s - c1.ttft_s) * 1e9) - hw[TOKEN_FIELD])
     cards = {p1.name: c1, p8.name: c8}
     clients = {p.name: client(run_config(p, hw), cards[p.name]) for p in POINTS}
     return Fit(hw, cards, clients, tried)

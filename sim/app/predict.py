@@ -122,15 +122,23 @@ def rows(preds: list[Prediction]) -> list[dict[str, Any]]:
     return out
 
 
-#: Why the figures moved from the previous preset, for every model alike.
-WHY = ("why: the previous preset was fitted to one point (the 1B), on the int8 dataflow, "
-       "with no serving stack, so its row interference (704 B runs) stood in for every cost "
-       "a 1B token has besides its bytes. Fitted to both points with the config's numerics, "
-       "the decode's cost per byte falls (no row interference; 140 ns per transfer "
-       "instead) and a fixed cost per token moves to the serving stack (stack.token_ns): "
-       "small models decode a little slower at the client, large ones faster. TTFT gains "
-       "the stack's request cost and the two host chunks' rounding of token tiles, and "
-       "loses with the card's faster weight stream.")
+def why() -> str:
+    """Why the figures moved from the previous preset, for every model alike (from the
+    fitted preset's values)."""
+    from sim.device.hw import load_hardware
+
+    hw = load_hardware("aries")
+    return (
+        "why: the previous preset was fitted to one point (the 1B) on the int8 dataflow, "
+        "with no serving stack, so its row interference (704 B runs) stood in for every "
+        "cost a 1B token has besides its bytes. Fitted to both points with the config's "
+        f"numerics: row runs of {hw.dram.timing.row_run_bytes} B and "
+        f"{hw.dma.setup_latency_ns:g} ns per transfer give the decode's cost per byte (the "
+        "8B's slope), the rest of a 1B token is the serving stack's "
+        f"({hw.stack.token_ns / 1e6:.2f} ms per token), so small models decode a little "
+        "slower at the client and large ones faster; TTFT gains the stack's request cost "
+        f"({hw.stack.request_ns / 1e6:.1f} ms), the host's 128-token chunks and the SRAM's "
+        f"token tiles ({hw.sram.bytes_per_core // 1024} KiB per core, 224 before).")
 
 
 def print_predictions(*, ttft: bool = True, only: list[str] | None = None,
@@ -155,5 +163,5 @@ def print_predictions(*, ttft: bool = True, only: list[str] | None = None,
     for r in table_rows:
         t.add_row(*(str(r.get(c, "")) for c in cols))
     console.print(t)
-    console.print(WHY)
+    console.print(why())
     return 0
