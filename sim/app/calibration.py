@@ -249,12 +249,13 @@ def _ttft_gap(hw: dict[str, Any], *, log=print) -> float:
 SRAM_LOOK_BELOW = 8 * SRAM_STEP
 
 
-def fit_sram(hw: dict[str, Any], *, log=print) -> tuple[int, float]:
-    """The SRAM per core (on its 4 KiB grid, inside its bounds) whose TTFT slope with width
-    is nearest the published one, and its gap. More SRAM, longer token tiles, fewer weight
+def fit_sram(hw: dict[str, Any], *, log=print) -> list[int]:
+    """The SRAM sizes per core (on its 4 KiB grid, inside its bounds) whose TTFT slope with
+    width may be nearest the published one. More SRAM, longer token tiles, fewer weight
     passes, and the wider model gains more, so the gap falls as the SRAM grows: a bisection
-    brackets the sign change; then every pair of pass counts (1B, 8B) found on the grid
-    just below the bracket is tried, once each, and the smallest gap wins."""
+    brackets the sign change; then one size per pair of pass counts (1B, 8B) found on the
+    grid just below the bracket and in it (the 1B's passes fall too, so the gap is not
+    monotone between them): the caller tries each with its own decode fit."""
     lo, hi = (int(v) // SRAM_STEP for v in bounds(SRAM_FIELD))
     seen: dict[int, float] = {}
 
@@ -270,15 +271,21 @@ def fit_sram(hw: dict[str, Any], *, log=print) -> tuple[int, float]:
             a = mid
         else:
             b = mid
+    return [k * SRAM_STEP for k in sram_candidates(hw, a, b)]
+
+
+def sram_candidates(hw: dict[str, Any], a: int, b: int) -> list[int]:
+    """One SRAM size (in grid steps) per pair of pass counts (1B, 8B) from
+    :data:`SRAM_LOOK_BELOW` below the bracket ``a .. b`` to its top, the smallest of each."""
+    lo = int(bounds(SRAM_FIELD)[0]) // SRAM_STEP
     pairs: dict[tuple[int, ...], int] = {}
     for k in range(max(lo, a - SRAM_LOOK_BELOW // SRAM_STEP), b + 1):
         key = tuple(passes(run_config(p, {**hw, SRAM_FIELD: k * SRAM_STEP})) for p in POINTS)
         pairs.setdefault(key, k)
-    best = min(pairs.values(), key=lambda k: abs(gap(k)))
-    return best * SRAM_STEP, gap(best)
+    return sorted(pairs.values())
 
 
-def fit(*, log=print) -> Fit:
+def fit(*, log=print, runs: list[int] | None = None) -> Fit:
     """For each row run (fewest reopens first) whose decode slope some DMA set-up inside
     its bounds reaches: that set-up, the SRAM from the TTFT slope, the set-up again at that
     SRAM (its tiles move decode a little); the row run whose TTFT slope comes nearest wins.
@@ -295,24 +302,25 @@ def fit(*, log=print) -> Fit:
 
     lo_r, hi_r = bounds(RUN_FIELD)
     best: tuple[float, dict[str, Any]] | None = None
-    for run in run_lengths(int(lo_r), int(hi_r)):
-        hw: dict[str, Any] = {SRAM_FIELD: aries.sram.bytes_per_core, RUN_FIELD: run}
-        setup = fit_setup(hw, run, log=note)
-        if setup is None:
-            if best is not None:
-                break  # slower runs only get further from the decode slope
-            continue
-        hw[SETUP_FIELD] = setup
-        hw[SRAM_FIELD], _ = fit_sram(hw, log=note)
-        setup = fit_setup(hw, run, log=note)
-        if setup is None:
-            continue
-        hw[SETUP_FIELD] = setup
-        g = _ttft_gap(hw, log=note)
-        note(f"  row run {run} B: set-up {setup:g} ns, sram {hw[SRAM_FIELD] // KiB} KiB, "
-             f"TTFT gap {g * 1e3:+.1f} ms")
-        if best is None or abs(g) < abs(best[0]):
-            best = (g, hw)
+    start = aries.sram.bytes_per_core
+    for run in runs or run_lengths(int(lo_r), int(hi_r)):
+        # from the best SRAM so far: the decode tile, and so the slope, follows the SRAM
+        hw: dict[str, Any] = {SRAM_FIELD: best[1][SRAM_FIELD] if best else start,
+                              RUN_FIELD: run}
+        # a first set-up (its lower bound when none reaches the slope at this SRAM yet),
+        # the SRAM, then the set-up again
+        hw[SETUP_FIELD] = fit_setup(hw, run, log=note) or bounds(SETUP_FIELD)[0]
+        for sram in fit_sram(hw, log=note):  # each with the set-up of its own decode tiles
+            cand = {**hw, SRAM_FIELD: sram}
+            setup = fit_setup(cand, run, log=note)
+            if setup is None:
+                continue
+            cand[SETUP_FIELD] = setup
+            g = _ttft_gap(cand, log=note)
+            note(f"  row run {run} B: set-up {setup:g} ns, sram {sram // KiB} KiB, "
+                 f"TTFT gap {g * 1e3:+.1f} ms")
+            if best is None or abs(g) < abs(best[0]):
+                best = (g, cand)
     if best is None:
         raise AssertionError("no row run reaches the decode slope with a set-up in bounds")
     hw = best[1]
@@ -334,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="predict: also TTFT (a prefill of 240 tokens per model)")
     ap.add_argument("--models", nargs="*", default=None,
                     help="predict: only these (names of the table's rows)")
+    ap.add_argument("--row-run", type=int, action="append", default=None,
+                    help="fit: only these row runs (bytes; default: every reopen count "
+                         "inside the bounds, a search of about half an hour)")
     args = ap.parse_args(argv)
     if args.what == "predict":
         from sim.app.predict import print_predictions
@@ -342,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     print("fitting the aries preset to both published points at once: "
           + "; ".join(f"{p.name} TTFT {p.ttft_s * 1e3:.2f} ms, {p.tokens_per_s} tokens/s"
                       for p in POINTS))
-    res = fit()
+    res = fit(runs=args.row_run)
     from sim.device.hw import load_hardware
 
     aries = load_hardware("aries")
