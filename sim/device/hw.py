@@ -358,7 +358,7 @@ class HardwareConfig(Frozen):
                 value = self.field_value(name)
             except (AttributeError, KeyError):
                 raise ValueError(f"fitted: {name!r} is not a hardware field") from None
-            if not isinstance(value, int | float):
+            if value is not None and not isinstance(value, int | float):
                 raise ValueError(f"fitted: {name!r} is not a number")
         return self
 
@@ -366,7 +366,7 @@ class HardwareConfig(Frozen):
         """The fitted fields whose value lies outside their bounds (an override may put
         them there; the fit never does)."""
         return [n for n, f in self.fitted.items()
-                if not f.low <= self.field_value(n) <= f.high]
+                if (v := self.field_value(n)) is None or not f.low <= v <= f.high]
 
     @cached_property
     def derived(self) -> dict[str, float]:

@@ -125,7 +125,8 @@ def _print_fitted(hw, console: Console) -> None:
                      overflow="fold")
     outside = set(hw.fitted_outside())
     for name, p in hw.fitted.items():
-        f.add_row(name, f"{hw.field_value(name):g}", f"{p.low:g}", f"{p.high:g}", p.unit,
+        v = hw.field_value(name)
+        f.add_row(name, "-" if v is None else f"{v:g}", f"{p.low:g}", f"{p.high:g}", p.unit,
                   "NO" if name in outside else "yes", p.fitted_to)
     console.print(f)
 
