@@ -244,9 +244,9 @@ def _ttft_gap(hw: dict[str, Any], *, log=print) -> float:
     return gap
 
 
-#: How far below the bisection's bracket the SRAM search looks for other pass counts
+#: How far around the bisection's bracket the SRAM search looks for other pass counts
 #: (the 1B's passes fall as the 8B's do, so the gap is not monotone between them).
-SRAM_LOOK_BELOW = 8 * SRAM_STEP
+SRAM_LOOK_AROUND = 8 * SRAM_STEP
 
 
 def fit_sram(hw: dict[str, Any], *, log=print) -> list[int]:
@@ -254,7 +254,7 @@ def fit_sram(hw: dict[str, Any], *, log=print) -> list[int]:
     width may be nearest the published one. More SRAM, longer token tiles, fewer weight
     passes, and the wider model gains more, so the gap falls as the SRAM grows: a bisection
     brackets the sign change; then one size per pair of pass counts (1B, 8B) found on the
-    grid just below the bracket and in it (the 1B's passes fall too, so the gap is not
+    grid around the bracket (the 1B's passes fall too, so the gap is not
     monotone between them): the caller tries each with its own decode fit."""
     lo, hi = (int(v) // SRAM_STEP for v in bounds(SRAM_FIELD))
     seen: dict[int, float] = {}
@@ -275,11 +275,12 @@ def fit_sram(hw: dict[str, Any], *, log=print) -> list[int]:
 
 
 def sram_candidates(hw: dict[str, Any], a: int, b: int) -> list[int]:
-    """One SRAM size (in grid steps) per pair of pass counts (1B, 8B) from
-    :data:`SRAM_LOOK_BELOW` below the bracket ``a .. b`` to its top, the smallest of each."""
-    lo = int(bounds(SRAM_FIELD)[0]) // SRAM_STEP
+    """One SRAM size (in grid steps) per pair of pass counts (1B, 8B) within
+    :data:`SRAM_LOOK_AROUND` of the bracket ``a .. b``, the smallest of each."""
+    lo, hi = (int(v) // SRAM_STEP for v in bounds(SRAM_FIELD))
+    step = SRAM_LOOK_AROUND // SRAM_STEP
     pairs: dict[tuple[int, ...], int] = {}
-    for k in range(max(lo, a - SRAM_LOOK_BELOW // SRAM_STEP), b + 1):
+    for k in range(max(lo, a - step), min(hi, b + step) + 1):
         key = tuple(passes(run_config(p, {**hw, SRAM_FIELD: k * SRAM_STEP})) for p in POINTS)
         pairs.setdefault(key, k)
     return sorted(pairs.values())
