@@ -52,10 +52,16 @@ class Prediction:
     before: Card | None
     error: str = ""
 
+    head_bytes: int = 0
+
     @property
     def weight_bytes_per_prefill_token(self) -> float:
-        """Weight bytes streamed per prompt token: every pass streams all of them."""
-        return self.passes * self.weight_bytes / 240
+        """Weight bytes streamed per prompt token, an estimate from the tile schedule: every
+        pass streams the layers' weights, the head runs once per call on its last token
+        (the run's own figure, ``prefill.weight_bytes_per_token``, also counts the small
+        weight-kind regions, norms and parameters)."""
+        layers = self.weight_bytes - self.head_bytes
+        return (self.passes * layers + 2 * self.head_bytes) / 240
 
 
 def predict_one(name: str, sets: tuple[str, ...], *, ttft: bool,
@@ -82,8 +88,11 @@ def predict_one(name: str, sets: tuple[str, ...], *, ttft: bool,
     if before:
         old = Published(name, (*sets, *BEFORE_SETS), 0.0, 1.0)
         b = card(run_config(old, BEFORE_HW), ttft=ttft)
+    m = cm.model
     return Prediction(name, numerics, cm.m_tile, cm.tile_bytes, cm.big_tile_bytes,
-                      passes(cfg), cm.mm.bytes_of_kind("weights"), c, client(cfg, c), b)
+                      passes(cfg), cm.mm.bytes_of_kind("weights"), c, client(cfg, c), b,
+                      head_bytes=m.vocab_size * m.hidden_size * cm.bits.weights.head
+                      // 8)
 
 
 def _failed(name: str, why: str) -> Prediction:
@@ -110,7 +119,8 @@ def rows(preds: list[Prediction]) -> list[dict[str, Any]]:
                "weight tile KiB": p.weight_tile_bytes // 1024,
                "decode tile KiB": p.decode_tile_bytes // 1024,
                "weights MB": f"{p.weight_bytes / 1e6:,.0f}",
-               "MB streamed per prefill token": f"{p.weight_bytes_per_prefill_token / 1e6:,.1f}"}
+               "MB streamed per prefill token (est.)":
+                   f"{p.weight_bytes_per_prefill_token / 1e6:,.1f}"}
         if p.before is not None:
             b = p.before
             row["before: TTFT ms"] = _ms(b.ttft_s)
