@@ -484,7 +484,9 @@ def test_a_qwen_decode_step_is_identical():
     prog = cm.program(tokens=1, cache_size=300)
     layout = cm.layout(host_bytes=hw.host.memory_bytes)
     out = assert_same(hw, [prog], layout=layout, level="ops")
-    assert out["stats"]["instructions"] == len(prog) > 20_000
+    # a step of thousands of instructions (15,434: its weights in the decode pass's largest
+    # tile, 92-96 KiB on aries, where 56 KiB tiles made 20,000 and more)
+    assert out["stats"]["instructions"] == len(prog) > 15_000
     # aries: the protocol model's bank state and every fixed cost were exercised
     assert hw.dram.model == "protocol" and out["dram_banks"] is not None
     assert out["stats"]["sync_ps"] and out["stats"]["dispatch_ps"]

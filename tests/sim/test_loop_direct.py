@@ -123,6 +123,8 @@ def test_a_qwen_decode_step_gives_the_same_state_with_and_without_the_shortcut(m
     layout = cm.layout(host_bytes=hw.host.memory_bytes)
     on = _state(hw, progs, True, monkeypatch, layout=layout, level="ops")
     off = _state(hw, progs, False, monkeypatch, layout=layout, level="ops")
-    assert on["stats"]["instructions"] == sum(len(p) for p in progs) > 40_000
+    # two steps of thousands of instructions each (30,868: the decode pass's largest weight
+    # tile on aries, where 56 KiB tiles made 40,000 and more)
+    assert on["stats"]["instructions"] == sum(len(p) for p in progs) > 30_000
     for key in on:
         assert on[key] == off[key], key
