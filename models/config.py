@@ -26,11 +26,8 @@ PyTorch ``nn.Linear`` layout and the layout of the ISA's ``Gemm`` ``w`` operand.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from functools import cached_property
-from importlib import resources
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
@@ -40,8 +37,6 @@ from kvsim.errors import ConfigError
 from .layer_features import LayerType, check_layer_features
 from .schema import Frozen as _Frozen
 from .schema import validation_message
-
-PRESET_PACKAGE = "models.presets"
 
 #: Sanity bounds on a model's layer and routed-expert counts (see ModelConfig.num_layers).
 MAX_LAYERS = 1024
@@ -612,7 +607,7 @@ class ModelConfig(_Frozen):
         return self.num_layers * self.kv_values_per_token_per_layer
 
 
-# --- building and presets -------------------------------------------------------------------
+# --- building -------------------------------------------------------------------
 
 
 def build_model(data: dict[str, Any], *, where: str = "model") -> ModelConfig:
@@ -621,57 +616,3 @@ def build_model(data: dict[str, Any], *, where: str = "model") -> ModelConfig:
         return ModelConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(validation_message(err, where)) from None
-
-
-def preset_names() -> list[str]:
-    """Names of the model presets (file stems in ``models/presets/``)."""
-    files = resources.files(PRESET_PACKAGE).iterdir()
-    return sorted(f.name.rsplit(".", 1)[0] for f in files if f.name.endswith((".json", ".toml")))
-
-
-def load_preset(name: str, *, where: str = "model") -> ModelConfig:
-    """The model preset ``name``; :class:`ConfigError` listing the valid names if unknown."""
-    names = preset_names()
-    if name not in names:
-        raise ConfigError(
-            f"{where}.preset: unknown model preset {name!r}; valid: {', '.join(names)}"
-        )
-    root = resources.files(PRESET_PACKAGE)
-    json_file = root.joinpath(f"{name}.json")
-    if json_file.is_file():
-        from .hf import hf_config_to_model, parse_hf_json
-
-        data = parse_hf_json(json_file.read_text(), source=f"{where} preset {name!r}")
-        return hf_config_to_model(data, name=name, where=f"{where} preset {name!r}")
-    data = tomllib.loads(root.joinpath(f"{name}.toml").read_text())
-    data.setdefault("name", name)
-    return build_model(data, where=where)
-
-
-def load_model(
-    name_or_path: str | Path, overrides: dict[str, Any] | None = None, *, where: str = "model"
-) -> ModelConfig:
-    """A model's architecture by any name :func:`models.source.resolve_model` accepts: a
-    preset, the embedded real model, a GGUF file, a HF folder or a ``config.json``.
-
-    Only the architecture is read here (a folder's ``config.json``, a GGUF file's metadata
-    and tensor table); :func:`models.source.resolve_model` also checks the weights.
-    ``overrides`` replaces top-level fields, e.g. ``{"num_layers": 2}``; the result is
-    validated again, so an override that breaks a constraint raises :class:`ConfigError`.
-    """
-    from .source import EMBEDDED_MODEL, looks_like_path, resolve_model
-
-    text = str(name_or_path)
-    if text == EMBEDDED_MODEL or text.endswith(".gguf"):
-        cfg = resolve_model(name_or_path, where=where).config
-    elif looks_like_path(name_or_path):
-        from .hf import load_hf_config
-
-        cfg = load_hf_config(name_or_path)
-    else:
-        cfg = load_preset(text, where=where)
-    if not overrides:
-        return cfg
-    data = cfg.model_dump(exclude_none=True)
-    data.update(overrides)
-    return build_model(data, where=where)

@@ -2,7 +2,7 @@
 ``act_scale = token``), the kernels of ``isa.kernels.wide``:
 
 - the residual stream is int16/int32 with one static scale per point (``x<i>``, ``<i>.xm``:
-  calibrated largest magnitude x :data:`~.calibrate.MARGIN` over the type's largest value);
+  calibrated largest magnitude x :data:`~.qparams.MARGIN` over the type's largest value);
 - each RMSNorm (RMSNORM_WIDE) writes int32 at a scale fixed by its gain's int16 encoding,
   and QUANT_ROW turns it into int8 with one dynamic scale per token (row);
 - q/k/v are GemmRow outputs in static int8 (the native int8 KV cache); the attention output
@@ -32,18 +32,9 @@ from ..config import ModelConfig
 from ..reference import softmax_scale
 from ..source import calibration_text, model_tokenizer, open_weights
 from ..weights import CachedWeights, QuantizedWeight, WeightSource
-from .calibrate import (
-    GAMMA_MAX,
-    INT8_MAX,
-    MARGIN,
-    SILU_Q,
-    activation_absmax,
-    attn_params,
-    calibrate,
-    calibration_tokens,
-    norm_params,
-)
+from .calibrate import activation_absmax, calibrate, calibration_tokens
 from .numerics import AddQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ, residual_bits
+from .qparams import GAMMA_MAX, INT8_MAX, INT32_MAX, MARGIN, SILU_Q, attn_params, norm_params
 from .rotation import RotatedWeights, head_tensor, rotated_layer_norm
 from .wgroup import MULT_BITS, GroupQuantizedWeight, quantize_matrix, weight_group_size
 
@@ -55,7 +46,6 @@ WIDE_Q = 22
 LOGITS_Q = 24
 #: The RMSNORM_WIDE output stays below 2**30 (``|x / rms(x)| <= sqrt(cols)``).
 NORM_OUT_BITS = 30
-INT32_MAX = 2**31 - 1
 #: At most this many tokens of the calibration passage (one float forward pass).
 CALIBRATION_TEXT_TOKENS = 512
 

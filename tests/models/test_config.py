@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvsim.errors import ConfigError
-from models.config import ModelConfig, TensorSpec, load_model, load_preset, preset_names
+from models.config import ModelConfig, TensorSpec
+from models.source import load_model, load_preset, preset_names
 
 
 def test_preset_names_list_all_fourteen() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvsim.errors import ConfigError
-from models.config import load_model, load_preset
 from models.hf import load_hf_config
+from models.source import load_model, load_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The project's shared documents sit beside the repository (in CI too).

@@ -47,8 +47,11 @@ import numpy as np
 from ...config import ModelConfig
 from ...reference import apply_rope, rms_norm, rope_cos_sin, softmax, softmax_scale
 from ...weights import QuantizedWeight, WeightSource, quantize_weight
-from ..calibrate import (
+from ..errors import CompileError
+from ..numerics import LayerQ, MlaQ, NormQ, Numerics
+from ..qparams import (
     INT8_MAX,
+    INT32_MAX,
     activation_scale,
     add_params,
     attn_params,
@@ -56,9 +59,6 @@ from ..calibrate import (
     norm_params,
     silu_params,
 )
-from ..calibrate_wide import INT32_MAX
-from ..errors import CompileError
-from ..numerics import LayerQ, MlaQ, NormQ, Numerics
 from ..wgroup import GroupQuantizedWeight
 from .mla_shape import MlaDims
 from .moe_calib import mlp_float, moe_params

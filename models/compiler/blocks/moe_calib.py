@@ -23,9 +23,9 @@ from isa.kernels.fixed import quantize_multiplier
 
 from ...config import ModelConfig
 from ...reference import route_logits, silu
-from ..calibrate import INT8_MAX, LOGIT_Q, add_params, gemm_params, silu_params
 from ..errors import CompileError
 from ..numerics import GemmQ, LayerQ, MoeQ
+from ..qparams import INT8_MAX, LOGIT_Q, add_params, gemm_params, silu_params
 from .moe import topk_flags
 
 #: Bits of the calibrated maximum (x MARGIN) of the routed experts' int32 outputs and of
