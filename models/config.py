@@ -43,9 +43,9 @@ MAX_LAYERS = 1024
 MAX_EXPERTS = 4096
 
 Family = Literal["llama", "qwen2", "mistral", "deepseek_v2", "cohere2", "exaone4",
-                 "qwen2_moe", "mixtral"]
+                 "qwen2_moe", "mixtral", "gemma3"]
 FAMILIES: tuple[str, ...] = ("llama", "qwen2", "mistral", "deepseek_v2", "cohere2", "exaone4",
-                             "qwen2_moe", "mixtral")
+                             "qwen2_moe", "mixtral", "gemma3")
 #: Families with a mixture-of-experts MLP: DeepSeek-V2 (MLA attention), Qwen2-MoE and
 #: Mixtral (grouped-query attention).
 MOE_FAMILIES: tuple[str, ...] = ("deepseek_v2", "qwen2_moe", "mixtral")
@@ -226,14 +226,31 @@ class ModelConfig(_Frozen):
         "embedding (Cohere2; EXAONE-4.0 with sliding layers)")
     norm_kind: Literal["rms", "layer"] = Field(
         default="rms", description="'layer': LayerNorm (mean removed, gamma, no bias; Cohere)")
-    norm_position: Literal["pre", "post"] = Field(
+    norm_position: Literal["pre", "post", "sandwich"] = Field(
         default="pre", description="'post': norms after attention and after the MLP, "
-        "before each residual add (EXAONE-4.0)")
+        "before each residual add (EXAONE-4.0); 'sandwich': a norm before and one after "
+        "each (Gemma 2/3)")
     qk_norm: bool = Field(default=False, description="RMSNorm of each q and k head, "
                           "before RoPE (EXAONE-4.0)")
     parallel_block: bool = Field(default=False, description="attention and MLP read one "
                                  "norm of the layer input, both added to it (Cohere)")
     logit_scale: float = Field(default=1.0, gt=0, description="logits multiplied by it")
+    hidden_act: Literal["silu", "gelu_tanh"] = Field(
+        default="silu", description="the MLP's gate activation: SwiGLU's silu, or GeGLU's "
+        "GELU in its tanh form (Gemma: gelu_pytorch_tanh)")
+    embed_scale: float = Field(default=1.0, gt=0, description="the host multiplies the "
+                               "token embeddings by it (Gemma: sqrt(hidden_size))")
+    norm_unit_offset: bool = Field(
+        default=False, description="a checkpoint stores each norm's gain as w and applies "
+        "1 + w (Gemma's RMSNorm): loading its safetensors adds the 1, so kvsim's gains are "
+        "the applied ones")
+    query_pre_attn_scalar: float | None = Field(
+        default=None, gt=0, description="attention scores scaled by its -0.5 power instead "
+        "of head_dim's (Gemma)")
+    rope_local_theta: float | None = Field(
+        default=None, gt=0, description="RoPE base of the sliding layers when it is their "
+        "own (Gemma 3: rope_local_base_freq; rope_scaling then applies to the full layers "
+        "only). kvsim builds one RoPE table, so such a model compiles for timing only")
 
     @model_validator(mode="after")
     def _layer_features(self) -> ModelConfig:
@@ -463,7 +480,7 @@ class ModelConfig(_Frozen):
             o = next(i for i, s in enumerate(specs) if s.name == p + "o_proj")
             specs[o:o] = [_vec(p + "q_norm", self.head_dim, "norm"),
                           _vec(p + "k_norm", self.head_dim, "norm")]
-        if self.norm_position == "post":
+        if self.norm_position != "pre":
             specs.append(_vec(p + "post_attn_norm", h, "norm"))
         return specs
 
@@ -489,9 +506,10 @@ class ModelConfig(_Frozen):
         specs = [_vec(p + "mlp_norm", self.hidden_size, "norm")]
         if self.parallel_block:  # the MLP reads the attention's input norm
             specs = []
-        elif self.norm_position == "post":
-            return self._swiglu(p, self.intermediate_size) + [
-                _vec(p + "post_mlp_norm", self.hidden_size, "norm")]
+        elif self.norm_position != "pre":  # after the MLP (and, in a sandwich, before it)
+            return (specs if self.norm_position == "sandwich" else []) + self._swiglu(
+                p, self.intermediate_size) + [_vec(p + "post_mlp_norm", self.hidden_size,
+                                                   "norm")]
         if not self.layer_is_moe(layer):
             return specs + self._swiglu(p, self.intermediate_size)
         assert self.n_routed_experts is not None and self.moe_intermediate_size is not None

@@ -26,7 +26,11 @@ DeepSeek-V2's ``modeling_deepseek.py``) term by term:
   ``> p - sliding_window``; the reference keeps every token and masks, which gives the same
   result as keeping only the window), layers without RoPE, LayerNorm ``(x - mean) /
   sqrt(var + eps) * gamma`` (no bias), QK RMSNorm per head before RoPE, post-attention and
-  post-MLP norms, the parallel block ``x + attn(n(x)) + mlp(n(x))`` and the logit scale.
+  post-MLP norms, the parallel block ``x + attn(n(x)) + mlp(n(x))`` and the logit scale;
+  Gemma 3's (``modeling_gemma3.py``): norms before and after attention and the MLP
+  (``norm_position = "sandwich"``), the GeGLU MLP ``down(gelu_tanh(gate(x)) * up(x))``, the
+  embeddings times ``embed_scale`` and the attention scale ``query_pre_attn_scalar **
+  -0.5`` (its RMSNorm's ``1 + w`` is folded into the gains when the weights are read).
 
 Everything is float32 (numpy matmul); positions and RoPE angles are computed in float64
 and rounded once.
@@ -107,9 +111,10 @@ def rope_cos_sin(config: ModelConfig, positions: np.ndarray) -> tuple[np.ndarray
 
 
 def softmax_scale(config: ModelConfig) -> float:
-    """Attention score scale: ``q_head_dim ** -0.5``, times ``mscale(factor,
-    mscale_all_dim)^2`` under DeepSeek's YaRN."""
-    scale = config.q_head_dim**-0.5
+    """Attention score scale: ``q_head_dim ** -0.5`` (``query_pre_attn_scalar ** -0.5``
+    when given: Gemma), times ``mscale(factor, mscale_all_dim)^2`` under DeepSeek's YaRN."""
+    scale = (config.q_head_dim if config.query_pre_attn_scalar is None
+             else config.query_pre_attn_scalar) ** -0.5
     rs = config.rope_scaling
     if isinstance(rs, YarnRopeScaling) and rs.mscale_all_dim:
         m = _yarn_mscale(rs.factor, rs.mscale_all_dim)
@@ -157,6 +162,28 @@ def silu(x: np.ndarray) -> np.ndarray:
     return (x / (1.0 + np.exp(-x))).astype(np.float32)
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
+    (Hendrycks & Gimpel 2016; HF's ``gelu_pytorch_tanh``), float32."""
+    x = np.asarray(x, dtype=np.float32)
+    inner = np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x * x * x)
+    return (np.float32(0.5) * x * (np.float32(1) + np.tanh(inner))).astype(np.float32)
+
+
+def gate_activation(config: ModelConfig):
+    """The MLP's gate activation: :func:`silu` (SwiGLU) or :func:`gelu_tanh` (GeGLU)."""
+    return gelu_tanh if config.hidden_act == "gelu_tanh" else silu
+
+
+def embed_rows(config: ModelConfig, table: np.ndarray, tokens) -> np.ndarray:
+    """The host's token embeddings: rows ``tokens`` of the embedding ``table``, float32,
+    times the model's ``embed_scale`` (Gemma: ``sqrt(hidden_size)``) when it has one."""
+    rows = table[np.asarray(tokens)].astype(np.float32)
+    if config.embed_scale != 1.0:
+        rows = (rows * np.float32(config.embed_scale)).astype(np.float32)
+    return rows
+
+
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Numerically stable softmax; ``-inf`` entries get probability 0."""
     m = np.max(x, axis=axis, keepdims=True)
@@ -191,6 +218,11 @@ class ReferenceModel:
         self.weights = weights if weights is not None else SyntheticWeights(config, seed=seed)
         if self.weights.config != config:
             raise ConfigError("weights: the weight source was built for another model config")
+        if config.rope_local_theta is not None:
+            raise ConfigError(f"model {config.name or config.family!r}: its sliding layers "
+                              f"have their own RoPE (rope_local_theta "
+                              f"{config.rope_local_theta:g}); kvsim builds one RoPE table per "
+                              f"model, so it runs in timing only")
         self.weight_bits = weight_bits
         self.cache_weights = cache_weights
         self._wcache: dict[tuple[str, bool], np.ndarray] = {}
@@ -276,7 +308,7 @@ class ReferenceModel:
             raise ConfigError("tokens: need at least one token")
         if t.min() < 0 or t.max() >= self.config.vocab_size:
             raise ConfigError(f"tokens: ids must lie in 0..{self.config.vocab_size - 1}")
-        return self._w("embed", quantized=False)[t]
+        return embed_rows(self.config, self._w("embed", quantized=False), t)
 
     def forward_embeddings(
         self, x: np.ndarray, *, return_hidden: bool = False
@@ -300,10 +332,13 @@ class ReferenceModel:
             if c.parallel_block:  # Cohere: one norm, attention and MLP added together
                 h = self._norm(x, p + "attn_norm")
                 x = (x + self._gqa(i, h, cos, sin) + self._swiglu(p, h)).astype(np.float32)
-            elif c.norm_position == "post":  # EXAONE-4.0: norm each branch's output
-                attn = self._norm(self._gqa(i, x, cos, sin), p + "post_attn_norm")
+            elif c.norm_position != "pre":  # EXAONE-4.0 / Gemma: norm each branch's output
+                sandwich = c.norm_position == "sandwich"  # Gemma: and each branch's input
+                h = self._norm(x, p + "attn_norm") if sandwich else x
+                attn = self._norm(self._gqa(i, h, cos, sin), p + "post_attn_norm")
                 x = (x + attn).astype(np.float32)
-                x = (x + self._norm(self._swiglu(p, x), p + "post_mlp_norm")).astype(np.float32)
+                h = self._norm(x, p + "mlp_norm") if sandwich else x
+                x = (x + self._norm(self._swiglu(p, h), p + "post_mlp_norm")).astype(np.float32)
             else:
                 h = self._norm(x, p + "attn_norm")
                 attn = self._mla(i, h, cos, sin) if c.is_mla else self._gqa(i, h, cos, sin)
@@ -410,9 +445,10 @@ class ReferenceModel:
         return self._linear(out, p + "o_proj")
 
     def _swiglu(self, prefix: str, h: np.ndarray) -> np.ndarray:
+        """The gated MLP: SwiGLU, or GeGLU for ``hidden_act = "gelu_tanh"``."""
         gate = self._linear(h, prefix + "gate_proj")
         up = self._linear(h, prefix + "up_proj")
-        return self._linear(silu(gate) * up, prefix + "down_proj")
+        return self._linear(gate_activation(self.config)(gate) * up, prefix + "down_proj")
 
     def route(self, layer: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """MoE routing of normed hidden states ``h`` (n, hidden) in layer ``layer``:

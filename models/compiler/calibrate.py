@@ -14,6 +14,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..reference import (
     apply_rope,
+    embed_rows,
     layer_norm,
     rms_norm,
     rope_cos_sin,
@@ -93,16 +94,17 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
             y = y + source.tensor(bias)
         return y.astype(np.float32)
 
-    x = rec("x0", source.tensor("embed")[tokens].astype(np.float32))
+    x = rec("x0", embed_rows(cfg, source.tensor("embed"), tokens))
     cos, sin = rope_cos_sin(cfg, np.arange(n))
     hd, H, KV = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     scale = softmax_scale(cfg)
     future = np.arange(n)[None, :] > np.arange(n)[:, None]
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
-        post = cfg.norm_position == "post"  # EXAONE-4.0: no norm before the projections
-        xn = rec(f"{i}.xn", x if post else normf(x, source.tensor(p + "attn_norm"),
-                                                  cfg.rms_norm_eps))
+        # EXAONE-4.0: no norm before the projections, one after; Gemma: both (sandwich)
+        pre, post = cfg.norm_position != "post", cfg.norm_position != "pre"
+        xn = rec(f"{i}.xn", normf(x, source.tensor(p + "attn_norm"), cfg.rms_norm_eps)
+                 if pre else x)
         bq = (p + "q_bias", p + "k_bias", p + "v_bias") if cfg.qkv_bias else (None,) * 3
         q = lin(xn, p + "q_proj", bq[0]).reshape(n, H, hd)
         k = lin(xn, p + "k_proj", bq[1]).reshape(n, KV, hd)
@@ -136,7 +138,7 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
             o = rec(f"{i}.on", rms_norm(o, source.tensor(p + "post_attn_norm"),
                                         cfg.rms_norm_eps))
         x = rec(f"{i}.xm", (x + o).astype(np.float32))
-        if post:
+        if not pre:
             xn2 = rec(f"{i}.xn2", x)
         elif cfg.parallel_block:  # the MLP reads the attention's norm of the layer input
             xn2 = rec(f"{i}.xn2", xn)
@@ -170,8 +172,8 @@ def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float]
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
         L = LayerQ()
-        post = cfg.norm_position == "post"
-        if not post:
+        pre, post = cfg.norm_position != "post", cfg.norm_position != "pre"
+        if pre:
             L.attn_norm = norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
                                       s[f"{i}.xn"], eps)
         sq, sk = (f"{i}.qraw", f"{i}.kraw") if cfg.qk_norm else (f"{i}.q", f"{i}.k")
@@ -193,10 +195,10 @@ def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float]
         if post:
             L.post_attn_norm = norm_params(source.tensor(p + "post_attn_norm"), s[f"{i}.o"],
                                            s[o_out], eps)
-        elif cfg.parallel_block:  # the layer input's norm again (blocks/parallel.py)
+        if cfg.parallel_block:  # the layer input's norm again (blocks/parallel.py)
             L.mlp_norm = norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
                                      s[f"{i}.xn2"], eps)
-        else:
+        elif pre:
             L.mlp_norm = norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"],
                                      s[f"{i}.xn2"], eps)
         if cfg.layer_is_moe(i):

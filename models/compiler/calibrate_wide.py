@@ -159,8 +159,9 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
         for key in ("gate", "up", "h"):
             s[f"{i}.{key}"] = scale(f"{i}.{key}", 2.0**WIDE_Q)
         L = LayerQ()
-        post = cfg.norm_position == "post"  # EXAONE-4.0 (blocks/postnorm.py)
-        if post:  # no norm: QUANT_ROW_WIDE of the residual itself
+        # EXAONE-4.0: norms after the branches only; Gemma: before and after (sandwich)
+        pre, post = cfg.norm_position != "post", cfg.norm_position != "pre"
+        if not pre:  # no norm: QUANT_ROW_WIDE of the residual itself
             s_xn = s[f"x{i}"]
         else:
             L.attn_norm, s_xn = wide_norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
@@ -190,7 +191,7 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
             L.o = gemm_row_params(s[f"{i}.ao"], w(p + "o_proj"), s[f"{i}.xm"],
                                   bias(p + "o_bias", cfg.o_bias), rowed=False, out_bits=32)
         L.add1 = wide_add_params(s[f"x{i}"], s[f"{i}.xm"])
-        if post:  # the MLP reads x_m unnormalised (QUANT_ROW_WIDE)
+        if not pre:  # the MLP reads x_m unnormalised (QUANT_ROW_WIDE)
             s_xn2 = s[f"{i}.xm"]
         elif cfg.parallel_block:  # the layer input's norm again (blocks/parallel.py)
             L.mlp_norm, s_xn2 = wide_norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],

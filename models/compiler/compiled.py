@@ -309,6 +309,11 @@ def compile_model(
     if (why := dram_problem(model, bits, kv, cap=cap, slots=slots, max_seq=max_seq,
                             dram_bytes=hw.dram_bytes, hw_name=hw.name)) is not None:
         raise CompileError(f"model {model.name!r} {why}")
+    if functional and model.rope_local_theta is not None:
+        raise CompileError(f"model {model.name!r}: its sliding layers have their own RoPE "
+                           f"(rope_local_theta {model.rope_local_theta:g}); kvsim builds one "
+                           f"RoPE table per model, so it compiles for timing only "
+                           f"(sim.fidelity = 'timing')")
     weights = weights or {"kind": "synthetic", "seed": 0}
     tile_fixed = tile_bytes is not None
     if tile_bytes is None:

@@ -56,7 +56,7 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
     # values per core, so compaction never reads a token it has already overwritten
     mm.add("act.kvtmp", max(CORE_MODES.values()) * cap * blocks.attention.cache_width,
            "activations")
-    if rb > 1 and cfg.norm_position == "post":  # the wide post-norms' int32 inputs
+    if rb > 1 and cfg.norm_position != "pre":  # the wide post-norms' int32 inputs
         mm.add(POST_WIDE_REGION, 4 * m_tile * h, "activations")
     return mm
 

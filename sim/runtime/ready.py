@@ -23,6 +23,7 @@ import numpy as np
 from models.bits import BitConfig, default_numerics
 from models.compiler import CORE_MODES, CompiledModel, HardwareTarget, compile_model
 from models.config import ModelConfig as Architecture
+from models.reference import embed_rows
 from models.source import ModelSource, resolve_model
 from sim.device.hw import HardwareConfig, load_hardware
 from sim.runtime.accelerator import Accelerator
@@ -96,8 +97,9 @@ class ReadyModel:
         return self.compiled.weight_source().tensor("embed")
 
     def embed(self, tokens: np.ndarray | list[int]) -> np.ndarray:
-        """The host's float32 embeddings of ``tokens``, what ``infer`` takes."""
-        return self.embedding_table[np.asarray(tokens)].astype(np.float32)
+        """The host's float32 embeddings of ``tokens``, what ``infer`` takes
+        (:func:`models.reference.embed_rows`: with the model's embedding scale)."""
+        return embed_rows(self.compiled.model, self.embedding_table, tokens)
 
 
 def ready_model(model: str | Path | ModelSource | Architecture,

@@ -304,7 +304,7 @@ def test_tiny_cohere2_runs_the_w8_preset_with_its_rotation() -> None:
      r"a LayerNorm \(Cohere\) centres its input, which the rotation keeps only for the "
      r"wide pipeline and a hidden size that is a power of two \(here 64\)"),
     ("tiny-exaone4", _w8(rotation="residual"),
-     r"a post-norm \(EXAONE-4\.0\) normalises a projection's output"),
+     r"a post-norm \(EXAONE-4\.0, Gemma\) normalises a projection's output"),
 ])
 def test_the_residual_rotation_is_refused_by_name_where_it_cannot_fold(name, numerics,
                                                                         why) -> None:

@@ -123,7 +123,7 @@ def test_unsupported_model_type_lists_supported(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError,
         match="unsupported model_type 'gpt2'; supported: cohere2, deepseek_v2, exaone4, "
-              "llama, mistral, mixtral, qwen2, qwen2_moe",
+              "gemma3_text, llama, mistral, mixtral, qwen2, qwen2_moe",
     ):
         load_hf_config(_write(tmp_path, {**LLAMA_MIN, "model_type": "gpt2"}))
     with pytest.raises(ConfigError, match="unsupported architectures"):
