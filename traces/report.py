@@ -15,7 +15,7 @@ time axis is in ms.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import compress
 from operator import itemgetter
 
@@ -29,7 +29,8 @@ from .recorder import Recorder, span_times
 from .results import CallRow, GenerateMetrics, RooflineFigures, RunMetrics
 from .sweep_report import NAMES, fmt_number, quantity, sweep_report
 
-__all__ = ["NAMES", "fmt_number", "quantity", "run_report", "sweep_report"]
+__all__ = ["NAMES", "RUN_CHARTS", "Chart", "fmt_number", "quantity", "run_report",
+           "sweep_report"]
 
 PS_PER_MS = 1e9
 #: Most bars drawn in the timeline; longer runs are merged per lane (see ``_timeline``).
@@ -388,26 +389,73 @@ def _details(m: RunMetrics, recorder: Recorder) -> list[tuple[str, str]]:
     return rows
 
 
-def run_report(metrics: RunMetrics, recorder: Recorder, *, bins: int = 200) -> str:
-    """The report of one run (its typed results and its events) as an HTML string
-    (figures in the order of the module docstring; those without data are left out)."""
-    calls = metrics.calls
+# --- the charts of the run report ------------------------------------------------------------
+#
+# A chart is one function ``(metrics, recorder, bins) -> its figures`` (none when the run has
+# nothing to show), listed in RUN_CHARTS in page order: a new chart is its function here
+# and one entry there.
+
+Chart = Callable[[RunMetrics, Recorder, int], list[Figure]]
+
+
+def _figures(fig: go.Figure | None, *, wide: bool = False) -> list[Figure]:
+    return [] if fig is None else [Figure(fig, wide=wide)]
+
+
+def breakdown_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """Where the time went per phase: critical path and each resource's demand."""
+    return _figures(run_breakdown(metrics, recorder), wide=True)
+
+
+def timeline_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """Runtime calls, layers and the engines' work on one time axis."""
+    return _figures(_timeline(recorder, metrics.calls), wide=True)
+
+
+def roofline_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """Each runtime call against the roofline."""
+    return _figures(_roofline(metrics))
+
+
+def occupancy_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """The KV cache's bytes in DRAM over the run."""
+    return _figures(_occupancy(metrics))
+
+
+def bandwidth_charts(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """DRAM bandwidth (channels stacked, full width) and the host link per direction."""
     dram, link = _bandwidth(recorder, bins, metrics)
-    figs = [
-        Figure(f, wide=w) for f, w in (
-            (run_breakdown(metrics, recorder), True),
-            (_timeline(recorder, calls), True),
-            (_roofline(metrics), False),
-            (_occupancy(metrics), False),
-            (dram, True),
-            (link, False),
-            (_bars(metrics.traffic_by_kind_bytes, "Traffic by kind (all links)", "kind"),
-             False),
-            (_bars(metrics.traffic_bytes, "Traffic by link", "link"), False),
-            (_utilization(metrics), False),
-            (_cache_ops(metrics), False),
-        ) if f is not None
-    ]
+    return _figures(dram, wide=True) + _figures(link)
+
+
+def traffic_charts(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """Bytes moved by kind (all links) and by link."""
+    return (_figures(_bars(metrics.traffic_by_kind_bytes, "Traffic by kind (all links)",
+                           "kind"))
+            + _figures(_bars(metrics.traffic_bytes, "Traffic by link", "link")))
+
+
+def utilization_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """Busy share of each engine kind."""
+    return _figures(_utilization(metrics))
+
+
+def cache_ops_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """The cost of each scheduled cache operation."""
+    return _figures(_cache_ops(metrics))
+
+
+#: The run report's charts, in page order.
+RUN_CHARTS: tuple[Chart, ...] = (breakdown_chart, timeline_chart, roofline_chart,
+                                 occupancy_chart, bandwidth_charts, traffic_charts,
+                                 utilization_chart, cache_ops_chart)
+
+
+def run_report(metrics: RunMetrics, recorder: Recorder, *, bins: int = 200) -> str:
+    """The report of one run (its typed results and its events) as an HTML string: the
+    headline cards, the details and the figures of :data:`RUN_CHARTS` (those without data
+    are left out)."""
+    figs = [f for chart in RUN_CHARTS for f in chart(metrics, recorder, bins)]
     subtitle = metrics.scenario
     return render_page(f"kvsim run report: {metrics.scenario or 'run'}",
                        subtitle="" if not subtitle else
