@@ -27,10 +27,8 @@ DeepSeek-V2's ``modeling_deepseek.py``) term by term:
   result as keeping only the window), layers without RoPE, LayerNorm ``(x - mean) /
   sqrt(var + eps) * gamma`` (no bias), QK RMSNorm per head before RoPE, post-attention and
   post-MLP norms, the parallel block ``x + attn(n(x)) + mlp(n(x))`` and the logit scale;
-  Gemma 3's (``modeling_gemma3.py``): norms before and after attention and the MLP
-  (``norm_position = "sandwich"``), the GeGLU MLP ``down(gelu_tanh(gate(x)) * up(x))``, the
-  embeddings times ``embed_scale`` and the attention scale ``query_pre_attn_scalar **
-  -0.5`` (its RMSNorm's ``1 + w`` is folded into the gains when the weights are read).
+  Gemma 3's (``modeling_gemma3.py``): norms on both sides of each branch, GeGLU, scaled
+  embeddings and its attention scale (its norms' ``1 + w`` folded when weights are read).
 
 Everything is float32 (numpy matmul); positions and RoPE angles are computed in float64
 and rounded once.
@@ -163,9 +161,8 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """GELU's tanh approximation ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``
-    (Hendrycks & Gimpel 2016; HF's ``gelu_pytorch_tanh``), float32."""
-    x = np.asarray(x, dtype=np.float32)
+    """GELU's tanh form ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (Hendrycks &
+    Gimpel 2016; HF's ``gelu_pytorch_tanh``), float32."""
     inner = np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x * x * x)
     return (np.float32(0.5) * x * (np.float32(1) + np.tanh(inner))).astype(np.float32)
 
@@ -176,12 +173,10 @@ def gate_activation(config: ModelConfig):
 
 
 def embed_rows(config: ModelConfig, table: np.ndarray, tokens) -> np.ndarray:
-    """The host's token embeddings: rows ``tokens`` of the embedding ``table``, float32,
-    times the model's ``embed_scale`` (Gemma: ``sqrt(hidden_size)``) when it has one."""
+    """The host's embeddings: ``table``'s rows ``tokens``, float32, times ``embed_scale``."""
     rows = table[np.asarray(tokens)].astype(np.float32)
-    if config.embed_scale != 1.0:
-        rows = (rows * np.float32(config.embed_scale)).astype(np.float32)
-    return rows
+    scale = np.float32(config.embed_scale)
+    return rows if scale == 1 else (rows * scale).astype(np.float32)
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -218,11 +213,10 @@ class ReferenceModel:
         self.weights = weights if weights is not None else SyntheticWeights(config, seed=seed)
         if self.weights.config != config:
             raise ConfigError("weights: the weight source was built for another model config")
-        if config.rope_local_theta is not None:
+        if config.rope_local_theta is not None:  # one RoPE table per model in kvsim
             raise ConfigError(f"model {config.name or config.family!r}: its sliding layers "
                               f"have their own RoPE (rope_local_theta "
-                              f"{config.rope_local_theta:g}); kvsim builds one RoPE table per "
-                              f"model, so it runs in timing only")
+                              f"{config.rope_local_theta:g}): timing only")
         self.weight_bits = weight_bits
         self.cache_weights = cache_weights
         self._wcache: dict[tuple[str, bool], np.ndarray] = {}
@@ -445,7 +439,6 @@ class ReferenceModel:
         return self._linear(out, p + "o_proj")
 
     def _swiglu(self, prefix: str, h: np.ndarray) -> np.ndarray:
-        """The gated MLP: SwiGLU, or GeGLU for ``hidden_act = "gelu_tanh"``."""
         gate = self._linear(h, prefix + "gate_proj")
         up = self._linear(h, prefix + "up_proj")
         return self._linear(gate_activation(self.config)(gate) * up, prefix + "down_proj")
