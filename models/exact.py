@@ -97,3 +97,11 @@ def matmul(a: np.ndarray, b: np.ndarray, *, b_integer: bool = False,
             out = term if out is None else out + term
     assert out is not None
     return out
+
+
+def weight_product(x: np.ndarray, qw) -> np.ndarray:
+    """``x @ W.T`` for a quantized matrix ``W = ints * scales[:, None]`` (``qw`` with
+    ``integer_weights()`` ``[n, k]`` and ``scales`` ``[n]``; ``x`` ``[m, k]``), float32, the
+    same on every machine: :func:`matmul` over the integers, then the row scales."""
+    y = matmul(x, qw.integer_weights().T.astype(np.float64), b_integer=True)
+    return (y * np.asarray(qw.scales, np.float64)[None, :]).astype(np.float32)

@@ -26,7 +26,9 @@ DeepSeek-V2's ``modeling_deepseek.py``) term by term:
   ``> p - sliding_window``; the reference keeps every token and masks, which gives the same
   result as keeping only the window), layers without RoPE, LayerNorm ``(x - mean) /
   sqrt(var + eps) * gamma`` (no bias), QK RMSNorm per head before RoPE, post-attention and
-  post-MLP norms, the parallel block ``x + attn(n(x)) + mlp(n(x))`` and the logit scale.
+  post-MLP norms, the parallel block ``x + attn(n(x)) + mlp(n(x))`` and the logit scale;
+  Gemma 3's (``modeling_gemma3.py``): norms on both sides of each branch, GeGLU, scaled
+  embeddings and its attention scale (its norms' ``1 + w`` folded when weights are read).
 
 The model computes in float64 (:data:`FLOAT`, numpy matmul on the float weights): a
 float32 matrix product's last bits depend on the BLAS kernel the machine picks (its
@@ -118,9 +120,10 @@ def rope_cos_sin(config: ModelConfig, positions: np.ndarray,
 
 
 def softmax_scale(config: ModelConfig) -> float:
-    """Attention score scale: ``q_head_dim ** -0.5``, times ``mscale(factor,
-    mscale_all_dim)^2`` under DeepSeek's YaRN."""
-    scale = config.q_head_dim**-0.5
+    """Attention score scale: ``q_head_dim ** -0.5`` (``query_pre_attn_scalar ** -0.5``
+    when given: Gemma), times ``mscale(factor, mscale_all_dim)^2`` under DeepSeek's YaRN."""
+    scale = (config.q_head_dim if config.query_pre_attn_scalar is None
+             else config.query_pre_attn_scalar) ** -0.5
     rs = config.rope_scaling
     if isinstance(rs, YarnRopeScaling) and rs.mscale_all_dim:
         m = _yarn_mscale(rs.factor, rs.mscale_all_dim)
@@ -169,6 +172,26 @@ def silu(x: np.ndarray) -> np.ndarray:
     return (x / (1.0 + np.exp(-x))).astype(x.dtype)
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh form ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (Hendrycks &
+    Gimpel 2016; HF's ``gelu_pytorch_tanh``), in ``x``'s float dtype."""
+    f = x.dtype.type
+    inner = f(math.sqrt(2 / math.pi)) * (x + f(0.044715) * x * x * x)
+    return (f(0.5) * x * (f(1) + np.tanh(inner))).astype(x.dtype)
+
+
+def gate_activation(config: ModelConfig):
+    """The MLP's gate activation: :func:`silu` (SwiGLU) or :func:`gelu_tanh` (GeGLU)."""
+    return gelu_tanh if config.hidden_act == "gelu_tanh" else silu
+
+
+def embed_rows(config: ModelConfig, table: np.ndarray, tokens) -> np.ndarray:
+    """The host's embeddings: ``table``'s rows ``tokens``, float32, times ``embed_scale``."""
+    rows = table[np.asarray(tokens)].astype(np.float32)
+    scale = np.float32(config.embed_scale)
+    return rows if scale == 1 else (rows * scale).astype(np.float32)
+
+
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Numerically stable softmax in ``x``'s float dtype; ``-inf`` entries get probability
     0."""
@@ -204,6 +227,10 @@ class ReferenceModel:
         self.weights = weights if weights is not None else SyntheticWeights(config, seed=seed)
         if self.weights.config != config:
             raise ConfigError("weights: the weight source was built for another model config")
+        if config.rope_local_theta is not None:  # one RoPE table per model in kvsim
+            raise ConfigError(f"model {config.name or config.family!r}: its sliding layers "
+                              f"have their own RoPE (rope_local_theta "
+                              f"{config.rope_local_theta:g}): timing only")
         self.weight_bits = weight_bits
         self.cache_weights = cache_weights
         self._wcache: dict[tuple[str, bool], np.ndarray] = {}
@@ -289,7 +316,7 @@ class ReferenceModel:
             raise ConfigError("tokens: need at least one token")
         if t.min() < 0 or t.max() >= self.config.vocab_size:
             raise ConfigError(f"tokens: ids must lie in 0..{self.config.vocab_size - 1}")
-        return self._w("embed", quantized=False)[t]
+        return embed_rows(self.config, self._w("embed", quantized=False), t)
 
     def forward_embeddings(
         self, x: np.ndarray, *, return_hidden: bool = False
@@ -313,10 +340,13 @@ class ReferenceModel:
             if c.parallel_block:  # Cohere: one norm, attention and MLP added together
                 h = self._norm(x, p + "attn_norm")
                 x = (x + self._gqa(i, h, cos, sin) + self._swiglu(p, h)).astype(FLOAT)
-            elif c.norm_position == "post":  # EXAONE-4.0: norm each branch's output
-                attn = self._norm(self._gqa(i, x, cos, sin), p + "post_attn_norm")
+            elif c.norm_position != "pre":  # EXAONE-4.0 / Gemma: norm each branch's output
+                sandwich = c.norm_position == "sandwich"  # Gemma: and each branch's input
+                h = self._norm(x, p + "attn_norm") if sandwich else x
+                attn = self._norm(self._gqa(i, h, cos, sin), p + "post_attn_norm")
                 x = (x + attn).astype(FLOAT)
-                x = (x + self._norm(self._swiglu(p, x), p + "post_mlp_norm")).astype(FLOAT)
+                h = self._norm(x, p + "mlp_norm") if sandwich else x
+                x = (x + self._norm(self._swiglu(p, h), p + "post_mlp_norm")).astype(FLOAT)
             else:
                 h = self._norm(x, p + "attn_norm")
                 attn = self._mla(i, h, cos, sin) if c.is_mla else self._gqa(i, h, cos, sin)
@@ -425,7 +455,7 @@ class ReferenceModel:
     def _swiglu(self, prefix: str, h: np.ndarray) -> np.ndarray:
         gate = self._linear(h, prefix + "gate_proj")
         up = self._linear(h, prefix + "up_proj")
-        return self._linear(silu(gate) * up, prefix + "down_proj")
+        return self._linear(gate_activation(self.config)(gate) * up, prefix + "down_proj")
 
     def route(self, layer: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """MoE routing of normed hidden states ``h`` (n, hidden) in layer ``layer``:

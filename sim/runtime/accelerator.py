@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+import sim.runtime.tracing as tracing
 from isa.instructions import Program
 from sim.device.device import Device, ProgramRun
 from sim.device.hw import HardwareConfig, load_hardware
-from sim.runtime import tracing
-from sim.runtime.checks import RuntimeApiError, index, is_index
+from sim.runtime.errors import RuntimeApiError, index, is_index
 from sim.runtime.types import CallRecord
 from sim.units import ns_to_ps
 from traces.recorder import Recorder

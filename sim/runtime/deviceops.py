@@ -13,7 +13,8 @@ import numpy as np
 from isa.instructions import HostRead, HostWrite, Nop, Program
 from models.compiler import CompiledModel
 from sim.runtime.cacheops import rearrange_program
-from sim.runtime.checks import Request, RuntimeApiError
+from sim.runtime.checks import Request
+from sim.runtime.errors import RuntimeApiError
 from sim.runtime.rings import check_rearrange
 
 if TYPE_CHECKING:

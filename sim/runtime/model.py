@@ -13,12 +13,14 @@ from typing import Any
 
 import numpy as np
 
+import sim.runtime.cachefiles as cachefiles
+import sim.runtime.deviceops as deviceops
+import sim.runtime.edits as edits
+import sim.runtime.tracing as tracing
 from models.compiler import CompiledModel
-from sim.runtime import cachefiles, deviceops, edits, tracing
 from sim.runtime.accelerator import Accelerator
 from sim.runtime.cacheops import CacheView, EditFn, EditResult
 from sim.runtime.checks import (
-    RuntimeApiError,
     check_all_logits,
     check_bufs,
     check_filter_tail,
@@ -27,6 +29,7 @@ from sim.runtime.checks import (
     check_outputs,
     check_slot,
 )
+from sim.runtime.errors import RuntimeApiError
 from sim.runtime.types import BatchParam, BufferInfo, CacheInfo, CallRecord, ModelConfig
 
 

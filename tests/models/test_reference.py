@@ -9,7 +9,7 @@ import pytest
 
 from kvsim.errors import ConfigError
 from models.bits import W4V8, W8
-from models.config import ModelConfig, load_model, load_preset
+from models.config import ModelConfig
 from models.reference import (
     FLOAT,
     ReferenceModel,
@@ -20,6 +20,7 @@ from models.reference import (
     softmax,
     softmax_scale,
 )
+from models.source import load_model, load_preset
 from models.weights import SyntheticWeights
 
 TOKENS = [3, 17, 200, 5, 9, 44, 1, 250, 77, 128]

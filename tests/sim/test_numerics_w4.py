@@ -5,9 +5,10 @@ and the integer read path on ``aries``, teacher-forced over 257 tokens of
 
 Issue 13's target: top-1 agreement >= 0.80 and mean KL <= 0.25. Measured (deterministic:
 fixed file, fixed text, fixed encoding; calibrated with machine-independent products,
-:mod:`models.exact`): top-1 219/256 = 0.855, KL 0.0778. The numerics study's emulator measured 0.891 / 0.034 with an int16 residual
-carrying a per-token exponent and per-token q/k/v; this build keeps a static int16 residual
-scale and static q/k/v (the options the compiler builds).
+:mod:`models.exact`): top-1 219/256 = 0.855, KL 0.0778. The numerics study's emulator
+measured 0.891 / 0.034 with an int16 residual carrying a per-token exponent and per-token
+q/k/v; this build keeps a static int16 residual scale and static q/k/v (the options the
+compiler builds).
 
 Also the ``w8`` numerics (W8, rotated int16 residual) through the dequantize-on-read KV path
 (``attn.dq``, fp16 attention): measured top-1 242/256 = 0.945, KL 0.0210 (the integer read

@@ -11,7 +11,8 @@ from kvsim.errors import ConfigError
 from models.bits import build_bit_config
 from models.quality import DegenerateOutput, perplexity
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
-from sim.app.quality import bit_config, evaluate, reference_logits, source_of
+from sim.app.quality import bit_config, evaluate, reference_logits
+from sim.runtime.ready import source_of
 from tests.groups import REAL_OTHER
 
 IDS = np.random.default_rng(3).integers(0, 256, size=40)

@@ -48,19 +48,18 @@ from ... import exact
 from ...config import ModelConfig
 from ...reference import apply_rope, rms_norm, rope_cos_sin, softmax, softmax_scale
 from ...weights import QuantizedWeight, WeightSource, quantize_weight
-from ..calibrate import (
+from ..errors import CompileError
+from ..numerics import LayerQ, MlaQ, NormQ, Numerics
+from ..qparams import (
     INT8_MAX,
+    INT32_MAX,
     activation_scale,
     add_params,
     attn_params,
     gemm_params,
     norm_params,
     silu_params,
-    weight_product,
 )
-from ..calibrate_wide import INT32_MAX
-from ..errors import CompileError
-from ..numerics import LayerQ, MlaQ, NormQ, Numerics
 from ..wgroup import GroupQuantizedWeight
 from .mla_shape import MlaDims
 from .moe_calib import mlp_float, moe_params
@@ -145,7 +144,7 @@ def calibrate_mla(cfg: ModelConfig, source: WeightSource, bits_for, tokens: np.n
         return qw[name]
 
     def lin(x: np.ndarray, name: str) -> np.ndarray:
-        return weight_product(x, weight(name))
+        return exact.weight_product(x, weight(name))
 
     amax: dict[str, float] = {}
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from sim.app.typed_json import Record, ResultsError
+from .typed_json import Record, ResultsError
 
 NOT_A_COLUMN = MappingProxyType({"column": False})
 
