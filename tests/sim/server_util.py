@@ -21,6 +21,12 @@ def need_server() -> None:
         pytest.importorskip(mod, reason=SKIP_SERVER)
 
 
+def grid_cache(factory) -> Path:
+    """One step-cost grid cache for every server test of this process (the same tiny
+    config has the same grid)."""
+    return factory.getbasetemp() / "kvsim-server-grid"
+
+
 def tiny_tree(cache: Path, **server) -> dict:
     return {
         "hardware": {"preset": "tiny"}, "model": {"preset": "tiny"}, "kv": {"format": "int8"},
@@ -35,10 +41,8 @@ def tiny_tree(cache: Path, **server) -> dict:
 def running_server(tree: dict, out: Path | None = None):
     """``(base_url, service)`` of a server running the config ``tree``; on exit it shuts
     down as on SIGTERM (graceful, then the outputs into ``out``)."""
-    import uvicorn
-
     from sim.app.serve.run import write_serving_outputs
-    from sim.app.server.app import create_app
+    from sim.app.server.app import create_app, server_for
     from sim.app.server.config import build_http_config
     from sim.app.server.service import build_service, final_result
 
@@ -49,9 +53,7 @@ def running_server(tree: dict, out: Path | None = None):
         if out is not None:
             write_serving_outputs(final_result(svc), out)
 
-    server = uvicorn.Server(uvicorn.Config(
-        create_app(svc, on_stop=on_stop), log_level="warning", access_log=False,
-        lifespan="on", timeout_graceful_shutdown=cfg.server.shutdown_grace_s))
+    server = server_for(svc, create_app(svc, on_stop=on_stop))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

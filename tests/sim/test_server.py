@@ -14,7 +14,13 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.sim.server_util import SKIP_OPENAI, need_server, running_server, tiny_tree
+from tests.sim.server_util import (
+    SKIP_OPENAI,
+    grid_cache,
+    need_server,
+    running_server,
+    tiny_tree,
+)
 
 need_server()
 openai = pytest.importorskip("openai", reason=SKIP_OPENAI)
@@ -23,7 +29,7 @@ openai = pytest.importorskip("openai", reason=SKIP_OPENAI)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("server")
-    with running_server(tiny_tree(tmp / "cache"), tmp / "out") as (url, svc):
+    with running_server(tiny_tree(grid_cache(tmp_path_factory)), tmp / "out") as (url, svc):
         yield url, svc
 
 
@@ -174,9 +180,9 @@ def test_metrics_are_scraped_with_vllm_names(server):
     assert _get(url, "/health")[0] == 200
 
 
-def test_a_client_that_goes_away_is_cancelled(tmp_path):
+def test_a_client_that_goes_away_is_cancelled(tmp_path, tmp_path_factory):
     # pace real, 2,000 wall seconds per simulated second: a tiny decode step ~0.16 s
-    tree = tiny_tree(tmp_path / "cache", pace="real", time_scale=2000.0)
+    tree = tiny_tree(grid_cache(tmp_path_factory), pace="real", time_scale=2000.0)
     with running_server(tree, tmp_path / "out") as (url, svc):
         u = urlparse(url)
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
@@ -205,7 +211,7 @@ def test_a_client_that_goes_away_is_cancelled(tmp_path):
     assert m["serving"]["requests"] == 1 and m["server"]["pace"] == "real"
 
 
-def test_functional_mode_sends_the_npus_tokens(tmp_path):
+def test_functional_mode_sends_the_npus_tokens(tmp_path_factory):
     import numpy as np
 
     from models.config import load_model
@@ -214,7 +220,7 @@ def test_functional_mode_sends_the_npus_tokens(tmp_path):
     from sim.device.hw import load_hardware
     from sim.runtime import Accelerator, Model
 
-    tree = tiny_tree(tmp_path / "cache", fidelity="functional")
+    tree = tiny_tree(grid_cache(tmp_path_factory), fidelity="functional")
     with running_server(tree) as (url, svc):
         r = _client(url).completions.create(model="tiny", prompt="Hi!", max_tokens=5,
                                             temperature=0)

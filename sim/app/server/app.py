@@ -40,6 +40,30 @@ from sim.units import PS_PER_S
 log = logging.getLogger("kvsim.server")
 
 
+def server_for(svc: Service, app: FastAPI):
+    """uvicorn's server for ``app``, which on SIGINT/SIGTERM (or ``should_exit``) stops
+    accepting connections, lets the engine finish its requests for up to
+    ``server.shutdown_grace_s`` and cancel the rest (each stream then ends with its last
+    chunk or an error event), and only then lets uvicorn close the connections."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            for server in self.servers:
+                server.close()
+            await svc.engine.drain(svc.cfg.server.shutdown_grace_s)
+            await super().shutdown(sockets)
+
+    return DrainingServer(uvicorn.Config(app, log_level="warning", access_log=False,
+                                         lifespan="on",
+                                         timeout_graceful_shutdown=CLOSE_GRACE_S))
+
+
+#: Seconds uvicorn waits for connections to close after the engine has drained (each
+#: response has then sent its last chunk or error).
+CLOSE_GRACE_S = 5.0
+
+
 def create_app(svc: Service, *, on_stop: Callable[[], None] | None = None) -> FastAPI:
     """The app over a built service; ``on_stop`` runs after the engine has drained."""
 

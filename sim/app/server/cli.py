@@ -46,6 +46,10 @@ def add_http_arguments(s: argparse.ArgumentParser) -> None:
     g.add_argument("--served-model-name", help="the model id clients ask for")
 
 
+#: Pending connections the listening socket holds (uvicorn's default).
+BACKLOG = 2048
+
+
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -55,6 +59,7 @@ def _listen(host: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         raise ConfigError(f"server.port: cannot listen on {host}:{port}: {err.strerror}") from None
+    sock.listen(BACKLOG)  # connections made from here on wait for the app to start
     sock.set_inheritable(True)
     return sock
 
@@ -77,12 +82,12 @@ def cmd_serve_http(args: argparse.Namespace, console: Console) -> int:
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as err:
         raise ConfigError(f"kvsim serve --http needs the server extra: pip install "
                           f"'kvsim[server]' ({err.name} is not installed)") from None
     from sim.app.serve.run import write_serving_outputs
-    from sim.app.server.app import create_app
+    from sim.app.server.app import create_app, server_for
     from sim.app.server.config import load_http_config
     from sim.app.server.service import build_service, final_result
     from sim.progress import Phases, progress_enabled
@@ -104,10 +109,7 @@ def cmd_serve_http(args: argparse.Namespace, console: Console) -> int:
     def on_stop() -> None:
         paths.update(write_serving_outputs(final_result(svc), args.out))
 
-    app = create_app(svc, on_stop=on_stop)
-    server = uvicorn.Server(uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on",
-        timeout_graceful_shutdown=s.shutdown_grace_s))
+    server = server_for(svc, create_app(svc, on_stop=on_stop))
     host, port = sock.getsockname()[:2]
     if not args.quiet:
         console.print(f"[bold]kvsim serve --http[/bold]: {svc.model_name} on "

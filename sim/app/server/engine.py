@@ -148,13 +148,13 @@ class ServerEngine:
 
     async def drain(self, grace_s: float) -> None:
         """Take no new request; wait up to ``grace_s`` for those in flight to finish, then
-        cancel the rest; stop the chips."""
+        cancel the rest (each ends at its chip's next boundary); stop the chips. Once
+        drained, a second call returns at once."""
         self.closing = True
         loop = asyncio.get_running_loop()
         end = loop.time() + grace_s
-        while any(lv.finish is None for lv in self.lives.values()) and loop.time() < end:
-            if self.failed is not None:
-                break
+        while (any(lv.finish is None for lv in self.lives.values()) and loop.time() < end
+               and self.failed is None):
             await asyncio.sleep(0.01)
         for lv in self.lives.values():
             if lv.finish is None:
@@ -162,9 +162,11 @@ class ServerEngine:
         for ev in self._wake:
             ev.set()
         # the chips apply the cancels at their next boundary and stop when idle
-        done, pending = await asyncio.wait(self._tasks, timeout=max(1.0, grace_s))
-        for t in pending:
-            t.cancel()
+        running = [t for t in self._tasks if not t.done()]
+        if running:
+            _, pending = await asyncio.wait(running, timeout=max(1.0, grace_s))
+            for t in pending:
+                t.cancel()
         for lv in self.lives.values():
             self._finish_cancelled(lv, self.online.chips[lv.req.chip].clock_ps)
 

@@ -38,16 +38,36 @@ def error_body(message: str, *, kind: str = "invalid_request_error", param: str 
 
 
 def validation_errors(errors: list[dict[str, Any]]) -> ApiError:
-    """A pydantic/FastAPI validation error as one 400 naming the first field at fault."""
-    e = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    loc = [str(p) for p in e.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    msg = str(e.get("msg", "invalid"))
-    if e.get("type") == "json_invalid":
-        return ApiError(400, f"the body is not valid JSON: {msg}")
-    if e.get("type") == "missing":
+    """A pydantic/FastAPI validation error as one 400 naming the field at fault: the most
+    specific of the errors (a field of the union's members is named without the member),
+    the others at the same place joined by "or"."""
+    if not errors:
+        return ApiError(400, "invalid request")
+    if errors[0].get("type") == "json_invalid":
+        return ApiError(400, f"the body is not valid JSON: {errors[0].get('msg', '')}")
+    found = [(_field(e.get("loc", ())), e) for e in errors]
+    deepest = max(len(f) for f, _ in found)
+    at = [(f, e) for f, e in found if len(f) == deepest]
+    param = ".".join(at[0][0]) or None
+    if param is None:
+        return ApiError(400, "the body must be a JSON object")
+    first = at[0][1]
+    if first.get("type") == "missing":
         return ApiError(400, f"{param}: a required field is missing", param=param)
-    return ApiError(400, f"{param}: {msg}" if param else msg, param=param)
+    msgs: list[str] = []
+    for f, e in at:
+        m = str(e.get("msg", "invalid"))
+        if f == at[0][0] and m not in msgs:
+            msgs.append(m)
+    tail = [m.removeprefix("Input should be ") for m in msgs[1:]]
+    return ApiError(400, f"{param}: " + ", or ".join([msgs[0], *tail]), param=param)
+
+
+def _field(loc) -> tuple[str, ...]:
+    """An error's location without "body" and without the names pydantic gives a union's
+    members (``str``, ``list[int]``, ...)."""
+    return tuple(str(p) for p in loc if p != "body" and not (
+        isinstance(p, str) and (p in ("str", "int", "float", "bool") or "[" in p)))
 
 
 class _Strict(BaseModel):
