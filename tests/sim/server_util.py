@@ -41,17 +41,16 @@ def tiny_tree(cache: Path, **server) -> dict:
 def running_server(tree: dict, out: Path | None = None):
     """``(base_url, service)`` of a server running the config ``tree``; on exit it shuts
     down as on SIGTERM (graceful, then the outputs into ``out``)."""
-    from sim.app.serve.run import write_serving_outputs
     from sim.app.server.app import create_app, server_for
     from sim.app.server.config import build_http_config
-    from sim.app.server.service import build_service, final_result
+    from sim.app.server.service import build_service, write_outputs
 
     cfg = build_http_config(tree)
     svc = build_service(cfg)
 
     def on_stop() -> None:
         if out is not None:
-            write_serving_outputs(final_result(svc), out)
+            write_outputs(svc, out)
 
     server = server_for(svc, create_app(svc, on_stop=on_stop))
     sock = socket.socket()

@@ -52,6 +52,10 @@ def test_openai_client_completion_and_chat(server):
     assert ext["first_token_s"] == ext["token_times_s"][0] == pytest.approx(
         ext["arrival_s"] + ext["ttft_s"], rel=1e-12)
     assert bytes(ext["token_ids"]).decode() == ch.text
+    raw = c.completions.with_raw_response.create(
+        model="tiny", prompt="Hello", max_tokens=2, extra_headers={"X-Request-ID": "c-7"})
+    assert raw.headers["x-request-id"] == "c-7" and raw.headers["x-kvsim-pace"] == "none"
+    assert svc.engine.lives[raw.parse().model_extra["kvsim"]["rid"]].client_id == "c-7"
     # the same request streamed: the same text, token by token, then the usage
     chunks = list(c.completions.create(model="tiny", prompt="Hello", max_tokens=12, seed=7,
                                        stream=True, stream_options={"include_usage": True}))
@@ -208,6 +212,8 @@ def test_a_client_that_goes_away_is_cancelled(tmp_path, tmp_path_factory):
         assert chip.scheduler.used_blocks == 0  # its blocks are free again
     m = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert m["server"]["finish_reasons"] == {"cancelled": 1}
+    row = (tmp_path / "out" / "http_requests.csv").read_text().splitlines()[1].split(",")
+    assert row[:5] == ["0", "", "completions", "True", "cancelled"]
     assert m["serving"]["requests"] == 1 and m["server"]["pace"] == "real"
 
 

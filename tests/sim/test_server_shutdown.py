@@ -99,7 +99,7 @@ def test_a_signal_stops_gracefully_and_writes_the_outputs(tmp_path, tmp_path_fac
     assert m["server"]["finish_reasons"] == {"length": 1, "cancelled": 1}
     assert m["serving"]["requests"] == m["serving"]["finished_requests"] == 2
     assert {p.name for p in out.iterdir()} == {"metrics.json", "requests.csv", "trace.json",
-                                               "report.html"}
+                                               "report.html", "http_requests.csv"}
     with pytest.raises(OSError):  # the listening socket is closed
         socket.create_connection(("127.0.0.1", port), timeout=5)
 

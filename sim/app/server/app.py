@@ -69,6 +69,7 @@ def create_app(svc: Service, *, on_stop: Callable[[], None] | None = None) -> Fa
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        _warm(svc)
         svc.engine.start()
         try:
             yield
@@ -125,6 +126,16 @@ def create_app(svc: Service, *, on_stop: Callable[[], None] | None = None) -> Fa
         return await _serve(svc, body, request, chat=True)
 
     return app
+
+
+def _warm(svc: Service) -> None:
+    """Run the text paths once before the first client (the chat template's first render
+    and the tokenizer's first calls take tens of milliseconds a request would pay)."""
+    tok = svc.tok
+    ids = tok.encode("kvsim warms up")
+    tok.decode(ids)
+    if tok.chat_template:
+        tok.apply_chat_template([{"role": "user", "content": "kvsim warms up"}])
 
 
 class BodyLimit:
@@ -229,8 +240,11 @@ async def _serve(svc: Service, body: Any, request: Request, *, chat: bool) -> Re
     body.refuse_unsupported()
     ids = _prompt_ids(svc, body, chat)
     sampling = _sampling(svc, body, len(ids), chat)
+    client_id = request.headers.get("x-request-id")
     try:
-        live = svc.engine.submit(ids, sampling)
+        live = svc.engine.submit(ids, sampling, client_id=client_id,
+                                 endpoint="chat" if chat else "completions",
+                                 stream_mode=bool(body.stream))
     except Closing as err:
         raise ApiError(503, f"the server cannot take requests: {err}",
                        kind="server_error") from None
@@ -323,7 +337,7 @@ class _Format:
     def headers(self, lag_s: float | None) -> dict[str, str]:
         svc = self.svc
         h = {"x-kvsim-pace": svc.pace_header(), "x-kvsim-text": svc.text_header(),
-             "x-request-id": self.id}
+             "x-request-id": self.live.client_id or self.id}
         if svc.cfg.server.pace == "real":
             lag = lag_s or 0.0
             h["x-kvsim-lag-s"] = f"{lag:.6f}"
@@ -341,7 +355,7 @@ class _Format:
         """The request's simulated figures (seconds on the simulated clock)."""
         r, s = self.live.req, PS_PER_S
         ts = r.token_ps
-        return {"chip": r.chip, "arrival_s": r.arrival_ps / s,
+        return {"rid": self.live.rid, "chip": r.chip, "arrival_s": r.arrival_ps / s,
                 "first_token_s": ts[0] / s if ts else None,
                 "finish_s": r.finish_ps / s if r.finish_ps is not None else None,
                 "ttft_s": (ts[0] - r.arrival_ps) / s if ts else None,

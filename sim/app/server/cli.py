@@ -86,10 +86,9 @@ def cmd_serve_http(args: argparse.Namespace, console: Console) -> int:
     except ImportError as err:
         raise ConfigError(f"kvsim serve --http needs the server extra: pip install "
                           f"'kvsim[server]' ({err.name} is not installed)") from None
-    from sim.app.serve.run import write_serving_outputs
     from sim.app.server.app import create_app, server_for
     from sim.app.server.config import load_http_config
-    from sim.app.server.service import build_service, final_result
+    from sim.app.server.service import build_service, write_outputs
     from sim.progress import Phases, progress_enabled
     from traces.io import check_out_folder
 
@@ -107,7 +106,7 @@ def cmd_serve_http(args: argparse.Namespace, console: Console) -> int:
     paths: dict = {}
 
     def on_stop() -> None:
-        paths.update(write_serving_outputs(final_result(svc), args.out))
+        paths.update(write_outputs(svc, args.out))
 
     server = server_for(svc, create_app(svc, on_stop=on_stop))
     host, port = sock.getsockname()[:2]

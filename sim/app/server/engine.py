@@ -96,6 +96,9 @@ class Live:
     cancelled: bool = False
     lag_max_s: float | None = None
     scheduled_ps: int | None = None  # start of the first step it was in
+    client_id: str | None = None  # the client's X-Request-ID, if it sent one
+    endpoint: str = ""  # "completions" | "chat"
+    stream_mode: bool = False
 
     def accept(self, token: int, eos: int | None) -> tuple[str, str | None]:
         """The request's next token: ``(text to send, finish reason or None)``. Before
@@ -174,8 +177,9 @@ class ServerEngine:
     def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
         return self.online.fits(prompt_tokens, max_tokens)
 
-    def submit(self, prompt: Sequence[int], sampling: Sampling) -> Live:
-        """A new request (its tokens checked to fit): stamped, routed, its text opened."""
+    def submit(self, prompt: Sequence[int], sampling: Sampling, **about) -> Live:
+        """A new request (its tokens checked to fit): stamped, routed, its text opened;
+        ``about`` sets :class:`Live`'s ``client_id``, ``endpoint``, ``stream_mode``."""
         if self.closing or self.failed is not None:
             raise Closing(self.failed or "the server is shutting down")
         rid = next(self._ids)
@@ -189,7 +193,7 @@ class ServerEngine:
         req = Request(rid, arrival, prompt_tokens=len(prompt), output_tokens=sampling.max_tokens)
         self.online.submit(req, chip)
         live = Live(rid, req, sampling, self.text.open(rid, prompt, sampling),
-                    Detokenizer(self.tok), StopText(sampling.stop))
+                    Detokenizer(self.tok), StopText(sampling.stop), **about)
         self.lives[rid] = live
         self.metrics.arrived(chip.index)
         self._wake[chip.index].set()

@@ -4,6 +4,8 @@ and the final outputs written when it stops."""
 
 from __future__ import annotations
 
+import csv
+import io
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,13 +14,21 @@ from typing import Any
 from kvsim.errors import ConfigError
 from models.source import resolve_model
 from models.tokenizer import Tokenizer
-from sim.app.serve.run import ServeResult, ServingParts, prepare_serving, serving_metrics
+from sim.app.serve.run import (
+    ServeResult,
+    ServingParts,
+    prepare_serving,
+    serving_metrics,
+    write_serving_outputs,
+)
 from sim.app.server.config import HttpServeConfig
 from sim.app.server.engine import Pacer, ServerEngine
 from sim.app.server.metrics import ServerMetrics
 from sim.app.server.text import VocabText, server_tokenizer, tokenizer_name
 from sim.progress import Phases
 from sim.serving.online import OnlineServing
+from sim.units import PS_PER_S
+from traces.io import atomic_write_text
 
 
 @dataclass
@@ -118,3 +128,36 @@ def final_result(svc: Service) -> ServeResult:
                    "compile": parts.compile_s, "cost_model": parts.cost_s},
     }
     return ServeResult(cfg, metrics, reqs, steps, parts.geometry, parts.cost)
+
+
+def http_rows(svc: Service) -> list[dict[str, Any]]:
+    """One row per HTTP request: the client's id (its X-Request-ID) beside the simulated
+    figures, to join with a benchmark client's own records (times in simulated seconds;
+    ``itl_s``: (last token - first token) / (tokens - 1), as benchmark clients count it)."""
+    rows = []
+    for lv in svc.engine.lives.values():
+        r, s = lv.req, PS_PER_S
+        ts = r.token_ps
+        rows.append({
+            "rid": lv.rid, "client_request_id": lv.client_id or "", "endpoint": lv.endpoint,
+            "stream": lv.stream_mode, "finish_reason": lv.finish or "",
+            "prompt_tokens": r.prompt_tokens, "completion_tokens": len(lv.tokens),
+            "arrival_s": r.arrival_ps / s, "first_token_s": ts[0] / s if ts else None,
+            "ttft_s": (ts[0] - r.arrival_ps) / s if ts else None,
+            "itl_s": (ts[-1] - ts[0]) / s / (len(ts) - 1) if len(ts) > 1 else None,
+            "lag_max_s": lv.lag_max_s})
+    return rows
+
+
+def write_outputs(svc: Service, out: str | Path) -> dict[str, Path]:
+    """``kvsim serve``'s outputs of every request served, and ``http_requests.csv``
+    (:func:`http_rows`); ``metrics.json`` last, each file atomically."""
+    rows = http_rows(svc)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["rid"], lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    path = Path(out) / "http_requests.csv"
+    atomic_write_text(path, buf.getvalue())
+    return {"http_requests": path} | write_serving_outputs(final_result(svc), out)
