@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -148,6 +149,11 @@ class BodyLimit:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        # when the request arrived (its headers), before its body is read and checked:
+        # the simulated arrival is this time, not the time the engine takes it
+        state = scope.setdefault("state", {})
+        state["received"] = asyncio.get_running_loop().time()
+        state["received_unix"] = time.time()  # the same moment on the machine's clock
         for k, v in scope.get("headers", []):
             if k == b"content-length" and (not v.isdigit() or int(v) > self.limit):
                 return await _send_error(scope, send, 413,
@@ -241,8 +247,10 @@ async def _serve(svc: Service, body: Any, request: Request, *, chat: bool) -> Re
     ids = _prompt_ids(svc, body, chat)
     sampling = _sampling(svc, body, len(ids), chat)
     client_id = request.headers.get("x-request-id")
+    received = getattr(request.state, "received", None)
     try:
-        live = svc.engine.submit(ids, sampling, client_id=client_id,
+        live = svc.engine.submit(ids, sampling, received=received, client_id=client_id,
+                                 received_unix=getattr(request.state, "received_unix", None),
                                  endpoint="chat" if chat else "completions",
                                  stream_mode=bool(body.stream))
     except Closing as err:

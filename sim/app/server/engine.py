@@ -6,8 +6,9 @@ clock (:meth:`.online.OnlineServing.step`), take a token for every request that 
 one, wait until the step's end on the wall clock (``pace = "real"``: the end's simulated
 time x ``time_scale`` after the server started; ``"none"``: no wait), reach the boundary,
 then hand the tokens to their requests. A request is stamped on arrival with the latest
-of the wall clock (in simulated time), its chip's clock (just after the start of a step in
-flight) and the request before it, and joins at the next boundary.
+of the wall clock when its HTTP request arrived (in simulated time), its chip's clock
+(just after the start of a step in flight) and the request before it, and joins at the
+next boundary.
 When a step's tokens leave later than their time (the simulator or the text behind the
 clock), the lag is measured and reported (the request's header and chunks, ``/metrics``).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -46,9 +48,11 @@ class Pacer:
         self.loop = asyncio.get_running_loop()
         self.t0 = self.loop.time()
 
-    def now_ps(self) -> int:
-        """The wall clock since the start, in simulated picoseconds."""
-        return int((self.loop.time() - self.t0) / self.scale * PS_PER_S)
+    def now_ps(self, at: float | None = None) -> int:
+        """The wall clock (now, or the loop time ``at``) since the start, in simulated
+        picoseconds."""
+        t = self.loop.time() if at is None else at
+        return int((t - self.t0) / self.scale * PS_PER_S)
 
     def wall(self, ps: int) -> float:
         return self.t0 + ps / PS_PER_S * self.scale
@@ -94,9 +98,13 @@ class Live:
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None
     cancelled: bool = False
-    lag_max_s: float | None = None
+    lag_max_s: float | None = None  # pace real: the largest lag of its tokens (wall s)
+    lag_first_s: float | None = None  # ... of its first token
+    lag_last_s: float | None = None  # ... of its latest token
     scheduled_ps: int | None = None  # start of the first step it was in
     client_id: str | None = None  # the client's X-Request-ID, if it sent one
+    received_unix: float | None = None  # when its HTTP request arrived (time.time())
+    first_unix: float | None = None  # when its first token was handed to the response
     endpoint: str = ""  # "completions" | "chat"
     stream_mode: bool = False
 
@@ -177,9 +185,11 @@ class ServerEngine:
     def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
         return self.online.fits(prompt_tokens, max_tokens)
 
-    def submit(self, prompt: Sequence[int], sampling: Sampling, **about) -> Live:
-        """A new request (its tokens checked to fit): stamped, routed, its text opened;
-        ``about`` sets :class:`Live`'s ``client_id``, ``endpoint``, ``stream_mode``."""
+    def submit(self, prompt: Sequence[int], sampling: Sampling, *,
+               received: float | None = None, **about) -> Live:
+        """A new request (its tokens checked to fit): stamped, routed, its text opened.
+        ``received``: the loop time its HTTP request arrived (default: now); ``about``
+        sets :class:`Live`'s ``client_id``, ``endpoint``, ``stream_mode``."""
         if self.closing or self.failed is not None:
             raise Closing(self.failed or "the server is shutting down")
         rid = next(self._ids)
@@ -188,7 +198,8 @@ class ServerEngine:
         # chip's clock, and after the start of a step in flight (it was planned without
         # them): replayed offline, the same arrivals give the same schedule
         inflight = 1 if chip.in_flight is not None else 0
-        arrival = max(self.pacer.now_ps(), chip.clock_ps + inflight, self._last_arrival)
+        arrival = max(self.pacer.now_ps(received), chip.clock_ps + inflight,
+                      self._last_arrival)
         self._last_arrival = arrival
         req = Request(rid, arrival, prompt_tokens=len(prompt), output_tokens=sampling.max_tokens)
         self.online.submit(req, chip)
@@ -241,9 +252,15 @@ class ServerEngine:
                 self.lag_max_s = max(self.lag_max_s, lag)
                 self.late_steps += late
             self.metrics.step(chip, step, lag, late)
+            now_unix = time.time()
             for live, piece in out:
-                if lag is not None:
+                if live.first_unix is None and piece.token_index >= 0:
+                    live.first_unix = now_unix
+                if lag is not None and piece.token_index >= 0:
                     live.lag_max_s = max(live.lag_max_s or 0.0, lag)
+                    if live.lag_first_s is None:
+                        live.lag_first_s = lag
+                    live.lag_last_s = lag
                 live.pieces.put_nowait(Piece(piece.text, piece.token_index, piece.t_ps, lag,
                                              piece.finish, piece.error))
                 if piece.finish is not None:

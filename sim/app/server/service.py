@@ -133,7 +133,11 @@ def final_result(svc: Service) -> ServeResult:
 def http_rows(svc: Service) -> list[dict[str, Any]]:
     """One row per HTTP request: the client's id (its X-Request-ID) beside the simulated
     figures, to join with a benchmark client's own records (times in simulated seconds;
-    ``itl_s``: (last token - first token) / (tokens - 1), as benchmark clients count it)."""
+    ``itl_s``: (last token - first token) / (tokens - 1), as benchmark clients count it;
+    ``lag_*_s``: under ``--pace real``, how late (wall seconds) its tokens left: the
+    largest, the first's, the last's; ``*_unix_s``: the machine's clock (``time.time()``)
+    when the HTTP request arrived and when its first token went to the response, which a
+    client on the same machine can set beside its own send and receive times)."""
     rows = []
     for lv in svc.engine.lives.values():
         r, s = lv.req, PS_PER_S
@@ -145,7 +149,9 @@ def http_rows(svc: Service) -> list[dict[str, Any]]:
             "arrival_s": r.arrival_ps / s, "first_token_s": ts[0] / s if ts else None,
             "ttft_s": (ts[0] - r.arrival_ps) / s if ts else None,
             "itl_s": (ts[-1] - ts[0]) / s / (len(ts) - 1) if len(ts) > 1 else None,
-            "lag_max_s": lv.lag_max_s})
+            "lag_max_s": lv.lag_max_s, "lag_first_s": lv.lag_first_s,
+            "lag_last_s": lv.lag_last_s, "received_unix_s": lv.received_unix,
+            "first_token_unix_s": lv.first_unix})
     return rows
 
 

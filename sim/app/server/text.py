@@ -14,6 +14,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -220,3 +221,24 @@ class StopText:
     def flush(self) -> str:
         out, self.held = self.held, ""
         return out
+
+
+def save_hf_tokenizer(tok: Tokenizer, folder: str | Path) -> Path:
+    """Write ``tok`` as a Hugging Face tokenizer folder (``tokenizer.json`` and
+    ``tokenizer_config.json`` with its special tokens and chat template), the form
+    benchmark clients load (``AutoTokenizer.from_pretrained(folder)``)."""
+    import json
+
+    d = Path(folder)
+    d.mkdir(parents=True, exist_ok=True)
+    tok.backend.save(str(d / "tokenizer.json"))
+    b = tok.backend
+    cfg: dict[str, object] = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    if tok.bos_id is not None:
+        cfg["bos_token"] = b.id_to_token(tok.bos_id)
+    if tok.eos_id is not None:
+        cfg["eos_token"] = b.id_to_token(tok.eos_id)
+    if tok.chat_template:
+        cfg["chat_template"] = tok.chat_template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    return d
