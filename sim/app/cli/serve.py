@@ -50,7 +50,7 @@ def print_serve_summary(metrics: dict, paths: dict, console: Console) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
-    if args.http:
+    if getattr(args, "http", False):
         from sim.app.server.cli import cmd_serve_http
 
         return cmd_serve_http(args, console)
