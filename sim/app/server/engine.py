@@ -108,6 +108,11 @@ class Live:
     endpoint: str = ""  # "completions" | "chat"
     stream_mode: bool = False
 
+    def release(self) -> None:
+        """The request has ended: its text state goes (the figures stay)."""
+        self.stream.close()
+        self.detok = self.stops = None
+
     def accept(self, token: int, eos: int | None) -> tuple[str, str | None]:
         """The request's next token: ``(text to send, finish reason or None)``. Before
         ``min_tokens`` neither the end-of-sequence token nor a stop sequence ends the text
@@ -144,6 +149,7 @@ class ServerEngine:
         self.lives: dict[int, Live] = {}
         self._ids = itertools.count()
         self._wake = [asyncio.Event() for _ in online.chips]
+        self._cancelled: list[list[Live]] = [[] for _ in online.chips]  # to drop, per chip
         self._tasks: list[asyncio.Task] = []
         self.closing = False
         self.failed: str | None = None
@@ -215,6 +221,7 @@ class ServerEngine:
         if live.finish is None and not live.cancelled:
             live.cancelled = True
             live.stream.close()
+            self._cancelled[live.req.chip].append(live)
             self._wake[live.req.chip].set()
 
     # --- the chips ---------------------------------------------------------------------------
@@ -277,7 +284,7 @@ class ServerEngine:
         out = []
         for req in step.sampled:
             lv = self.lives[req.rid]
-            if lv.finish is not None:
+            if lv.finish is not None or lv.cancelled:  # it leaves at the next boundary
                 continue
             try:
                 token = await lv.stream.next()
@@ -292,20 +299,21 @@ class ServerEngine:
                                    f"text going on ({len(lv.tokens)} tokens)")
             if finish is not None:
                 lv.finish = finish
-                lv.stream.close()
+                lv.release()
                 online_abort(self.online, req, end)
             out.append((lv, Piece(text, len(lv.tokens) - 1, end, None, finish)))
         return out
 
     def _drop_cancelled(self, chip: OnlineChip) -> None:
-        for lv in self.lives.values():
-            if lv.cancelled and lv.finish is None and lv.req.chip == chip.index:
-                self._finish_cancelled(lv, chip.clock_ps)
+        gone = self._cancelled[chip.index]
+        while gone:
+            self._finish_cancelled(gone.pop(), chip.clock_ps)
 
     def _finish_cancelled(self, lv: Live, at_ps: int) -> None:
         if lv.finish is not None:
             return
         lv.finish = "cancelled"
+        lv.release()
         online_abort(self.online, lv.req, at_ps)
         lv.pieces.put_nowait(Piece("", -1, at_ps, None, "cancelled"))
         self.metrics.finished(lv)
