@@ -5,6 +5,10 @@ see them) over calibration tokens records the largest magnitude of every activat
 tensor the device stores as int8; its scale is ``absmax * MARGIN / 127``. The integer
 multipliers, shifts and gains of :mod:`numerics` follow from these scales, the weights'
 per-row scales and the kernels' formulas (``isa/kernels``).
+
+The pass is float32, as the float model is, but its matrix products are
+:mod:`models.exact`'s: the scales decide integers, so they must not depend on the BLAS
+kernel of the machine that compiles.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import numpy as np
 
 from isa.kernels.fixed import quantize_multiplier
 
+from .. import exact
 from ..config import ModelConfig
 from ..reference import (
     apply_rope,
@@ -47,6 +52,15 @@ SILU_OUT_MULT_BITS = 23
 #: Attention: logits in Q20, probabilities in Q24 (isa.kernels.attention).
 LOGIT_Q = 20
 PROB_Q = 24
+
+
+def weight_product(x: np.ndarray, qw: QuantizedWeight | GroupQuantizedWeight) -> np.ndarray:
+    """``x @ W.T`` for the quantized ``W = ints * scales[:, None]`` (``x`` ``[n, k]``),
+    float32, the same on every machine (:func:`models.exact.matmul` over the integers,
+    then the row scales)."""
+    ints = qw.codes() if isinstance(qw, QuantizedWeight) else qw.integer_weights()
+    y = exact.matmul(x, ints.T.astype(np.float64), b_integer=True)
+    return (y * qw.scales.astype(np.float64)[None, :]).astype(np.float32)
 
 
 def activation_scale(absmax: float) -> float:
@@ -154,7 +168,7 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
     def lin(x: np.ndarray, name: str, bias: str | None = None) -> np.ndarray:
         if name not in qw:
             qw[name] = quantize(name)
-        y = x @ qw[name].dequantize().T
+        y = weight_product(x, qw[name])
         if bias is not None:
             y = y + source.tensor(bias)
         return y.astype(np.float32)
@@ -193,9 +207,10 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
         g = H // KV
         kk = np.repeat(k, g, axis=1)
         vv = np.repeat(v, g, axis=1)
-        s = np.einsum("nhd,thd->hnt", q, kk) * scale
+        s = exact.matmul(q.transpose(1, 0, 2), kk.transpose(1, 2, 0)).astype(np.float32) * scale
         s = np.where(masked[None], -np.inf, s)
-        ao = np.einsum("hnt,thd->nhd", softmax(s, axis=-1), vv).reshape(n, H * hd)
+        ao = exact.matmul(softmax(s, axis=-1), vv.transpose(1, 0, 2)).transpose(1, 0, 2)
+        ao = ao.reshape(n, H * hd)
         ao = rec(f"{i}.ao", ao.astype(np.float32))
         o = rec(f"{i}.o", lin(ao, p + "o_proj", p + "o_bias" if cfg.o_bias else None))
         if post:

@@ -42,6 +42,7 @@ from .calibrate import (
     calibrate,
     calibration_tokens,
     norm_params,
+    weight_product,
 )
 from .numerics import AddQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ, residual_bits
 from .rotation import RotatedWeights, head_tensor, rotated_layer_norm
@@ -226,7 +227,7 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
         layers.append(L)
     final, s_fn = wide_norm_params(source.tensor("final_norm"), s[f"x{cfg.num_layers}"], eps, h)
     head_w = quantize_matrix(head_tensor(source), bits_for(cfg.lm_head_tensor), group)
-    logits = fn.astype(np.float64) @ head_w.dequantize().astype(np.float64).T
+    logits = weight_product(fn, head_w)
     s["logits"] = max(float(np.abs(logits).max()), 1e-6) * MARGIN / 2.0**LOGITS_Q
     head = gemm_row_params(s_fn, head_w, s["logits"], None, rowed=True, out_bits=32)
     row_scale = np.full(cfg.vocab_size, s["logits"] * cfg.logit_scale, np.float32)

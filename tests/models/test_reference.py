@@ -11,6 +11,7 @@ from kvsim.errors import ConfigError
 from models.bits import W4V8, W8
 from models.config import ModelConfig, load_model, load_preset
 from models.reference import (
+    FLOAT,
     ReferenceModel,
     apply_rope,
     rms_norm,
@@ -80,7 +81,7 @@ def test_prefill_then_decode_equals_full_prefill(variant: str) -> None:
     c = _config(variant)
     m = ReferenceModel(c, seed=11)
     full = m.prefill(TOKENS)
-    assert full.shape == (len(TOKENS), c.vocab_size) and full.dtype == np.float32
+    assert full.shape == (len(TOKENS), c.vocab_size) and full.dtype == FLOAT == np.float64
     assert np.all(np.isfinite(full)) and full.std() > 0.01
     full_cache = m.kv_cache()
     n = 6
