@@ -182,6 +182,15 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     if args.axis:
         raise ConfigError("--axis: only a sweep file (with [axes]) takes axes")
     apply_sets(tree, args.set or [])
+    if config_kind(tree) == "server":
+        from sim.app.server.config import build_http_config
+
+        cfg = build_http_config(tree)
+        s = cfg.server
+        print(f"ok: server of {cfg.model.preset or cfg.model.hf_config} on "
+              f"{cfg.serving.chips} x {cfg.hardware.name} at {s.host}:{s.port} (kvsim serve "
+              f"--http), pace {s.pace}")
+        return 0
     if config_kind(tree) == "serve":
         from sim.app.serve.config import build_serve_config
 

@@ -12,23 +12,28 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kvsim.errors import ConfigError
 from sim.app.console import fmt_bytes_per_s, fmt_s
 from sim.progress import Phases, progress_enabled
 from traces.results import GenerateMetrics, RunMetrics
 
 
 def config_kind(tree: dict) -> str:
-    """What a config file is: ``"sweep"`` (it has ``[axes]``), ``"serve"`` (it has
-    ``[serving]``) or ``"run"``."""
+    """What a config file is: ``"sweep"`` (it has ``[axes]``), ``"server"`` (it has
+    ``[server]``: ``kvsim serve --http``), ``"serve"`` (it has ``[serving]``) or
+    ``"run"``."""
     from sim.app.sweep.sweep import is_sweep_tree
 
     if is_sweep_tree(tree):
         return "sweep"
+    if "server" in tree:
+        return "server"
     return "serve" if "serving" in tree else "run"
 
 
 #: The output folder of each kind of config when ``--out`` is not given (each command's).
-DEFAULT_OUT = {"run": "kvsim-out", "sweep": "kvsim-sweep", "serve": "kvsim-serve"}
+DEFAULT_OUT = {"run": "kvsim-out", "sweep": "kvsim-sweep", "serve": "kvsim-serve",
+               "server": "kvsim-serve"}
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -41,6 +46,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         from sim.app.config import load_tree
 
         kind = config_kind(load_tree(args.config))
+    if kind == "server":  # a server runs until stopped: not what kvsim run starts
+        raise ConfigError(f"{args.config} is a server config (it has [server]): start it "
+                          f"with kvsim serve --http {args.config}")
     out = args.out or DEFAULT_OUT[kind]
     from sim.app.cli.sweep import cmd_sweep
 

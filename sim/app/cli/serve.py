@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from kvsim.errors import ConfigError
 from traces.serving_results import ServingMetrics
 
 
@@ -51,6 +52,15 @@ def print_serve_summary(metrics: ServingMetrics, paths: dict, console: Console) 
 
 
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
+    if getattr(args, "http", False):
+        from sim.app.server.cli import cmd_serve_http
+
+        return cmd_serve_http(args, console)
+    from sim.app.server.cli import FLAGS
+
+    given = [f for f in FLAGS if getattr(args, f, None) is not None]
+    if given:
+        raise ConfigError(f"--{given[0].replace('_', '-')}: only with --http")
     from kvsim.files import check_out_folder
     from sim.app.serve.config import load_serve_config
     from sim.app.serve.run import run_serving, write_serving_outputs
@@ -77,6 +87,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="override any field, e.g. --set serving.workload.requests=100")
     s.add_argument("--out", default="kvsim-serve", help="output folder (default: kvsim-serve)")
     s.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    from sim.app.server.cli import add_http_arguments
+
+    add_http_arguments(s)
     s.set_defaults(func=cmd_serve)
     return s
 

@@ -240,18 +240,26 @@ def _mean_occupancy(steps: list[list[StepRecord]], geo: KvGeometry) -> float:
     return num / den / geo.num_blocks if den and geo.num_blocks else 0.0
 
 
-def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeResult:
-    """Compile, build the step-cost model, serve every request, gather the metrics;
-    ``progress`` hears the phases (compile, the cost grid's points, requests finished)."""
-    t_start = time.perf_counter()
+@dataclass
+class ServingParts:
+    """What a serving simulation runs on, built from a config: the compiled model, the KV
+    block pool, the step and swap cost models and the scheduler's settings."""
+
+    cm: CompiledModel
+    geometry: KvGeometry
+    cost: StepCostModel
+    swap: SwapCost
+    scheduler: SchedulerConfig
+    compile_s: float  # wall time of the compile
+    cost_s: float  # wall time of the step cost model (its grid)
+
+
+def prepare_serving(cfg: ServeConfig, max_len: int, *,
+                    progress: Phases | None = None) -> ServingParts:
+    """Compile the config's model for sequences of up to ``max_len`` tokens, and build the
+    KV pool and the cost models (``progress`` hears the compile and the grid's points)."""
     s = cfg.serving
     hw = cfg.hardware
-    requests = make_requests(s.workload)
-    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
-    max_len = s.max_model_len or longest
-    if longest > max_len:
-        raise CompileError(f"serving.max_model_len {max_len} is shorter than the longest "
-                           f"request ({longest} tokens)")
     src = run_source(cfg)  # the model, resolved once
     bits = cfg.bits.bit_config(cfg.kv)
     if progress is not None:
@@ -276,12 +284,30 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
     sched = SchedulerConfig(max_num_seqs=s.max_num_seqs,
                             max_num_batched_tokens=s.max_num_batched_tokens,
                             chunked_prefill=s.chunked_prefill, preemption=s.preemption)
+    return ServingParts(cm, geo, cost, SwapCost(cm, hw), sched, compile_s, cost_s)
+
+
+def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeResult:
+    """Compile, build the step-cost model, serve every request, gather the metrics;
+    ``progress`` hears the phases (compile, the cost grid's points, requests finished)."""
+    t_start = time.perf_counter()
+    s = cfg.serving
+    hw = cfg.hardware
+    requests = make_requests(s.workload)
+    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
+    max_len = s.max_model_len or longest
+    if longest > max_len:
+        raise CompileError(f"serving.max_model_len {max_len} is shorter than the longest "
+                           f"request ({longest} tokens)")
+    parts = prepare_serving(cfg, max_len, progress=progress)
+    cm, geo, cost, c = parts.cm, parts.geometry, parts.cost, s.cost
+    compile_s, cost_s = parts.compile_s, parts.cost_s
     if progress is not None:
         progress.start("serve requests", total=len(requests))
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    sim = ServingSim(requests, chips=s.chips, scheduler=sched, geometry=geo,
-                     step_cost=cost.step_ps, swap_cost=SwapCost(cm, hw), router=s.router,
+    sim = ServingSim(requests, chips=s.chips, scheduler=parts.scheduler, geometry=geo,
+                     step_cost=cost.step_ps, swap_cost=parts.swap, router=s.router,
                      plan_cost=cost.plan_ps if c.mode == "grid" else None,
                      on_finish=None if progress is None else progress.advance)
     try:
