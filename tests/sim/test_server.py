@@ -220,11 +220,9 @@ def test_a_client_that_goes_away_is_cancelled(tmp_path, tmp_path_factory):
 def test_functional_mode_sends_the_npus_tokens(tmp_path_factory):
     import numpy as np
 
-    from models.config import load_model
-    from models.source import resolve_model
-    from sim.app.quality import compile_for_text
+    from models.source import load_model, resolve_model
+    from sim.app.quality import ready_for_text
     from sim.device.hw import load_hardware
-    from sim.runtime import Accelerator, Model
 
     tree = tiny_tree(grid_cache(tmp_path_factory), fidelity="functional")
     with running_server(tree) as (url, svc):
@@ -234,17 +232,14 @@ def test_functional_mode_sends_the_npus_tokens(tmp_path_factory):
         assert r.system_fingerprint == "functional; tokenizer=bytes"
     assert len(ids) == 5 and load_model("tiny").vocab_size == 256
     # the same prompt through the same compiled model, greedily, outside the server
-    src = resolve_model("tiny")
-    hw = load_hardware("tiny")
     bits = svc.cfg.bits.bit_config(svc.cfg.kv)
-    cm = compile_for_text(src, bits, kv="int8", hw=hw, tokens=svc.max_model_len)
-    model = Model(cm)
-    model.launch(Accelerator(hw=hw, functional=True))
-    embed = cm.weight_source().tensor("embed")
-    [logits] = model.infer(embed[list(b"Hi!")].astype(np.float32), cache_size=0)
+    ready = ready_for_text(resolve_model("tiny"), bits, kv="int8", hw=load_hardware("tiny"),
+                           tokens=svc.max_model_len)
+    model = ready.launch()
+    [logits] = model.infer(ready.embed(list(b"Hi!")), cache_size=0)
     want = []
     for k in range(5):
         want.append(int(np.argmax(logits)))
-        [logits] = model.infer(embed[[want[-1]]].astype(np.float32), cache_size=3 + k)
+        [logits] = model.infer(ready.embed([want[-1]]), cache_size=3 + k)
     model.dispose()
     assert ids == want

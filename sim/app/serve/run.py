@@ -41,6 +41,7 @@ from sim.serving.scheduler import Request, SchedulerConfig
 from sim.serving.workload import make_requests
 from traces.serving_results import (
     ChipFigures,
+    HttpServingMetrics,
     KvPoolFigures,
     OccupancySeries,
     ServingCompiledFigures,
@@ -64,7 +65,7 @@ class ServeResult:
     requests and steps."""
 
     config: ServeConfig | None
-    metrics: ServingMetrics
+    metrics: ServingMetrics | HttpServingMetrics
     requests: list[Request]
     steps: list[list[StepRecord]]
     geometry: KvGeometry

@@ -86,8 +86,7 @@ def cmd_serve_http(args: argparse.Namespace, console: Console) -> int:
     except ImportError as err:
         raise ConfigError(f"kvsim serve --http needs the server extra: pip install "
                           f"'kvsim[server]' ({err.name} is not installed)") from None
-    from traces.io import check_out_folder
-
+    from kvsim.files import check_out_folder
     from sim.app.server.app import create_app, server_for
     from sim.app.server.config import load_http_config
     from sim.app.server.service import build_service, write_outputs

@@ -24,11 +24,10 @@ from models.bits import BitConfig
 from models.quality import degenerate_logits
 from models.source import ModelSource
 from models.tokenizer import Tokenizer
-from sim.app.quality import compile_for_text
+from sim.app.quality import ready_for_text
 from sim.app.server.text import Sampling, tokenizer_name
 from sim.app.textgen import Sampler
 from sim.device.hw import HardwareConfig
-from sim.runtime import Accelerator, Model
 
 
 class NpuTextError(RuntimeError):
@@ -74,11 +73,10 @@ class NpuText:
         self.src = src
         self.tok = tokenizer
         self.seed = seed
-        self.cm = compile_for_text(src, bits, kv=kv, hw=hw, tokens=max_len, seed=weights_seed)
-        self.acc = Accelerator(hw=hw, functional=True)
-        self.model = Model(self.cm)
-        self.model.launch(self.acc)
-        self.embed = self.cm.weight_source().tensor("embed")
+        self.ready = ready_for_text(src, bits, kv=kv, hw=hw, tokens=max_len,
+                                    seed=weights_seed)
+        self.cm = self.ready.compiled
+        self.model = self.ready.launch()
         self.jobs: queue.Queue[NpuStream | None] = queue.Queue()
         self.thread = threading.Thread(target=self._work, name="kvsim-npu-text", daemon=True)
         self.thread.start()
@@ -115,7 +113,7 @@ class NpuText:
         cache, logits = 0, None
         for t0 in range(0, len(job.prompt), cm.max_seq):
             chunk = np.asarray(job.prompt[t0:t0 + cm.max_seq])
-            [logits] = model.infer(self.embed[chunk].astype(np.float32), cache_size=cache)
+            [logits] = model.infer(self.ready.embed(chunk), cache_size=cache)
             cache += chunk.size
         pick = Sampler(s.temperature, job.seed).picker()
         eos = self.tok.eos_id
@@ -128,5 +126,5 @@ class NpuText:
             ended = t == eos and not s.ignore_eos and k + 1 >= s.min_tokens
             if ended or k + 1 == s.max_tokens or job.closed.is_set():
                 return
-            [logits] = model.infer(self.embed[[t]].astype(np.float32), cache_size=cache)
+            [logits] = model.infer(self.ready.embed([t]), cache_size=cache)
             cache += 1

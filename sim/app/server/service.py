@@ -9,11 +9,11 @@ import io
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
-from traces.io import atomic_write_text
-
 from kvsim.errors import ConfigError
+from kvsim.files import atomic_write_text
 from models.source import resolve_model
 from models.tokenizer import Tokenizer
 from sim.app.serve.run import (
@@ -30,6 +30,12 @@ from sim.app.server.text import VocabText, server_tokenizer, tokenizer_name
 from sim.progress import Phases
 from sim.serving.online import OnlineServing
 from sim.units import PS_PER_S
+from traces.serving_results import (
+    HttpServingMetrics,
+    ServerFigures,
+    ServerWallFigures,
+    ServingCompiledFigures,
+)
 
 
 @dataclass
@@ -107,27 +113,27 @@ def final_result(svc: Service) -> ServeResult:
     for lv in engine.lives.values():
         ends[lv.finish or "unfinished"] = ends.get(lv.finish or "unfinished", 0) + 1
     s = cfg.server
-    metrics = {
-        "config": cfg.resolved(),
-        "scenario": (f"kvsim serve --http: {len(reqs)} requests of its clients, "
-                     f"{svc.model_name} {cfg.bits.label} kv={cfg.kv.format} on "
-                     f"{cfg.serving.chips} x {cfg.hardware.name}, pace {svc.pace_header()}"),
-        "serving": serving,
-        "server": {
-            "pace": s.pace, "time_scale": s.time_scale, "fidelity": s.fidelity,
-            "text": svc.text.describe(), "tokenizer": tokenizer_name(svc.tok),
-            "max_model_len": svc.max_model_len, "finish_reasons": ends,
-            "lag_max_s": engine.lag_max_s if s.pace == "real" else None,
-            "late_steps": engine.late_steps if s.pace == "real" else None,
-            "lag_tolerance_s": s.lag_tolerance_s, "failed": engine.failed,
-        },
-        "cost_model": parts.cost.describe(),
-        "compiled": {"m_tile": parts.cm.m_tile, "cache_length": parts.cm.cap,
-                     "weight_bytes": parts.cm.mm.bytes_of_kind("weights"),
-                     "max_step_tokens": parts.cm.max_seq},
-        "wall_s": {"total": time.perf_counter() - svc.wall_start,
-                   "compile": parts.compile_s, "cost_model": parts.cost_s},
-    }
+    metrics = HttpServingMetrics(
+        config=MappingProxyType(cfg.resolved()),
+        scenario=(f"kvsim serve --http: {len(reqs)} requests of its clients, "
+                  f"{svc.model_name} {cfg.bits.label} kv={cfg.kv.format} on "
+                  f"{cfg.serving.chips} x {cfg.hardware.name}, pace {svc.pace_header()}"),
+        serving=serving,
+        server=ServerFigures(
+            pace=s.pace, time_scale=s.time_scale, fidelity=s.fidelity,
+            text=svc.text.describe(), tokenizer=tokenizer_name(svc.tok),
+            max_model_len=svc.max_model_len, finish_reasons=MappingProxyType(ends),
+            lag_max_s=engine.lag_max_s if s.pace == "real" else None,
+            late_steps=engine.late_steps if s.pace == "real" else None,
+            lag_tolerance_s=s.lag_tolerance_s, failed=engine.failed),
+        cost_model=MappingProxyType(parts.cost.describe()),
+        compiled=ServingCompiledFigures(m_tile_tokens=parts.cm.m_tile,
+                                        cache_tokens=parts.cm.cap,
+                                        weight_bytes=parts.cm.mm.bytes_of_kind("weights"),
+                                        max_step_tokens=parts.cm.max_seq),
+        wall_s=ServerWallFigures(total=time.perf_counter() - svc.wall_start,
+                                 compile=parts.compile_s, cost_model=parts.cost_s),
+    )
     return ServeResult(cfg, metrics, reqs, steps, parts.geometry, parts.cost)
 
 
