@@ -13,6 +13,8 @@ runs on the host), and the tokenizer files. :func:`write_folder` writes the same
   (how the model was compiled);
 - ``model.safetensors``: ``embed_tokens.weight``, the embedding table the card expects
   (rotated where the numerics rotate the residual stream; float32);
+- ``proxy_llama.py`` (``auto_map``): the module ``trust_remote_code=True`` loads, which takes
+  the classes from the installed transformers-mblt, as the Hub folders' proxies do;
 - ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``: the model's
   tokenizer (SmolLM2's: built from its GGUF by the ``tokenizers`` library) and chat
   template; ``generation_config.json``: the BOS/EOS ids.
@@ -32,9 +34,12 @@ import numpy as np
 
 from kvsim.errors import ConfigError
 
-#: kvsim model families -> the vendor's model type and class (transformers-mblt 0.6.1)
-VENDOR_TYPES = {"llama": ("mobilint-llama", "MobilintLlamaForCausalLM"),
-                "qwen2": ("mobilint-qwen2", "MobilintQwen2ForCausalLM")}
+#: kvsim model families -> the vendor's model type, its module in transformers-mblt 0.6.1
+#: (``transformers_mblt.models.<module>``) and its config and model classes
+VENDOR_TYPES = {"llama": ("mobilint-llama", "llama", "MobilintLlamaConfig",
+                          "MobilintLlamaForCausalLM"),
+                "qwen2": ("mobilint-qwen2", "qwen2", "MobilintQwen2Config",
+                          "MobilintQwen2ForCausalLM")}
 #: the vendor's default prefill chunk (transformers-mblt ``_DEFAULT_PREFILL_CHUNK_SIZE``)
 VENDOR_CHUNK = 128
 
@@ -94,6 +99,20 @@ def _tokenizer_files(out: Path, src: Any, vocab: int, cap: int) -> tuple[int | N
     return bos, eos
 
 
+def _proxy(folder: Path, module: str, config_cls: str, arch: str) -> None:
+    """The folder's remote-code module (``auto_map``), as the vendor's Hub folders carry one
+    for loading with ``trust_remote_code=True`` (its TPS harness loads so): it only takes
+    the classes from the installed transformers-mblt."""
+    from traces.io import atomic_write_text
+
+    atomic_write_text(folder / f"proxy_{module}.py", (
+        f'"""The {config_cls} / {arch} classes of this folder\'s model type, from the\n'
+        f'installed transformers-mblt (written by kvsim vendor folder)."""\n\n'
+        f"from transformers_mblt.models.{module}.configuration_{module} import {config_cls}\n"
+        f"from transformers_mblt.models.{module}.modeling_{module} import {arch}\n\n"
+        f'__all__ = ["{config_cls}", "{arch}"]\n'))
+
+
 def _numerics_name(opts: Any) -> Any:
     from models.bits import NUMERICS_PRESETS
 
@@ -137,9 +156,13 @@ def write_folder(model: str, out: str | Path, *, bits: str = "W8", numerics: str
     save_file({"embed_tokens.weight": table}, str(folder / "model.safetensors"),
               metadata={"format": "pt"})
     bos, eos = _tokenizer_files(folder, src, cfg.vocab_size, cap)
-    model_type, arch = VENDOR_TYPES[cfg.family]
+    model_type, module, config_cls, arch = VENDOR_TYPES[cfg.family]
+    _proxy(folder, module, config_cls, arch)
     vendor_mode = {"single": "single", "global4": "global4", "global8": "global8"}[mode]
     conf = {"architectures": [arch], "model_type": model_type, "mxq_path": kvm.name,
+            "auto_map": {"AutoConfig": f"proxy_{module}.{config_cls}",
+                         "AutoModel": f"proxy_{module}.{arch}",
+                         "AutoModelForCausalLM": f"proxy_{module}.{arch}"},
             "target_device": "regulus-ra" if hwc.name.startswith("regulus") else "aries-rb",
             "core_mode": vendor_mode, "max_batch_size": slots,
             "npu_prefill_chunk_size": max_seq, **_hf_fields(cfg),

@@ -8,7 +8,8 @@ exports (``__all__``, or every public name, following ``from .x import *`` the w
 does), and for every class and function defined in the package its methods, properties,
 enum members and parameters (name, kind, default as source text). Names the package only
 re-exports from elsewhere (``numpy``, ``typing``, ``enum``) are not its surface; the one
-name it takes from its native library, ``QbRuntimeError``, is (an exception class).
+name it takes from its native library (``qbruntime.qbruntime``, a compiled module named
+after the package), ``QbRuntimeError``, is (an exception class).
 
 The snapshot kvsim is tested against (``data/qbruntime-1.5.0.surface.json``) is made by::
 
@@ -45,8 +46,6 @@ from kvsim.errors import ConfigError
 DATA = Path(__file__).resolve().parent / "data"
 #: The snapshot of mobilint-qb-runtime 1.5.0's surface.
 QBRUNTIME_SNAPSHOT = DATA / "qbruntime-1.5.0.surface.json"
-#: Modules the surface leaves out: the native library itself (compiled, no Python source).
-NATIVE_MODULE = "qbruntime"
 
 
 # --- reading the package ------------------------------------------------------------------
@@ -177,7 +176,7 @@ def _namespace(mods: dict[str, _Module], name: str, package: str,
                         m.all = [ast.literal_eval(e) for e in node.value.elts]
         elif isinstance(node, ast.ImportFrom):
             src = m.resolve(node.level, node.module) if node.level else (node.module or "")
-            native = src == f"{package}.{NATIVE_MODULE}"
+            native = src == f"{package}.{package}"  # the compiled library
             for a in node.names:
                 if a.name == "*":
                     if src in mods:
