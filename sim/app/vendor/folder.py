@@ -124,7 +124,9 @@ def write_folder(model: str, out: str | Path, *, bits: str = "W8", numerics: str
                  max_seq: int = VENDOR_CHUNK, cap: int = 2048, slots: int = 1,
                  timing_only: bool = False, seed: int = 0) -> Folder:
     """Compile ``model`` (any name kvsim takes) and write its vendor-format folder into
-    ``out`` (created; files in it are replaced)."""
+    ``out`` (created; files in it are replaced). ``max_seq`` is the prefill chunk of one
+    request (``npu_prefill_chunk_size``); a model of several cache ``slots`` takes that many
+    chunks in one call."""
     from safetensors.numpy import save_file
 
     from models.compiler import HardwareTarget, compile_model
@@ -140,8 +142,11 @@ def write_folder(model: str, out: str | Path, *, bits: str = "W8", numerics: str
     hwc = hardware_of(hw)
     mode = core_mode or widest_core_mode(hwc)
     bc = bit_config(bits, numerics=numerics, real_weights=src.real)
+    # transformers-mblt sends a batch's chunks (``npu_prefill_chunk_size`` tokens per
+    # request) in one call: the input buffer holds one chunk per cache slot
     cm = compile_model(cfg, bc, HardwareTarget.from_hw(hwc), kv=kv, core_mode=mode,
-                       max_seq=max_seq, cap=cap, slots=slots, functional=not timing_only,
+                       max_seq=max_seq * slots, cap=cap, slots=slots,
+                       functional=not timing_only,
                        weights=src.weight_spec(seed), store_programs=False)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
