@@ -37,8 +37,17 @@ def cmd_surface(args: argparse.Namespace, console: Any) -> int:
     return main(["check", *([args.snapshot] if args.snapshot else [])])
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def add_vendor_parsers(sub: Any) -> None:
-    from sim.app.cli.main import _positive
     from sim.runtime.vendor.clock import MODES
 
     ex = sub.add_parser(

@@ -2,9 +2,9 @@
 
 The vendor's values are its native library's enum objects, which convert to integers
 (``int(value)``: mblt-npu-python reads them so); kvsim's are integers too, in the order the
-members are listed, with ``Error`` as -1. ``Cluster`` and ``Core`` number ARIES' two clusters of four local cores
-(FACTS.md: qb runtime headers); ``All`` and ``GlobalCore`` name a cluster's cores together
-and its global core.
+members are listed, with ``Error`` as -1. ``Cluster`` and ``Core`` number ARIES' two
+clusters of four local cores (FACTS.md: qb runtime headers); ``All`` and ``GlobalCore``
+name a cluster's cores together and its global core.
 """
 
 from __future__ import annotations
