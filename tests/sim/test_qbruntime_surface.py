@@ -108,3 +108,14 @@ def test_the_snapshot_is_what_the_wheel_says():
     sources, version = S.read_sources(_wheel(), "qbruntime")
     assert S.extract(sources, package="qbruntime", distribution="mobilint-qb-runtime",
                      version=version) == S.load_snapshot()
+
+
+def test_maccel_the_older_name_is_the_same_runtime():
+    from sim.runtime.vendor import api
+
+    with S.shim_package(SHIM_DIR, "maccel") as load:
+        maccel = load("maccel")
+        assert maccel.Model is api.Model and maccel.MAccelError is api.QbRuntimeError
+        assert load("maccel.model").load is api.load
+        assert load("maccel.maccel").MAccelError is api.QbRuntimeError
+        assert "MAccelError" in maccel.__all__ and "QbRuntimeError" not in maccel.__all__
