@@ -243,3 +243,20 @@ def test_the_virtual_clock_modes():
     assert c.perf_counter_ns() - round(c._base * 1e9) == 1234
     with pytest.raises(RuntimeApiError, match="valid modes are sim, sim\\+host, wall"):
         VirtualClock("cpu")
+
+
+def test_a_second_card_starts_at_the_hosts_time(kvm):
+    path, table = kvm
+    s = reset_system(Settings(clock="sim", cards=2))
+    try:
+        first = _launched(path)
+        first.infer([table[PROMPT[:4]][None, None]], None, 0)
+        t = s.clock.now_ps()
+        second = qb.Model(path)
+        second.launch(qb.Accelerator(1))
+        card1 = s.cards[1].acc
+        # card 1 idled until the host got to it, then launched: the clock moved by the launch
+        assert card1.calls[-1].start_ps == t
+        assert s.clock.now_ps() == t + (card1.calls[-1].end_ps - card1.calls[-1].start_ps)
+    finally:
+        s.close()

@@ -123,8 +123,11 @@ class Model:
         if card.acc is not None and card.acc.model is not None:
             raise NotSimulatedError("Model.launch", NOT_SIMULATED["several_models"])
         cm = self._model.compiled
+        with runtime_errors("Model.launch"):
+            kacc = card.accelerator(cm.numerics.functional)  # made before the call: the
+        # call first brings a new card's clock up to the host's (other cards ran before it)
         with system().call(card, "Model.launch"), runtime_errors("Model.launch"):
-            self._model.launch(card.accelerator(cm.numerics.functional))
+            self._model.launch(kacc)
         self._card = card
         self._acc = acc
 
