@@ -260,3 +260,19 @@ def test_a_second_card_starts_at_the_hosts_time(kvm):
         assert s.clock.now_ps() == t + (card1.calls[-1].end_ps - card1.calls[-1].start_ps)
     finally:
         s.close()
+
+
+def test_sim_plus_host_adds_the_host_time_between_calls_only(monkeypatch):
+    from sim.runtime.vendor import clock
+
+    real = [100.0]
+    monkeypatch.setattr(clock, "_REAL_PERF_COUNTER", lambda: real[0])
+    c = clock.VirtualClock("sim+host")
+    real[0] += 0.002  # 2 ms of host work before the first call
+    start = c.begin_call()
+    assert start == 2_000_000_000
+    real[0] += 5.0  # the simulator's own time during the call is not the card's
+    assert c.now_ps() == start
+    c.end_call(start + 7_000_000)  # the call took 7 us of simulated time
+    real[0] += 0.001
+    assert c.now_ps() == 2_000_000_000 + 7_000_000 + 1_000_000_000
