@@ -148,3 +148,34 @@ def test_the_vendors_npu_backend_runs_a_kvsim_model(kvm):
     assert {"ModelConfig.set_single_core_mode", "Model.get_cache_infos", "Model.launch",
             "Model.infer", "Model.dispose"} <= set(calls)
     assert all(v["not_simulated"] == 0 and v["errors"] == 0 for v in calls.values())
+
+
+def test_the_vendor_folder_of_a_synthetic_model(tmp_path):
+    from safetensors.numpy import load_file
+
+    from sim.app.vendor.folder import write_folder
+    from sim.runtime.vendor import api as qb
+    from sim.runtime.vendor.system import Settings, reset_system
+
+    f = write_folder("tiny", tmp_path / "tiny", max_seq=8, cap=64, slots=2, timing_only=True)
+    conf = json.loads((f.path / "config.json").read_text())
+    assert (conf["model_type"], conf["architectures"], conf["mxq_path"]) == (
+        "mobilint-qwen2", ["MobilintQwen2ForCausalLM"], "tiny.kvm")
+    assert (conf["npu_prefill_chunk_size"], conf["max_batch_size"], conf["core_mode"]) == (
+        8, 2, "global8")
+    assert conf["auto_map"]["AutoModelForCausalLM"] == "proxy_qwen2.MobilintQwen2ForCausalLM"
+    assert "from transformers_mblt.models.qwen2.modeling_qwen2 import" in (
+        f.path / "proxy_qwen2.py").read_text()
+    table = load_file(str(f.path / "model.safetensors"))["embed_tokens.weight"]
+    assert table.shape == (TINY.vocab_size, TINY.hidden_size)
+    tok = json.loads((f.path / "tokenizer_config.json").read_text())
+    assert tok["eos_token"] == f"<t{TINY.vocab_size - 1}>"
+    assert conf["eos_token_id"] == TINY.vocab_size - 1
+    s = reset_system(Settings())
+    try:
+        m = qb.Model(str(f.kvm))
+        # two slots take two 8-token chunks in one call
+        assert m.get_input_buffer_info()[0].max_width == 16
+        assert {i.num_batches for i in m.get_cache_infos()} == {2}
+    finally:
+        s.close()
