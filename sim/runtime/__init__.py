@@ -25,6 +25,10 @@ kvsim's own forms are kept (``Accelerator(hw="tiny", functional=False)``,
 ``model.infer(embeddings_2d, cache_size=n)[0]`` -> ``(vocab,)`` logits) beside kvsim's
 cache edits (``edit_cache_on_host``, ``evict_on_device``, ``requantize_on_device``).
 
+The vendor's unchanged host code (``import qbruntime``) runs on this runtime through
+:mod:`.vendor`: the surface of mobilint-qb-runtime 1.5.0, which ``kvsim exec`` puts in place
+of the real one.
+
 The package: :mod:`.model` (what a user calls), :mod:`.checks` (argument checks),
 :mod:`.deviceops` (programs and transfers), :mod:`.cachefiles` (dump files),
 :mod:`.edits` (cache edits), :mod:`.accelerator`, :mod:`.tracing`, :mod:`.types`,

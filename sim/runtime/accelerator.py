@@ -107,6 +107,13 @@ class Accelerator:
         env.run(until=start + ps)
         self.recorder.span("host", "runtime", name, start, env.now)
 
+    def idle_until(self, ps: int) -> None:
+        """Advance the clock to ``ps`` picoseconds with nothing running on the card (the
+        host was busy elsewhere); a time already past is left alone."""
+        env = self.device.env
+        if int(ps) > env.now:
+            env.run(until=int(ps))
+
     def run(self, program: Program, op: str, *, shape: tuple = ()) -> ProgramRun:
         """Run ``program``. Compiler-made programs of one ``shape`` (op and token count)
         differ only in positions, so only the first of each shape is validated."""

@@ -424,10 +424,12 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.app.cli.serve import add_serve_parser
     from sim.app.cli.text import add_text_parsers
     from sim.app.regress.regress import add_parser as add_regress_parser
+    from sim.app.vendor.cli import add_vendor_parsers
 
     add_regress_parser(sub)
     add_serve_parser(sub)
     add_text_parsers(sub)
+    add_vendor_parsers(sub)  # kvsim exec, kvsim vendor (the vendor's Python stack on kvsim)
     return p
 
 
