@@ -1,4 +1,4 @@
-"""Outputs are written atomically (traces/io.py): a run killed at any moment leaves, in its
+"""Outputs are written atomically (kvsim/files.py): a run killed at any moment leaves, in its
 output folder, only complete files (each the earlier run's, or this run's) and no
 temporary file that the next write would not remove. Long runs keep the trace bounded.
 

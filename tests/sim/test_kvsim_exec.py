@@ -18,7 +18,7 @@ import pytest
 from kvsim.errors import ConfigError
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import load_preset
 from sim.app.vendor.execute import child_env, real_runtimes, run
 from sim.runtime.vendor import SHIM_DIR
 

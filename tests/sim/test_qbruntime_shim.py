@@ -13,7 +13,7 @@ import pytest
 from kvsim.errors import KvsimError
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import load_preset
 from sim.runtime import Accelerator as KvsimAccelerator
 from sim.runtime import Model as KvsimModel
 from sim.runtime import RuntimeApiError

@@ -72,7 +72,7 @@ def _tokenizer_files(out: Path, src: Any, vocab: int, cap: int) -> tuple[int | N
     """Write the tokenizer files; returns (bos_id, eos_id)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from traces.io import atomic_write_json
+    from kvsim.files import atomic_write_json
 
     if src.real:
         tok = src.tokenizer()
@@ -103,7 +103,7 @@ def _proxy(folder: Path, module: str, config_cls: str, arch: str) -> None:
     """The folder's remote-code module (``auto_map``), as the vendor's Hub folders carry one
     for loading with ``trust_remote_code=True`` (its TPS harness loads so): it only takes
     the classes from the installed transformers-mblt."""
-    from traces.io import atomic_write_text
+    from kvsim.files import atomic_write_text
 
     atomic_write_text(folder / f"proxy_{module}.py", (
         f'"""The {config_cls} / {arch} classes of this folder\'s model type, from the\n'
@@ -129,10 +129,10 @@ def write_folder(model: str, out: str | Path, *, bits: str = "W8", numerics: str
     chunks in one call."""
     from safetensors.numpy import save_file
 
-    from models.compiler import HardwareTarget, compile_model
+    from kvsim.files import atomic_write_json
     from models.source import resolve_model
-    from sim.app.quality import bit_config, hardware_of, widest_core_mode
-    from traces.io import atomic_write_json
+    from sim.app.quality import bit_config
+    from sim.runtime.ready import hardware_of, ready_model, widest_core_mode
 
     src = resolve_model(model, where="--model")
     cfg = src.config
@@ -144,10 +144,8 @@ def write_folder(model: str, out: str | Path, *, bits: str = "W8", numerics: str
     bc = bit_config(bits, numerics=numerics, real_weights=src.real)
     # transformers-mblt sends a batch's chunks (``npu_prefill_chunk_size`` tokens per
     # request) in one call: the input buffer holds one chunk per cache slot
-    cm = compile_model(cfg, bc, HardwareTarget.from_hw(hwc), kv=kv, core_mode=mode,
-                       max_seq=max_seq * slots, cap=cap, slots=slots,
-                       functional=not timing_only,
-                       weights=src.weight_spec(seed), store_programs=False)
+    cm = ready_model(src, hwc, bits=bc, kv=kv, core_mode=mode, max_seq=max_seq * slots,
+                     cap=cap, slots=slots, functional=not timing_only, seed=seed).compiled
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     stem = Path(cfg.name or "model").name.replace("/", "_")

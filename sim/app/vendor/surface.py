@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                                   distribution=args.distribution, version=version),
                           indent=1) + "\n"
         if args.output:
-            from traces.io import atomic_write_text
+            from kvsim.files import atomic_write_text
 
             atomic_write_text(args.output, text)
         else:

@@ -35,7 +35,7 @@ class VirtualClock:
 
     def __init__(self, mode: str):
         if mode not in MODES:
-            from sim.runtime.checks import RuntimeApiError
+            from sim.runtime.errors import RuntimeApiError
 
             raise RuntimeApiError(f"clock mode {mode!r}: valid modes are {', '.join(MODES)}")
         self.mode = mode

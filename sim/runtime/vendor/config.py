@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sim.runtime.checks import RuntimeApiError, is_index
+from sim.runtime.errors import RuntimeApiError, is_index
 from sim.runtime.vendor.calltrace import traced_class
 from sim.runtime.vendor.enums import (
     CLUSTERS,

@@ -45,7 +45,7 @@ def runtime_errors(call: str) -> Iterator[None]:
     model-file problem, a device refusal (DRAM capacity: the vendor's ``BadAlloc``) and a
     cache-operation error become :class:`QbRuntimeError`."""
     from sim.runtime.cacheops import CacheOpError
-    from sim.runtime.checks import RuntimeApiError
+    from sim.runtime.errors import RuntimeApiError
 
     try:
         yield

@@ -33,7 +33,7 @@ def start_tracing_events(path: str) -> bool:
     (simulated times), written by :func:`stop_tracing_events`. False (and a logged
     reason) when tracing is on already or ``path`` cannot be written."""
     from sim.runtime import start_tracing_events as start
-    from sim.runtime.checks import RuntimeApiError
+    from sim.runtime.errors import RuntimeApiError
 
     try:
         return start(path)

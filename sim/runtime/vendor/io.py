@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from sim.runtime.checks import RuntimeApiError
+from sim.runtime.errors import RuntimeApiError
 
 
 class Inputs(NamedTuple):

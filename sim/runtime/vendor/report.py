@@ -30,7 +30,7 @@ def write_trace(sys_: System, path: str | None) -> None:
     """Write :func:`summary` to ``path`` (atomically)."""
     if not path:
         return
-    from traces.io import atomic_write_json
+    from kvsim.files import atomic_write_json
 
     atomic_write_json(path, summary(sys_))
 

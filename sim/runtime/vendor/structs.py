@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.runtime.checks import RuntimeApiError
+from sim.runtime.errors import RuntimeApiError
 from sim.runtime.vendor.calltrace import traced_class
 from sim.runtime.vendor.enums import CacheType, Cluster, Core
 
