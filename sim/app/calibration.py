@@ -50,8 +50,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.app.check import run_source
 from sim.app.config import RunConfig, load_run_config
-from sim.app.run import compile_for_run
+from sim.app.run import ready_for_run
 from sim.device.device import Device
 from sim.units import KiB, ns_to_ps
 
@@ -121,21 +122,11 @@ def run_config(point: Published, hw: dict[str, Any], extra: tuple[str, ...] = ()
     return load_run_config(VALIDATION_CONFIG, sets)
 
 
-_COMPILED: dict[tuple, Any] = {}
-
-
 def _compiled(cfg: RunConfig):
-    """The compiled model of ``cfg`` (memoized on what the compiler sees: runs that change
-    only DRAM, DMA, fixed or stack costs share one compile)."""
-    from models.compiler import HardwareTarget
-
-    key = (cfg.model.model_dump_json(), cfg.bits.model_dump_json(), cfg.kv.model_dump_json(),
-           cfg.compile.model_dump_json(), HardwareTarget.from_hw(cfg.hardware))
-    if key not in _COMPILED:
-        if len(_COMPILED) >= 4:
-            _COMPILED.pop(next(iter(_COMPILED)))
-        _COMPILED[key] = compile_for_run(cfg)
-    return _COMPILED[key]
+    """The compiled model of ``cfg``, as ``kvsim run`` compiles it
+    (:func:`sim.runtime.ready.ready_model` keeps it: the compiler sees only the target, so
+    runs that change DRAM, DMA, fixed or stack costs share one compile)."""
+    return ready_for_run(cfg, run_source(cfg)).compiled
 
 
 def _call_s(cfg: RunConfig, cm, tokens: int, cache_size: int) -> float:

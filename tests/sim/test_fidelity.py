@@ -7,14 +7,13 @@ import pytest
 
 from kvsim.errors import ConfigError
 from models.bits import build_bit_config
-from models.compiler import HardwareTarget, compile_model
 from models.compiler.blocks.registry import blocks_for
 from models.compiler.compiled import TILE_STEP, _TileSearch
-from models.config import load_preset
 from sim.app.cli.main import main
 from sim.app.config import load_run_config
 from sim.app.run import run
 from sim.device.hw import load_hardware
+from sim.runtime.ready import ready_model
 
 BASE = ["hardware.preset=tiny", "model.preset=tiny", "compile.core_mode=single",
         "outputs.trace=off", "compile.max_sequence_length=16", "workload.prompt_tokens=20",
@@ -70,12 +69,11 @@ def test_hw_show_prints_the_fitted_parameters_with_their_bounds(capsys):
 
 
 def test_the_decode_weight_tile_is_the_largest_that_fits_a_one_token_pass():
-    cfg = load_preset("tiny")
-    hw = HardwareTarget.from_hw(load_hardware("tiny"))
     bits = build_bit_config({})
-    cm = compile_model(cfg, bits, hw, core_mode="single", max_seq=16, cap=64,
-                       functional=False, store_programs=False)
-    search = _TileSearch(cfg, bits, "int8", hw, "single", max_seq=16, cap=64, slots=1,
+    cm = ready_model("tiny", "tiny", bits=bits, core_mode="single", max_seq=16, cap=64,
+                     functional=False).compiled
+    cfg = cm.model
+    search = _TileSearch(cfg, bits, "int8", cm.hw, "single", max_seq=16, cap=64, slots=1,
                          blocks=blocks_for(cfg))
     big = cm.big_tile_bytes
     assert big > cm.tile_bytes and big % TILE_STEP == 0 and cm.big_tile_tokens >= 1
