@@ -53,6 +53,7 @@ from sim.device.components import ComputeCore, DmaEngine, Dram, HostLink, Sram
 from sim.device.engine import array as array_engine
 from sim.device.engine import kernel
 from sim.device.engine.rows import RowCache
+from sim.device.engine.tables import engine_name
 from sim.device.hw import HardwareConfig
 from sim.device.memory import DeviceMemory
 from sim.device.stats import Stats
@@ -134,15 +135,6 @@ class ProgramRun:
     @property
     def duration_ps(self) -> int:
         return self.end_ps - self.start_ps
-
-
-def engine_name(engine: Engine, core: int) -> tuple[str, str]:
-    """(block, lane) names of an engine queue, as they appear in traces and metrics."""
-    if engine in PER_CORE_ENGINES:
-        return f"core{core}", engine.name.lower()
-    if engine in (Engine.H2D, Engine.D2H):
-        return "pcie", engine.name.lower()
-    return "device", engine.name.lower()
 
 
 class Device:

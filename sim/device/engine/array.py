@@ -33,6 +33,7 @@ from sim.device.engine import kernel
 from sim.device.engine import loopdefs as pl
 from sim.device.engine import tables as program_tables
 from sim.device.engine.loop import new_state, run_program
+from sim.device.engine.tables import engine_name
 from sim.units import cycles_to_ps, ns_to_ps
 from traces.recorder import Span
 
@@ -81,8 +82,6 @@ def _resources(dev) -> list:
 
 def run(dev, program: Program) -> LoopResult:
     """Runs ``program`` on ``dev`` (which must be :func:`eligible`)."""
-    from sim.device.device import engine_name
-
     instrs = program_tables.instructions_of(program)
     # (the layout is frozen and set anew whenever the memory map changes: the kinds
     # of addresses are the same while it is the same object)
