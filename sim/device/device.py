@@ -50,6 +50,7 @@ from isa.instructions import (
 )
 from kvsim.errors import DeviceError
 from sim.device.components import ComputeCore, DmaEngine, Dram, HostLink, Sram
+from sim.device.components.core import FixedCosts
 from sim.device.engine import array as array_engine
 from sim.device.engine import kernel
 from sim.device.engine.rows import RowCache
@@ -57,7 +58,6 @@ from sim.device.engine.tables import engine_name
 from sim.device.hw import HardwareConfig
 from sim.device.memory import DeviceMemory
 from sim.device.stats import Stats
-from sim.units import cycles_to_ps, ns_to_ps
 from traces.recorder import Recorder
 
 UNMAPPED = "unmapped"
@@ -206,9 +206,10 @@ class Device:
         self._link_prefix = "pcie" if hw.host_link.kind == "pcie" else "host_copy"
         self._formats: dict[str, kvformats.KVFormat] = {}
         # the fixed costs of hardware.cores, in ps
-        self._launch_ps = ns_to_ps(hw.cores.program_launch_ns)
-        self._dispatch_ps = cycles_to_ps(hw.cores.dispatch_cycles, hw.cores.clock_hz)
-        self._sync_ps = ns_to_ps(hw.cores.barrier_sync_ns)
+        self.costs = FixedCosts.of(hw.cores)
+        self._launch_ps = self.costs.launch_ps
+        self._dispatch_ps = self.costs.dispatch_ps
+        self._sync_ps = self.costs.sync_ps
 
     # --- memory map -------------------------------------------------------------------
     def default_layout(self) -> MemoryLayout:

@@ -65,7 +65,7 @@ def test_a_lone_sequential_stream_through_dram_is_the_hand_calculation():
     end = _issue_all(env, dram, [(k * 64 * KiB, 64 * KiB, False) for k in range(3)])
     assert end == _ps(t0 + 38 + 767 * 8 + 36 + 8)
     assert dram.bytes_read == 3 * 64 * KiB
-    assert dram.free_ps == [end] * 8  # every channel busy to the end
+    assert dram.free_ps.tolist() == [end] * 8  # every channel busy to the end
 
 
 def test_row_interference_reopens_the_row_every_run():

@@ -71,10 +71,11 @@ def _state(hw, programs, direct: bool, monkeypatch, *, layout=None, level="tiles
     runs = [dev.run(p, validate=False) for p in programs]
     return {"runs": runs, "now": dev.env.now, "eid": dev.env.insertion_id,
             "spans": rec.spans, "bytes": rec.bytes, "stats": dev.stats.snapshot(),
-            "dram": (dev.dram.free_ps, dev.dram.bytes_read, dev.dram.bytes_written),
+            "dram": (dev.dram.free_ps.tolist(), dev.dram.bytes_read, dev.dram.bytes_written),
             "banks": ([a.tolist() for a in vars(dev.dram.state).values()]
                       if dev.dram.protocol else None),
-            "link": dev.link.free_ps, "ports": [s.port_free_ps for s in dev.srams]}
+            "link": dev.link.free_ps.tolist(),
+            "ports": [s.port_free_ps.tolist() for s in dev.srams]}
 
 
 CONTENTION = [

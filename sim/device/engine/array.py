@@ -28,16 +28,14 @@ import numpy as np
 
 from isa import semantics
 from isa.instructions import Engine, Program
-from sim.device.components.dram import efficiency_split
+from sim.device.components.dma import DIRECTIONS as _DIRECTIONS
 from sim.device.engine import kernel
 from sim.device.engine import loopdefs as pl
 from sim.device.engine import tables as program_tables
 from sim.device.engine.loop import new_state, run_program
 from sim.device.engine.tables import engine_name
-from sim.units import cycles_to_ps, ns_to_ps
 from traces.recorder import Span
 
-_DIRECTIONS = ("load", "store", "copy", "read", "write")
 #: Log rows the loop gathers before it hands them over for replay (each 48 bytes): bounds
 #: the memory of a traced long program. A choice of this module, not a measurement.
 LOG_FLUSH_ROWS = 1 << 16
@@ -62,17 +60,14 @@ class LoopResult:
 
 def eligible(dev) -> bool:
     """Whether ``dev``'s program runs can use the array loop: the lean kernel with no
-    other events pending, a PCIe host link and float bandwidths (the loop's rounding
-    equals Python's only for float divisors). Both DRAM models and the fixed costs of
+    other events pending and a PCIe host link. Both DRAM models and the fixed costs of
     dispatch, launch and barriers are modelled."""
     env = dev.env
     if not isinstance(env, kernel.Environment) or env.pending:
         return False
     if dev.hw.host_link.kind != "pcie":
         return False
-    bws = [dev.link.bytes_per_s["h2d"], dev.link.bytes_per_s["d2h"],
-           dev.srams[0].port_bytes_per_s]
-    return all(isinstance(b, float) for b in bws)
+    return True
 
 
 def _resources(dev) -> list:
@@ -88,55 +83,24 @@ def run(dev, program: Program) -> LoopResult:
     tb = program_tables.build(program, dev.program_rows, dev.kinds_of, len(dev.kind_names),
                               kinds_key=dev.layout)
     names = [engine_name(Engine(eng), core) for eng, core in tb.queues]
-
-    # efficiency model: the DRAM timing of every distinct chunk, as ``Dram`` plans it
     dram = dev.dram
-    chunk = dev.hw.dma.chunk_bytes
-    stripe = dram.cfg.interleave_bytes * dram.cfg.channels
-    key_mul = chunk + 1
-    if len(tb.stream_base) and not dram.protocol:
-        base, total = tb.stream_base, tb.stream_bytes
-        counts = np.maximum(1, -(-total // chunk))
-        first = np.cumsum(counts) - counts
-        k = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(first, counts)
-        off = k * chunk
-        nb = np.minimum(chunk, np.repeat(total, counts) - off)
-        keys = np.unique(((np.repeat(base, counts) + off) % stripe) * key_mul + nb)
-    else:
-        keys = np.zeros(0, np.int64)
-    plan_ptr = np.zeros(len(keys) + 1, np.int64)
-    plan_rows: list[tuple[int, int, int]] = []
-    bw = dram.channel_bytes_per_s
-    for u, key in enumerate(keys.tolist()):
-        plan_rows.extend(efficiency_split(key // key_mul, key % key_mul,
-                                          dram.cfg.interleave_bytes, dram.cfg.channels, bw))
-        plan_ptr[u + 1] = len(plan_rows)
-    plan = np.asarray(plan_rows, np.int64).reshape(-1, 3)
-
     res = _resources(dev)
-    res_cap = np.asarray([r.cfg.max_outstanding_chunks for r in res], np.int64)
+    res_cap = np.asarray([r.outstanding for r in res], np.int64)
     res_setup = np.asarray([r.setup_ps for r in res], np.int64)
-    res_chunk = np.asarray([r.cfg.chunk_bytes for r in res], np.int64)
-    dram_free = np.asarray(dram.free_ps, np.int64)
-    port_free = np.asarray([s.port_free_ps for s in dev.srams], np.int64)
+    res_chunk = np.asarray([r.chunk_bytes for r in res], np.int64)
+    # the components' state, copied in and written back once the loop has returned
+    dram_free = dram.free_ps.copy()
+    port_free = np.stack([s.port_free_ps for s in dev.srams])
     link = dev.link
-    link_free = np.asarray([link.free_ps["h2d"], link.free_ps["d2h"]], np.int64)
-    link_bps = np.asarray([link.bytes_per_s["h2d"], link.bytes_per_s["d2h"]], np.float64)
+    link_free = link.free_ps.copy()
     rec = dev.recorder
     log_level = 2 if rec.wants("tiles") else 1 if rec.wants("ops") else 0
     env = dev.env
-    if dram.protocol:  # the loop updates copies of the channel state arrays in place
-        ds = dram.state
-        banks = [a.copy() for a in (ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok, ds.faw,
-                                    ds.scalars, ds.next_ref, ds.per_channel)]
-        d_state = (dram.timing.vector, *banks, float(dram.timing.tck_ps))
-    else:
-        z1, z2 = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
-        d_state = (z1, z2, z2, z2, z2, z2, z2, z1, z2, 1.0)
-    cores_cfg = dev.hw.cores
-    launch_ps = ns_to_ps(cores_cfg.program_launch_ns)
-    dispatch_ps = cycles_to_ps(cores_cfg.dispatch_cycles, cores_cfg.clock_hz)
-    sync_ps = ns_to_ps(cores_cfg.barrier_sync_ns)
+    ds = dram.state
+    banks = [a.copy() for a in (ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok, ds.faw,
+                                ds.scalars, ds.next_ref, ds.per_channel)]
+    spans = np.zeros((dram.cfg.channels, 4), np.int64)
+    costs = dev.costs
 
     state = new_state(env.now, env.insertion_id, len(tb.queues), len(tb.flags), len(res),
                       len(instrs), tb.pairs, log_level=log_level, keep_order=dev.functional)
@@ -144,10 +108,10 @@ def run(dev, program: Program) -> LoopResult:
         state, nl = run_program(
             state, LOG_FLUSH_ROWS, tb.table, tb.row_of, tb.w_ptr, tb.w_flag, tb.s_ptr,
             tb.s_flag, tb.q_ptr, tb.q_items, res_cap, res_setup, res_chunk, dram_free,
-            dram.latency_ps, keys, plan_ptr, plan[:, 0].copy(), plan[:, 1].copy(),
-            plan[:, 2].copy(), stripe, key_mul, port_free, float(dev.srams[0].port_bytes_per_s),
-            link_free, link_bps, link.latency_ps, link.cfg.chunk_bytes, log_level,
-            dram.protocol, *d_state, launch_ps, dispatch_ps, sync_ps)
+            dram.latency_ps, dram.cfg.interleave_bytes, dram.channel_bytes_per_s, spans,
+            port_free, dev.srams[0].port_bytes_per_s, link_free, link.bytes_per_s,
+            link.latency_ps, link.chunk_bytes, log_level, dram.protocol, dram.params,
+            *banks, dram.tck_ps, costs.launch_ps, costs.dispatch_ps, costs.sync_ps)
         if nl:
             _replay(rec, state[pl.ST_LOGS][:nl], names, instrs, res, link.block)
         if not state[pl.ST_SC][pl.SC_PAUSED]:
@@ -164,22 +128,22 @@ def run(dev, program: Program) -> LoopResult:
 
     # the components' state and the kernel's clock
     env.advance(int(now), int(eid))
-    dram.free_ps[:] = dram_free.tolist()
-    if dram.protocol:  # the bank state, written back only once the loop has returned
+    dram.free_ps[:] = dram_free
+    if dram.protocol:  # the bank state
         for dst, src in zip((ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok, ds.faw, ds.scalars,
                              ds.next_ref, ds.per_channel), banks, strict=True):
             dst[...] = src
     dram.bytes_read += int(d_read)
     dram.bytes_written += int(d_written)
     for c, s in enumerate(dev.srams):
-        s.port_free_ps[:] = port_free[c].tolist()
-    link.free_ps["h2d"], link.free_ps["d2h"] = (int(x) for x in link_free)
+        s.port_free_ps[:] = port_free[c]
+    link.free_ps[:] = link_free
 
     st = dev.stats
-    st.launch_ps += launch_ps  # once per program, as Device.start adds it
+    st.launch_ps += costs.launch_ps  # once per program, as Device.start adds it
     # the fixed costs per engine queue, keys in the order the processes first add them
-    for col, first, counter, ps in ((0, 2, st.dispatch_ps, dispatch_ps),
-                                    (1, 3, st.sync_ps, sync_ps)):
+    for col, first, counter, ps in ((0, 2, st.dispatch_ps, costs.dispatch_ps),
+                                    (1, 3, st.sync_ps, costs.sync_ps)):
         qs = np.flatnonzero(counts[: len(names), first] >= 0)
         for q in qs[np.argsort(counts[qs, first])].tolist():
             block, lane = names[q]

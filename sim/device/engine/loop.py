@@ -30,6 +30,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from sim.device.components.dma import chunk_access, chunk_bytes_at, one_chunk, uses_port
+from sim.device.components.link import link_chunk
+from sim.device.components.sram import reserve_port
 from sim.device.engine import loopdefs as lp
 from sim.device.engine import loopprocs as kp
 from sim.device.engine.loopprocs import new_state
@@ -43,10 +46,9 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
     w_flag: np.ndarray,
     s_ptr: np.ndarray, s_flag: np.ndarray, q_ptr: np.ndarray, q_items: np.ndarray,
     res_cap: np.ndarray, res_setup: np.ndarray, res_chunk: np.ndarray,
-    dram_free: np.ndarray, dram_lat: int, plan_keys: np.ndarray, plan_ptr: np.ndarray,
-    plan_ch: np.ndarray, plan_b: np.ndarray, plan_dur: np.ndarray, stripe: int,
-    key_mul: int, port_free: np.ndarray, port_bps: float, link_free: np.ndarray,
-    link_bps: np.ndarray, link_lat: int, link_chunk: int, log_level: int,
+    dram_free: np.ndarray, dram_lat: int, granule: int, ch_bps: float, spans: np.ndarray,
+    port_free: np.ndarray, port_bps: float, link_free: np.ndarray,
+    link_bps: np.ndarray, link_lat: int, link_chunk_bytes: int, log_level: int,
     protocol: bool, d_params: np.ndarray, d_open: np.ndarray, d_act: np.ndarray,
     d_pre: np.ndarray, d_cas: np.ndarray, d_faw: np.ndarray, d_sc: np.ndarray,
     d_ref: np.ndarray, d_per: np.ndarray, tck_ps: float, launch_ps: int, dispatch_ps: int,
@@ -335,7 +337,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     total = P[p, lp.F_T_N]
                     chunk = res_chunk[r]
                     if st == lp.S_T_SETUP_DONE:
-                        if total <= chunk:
+                        if one_chunk(total, chunk):
                             P[p, lp.F_STATE] = lp.S_T_SINGLE_GOT
                         else:
                             P[p, lp.F_T_OFF] = 0
@@ -346,7 +348,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     else:
                         # a slot is ours: start the chunk at the current offset in its process
                         off = P[p, lp.F_T_OFF]
-                        n = min(chunk, total - off)
+                        n = chunk_bytes_at(off, total, chunk)
                         c, free_head, np_used = kp.new_process(P, free_head, np_used)
                         P[c, lp.F_TYPE] = lp.P_CHUNK
                         P[c, lp.F_PARENT] = p
@@ -396,43 +398,30 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                 if st == lp.S_C_START:
                     P[p, lp.F_C_START] = now
                     d = P[p, lp.F_C_DIR]
-                    n = P[p, lp.F_C_N]
-                    P[p, lp.F_A_N] = n
+                    P[p, lp.F_A_N] = P[p, lp.F_C_N]
                     P[p, lp.F_C_PORT] = -1
-                    if d == lp.D_COPY or d == lp.D_READ:
-                        P[p, lp.F_A_ADDR] = P[p, lp.F_C_SRC]
-                        P[p, lp.F_A_W] = 0
-                    elif d == lp.D_WRITE:
-                        P[p, lp.F_A_ADDR] = P[p, lp.F_C_DST]
-                        P[p, lp.F_A_W] = 1
-                    else:
-                        # Sram.reserve_port: the earliest free port (the lowest index on ties)
-                        P[p, lp.F_C_PORT] = kp.reserve_port(port_free, P[p, lp.F_CORE], now, n,
-                                                            port_bps)
-                        if d == lp.D_LOAD:
-                            P[p, lp.F_A_ADDR] = P[p, lp.F_C_SRC]
-                            P[p, lp.F_A_W] = 0
-                        else:
-                            P[p, lp.F_A_ADDR] = P[p, lp.F_C_DST]
-                            P[p, lp.F_A_W] = 1
-                    P[p, lp.F_A_RET] = lp.S_C_AFTER_A1
-                    st = lp.S_A_START
-                if st == lp.S_C_AFTER_A1:
-                    if P[p, lp.F_C_DIR] == lp.D_COPY:
-                        P[p, lp.F_A_ADDR] = P[p, lp.F_C_DST]
-                        P[p, lp.F_A_W] = 1
-                        P[p, lp.F_A_RET] = lp.S_C_AFTER_A2
+                    if uses_port(d):
+                        P[p, lp.F_C_PORT] = reserve_port(port_free[P[p, lp.F_CORE]], now,
+                                                         P[p, lp.F_C_N], port_bps)
+                    P[p, lp.F_C_K] = 0
+                    st = lp.S_C_NEXT
+                if st == lp.S_C_NEXT:
+                    addr, w = chunk_access(P[p, lp.F_C_DIR], P[p, lp.F_C_K], P[p, lp.F_C_SRC],
+                                           P[p, lp.F_C_DST])
+                    if addr >= 0:
+                        P[p, lp.F_A_ADDR] = addr
+                        P[p, lp.F_A_W] = w
+                        P[p, lp.F_C_K] += 1
+                        P[p, lp.F_A_RET] = lp.S_C_NEXT
                         st = lp.S_A_START
                     else:
-                        st = lp.S_C_AFTER_A2
-                if st == lp.S_C_AFTER_A2:
-                    pd = P[p, lp.F_C_PORT]
-                    if pd > now:
-                        P[p, lp.F_STATE] = lp.S_C_PORT_DONE
-                        hs = lp.hpush(heap, hs, pd, lp.NORMAL, eid, lp.CB_RESUME, p)
-                        eid += 1
-                        break
-                    st = lp.S_C_PORT_DONE
+                        pd = P[p, lp.F_C_PORT]
+                        if pd > now:
+                            P[p, lp.F_STATE] = lp.S_C_PORT_DONE
+                            hs = lp.hpush(heap, hs, pd, lp.NORMAL, eid, lp.CB_RESUME, p)
+                            eid += 1
+                            break
+                        st = lp.S_C_PORT_DONE
                 if st == lp.S_C_PORT_DONE:
                     r = P[p, lp.F_T_RES]
                     users[r] -= 1
@@ -457,10 +446,9 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     st = lp.S_A_AFTER_LAT
                 if st == lp.S_A_AFTER_LAT:
                     end, nl = lp.dram_access(
-                        now, P[p, lp.F_A_ADDR], P[p, lp.F_A_N], P[p, lp.F_A_W], protocol, tck_ps,
-                        d_params, d_open, d_act, d_pre, d_cas, d_faw, d_sc, d_ref, d_per, plan_keys,
-                        plan_ptr, plan_ch, plan_b, plan_dur, stripe, key_mul, dram_free, logs, nl,
-                        log_level)
+                        now, P[p, lp.F_A_ADDR], P[p, lp.F_A_N], P[p, lp.F_A_W], protocol,
+                        granule, ch_bps, tck_ps, d_params, d_open, d_act, d_pre, d_cas, d_faw,
+                        d_sc, d_ref, d_per, dram_free, spans, logs, nl, log_level)
                     if end > now:
                         P[p, lp.F_STATE] = lp.S_A_DONE
                         hs = lp.hpush(heap, hs, end, lp.NORMAL, eid, lp.CB_RESUME, p)
@@ -487,12 +475,10 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                         P[p, lp.F_STATE] = P[p, lp.F_L_RET]
                         continue
                     ld = P[p, lp.F_L_DIR]
-                    nn = min(link_chunk, n - off)
-                    end_ps = lp.transfer_ps(off + nn, link_bps[ld])
-                    dur = end_ps - P[p, lp.F_L_DONE]
+                    nn, s0, dur, end_ps = link_chunk(link_free, ld, now, off, n,
+                                                     link_chunk_bytes, link_bps[ld],
+                                                     P[p, lp.F_L_DONE])
                     P[p, lp.F_L_DONE] = end_ps
-                    s0 = max(now, link_free[ld])
-                    link_free[ld] = s0 + dur
                     P[p, lp.F_L_START] = s0
                     P[p, lp.F_L_NN] = nn
                     P[p, lp.F_A_N] = dur  # the chunk's duration, for the second timeout
@@ -511,7 +497,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     if log_level >= 1:
                         nl = lp.log_row(logs, nl, lp.LOG_LINK, P[p, lp.F_L_DIR], P[p, lp.F_L_START],
                                         now, P[p, lp.F_L_NN], 0)
-                    P[p, lp.F_L_OFF] += link_chunk
+                    P[p, lp.F_L_OFF] += link_chunk_bytes
                     P[p, lp.F_STATE] = lp.S_L_CHUNK
                     continue
                 # ---------------- returns ---------------------------------------------------------

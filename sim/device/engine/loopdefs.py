@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from sim.device.dram.timing import chunk_channels_ck
+from sim.device.components import dma
+from sim.device.components.dram import SPAN_BYTES, SPAN_CHANNEL, SPAN_START, SPAN_STOP, chunk_spans
 
 URGENT = 0
 NORMAL = 1
@@ -26,12 +27,8 @@ K_DMA = 1  # one DMA transfer, run in the engine's own process
 K_LINK = 2  # one host-link transfer (pcie), run in the engine's own process
 K_PAR = 3  # timeout of I_DUR in parallel with 1 or 2 stream transfers (own processes)
 
-# --- DMA directions --------------------------------------------------------------------------
-D_LOAD = 0
-D_STORE = 1
-D_COPY = 2
-D_READ = 3
-D_WRITE = 4
+# --- DMA directions: those of ``sim.device.components.dma`` -------------------------------
+D_LOAD, D_STORE, D_COPY, D_READ, D_WRITE = dma.LOAD, dma.STORE, dma.COPY, dma.READ, dma.WRITE
 
 # --- instruction fields (columns of the table of distinct rows) ---------------------------
 I_KIND = 0
@@ -104,7 +101,8 @@ F_L_START = 34
 F_L_NN = 35
 F_L_RET = 36
 F_CORE = 37
-P_FIELDS = 38
+F_C_K = 38  # chunk: its next DRAM access (``dma.chunk_access``)
+P_FIELDS = 39
 
 # --- process states ----------------------------------------------------------------------------
 S_E_NEXT = 0
@@ -123,8 +121,7 @@ S_T_SINGLE_GOT = 12
 S_T_MULTI_GOT = 13
 S_T_DONE = 14
 S_C_START = 20
-S_C_AFTER_A1 = 21
-S_C_AFTER_A2 = 22
+S_C_NEXT = 21  # the chunk's next DRAM access, or its SRAM port when none is left
 S_C_PORT_DONE = 23
 S_C_DONE = 24
 S_A_START = 30
@@ -308,27 +305,6 @@ def hnext(h: np.ndarray, ordered: int, n: int, direct: bool) -> tuple:
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def transfer_ps(nbytes: int, bytes_per_s: float) -> int:
-    """``sim.units.transfer_ps`` for a float ``bytes_per_s``: ``ceil(nbytes * 1e12 / bw)``.
-    With ``nbytes < 2**53`` float(nbytes) is exact and the product is the correctly
-    rounded exact product, which is what Python divides too (a test checks it)."""
-    if nbytes <= 0:
-        return 0
-    ps = np.ceil(np.float64(nbytes) * 1e12 / bytes_per_s)
-    if ps >= 9.2e18:  # past int64 picoseconds (about 106 days)
-        raise OverflowError("a transfer time does not fit in int64 picoseconds")
-    return int(ps)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def plan_index(keys: np.ndarray, key: int) -> int:
-    i = np.searchsorted(keys, key)
-    if i >= keys.shape[0] or keys[i] != key:
-        return -1
-    return i
-
-
-@njit(cache=True, error_model="numpy", inline="always")
 def log_row(logs: np.ndarray, nl: int, code: int, a: int, b: int, c: int, d: int,
             e: int) -> int:
     """Row ``nl`` of the logs (which must have room): ``code`` and its five fields (see
@@ -342,69 +318,22 @@ def log_row(logs: np.ndarray, nl: int, code: int, a: int, b: int, c: int, d: int
     return nl + 1
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def protocol_access(now, addr, nbytes, write, tck_ps, params, open_row, act_ok, pre_ok,
-                    cas_ok, faw, scalars, next_ref, per_ch, dram_free, logs, nl, log_level):
-    """``Dram.chunk_plan`` and ``Dram.access`` after the latency, protocol model: one
-    :func:`sim.device.dram.timing.chunk_channels_ck` call (the chunk channel by channel, one
-    contiguous run each) over the channel state arrays (updated in place), the same ps
-    rounding; returns (when the last channel is done, logs used).
-    ``logs`` must have room for one row per channel."""
-    # a time under 1 ps past a cycle edge counts as that edge (ps are rounded up)
-    t0 = np.int64(np.ceil((now - 1) / tck_ps))
-    chunk_channels_ck(params, open_row, act_ok, pre_ok, cas_ok, faw, scalars, next_ref, addr,
-                      nbytes, write != 0, t0, per_ch)
-    end = now
-    for c in range(per_ch.shape[0]):
-        b = per_ch[c, 0]
-        if b == 0:
-            continue
-        start = max(now, np.int64(np.ceil(per_ch[c, 1] * tck_ps - 1e-6)))
-        stop = max(start, np.int64(np.ceil(per_ch[c, 2] * tck_ps - 1e-6)))
-        if stop > dram_free[c]:
-            dram_free[c] = stop
-        if stop > end:
-            end = stop
-        if log_level >= 1:
-            nl = log_row(logs, nl, LOG_DRAM, c, start, stop, b, write)
-    return end, nl
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def planned_access(now, u, write, plan_ptr, plan_ch, plan_b, plan_dur, dram_free, logs, nl,
-                   log_level):
-    """The same, efficiency model: plan ``u``'s channels in order, each from when it falls
-    free; ``logs`` must have room for one row per channel of the plan."""
-    end = now
-    for k in range(plan_ptr[u], plan_ptr[u + 1]):
-        c = plan_ch[k]
-        start = max(now, dram_free[c])
-        stop = start + plan_dur[k]
-        dram_free[c] = stop
-        if stop > end:
-            end = stop
-        if log_level >= 1:
-            nl = log_row(logs, nl, LOG_DRAM, c, start, stop, plan_b[k], write)
-    return end, nl
-
-
 # Called, not inlined, and without reference counting (it allocates nothing): inlined, its
 # sixteen array arguments cost an atomic increment and decrement each per DRAM access (the
 # loop's caller of a helper with branches binds its arguments to counted variables).
 @njit(cache=True, error_model="numpy", _nrt=False)
-def dram_access(now, addr, nbytes, write, protocol, tck_ps, params, open_row, act_ok, pre_ok,
-                cas_ok, faw, scalars, next_ref, per_ch, plan_keys, plan_ptr, plan_ch, plan_b,
-                plan_dur, stripe, key_mul, dram_free, logs, nl, log_level):
-    """``Dram.access`` after the latency: the chunk timed by the protocol model
-    (:func:`protocol_access`) or by its precomputed plan (:func:`planned_access`, the plan
-    keyed by ``(addr modulo the stripe) * key_mul + nbytes``); returns ``(when the last
-    channel is done, logs used)``. ``logs`` must have room for a row per channel."""
-    if protocol:
-        return protocol_access(now, addr, nbytes, write, tck_ps, params, open_row, act_ok,
-                               pre_ok, cas_ok, faw, scalars, next_ref, per_ch, dram_free, logs,
-                               nl, log_level)
-    u = plan_index(plan_keys, (addr % stripe) * key_mul + nbytes)
-    if u < 0:
-        raise RuntimeError("program loop: a DRAM access has no chunk plan")
-    return planned_access(now, u, write, plan_ptr, plan_ch, plan_b, plan_dur, dram_free, logs,
-                          nl, log_level)
+def dram_access(now, addr, nbytes, write, protocol, granule, ch_bps, tck_ps, params, open_row,
+                act_ok, pre_ok, cas_ok, faw, scalars, next_ref, per_ch, dram_free, spans, logs,
+                nl, log_level):
+    """``Dram.access`` after the latency: the chunk timed by the DRAM's rule
+    (:func:`sim.device.components.dram.chunk_spans`, which updates the channels' state),
+    a log row per channel it touches; returns ``(when the last channel is done, logs
+    used)``. ``logs`` must have room for a row per channel."""
+    n, end = chunk_spans(now, addr, nbytes, write, protocol, granule, ch_bps, tck_ps, params,
+                         open_row, act_ok, pre_ok, cas_ok, faw, scalars, next_ref, per_ch,
+                         dram_free, spans)
+    if log_level >= 1:
+        for k in range(n):
+            nl = log_row(logs, nl, LOG_DRAM, spans[k, SPAN_CHANNEL], spans[k, SPAN_START],
+                         spans[k, SPAN_STOP], spans[k, SPAN_BYTES], write)
+    return end, nl

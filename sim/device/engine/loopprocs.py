@@ -1,7 +1,7 @@
 """The event kernel's primitives over arrays, for the array event loop
 (:mod:`sim.device.engine.loop`): process records, a counting semaphore's waiters
 (``Container.get`` and serving its queue), a resource's grant (``Resource.request`` and
-release), an SRAM port reservation, and the loop's initial state.
+release), and the loop's initial state.
 
 Each helper does exactly what the kernel does at the point the loop calls it: the same
 events in the same order, at the same time and priority, with the next insertion ids.
@@ -79,20 +79,6 @@ def grant(heap: np.ndarray, hs: int, eid: int, now: int, r: int, users: np.ndarr
         users[r] += 1
         hs, eid = resume_head(heap, hs, eid, now, r, r_head, r_tail, P)
     return hs, eid
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def reserve_port(port_free: np.ndarray, core: int, now: int, nbytes: int,
-                 port_bps: float) -> int:
-    """``Sram.reserve_port``: the earliest free port of ``core`` (the lowest index on
-    ties) is busy for ``nbytes`` from when it is free; returns when it is done."""
-    best = 0
-    for k in range(1, port_free.shape[1]):
-        if port_free[core, k] < port_free[core, best]:
-            best = k
-    s0 = max(now, port_free[core, best])
-    port_free[core, best] = s0 + lp.transfer_ps(nbytes, port_bps)
-    return port_free[core, best]
 
 
 def new_state(now: int, eid: int, queues: int, flags: int, resources: int,
