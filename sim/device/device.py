@@ -171,7 +171,8 @@ class Device:
         self.srams = [Sram(self.env, hw.sram, hw.cores.clock_hz, c) for c in range(n)]
         self.cores = [ComputeCore(hw.cores, c) for c in range(n)]
         #: the array loop's rows of the instruction objects this device has run
-        self.program_rows = RowCache(self.cores, n)
+        self.program_rows = RowCache(self.cores, n,
+                                     shared_link=hw.host_link.kind == "shared_dram")
         self.dma_in = [
             DmaEngine(self.env, f"core{c}", "dma_in", hw.dma, self.dram, self.srams[c],
                       self.recorder)

@@ -56,6 +56,13 @@ TINY_PROTOCOL = load_hardware("tiny", {
     "dram.model": "protocol", "dram.timing": preset_dict("aries")["dram"]["timing"],
     "dram.timing.row_run_bytes": 512, "cores.dispatch_cycles": 3,
     "cores.program_launch_ns": 250.0, "cores.barrier_sync_ns": 40.0})
+#: tiny with its host on the same chip, copying through the device's DRAM (as regulus),
+#: on the protocol model with every fixed cost
+TINY_SHARED = load_hardware("tiny", {
+    "host_link": {"kind": "shared_dram", "shared_dram": {
+        "host_copy_bytes_per_s": 3.0e9, "latency_ns": 700.0, "chunk_bytes": 2048}},
+    "dram.model": "protocol", "dram.timing": "lpddr4x-4266", "cores.dispatch_cycles": 3,
+    "cores.program_launch_ns": 250.0, "cores.barrier_sync_ns": 40.0})
 ENGINES = ("simpy", "kernel", "fast")
 
 
@@ -319,16 +326,19 @@ def test_an_unknown_engine_is_refused():
         Device(TINY, engine="numba")
 
 
-def test_a_shared_dram_host_link_falls_back_to_processes_with_the_same_timeline():
-    # the array loop models the PCIe link only: a host memcpy over shared DRAM channels
-    # runs on the kernel's processes, and must still match the reference
+def test_a_shared_dram_host_link_runs_on_the_array_loop_with_the_same_timeline():
+    # regulus: a host memcpy over the DRAM channels the NPU uses (its reads and writes
+    # contend with the DMA's), on the array loop
     hw = load_hardware("regulus")
-    assert not array_engine.eligible(Device(hw, functional=False))
-    assert_same(hw, [Program((
-        HostWrite(src=0, dst=0, nbytes=10_000),
-        DmaLoad(core=0, src=2048, dst=0, nbytes=6_000),
-        HostRead(src=0, dst=20_000, nbytes=5_000),
+    assert array_engine.eligible(Device(hw, functional=False))
+    out = assert_same(hw, [Program((
+        HostWrite(src=0, dst=0, nbytes=100_000),
+        DmaLoad(core=0, src=2048, dst=0, nbytes=60_000),
+        HostRead(src=0, dst=20_000, nbytes=50_000),
+        HostWrite(src=0, dst=300_000, nbytes=70_000),
     ))])
+    assert {"host_copy_h2d", "host_copy_d2h"} <= set(out["stats"]["traffic"])
+    assert any(s.block == "hostlink" for s in out["spans"])
 
 
 def test_the_array_loop_is_not_used_with_events_pending():
@@ -425,6 +435,12 @@ def test_random_programs_give_identical_timelines(progs):
 def test_random_programs_with_the_protocol_model_and_fixed_costs_are_identical(progs):
     out = assert_same(TINY_PROTOCOL, progs)
     assert out["dram_banks"] is not None
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(progs=st.lists(programs(), min_size=1, max_size=3))
+def test_random_programs_over_a_shared_dram_host_link_are_identical(progs):
+    assert_same(TINY_SHARED, progs)
 
 
 

@@ -60,14 +60,10 @@ class LoopResult:
 
 def eligible(dev) -> bool:
     """Whether ``dev``'s program runs can use the array loop: the lean kernel with no
-    other events pending and a PCIe host link. Both DRAM models and the fixed costs of
+    other events pending. Both DRAM models, both host link kinds and the fixed costs of
     dispatch, launch and barriers are modelled."""
     env = dev.env
-    if not isinstance(env, kernel.Environment) or env.pending:
-        return False
-    if dev.hw.host_link.kind != "pcie":
-        return False
-    return True
+    return isinstance(env, kernel.Environment) and not env.pending
 
 
 def _resources(dev) -> list:
@@ -110,7 +106,7 @@ def run(dev, program: Program) -> LoopResult:
             tb.s_flag, tb.q_ptr, tb.q_items, res_cap, res_setup, res_chunk, dram_free,
             dram.latency_ps, dram.cfg.interleave_bytes, dram.channel_bytes_per_s, spans,
             port_free, dev.srams[0].port_bytes_per_s, link_free, link.bytes_per_s,
-            link.latency_ps, link.chunk_bytes, log_level, dram.protocol, dram.params,
+            link.latency_ps, link.chunk_bytes, link.kind, log_level, dram.protocol, dram.params,
             *banks, dram.tck_ps, costs.launch_ps, costs.dispatch_ps, costs.sync_ps)
         if nl:
             _replay(rec, state[pl.ST_LOGS][:nl], names, instrs, res, link.block)
@@ -155,7 +151,8 @@ def run(dev, program: Program) -> LoopResult:
     seen = np.flatnonzero(pair_first >= 0)
     for pair in seen[np.argsort(pair_first[seen])].tolist():
         link_id, kind_id = divmod(pair, nkinds)
-        st.add(program_tables.LINKS[link_id], dev.kind_names[kind_id], int(pair_bytes[pair]))
+        for name in program_tables.LINKS[link_id]:
+            st.add(name, dev.kind_names[kind_id], int(pair_bytes[pair]))
     st.instructions += int(nd)
     st.ops += int(ops)
     qs = np.flatnonzero(counts[: len(names), 5] >= 0)

@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit
 
 from sim.device.components.dma import chunk_access, chunk_bytes_at, one_chunk, uses_port
-from sim.device.components.link import link_chunk
+from sim.device.components.link import PCIE, link_chunk, link_chunk_done
 from sim.device.components.sram import reserve_port
 from sim.device.engine import loopdefs as lp
 from sim.device.engine import loopprocs as kp
@@ -48,7 +48,8 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
     res_cap: np.ndarray, res_setup: np.ndarray, res_chunk: np.ndarray,
     dram_free: np.ndarray, dram_lat: int, granule: int, ch_bps: float, spans: np.ndarray,
     port_free: np.ndarray, port_bps: float, link_free: np.ndarray,
-    link_bps: np.ndarray, link_lat: int, link_chunk_bytes: int, log_level: int,
+    link_bps: np.ndarray, link_lat: int, link_chunk_bytes: int, link_kind: int,
+    log_level: int,
     protocol: bool, d_params: np.ndarray, d_open: np.ndarray, d_act: np.ndarray,
     d_pre: np.ndarray, d_cas: np.ndarray, d_faw: np.ndarray, d_sc: np.ndarray,
     d_ref: np.ndarray, d_per: np.ndarray, tck_ps: float, launch_ps: int, dispatch_ps: int,
@@ -258,6 +259,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                         continue
                     if ik == lp.K_LINK:
                         P[p, lp.F_L_DIR] = ins[ri, lp.I_DIR1]
+                        P[p, lp.F_L_ADDR] = ins[ri, lp.I_SRC1]
                         P[p, lp.F_L_N] = ins[ri, lp.I_N1]
                         P[p, lp.F_L_RET] = lp.S_E_FINISH
                         P[p, lp.F_STATE] = lp.S_L_START
@@ -490,10 +492,35 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     st = lp.S_L_AFTER_WAIT
                 if st == lp.S_L_AFTER_WAIT:
                     P[p, lp.F_STATE] = lp.S_L_AFTER_CHUNK
-                    hs = lp.hpush(heap, hs, now + P[p, lp.F_A_N], lp.NORMAL, eid, lp.CB_RESUME, p)
+                    if link_kind == PCIE:
+                        hs = lp.hpush(heap, hs, now + P[p, lp.F_A_N], lp.NORMAL, eid,
+                                      lp.CB_RESUME, p)
+                        eid += 1
+                        break
+                    # a host memcpy: all_of([timeout(the CPU's time), process(DRAM read),
+                    # process(DRAM write)]) of the chunk's bytes at its DRAM address
+                    P[p, lp.F_AO_COUNT] = 0
+                    P[p, lp.F_AO_TRIG] = 0
+                    P[p, lp.F_AO_ON] = 0
+                    hs = lp.hpush(heap, hs, now + P[p, lp.F_A_N], lp.NORMAL, eid, lp.CB_CHECK, p)
                     eid += 1
+                    for w in range(2):
+                        c, free_head, np_used = kp.new_process(P, free_head, np_used)
+                        P[c, lp.F_TYPE] = lp.P_ACCESS
+                        P[c, lp.F_PARENT] = p
+                        P[c, lp.F_STATE] = lp.S_A_START
+                        P[c, lp.F_A_RET] = lp.S_ACCESS_RET
+                        P[c, lp.F_A_ADDR] = P[p, lp.F_L_ADDR] + P[p, lp.F_L_OFF]
+                        P[c, lp.F_A_N] = P[p, lp.F_L_NN]
+                        P[c, lp.F_A_W] = w
+                        hs = lp.hpush(heap, hs, now, lp.URGENT, eid, lp.CB_RESUME, c)
+                        eid += 1
+                    P[p, lp.F_AO_N] = 3
+                    P[p, lp.F_AO_ON] = 1
                     break
                 if st == lp.S_L_AFTER_CHUNK:
+                    if link_kind != PCIE:
+                        link_chunk_done(link_free, P[p, lp.F_L_DIR], now)
                     if log_level >= 1:
                         nl = lp.log_row(logs, nl, lp.LOG_LINK, P[p, lp.F_L_DIR], P[p, lp.F_L_START],
                                         now, P[p, lp.F_L_NN], 0)
@@ -501,7 +528,7 @@ def run_program(  # noqa: C901 - one state machine per process kind, kept togeth
                     P[p, lp.F_STATE] = lp.S_L_CHUNK
                     continue
                 # ---------------- returns ---------------------------------------------------------
-                if st == lp.S_XFER_RET or st == lp.S_CHUNK_RET:
+                if st == lp.S_XFER_RET or st == lp.S_CHUNK_RET or st == lp.S_ACCESS_RET:
                     st = lp.S_END
                 if st == lp.S_END:
                     # the process's own event: its parent's all_of counts it when processed

@@ -62,6 +62,7 @@ P_ENGINE = 0
 P_JOIN = 1
 P_XFER = 2  # a stream transfer of an attention / KV instruction
 P_CHUNK = 3  # one chunk of a multi-chunk transfer
+P_ACCESS = 4  # a DRAM access of a shared-DRAM host copy's chunk
 
 F_TYPE = 0
 F_STATE = 1
@@ -102,7 +103,8 @@ F_L_NN = 35
 F_L_RET = 36
 F_CORE = 37
 F_C_K = 38  # chunk: its next DRAM access (``dma.chunk_access``)
-P_FIELDS = 39
+F_L_ADDR = 39  # link transfer: its DRAM address
+P_FIELDS = 40
 
 # --- process states ----------------------------------------------------------------------------
 S_E_NEXT = 0
@@ -135,6 +137,7 @@ S_END = 50  # the process returns
 S_XFER_RET = 51  # a P_XFER's transfer is done
 S_CHUNK_RET = 52  # a P_CHUNK's chunk is done
 S_T_SINGLE_RET = 53  # a transfer's single chunk (run in its own process) is done
+S_ACCESS_RET = 54  # a P_ACCESS's DRAM access is done
 
 # --- log codes ---------------------------------------------------------------------------------
 LOG_INS = 0  # queue, instruction, start, end

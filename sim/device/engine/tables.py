@@ -112,7 +112,8 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
     object that is the same (``is``) only while ``kinds_of`` maps addresses the same way
     (the device's frozen memory layout), so that kept rows keep their stats pairs."""
     if isinstance(program, ColumnProgram):
-        made = ColumnRows(program.columns, cache.cores, cache.num_cores, program.formats)
+        made = ColumnRows(program.columns, cache.cores, cache.num_cores, program.formats,
+                          cache.shared_link)
         return gather(made.rows, made.row_of, made.flags, kinds_of, kind_count)
     instrs = program.instructions
     got = (_incremental(instrs, program.formats, cache, kinds_of, kind_count,
