@@ -22,24 +22,16 @@ the reference.
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
-from isa import kvformats, semantics
+from isa import kvformats
 from isa.instructions import (
-    PER_CORE_ENGINES,
-    Attn,
-    DmaCopy,
     DmaLoad,
     DmaStore,
-    Engine,
     Gemm,
-    HostRead,
-    HostWrite,
-    Instruction,
     KvRead,
     KvWrite,
     MemoryLayout,
@@ -52,17 +44,15 @@ from kvsim.errors import DeviceError
 from sim.device.components import ComputeCore, DmaEngine, Dram, HostLink, Sram
 from sim.device.components.core import FixedCosts
 from sim.device.engine import array as array_engine
-from sim.device.engine import kernel
+from sim.device.engine import kernel, processes
+from sim.device.engine import tables as program_tables
 from sim.device.engine.rows import RowCache
-from sim.device.engine.tables import engine_name
 from sim.device.hw import HardwareConfig
 from sim.device.memory import DeviceMemory
 from sim.device.stats import Stats
 from traces.recorder import Recorder
 
 UNMAPPED = "unmapped"
-#: Instructions whose timing is one compute-core duration.
-_COMPUTE_ONLY = frozenset({Gemm, Vec, Nop})
 #: Instructions that touch no DRAM: the matrix unit's (every Gemm variant), the vector
 #: unit's and Nop.
 _SRAM_ONLY = (Gemm, Vec, Nop)
@@ -104,23 +94,6 @@ def static_roofline(program: Program, hw: HardwareConfig,
     c = ops / hw.cores.peak_ops_per_s(precision)
     return {"dram_bytes": dram, "ops": ops, "dram_bound_s": d,
             "compute_bound_s": c, "bound_s": max(d, c)}
-
-
-def cross_core_waits(program: Program) -> frozenset[int]:
-    """Indices of the instructions on a core's engine that wait on a flag some other core
-    signals: the cross-core synchronisations (layer and stage barriers of a multi-core
-    program), each of which costs ``cores.barrier_sync_ns``."""
-    producers: dict[int, set[int]] = defaultdict(set)
-    for ins in program.instructions:
-        if ins.engine in PER_CORE_ENGINES:
-            for f in ins.signal:
-                producers[f].add(ins.core)
-    out = []
-    for idx, ins in enumerate(program.instructions):
-        if ins.engine in PER_CORE_ENGINES and any(
-                producers.get(f, set()) - {ins.core} for f in ins.wait):
-            out.append(idx)
-    return frozenset(out)
 
 
 @dataclass(frozen=True)
@@ -204,13 +177,9 @@ class Device:
         )
         self.layout = layout or self.default_layout()
         self._index_regions()
-        self._link_prefix = "pcie" if hw.host_link.kind == "pcie" else "host_copy"
-        self._formats: dict[str, kvformats.KVFormat] = {}
         # the fixed costs of hardware.cores, in ps
         self.costs = FixedCosts.of(hw.cores)
-        self._launch_ps = self.costs.launch_ps
-        self._dispatch_ps = self.costs.dispatch_ps
-        self._sync_ps = self.costs.sync_ps
+        self._blocked: dict[str, tuple[int, int]] = {}
 
     # --- memory map -------------------------------------------------------------------
     def default_layout(self) -> MemoryLayout:
@@ -263,32 +232,23 @@ class Device:
         return np.where(inside, self._kind_ids[safe], unmapped)
 
     # --- execution --------------------------------------------------------------------
+    def plan(self, program: Program) -> program_tables.Tables:
+        """``program`` as the tables both engines run (:mod:`sim.device.engine.tables`): what
+        each instruction does on which component, its queue, flags and fixed costs."""
+        # (the layout is frozen and set anew whenever the memory map changes: the kinds
+        # of addresses are the same while it is the same object)
+        return program_tables.build(program, self.program_rows, self.kinds_of,
+                                    len(self.kind_names), kinds_key=self.layout)
+
     def start(self, program: Program, *, validate: bool = True):
-        """Start ``program`` on the engines; returns the process (of the device's event
+        """Start ``program`` on the engines as SimPy processes
+        (:mod:`sim.device.engine.processes`); returns the process (of the device's event
         kernel) that ends with it."""
         if validate:
             from isa.validate import validate_program
 
             validate_program(program, self.layout)
-        env = self.env
-        flags: dict[int, simpy.Container | kernel.Container] = defaultdict(
-            lambda: kernel.container_for(env))
-        queues: dict[tuple[Engine, int], list[tuple[int, Instruction]]] = defaultdict(list)
-        for idx, ins in enumerate(program.instructions):
-            eng = ins.engine
-            queues[(eng, ins.core if eng in PER_CORE_ENGINES else 0)].append((idx, ins))
-        cross = cross_core_waits(program)
-        self.stats.launch_ps += self._launch_ps
-        procs = [
-            self.env.process(self._engine(eng, core, items, flags, program, cross))
-            for (eng, core), items in sorted(queues.items())
-        ]
-        self._blocked: dict[str, tuple[int, int]] = {}
-        return self.env.process(self._join(procs))
-
-    def _join(self, procs):
-        if procs:
-            yield self.env.all_of(procs)
+        return processes.start(self, program, self.plan(program))
 
     def run(self, program: Program, *, validate: bool = True) -> ProgramRun:
         """Run ``program`` to completion and return its timing and traffic."""
@@ -322,136 +282,6 @@ class Device:
             for who, (idx, flag) in sorted(self._blocked.items())
         )
         raise DeviceError(f"program {program.name!r} deadlocked: {blocked}") from None
-
-    def _engine(self, eng: Engine, core: int, items, flags, program: Program,
-                cross: frozenset[int]):
-        block, lane = engine_name(eng, core)
-        who = f"{block}.{lane}"
-        env = self.env
-        rec = self.recorder
-        traced = rec.wants("ops")
-        stats = self.stats
-        busy = stats.busy_ps
-        functional = self.functional
-        mem = self.mem
-        formats = program.formats
-        timing = self._timing
-        # compute-only instructions are timed here (the same single timeout as _timing
-        # gives them) to save a generator per instruction
-        compute = self.cores[core].duration_ps if eng in PER_CORE_ENGINES else None
-        dispatch_ps, sync_ps = self._dispatch_ps, self._sync_ps
-        if self._launch_ps:  # the program reaches every engine queue after its launch
-            yield env.timeout(self._launch_ps)
-        for idx, ins in items:
-            if dispatch_ps and type(ins) is not Nop:
-                # fetch and decode, before (and overlapping) the wait for its flags
-                yield env.timeout(dispatch_ps)
-                stats.dispatch_ps[who] += dispatch_ps
-            for f in ins.wait:
-                flag = flags[f]
-                if flag.level < 1:
-                    self._blocked[who] = (idx, f)
-                    yield flag.get(1)
-                    self._blocked.pop(who, None)
-                else:
-                    yield flag.get(1)
-            if sync_ps and idx in cross:
-                yield env.timeout(sync_ps)
-                stats.sync_ps[who] += sync_ps
-            start = env.now
-            if compute is not None and type(ins) in _COMPUTE_ONLY:
-                dur = compute(ins, formats)
-                if dur:
-                    yield env.timeout(dur)
-            else:
-                yield from timing(ins, program)
-            if functional:
-                semantics.execute(ins, mem, formats)
-            end = env.now
-            busy[who] += end - start
-            stats.instructions += 1
-            stats.ops += ins.ops()
-            if traced:
-                rec.span(block, lane, ins.mnemonic, start, end, args={"index": idx})
-            for f in ins.signal:
-                flags[f].put(1)
-
-    def _timing(self, ins: Instruction, program: Program):
-        st = self.stats
-        if isinstance(ins, DmaLoad):
-            st.add("dram_read", self.kind_of(ins.src), ins.total_bytes)
-            yield from self.dma_in[ins.core].transfer(
-                "load", ins.src, ins.dst, ins.nbytes, rows=ins.rows,
-                src_stride=ins.src_stride, dst_stride=ins.dst_stride,
-            )
-        elif isinstance(ins, DmaStore):
-            st.add("dram_write", self.kind_of(ins.dst), ins.total_bytes)
-            yield from self.dma_out[ins.core].transfer(
-                "store", ins.src, ins.dst, ins.nbytes, rows=ins.rows,
-                src_stride=ins.src_stride, dst_stride=ins.dst_stride,
-            )
-        elif isinstance(ins, DmaCopy):
-            st.add("dram_read", self.kind_of(ins.src), ins.nbytes)
-            st.add("dram_write", self.kind_of(ins.dst), ins.nbytes)
-            yield from self.copy_engine.transfer("copy", ins.src, ins.dst, ins.nbytes)
-        elif isinstance(ins, HostWrite):
-            kind = self.kind_of(ins.dst)
-            st.add(f"{self._link_prefix}_h2d", kind, ins.nbytes)
-            st.add("dram_write", kind, ins.nbytes)
-            if self._link_prefix != "pcie":
-                st.add("dram_read", kind, ins.nbytes)
-            yield from self.link.transfer("h2d", ins.dst, ins.nbytes)
-        elif isinstance(ins, HostRead):
-            kind = self.kind_of(ins.src)
-            st.add(f"{self._link_prefix}_d2h", kind, ins.nbytes)
-            st.add("dram_read", kind, ins.nbytes)
-            if self._link_prefix != "pcie":
-                st.add("dram_write", kind, ins.nbytes)
-            yield from self.link.transfer("d2h", ins.src, ins.nbytes)
-        elif isinstance(ins, Attn):
-            # the attention unit streams K and V from DRAM while it computes
-            kind = self.kind_of(ins.k)
-            st.add("dram_read", kind, ins.k_nbytes + ins.v_nbytes)
-            dur = self.cores[ins.core].duration_ps(ins, program.formats)
-            stream = self.kv_stream[ins.core]
-            yield self.env.all_of([
-                self.env.timeout(dur),
-                self.env.process(stream.transfer("read", ins.k, 0, ins.k_nbytes)),
-                self.env.process(stream.transfer("read", ins.v, 0, ins.v_nbytes)),
-            ])
-        elif isinstance(ins, (KvWrite, KvRead)):
-            fmt = self._format(program.formats[ins.fmt])
-            # the bytes the format's DRAM region layout really moves
-            if isinstance(ins, KvWrite):
-                rd, wr = fmt.write_bytes(ins.pos, ins.tokens, ins.width)
-                base = ins.dst
-            else:
-                rd = fmt.read_bytes(ins.pos, ins.tokens, ins.width)
-                wr = 0
-                base = ins.src
-            kind = self.kind_of(base)
-            dur = self.cores[ins.core].duration_ps(ins, program.formats)
-            stream = self.kv_stream[ins.core]
-            parts = [self.env.timeout(dur)]
-            if rd:
-                st.add("dram_read", kind, rd)
-                parts.append(self.env.process(stream.transfer("read", base, 0, rd)))
-            if wr:
-                st.add("dram_write", kind, wr)
-                parts.append(self.env.process(stream.transfer("write", 0, base, wr)))
-            yield self.env.all_of(parts)
-        elif isinstance(ins, (Gemm, Vec, Nop)):
-            dur = self.cores[ins.core].duration_ps(ins, program.formats)
-            if dur:
-                yield self.env.timeout(dur)
-        else:
-            raise DeviceError(f"no engine executes {type(ins).__name__}")
-
-    def _format(self, text: str) -> kvformats.KVFormat:
-        fmt = self._formats.get(text)
-        if fmt is None:
-            fmt = self._formats[text] = kvformats.parse(text)
-        return fmt
 
     # --- host memory helpers (for the runtime and tests) ----------------------------------
     def host_write(self, addr: int, data) -> None:

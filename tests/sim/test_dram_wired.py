@@ -9,8 +9,8 @@ import pytest
 from isa.instructions import DmaLoad, Engine, Gemm, Nop, Program
 from sim.app.breakdown import FIXED_COSTS, Labelled, time_breakdown
 from sim.device.components import Dram
-from sim.device.device import Device, cross_core_waits
-from sim.device.engine import kernel
+from sim.device.device import Device
+from sim.device.engine import kernel, loopdefs
 from sim.device.hw import load_hardware
 from sim.runtime import CallRecord
 from sim.units import KiB, ns_to_ps
@@ -156,7 +156,9 @@ def test_launch_dispatch_and_barrier_sync_on_a_tiny_program():
                 signal=(17,)),
         Nop(on=Engine.VPU, core=1, wait=(17,)),
     ))
-    assert cross_core_waits(prog) == frozenset({1})
+    tb = dev.plan(prog)  # the Gemm of core 1 waits on core 0's flag: one cross-core sync
+    assert [i for i, r in enumerate(tb.row_of.tolist())
+            if tb.table[r, loopdefs.I_FLAGS] & loopdefs.FL_CROSS] == [1]
     run = dev.run(prog, validate=False)
     spans = [(s.block, s.lane, s.start_ps, s.end_ps) for s in rec.spans
              if s.block.startswith("core")]

@@ -33,6 +33,7 @@ from sim.device.engine import kernel
 from sim.device.engine import loopdefs as pl
 from sim.device.engine import tables as program_tables
 from sim.device.engine.loop import new_state, run_program
+from sim.device.engine.processes import resources
 from sim.device.engine.tables import engine_name
 from traces.recorder import Span
 
@@ -66,21 +67,13 @@ def eligible(dev) -> bool:
     return isinstance(env, kernel.Environment) and not env.pending
 
 
-def _resources(dev) -> list:
-    # the loop's resource ids: dma_in per core, dma_out per core, kv_stream per core, copy
-    return [*dev.dma_in, *dev.dma_out, *dev.kv_stream, dev.copy_engine]
-
-
 def run(dev, program: Program) -> LoopResult:
     """Runs ``program`` on ``dev`` (which must be :func:`eligible`)."""
     instrs = program_tables.instructions_of(program)
-    # (the layout is frozen and set anew whenever the memory map changes: the kinds
-    # of addresses are the same while it is the same object)
-    tb = program_tables.build(program, dev.program_rows, dev.kinds_of, len(dev.kind_names),
-                              kinds_key=dev.layout)
+    tb = dev.plan(program)
     names = [engine_name(Engine(eng), core) for eng, core in tb.queues]
     dram = dev.dram
-    res = _resources(dev)
+    res = resources(dev)
     res_cap = np.asarray([r.outstanding for r in res], np.int64)
     res_setup = np.asarray([r.setup_ps for r in res], np.int64)
     res_chunk = np.asarray([r.chunk_bytes for r in res], np.int64)

@@ -419,7 +419,7 @@ def gather(rows: np.ndarray, row_of: np.ndarray, held: np.ndarray, kinds_of,
     flags, dense = unique_small(np.concatenate([wflat, sflat]))
 
     # an instruction on a core's engine that waits on a flag some other core's engine
-    # signals pays the barrier sync (``sim.device.device.cross_core_waits``): a row's own fields
+    # signals pays the barrier sync (``FixedCosts.sync_ps``): a row's own fields
     # and the program's signallers decide it, however often the row occurs
     per_core = eng <= LAST_PER_CORE
     nflags = len(flags)
