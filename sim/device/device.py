@@ -7,16 +7,17 @@ flag in ``wait`` before it starts and gives one count of each flag in ``signal``
 ends (counting semaphores, SimPy ``Container``s). Each instruction's duration comes from
 the component that executes it; its result, in functional mode, from ``isa.semantics``.
 
-The components are SimPy-style processes; ``Device(engine=...)`` chooses how they run:
+The components are SimPy processes whose timing rules are compiled functions (see
+``sim/device/components/rules.py``); ``Device(engine=...)`` chooses how a program runs:
 ``"fast"`` (the default: a whole program on the array loop of
-:mod:`sim.device.engine.loop`, the same processes written as state machines in Numba,
-with the same events in the same order; when a device is not eligible for it, see
-:func:`sim.device.engine.array.eligible`, the program runs as ``"kernel"``), ``"kernel"`` (the
-generator processes on the lean event kernel :mod:`sim.device.engine.kernel`, SimPy's exact
-event order at a fraction of its cost) or ``"simpy"`` (the reference). All three give the
+:mod:`sim.device.engine.loop`, the same processes written as state machines in Numba that
+call the same rules, with the same events in the same order) or ``"simpy"`` (the processes
+themselves on SimPy: :mod:`sim.device.engine.processes`, the reference). Both give the
 same timeline to the picosecond, the same stats and the same recorder spans in the same
-order (``tests/sim/test_engines.py``). Passing a ``simpy.Environment`` as ``env`` selects
-the reference.
+order (``tests/sim/test_engines.py``). The fast engine runs every device the hardware
+config accepts (hardware it has no model of is refused by name, never run slowly in
+silence); under it nothing else runs on the device's clock (a :class:`Clock`). Passing a
+``simpy.Environment`` as ``env`` selects the reference, whose processes may share it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from kvsim.errors import DeviceError
 from sim.device.components import ComputeCore, DmaEngine, Dram, HostLink, Sram
 from sim.device.components.core import FixedCosts
 from sim.device.engine import array as array_engine
-from sim.device.engine import kernel, processes
+from sim.device.engine import processes
 from sim.device.engine import tables as program_tables
 from sim.device.engine.rows import RowCache
 from sim.device.hw import HardwareConfig
@@ -57,7 +58,7 @@ UNMAPPED = "unmapped"
 #: unit's and Nop.
 _SRAM_ONLY = (Gemm, Vec, Nop)
 #: Event engines a device can run on (see :class:`Device`).
-ENGINES = ("fast", "kernel", "simpy")
+ENGINES = ("fast", "simpy")
 
 
 def static_roofline(program: Program, hw: HardwareConfig,
@@ -96,6 +97,21 @@ def static_roofline(program: Program, hw: HardwareConfig,
             "compute_bound_s": c, "bound_s": max(d, c)}
 
 
+class Clock:
+    """The device's time under the fast engine (ps): when its last program or host-side
+    work ended. The array loop schedules its own events and nothing else waits on this
+    clock, so it only moves forward; ``run(until=t)`` (SimPy's signature) moves it to ``t``."""
+
+    def __init__(self, now: int = 0) -> None:
+        self.now = now
+
+    def run(self, until: int) -> None:
+        if until <= self.now:
+            raise ValueError(f"until ({until}) must be greater than the current simulation "
+                             f"time")
+        self.now = until
+
+
 @dataclass(frozen=True)
 class ProgramRun:
     """Timing of one program on the device, and what it moved."""
@@ -120,22 +136,22 @@ class Device:
         functional: bool = True,
         recorder: Recorder | None = None,
         layout: MemoryLayout | None = None,
-        env: simpy.Environment | kernel.Environment | None = None,
+        env: simpy.Environment | None = None,
         engine: str = "fast",
     ):
-        if env is None:
-            if engine not in ENGINES:
-                raise DeviceError(f"engine {engine!r}: valid engines are "
-                                  f"{', '.join(ENGINES)}")
-            env = simpy.Environment() if engine == "simpy" else kernel.Environment()
-        elif isinstance(env, simpy.Environment):
+        if engine not in ENGINES:
+            raise DeviceError(f"engine {engine!r}: valid engines are {', '.join(ENGINES)}")
+        if env is not None:  # a clock shared with other processes: the reference runs them
             engine = "simpy"
         self.hw = hw
         self.functional = functional
-        #: the event kernel: "fast" (``sim.device.engine.kernel``, SimPy's event order at a
-        #: fraction of its cost) or "simpy" (the reference); both give identical timelines
-        self.engine = engine if isinstance(env, kernel.Environment) else "simpy"
-        self.env = env
+        #: how programs run: "fast" (the array loop) or "simpy" (the reference); both give
+        #: identical timelines
+        self.engine = engine
+        if engine == "fast" and (why := array_engine.unsupported(hw)):
+            raise DeviceError(f"engine 'fast': {why}; use engine='simpy'")
+        self.env = env if env is not None else (
+            Clock() if engine == "fast" else simpy.Environment())
         self.recorder = recorder or Recorder(level="off")
         self.stats = Stats()
         n = hw.cores.num_cores
@@ -242,8 +258,8 @@ class Device:
 
     def start(self, program: Program, *, validate: bool = True):
         """Start ``program`` on the engines as SimPy processes
-        (:mod:`sim.device.engine.processes`); returns the process (of the device's event
-        kernel) that ends with it."""
+        (:mod:`sim.device.engine.processes`); returns the process (on the device's clock)
+        that ends with it."""
         if validate:
             from isa.validate import validate_program
 
@@ -254,7 +270,7 @@ class Device:
         """Run ``program`` to completion and return its timing and traffic."""
         before = self.stats.snapshot()
         start = self.env.now
-        if self.engine == "fast" and array_engine.eligible(self):
+        if self.engine == "fast":
             if validate:
                 from isa.validate import validate_program
 

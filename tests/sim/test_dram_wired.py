@@ -5,12 +5,13 @@ calculations from the timing parameters (aries: 4167 MT/s, tCK = 0.47996 ns)."""
 import math
 
 import pytest
+import simpy
 
 from isa.instructions import DmaLoad, Engine, Gemm, Nop, Program
 from sim.app.breakdown import FIXED_COSTS, Labelled, time_breakdown
 from sim.device.components import Dram
 from sim.device.device import Device
-from sim.device.engine import kernel, loopdefs
+from sim.device.engine import loopdefs
 from sim.device.hw import load_hardware
 from sim.runtime import CallRecord
 from sim.units import KiB, ns_to_ps
@@ -26,9 +27,9 @@ def _ps(cycles: int) -> int:
     return math.ceil(cycles * TCK_PS - 1e-6)
 
 
-def _dram(overrides: dict | None = None) -> tuple[kernel.Environment, Dram]:
+def _dram(overrides: dict | None = None) -> tuple[simpy.Environment, Dram]:
     hw = load_hardware("aries", {**IDEAL, **overrides}) if overrides else ARIES
-    env = kernel.Environment()
+    env = simpy.Environment()
     return env, Dram(env, hw.dram, Recorder(level="off"))
 
 

@@ -1,13 +1,12 @@
 """The fast engines and SimPy give identical timelines.
 
-Each scenario runs on three devices, one per engine: ``simpy`` (the reference), ``kernel``
-(the same processes on the lean event kernel) and ``fast`` (the array loop of
-``sim.device.engine.loop`` wherever the device is eligible, which these scenarios
-check it used), and compares everything a run leaves behind: every recorder span
-(instructions, DMA chunks, DRAM bursts, link chunks) in order with its times and
-arguments, the byte bins and totals, the per-program timing and stats, the device's
-counters, the state of every channel, port and link direction and, in functional mode,
-the bytes in memory and the results.
+Each scenario runs on two devices, one per engine: ``simpy`` (the reference: the
+processes of ``sim.device.engine.processes`` on SimPy) and ``fast`` (the array loop of
+``sim.device.engine.loop``, which these scenarios check it used), and compares
+everything a run leaves behind: every recorder span (instructions, DMA chunks, DRAM
+bursts, link chunks) in order with its times and arguments, the byte bins and totals,
+the per-program timing and stats, the device's counters, the state of every channel,
+port and link direction and, in functional mode, the bytes in memory and the results.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from models.config import load_preset
 from models.demo import demo_data, gemv_layer
 from sim.device.device import Device
 from sim.device.engine import array as array_engine
-from sim.device.engine import kernel, loopdefs
+from sim.device.engine import loopdefs
 from sim.device.engine import tables as program_tables
 from sim.device.hw import load_hardware, preset_dict
 from sim.runtime import Accelerator, Model
@@ -64,7 +63,7 @@ TINY_SHARED = load_hardware("tiny", {
         "host_copy_bytes_per_s": 3.0e9, "latency_ns": 700.0, "chunk_bytes": 2048}},
     "dram.model": "protocol", "dram.timing": "lpddr4x-4266", "cores.dispatch_cycles": 3,
     "cores.program_launch_ns": 250.0, "cores.barrier_sync_ns": 40.0})
-ENGINES = ("simpy", "kernel", "fast")
+ENGINES = ("simpy", "fast")
 
 
 def _state(dev: Device, rec: Recorder, runs: list) -> dict:
@@ -91,7 +90,7 @@ def _run(engine: str, hw, programs, *, functional=False, layout=None, setup=None
                                                                      max_events=max_events)
     dev = Device(hw, functional=functional, recorder=rec, layout=layout, engine=engine)
     assert dev.engine == engine
-    if engine == "fast" and array_engine.eligible(dev):
+    if engine == "fast":
         dev.start = _no_processes  # the array loop must run these programs
     if setup is not None:
         setup(dev)
@@ -111,15 +110,14 @@ def _run(engine: str, hw, programs, *, functional=False, layout=None, setup=None
 
 
 def _no_processes(*_args, **_kw):
-    raise AssertionError("the fast engine ran generator processes on an eligible device")
+    raise AssertionError("the fast engine ran generator processes")
 
 
 def assert_same(hw, programs, **kw) -> dict:
     a = _run("simpy", hw, programs, **kw)
-    for engine in ("kernel", "fast"):
-        b = _run(engine, hw, programs, **kw)
-        for key in a:
-            assert a[key] == b[key], (engine, key)
+    b = _run("fast", hw, programs, **kw)
+    for key in a:
+        assert a[key] == b[key], key
     return a
 
 
@@ -256,7 +254,7 @@ def test_a_deadlock_is_reported_the_same_way():
         with pytest.raises(DeviceError) as info:
             Device(TINY, functional=False, engine=engine).run(prog, validate=False)
         msgs.append(str(info.value))
-    assert msgs[0] == msgs[1] == msgs[2] and "deadlocked" in msgs[0]
+    assert msgs[0] == msgs[1] and "deadlocked" in msgs[0]
 
 
 def test_fixed_costs_and_protocol_dram_on_hand_built_contention():
@@ -320,15 +318,14 @@ def test_the_fixed_cost_bits_are_the_devices():
     assert ((bits & loopdefs.FL_DISPATCH) == 0).tolist() == nops.tolist()
 
 
-def test_aries_decode_steps_back_to_back_on_the_array_loop_match_the_kernel():
+def test_aries_decode_steps_back_to_back_on_the_array_loop_match_simpy():
     # the bank state, refresh phase and bus direction carry from one program to the next
     hw = load_hardware("aries")
-    assert array_engine.eligible(Device(hw, functional=False))
     cm = compile_model(load_preset("qwen2.5-0.5b"), build_bit_config({}),
                        HardwareTarget.from_hw(hw), max_seq=8, cap=320, functional=False)
     progs = [cm.program(tokens=1, cache_size=300), cm.program(tokens=1, cache_size=301)]
     layout = cm.layout(host_bytes=hw.host.memory_bytes)
-    a = _run("kernel", hw, progs, layout=layout, level="off")
+    a = _run("simpy", hw, progs, layout=layout, level="off")
     b = _run("fast", hw, progs, layout=layout, level="off")
     assert a == b
     first, second = a["runs"]
@@ -344,7 +341,6 @@ def test_a_shared_dram_host_link_runs_on_the_array_loop_with_the_same_timeline()
     # regulus: a host memcpy over the DRAM channels the NPU uses (its reads and writes
     # contend with the DMA's), on the array loop
     hw = load_hardware("regulus")
-    assert array_engine.eligible(Device(hw, functional=False))
     out = assert_same(hw, [Program((
         HostWrite(src=0, dst=0, nbytes=100_000),
         DmaLoad(core=0, src=2048, dst=0, nbytes=60_000),
@@ -355,11 +351,13 @@ def test_a_shared_dram_host_link_runs_on_the_array_loop_with_the_same_timeline()
     assert any(s.block == "hostlink" for s in out["spans"])
 
 
-def test_the_array_loop_is_not_used_with_events_pending():
-    dev = Device(TINY, functional=False)
-    assert array_engine.eligible(dev)
-    dev.env.timeout(5)
-    assert not array_engine.eligible(dev)
+def test_the_fast_engine_refuses_hardware_it_has_no_model_of(monkeypatch):
+    # a host link kind (or DRAM model) added to the hardware config without its processes
+    # in the array loop is named, never run slowly in silence
+    monkeypatch.setattr(array_engine, "LINK_KINDS", ("pcie",))
+    with pytest.raises(DeviceError, match=r"host_link\.kind 'shared_dram'.*engine='simpy'"):
+        Device(load_hardware("regulus"), engine="fast")
+    assert Device(load_hardware("regulus"), engine="simpy").engine == "simpy"
 
 
 @settings(max_examples=300, deadline=None)
@@ -369,27 +367,6 @@ def test_the_loops_transfer_time_rounds_like_python(nbytes, bw):
     from sim.units import transfer_ps
 
     assert rule(nbytes, bw) == transfer_ps(nbytes, bw)
-
-
-def test_the_kernel_clock_only_moves_forward_with_an_empty_queue():
-    env = kernel.Environment()
-    env.advance(10, 3)
-    assert (env.now, env.insertion_id) == (10, 3)
-    with pytest.raises(ValueError, match="only move forward"):
-        env.advance(9, 3)
-    env.timeout(1)
-    with pytest.raises(RuntimeError, match="events scheduled"):
-        env.advance(20, 9)
-
-
-def test_the_kernel_runs_until_a_time_like_simpy():
-    import simpy
-
-    for env in (simpy.Environment(), kernel.Environment()):
-        env.run(until=5)
-        assert env.now == 5
-        with pytest.raises(ValueError, match="greater than the current"):
-            env.run(until=5)
 
 
 # --- random programs: every engine, chunking, contention and flags ------------------------

@@ -67,9 +67,8 @@ def _state(hw, programs, direct: bool, monkeypatch, *, layout=None, level="tiles
     monkeypatch.setattr(array_engine, "run_program", run)
     rec = Recorder(level=level)
     dev = Device(hw, functional=False, recorder=rec, layout=layout, engine="fast")
-    assert array_engine.eligible(dev)
     runs = [dev.run(p, validate=False) for p in programs]
-    return {"runs": runs, "now": dev.env.now, "eid": dev.env.insertion_id,
+    return {"runs": runs, "now": dev.env.now,
             "spans": rec.spans, "bytes": rec.bytes, "stats": dev.stats.snapshot(),
             "dram": (dev.dram.free_ps.tolist(), dev.dram.bytes_read, dev.dram.bytes_written),
             "banks": ([a.tolist() for a in vars(dev.dram.state).values()]

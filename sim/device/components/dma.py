@@ -18,7 +18,6 @@ import simpy
 from sim.device.components.dram import Dram
 from sim.device.components.rules import rule
 from sim.device.components.sram import Sram
-from sim.device.engine.kernel import resource_for
 from sim.device.hw import DmaConfig
 from sim.units import ns_to_ps
 from traces.recorder import Recorder
@@ -86,7 +85,7 @@ class DmaEngine:
         self.dram = dram
         self.sram = sram
         self.recorder = recorder
-        self.slots = resource_for(env, cfg.max_outstanding_chunks)
+        self.slots = simpy.Resource(env, capacity=cfg.max_outstanding_chunks)
         self.setup_ps = setup_ps(cfg)
         self.chunk_bytes = cfg.chunk_bytes
         self.outstanding = cfg.max_outstanding_chunks

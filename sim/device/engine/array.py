@@ -10,7 +10,7 @@ the stats additions, busy times and ops as it goes), and its logs are replayed i
 into what the generator processes would have changed: the stats (the same additions, so
 counters keep their key order; the fixed costs of launch, dispatch and sync), the
 recorder (the same calls in the same order), the components' state (DRAM
-channels, SRAM ports, link directions, the kernel's clock and insertion id) and, in
+channels, SRAM ports, link directions, the device's clock) and, in
 functional mode, memory (``isa.semantics`` in the order instructions ended, which is the
 order the processes execute them: an instruction's bytes never influence timing).
 
@@ -29,7 +29,6 @@ import numpy as np
 from isa import semantics
 from isa.instructions import Engine, Program
 from sim.device.components.dma import DIRECTIONS as _DIRECTIONS
-from sim.device.engine import kernel
 from sim.device.engine import loopdefs as pl
 from sim.device.engine import tables as program_tables
 from sim.device.engine.loop import new_state, run_program
@@ -59,16 +58,26 @@ class LoopResult:
     blocked: dict[str, tuple[int, int]]
 
 
-def eligible(dev) -> bool:
-    """Whether ``dev``'s program runs can use the array loop: the lean kernel with no
-    other events pending. Both DRAM models, both host link kinds and the fixed costs of
-    dispatch, launch and barriers are modelled."""
-    env = dev.env
-    return isinstance(env, kernel.Environment) and not env.pending
+#: The host link kinds and DRAM models the loop has the processes of (every kind the
+#: hardware config accepts today; a new one must be added to the loop, or is refused).
+LINK_KINDS = ("pcie", "shared_dram")
+DRAM_MODELS = ("efficiency", "protocol")
+
+
+def unsupported(hw) -> str | None:
+    """Why the array loop cannot run programs on hardware ``hw``, or None when it can:
+    both DRAM models, both host link kinds and the fixed costs of dispatch, launch and
+    barriers are modelled."""
+    if hw.host_link.kind not in LINK_KINDS:
+        return f"hardware.host_link.kind {hw.host_link.kind!r} has no model in the array loop"
+    if hw.dram.model not in DRAM_MODELS:
+        return f"hardware.dram.model {hw.dram.model!r} has no model in the array loop"
+    return None
 
 
 def run(dev, program: Program) -> LoopResult:
-    """Runs ``program`` on ``dev`` (which must be :func:`eligible`)."""
+    """Runs ``program`` on ``dev`` (a device of the fast engine, whose clock nothing else
+    schedules on)."""
     instrs = program_tables.instructions_of(program)
     tb = dev.plan(program)
     names = [engine_name(Engine(eng), core) for eng, core in tb.queues]
@@ -91,7 +100,7 @@ def run(dev, program: Program) -> LoopResult:
     spans = np.zeros((dram.cfg.channels, 4), np.int64)
     costs = dev.costs
 
-    state = new_state(env.now, env.insertion_id, len(tb.queues), len(tb.flags), len(res),
+    state = new_state(env.now, 0, len(tb.queues), len(tb.flags), len(res),
                       len(instrs), tb.pairs, log_level=log_level, keep_order=dev.functional)
     while True:  # the logs handed over in bounded batches, replayed in order
         state, nl = run_program(
@@ -106,8 +115,7 @@ def run(dev, program: Program) -> LoopResult:
         if not state[pl.ST_SC][pl.SC_PAUSED]:
             break
     sc = state[pl.ST_SC]
-    result, now, eid, pending = (int(sc[k]) for k in (pl.SC_RESULT, pl.SC_NOW, pl.SC_EID,
-                                                        pl.SC_HS))
+    result, now, pending = (int(sc[k]) for k in (pl.SC_RESULT, pl.SC_NOW, pl.SC_HS))
     d_read, d_written, nd, ops = (int(sc[k]) for k in (pl.SC_DREAD, pl.SC_DWRITE, pl.SC_ND,
                                                          pl.SC_OPS))
     order, pair_bytes, pair_first, blocked, counts = (state[k] for k in (
@@ -115,8 +123,9 @@ def run(dev, program: Program) -> LoopResult:
     if pending:
         raise RuntimeError(f"program {program.name!r}: {pending} events left scheduled")
 
-    # the components' state and the kernel's clock
-    env.advance(int(now), int(eid))
+    # the components' state and the device's clock
+    if now > env.now:
+        env.run(until=int(now))
     dram.free_ps[:] = dram_free
     if dram.protocol:  # the bank state
         for dst, src in zip((ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok, ds.faw, ds.scalars,

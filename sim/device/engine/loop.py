@@ -1,24 +1,23 @@
-"""A whole program's event loop in Numba, with the event kernel's exact event order.
+"""A whole program's event loop in Numba, with SimPy's exact event order.
 
-:mod:`sim.device.engine.kernel` runs the device's SimPy-style processes (one generator per
-engine queue, per multi-chunk DMA chunk, per attention stream) at Python speed. This
-module runs the *same* processes written out as explicit state machines over arrays, so
-one program costs a few machine instructions per event instead of a few Python calls.
+The SimPy engine (:mod:`sim.device.engine.processes`) runs the device's processes (one
+generator per engine queue, per multi-chunk DMA chunk, per attention stream) at Python
+speed. This module runs the *same* processes written out as explicit state machines over
+arrays, so one program costs a few machine instructions per event instead of a few Python
+calls. The timing itself is the components' rules (``sim/device/components``), which
+the state machines call as the processes do.
 
-What is kept exactly is what makes the two timelines identical: every event the kernel
+What is kept exactly is what makes the two timelines identical: every event SimPy
 schedules is scheduled here too, at the same time, with the same priority and the next
 insertion id, and processed in ``(time, priority, id)`` order; resources (DMA slots),
 flags (counting semaphores), DRAM channel calendars, SRAM ports and link directions are
-updated at the same points of the same processes. The state machines mirror, line by line:
+updated at the same points of the same processes. The state machines mirror, step by step:
 
-- ``Device._engine`` (waits, the instruction's timing, signals), ``Device._join``;
-- ``DmaEngine.transfer`` / ``DmaEngine._chunk``; ``Dram.access``; ``Sram.reserve_port``;
-- ``HostLink.transfer`` for ``kind = "pcie"``;
-- the kernel's ``Resource``, ``Container``, ``AllOf`` and process start/end events.
-
-DRAM chunks are timed as ``Dram.chunk_plan`` times them (``loopdefs.dram_access``); the
-kernel's primitives are :mod:`sim.device.engine.loopprocs`. The fixed costs (launch,
-dispatch, cross-core sync) are timeouts where ``Device._engine`` yields them.
+- ``processes.queue`` (waits, the instruction's work, signals) and the program's join;
+- ``DmaEngine.transfer`` / ``DmaEngine._chunk``; ``Dram.access``;
+- ``HostLink.transfer`` (both kinds);
+- SimPy's ``Resource``, ``Container``, ``AllOf`` and process start/end events
+  (:mod:`sim.device.engine.loopprocs`).
 
 The loop does not touch memory bytes or the recorder: it returns logs (instruction
 starts and ends, DRAM bursts, link chunks, DMA chunks) that the caller replays, in order,

@@ -1,12 +1,27 @@
-"""The event kernel's primitives over arrays, for the array event loop
-(:mod:`sim.device.engine.loop`): process records, a counting semaphore's waiters
-(``Container.get`` and serving its queue), a resource's grant (``Resource.request`` and
-release), and the loop's initial state.
+"""SimPy's primitives over arrays, for the array event loop (:mod:`sim.device.engine.loop`):
+process records, a counting semaphore's waiters (``Container.get`` and serving its queue),
+a resource's grant (``Resource.request`` and release), and the loop's initial state.
 
-Each helper does exactly what the kernel does at the point the loop calls it: the same
-events in the same order, at the same time and priority, with the next insertion ids.
-The ones that may schedule events take the heap (with room for what they push) and return
-its new size and the next insertion id.
+Each helper does exactly what SimPy (4.1: ``simpy/core.py``, ``events.py``,
+``resources/``) does at the point the loop calls it: the same events in the same order,
+at the same time and priority, with the next insertion ids. What fixes that order:
+
+- one heap of ``(time, priority, insertion id, event)``; URGENT (0) for a process's
+  start, NORMAL (1) for everything else; every scheduling takes the next insertion id;
+- an event's callbacks run in the order they were added; a process that yields an event
+  already processed continues at once, otherwise it is resumed by the event's callback;
+- a process's own event is scheduled (NORMAL, now) when its generator returns;
+- ``all_of`` succeeds (scheduled NORMAL, now) when the last of its events is processed;
+- ``Container`` (unbounded, amounts of 1): a put raises the level at once and schedules
+  its event, whose processing serves waiting gets in FIFO order while the level allows;
+  a get is served at once (in FIFO order behind older waiters) or waits;
+- ``Resource``: a request is granted at once if a slot is free and it is at the head of
+  the queue; a release frees the slot at once and schedules its event, whose processing
+  grants the head of the queue (at most one grant per trigger, as SimPy's ``_do_put``
+  returns a false value).
+
+The helpers that may schedule events take the heap (with room for what they push) and
+return its new size and the next insertion id.
 """
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ rules (``sim/device/components``) do the rest.
 
 from __future__ import annotations
 
+import simpy
+
 from isa import semantics
 from isa.instructions import Engine, Program
-from sim.device.engine import kernel
 from sim.device.engine import loopdefs as pl
 from sim.device.engine.tables import LINKS, Tables, engine_name, instructions_of
 
@@ -34,7 +35,7 @@ def start(dev, program: Program, tb: Tables):
     process that ends when every queue is done. Waiting queues are noted in
     ``dev._blocked`` (for the deadlock report)."""
     env = dev.env
-    flags = [kernel.container_for(env) for _ in range(len(tb.flags))]
+    flags = [simpy.Container(env) for _ in range(len(tb.flags))]
     rows = tb.table.tolist()
     dev.stats.launch_ps += dev.costs.launch_ps
     dev._blocked = {}
