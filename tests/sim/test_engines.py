@@ -43,7 +43,7 @@ from models.config import load_preset
 from models.demo import demo_data, gemv_layer
 from sim.device.device import Device
 from sim.device.engine import array as array_engine
-from sim.device.engine import loopdefs
+from sim.device.engine import loopdefs, replay
 from sim.device.engine import tables as program_tables
 from sim.device.hw import load_hardware, preset_dict
 from sim.runtime import Accelerator, Model
@@ -206,7 +206,7 @@ def test_a_batch_whose_order_matters_replays_in_halves_as_row_by_row(monkeypatch
                                                                     max_events):
     # halved down to single rows: every batch that meets the event limit is split, each
     # half replayed at once where its order cannot matter
-    monkeypatch.setattr(array_engine, "REPLAY_EACH_ROWS", 1)
+    monkeypatch.setattr(replay, "REPLAY_EACH_ROWS", 1)
     p = Program((DmaLoad(core=0, src=0, dst=0, nbytes=5000),
                  HostWrite(src=0, dst=0, nbytes=6000),
                  DmaLoad(core=1, src=0, dst=0, nbytes=3000),
@@ -224,11 +224,9 @@ def test_arrays_grown_from_one_row_give_the_same_timeline(monkeypatch):
     made = array_engine.new_state
 
     def one_row(now, eid, queues, *args, **kw):
-        state = list(made(now, eid, queues, *args, **kw))
-        state[1] = state[1][:1].copy()  # the heap
-        state[2] = state[2][:queues + 1].copy()  # the process records
-        state[12] = state[12][:1].copy()  # the logs
-        return tuple(state)
+        state = made(now, eid, queues, *args, **kw)
+        return state._replace(heap=state.heap[:1].copy(), P=state.P[:queues + 1].copy(),
+                              logs=state.logs[:1].copy())
 
     programs = [Program((
         DmaLoad(core=0, src=0, dst=0, nbytes=3000, signal=(1,)),

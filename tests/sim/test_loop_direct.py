@@ -126,3 +126,21 @@ def test_a_qwen_decode_step_gives_the_same_state_with_and_without_the_shortcut(m
     assert on["stats"]["instructions"] == sum(len(p) for p in progs) > 40_000
     for key in on:
         assert on[key] == off[key], key
+
+
+def test_each_process_state_lies_in_its_steps_range():
+    # the loop hands a state to the step of its tens (loop._events): a state numbered in
+    # another step's range would be run by the wrong process's step
+    ranges = {"S_E_": (lp.S_QUEUE, lp.S_TRANSFER), "S_JOIN_": (lp.S_QUEUE, lp.S_TRANSFER),
+              "S_T_": (lp.S_TRANSFER, lp.S_CHUNK), "S_C_": (lp.S_CHUNK, lp.S_ACCESS),
+              "S_A_": (lp.S_ACCESS, lp.S_LINK), "S_L_": (lp.S_LINK, lp.S_END)}
+    states = {k: v for k, v in vars(lp).items() if k.startswith("S_") and k not in (
+        "S_QUEUE", "S_TRANSFER", "S_CHUNK", "S_ACCESS", "S_LINK")}
+    for name, value in states.items():
+        prefix = next((p for p in ranges if name.startswith(p)), None)
+        if prefix is None:  # a process's end or return
+            assert name == "S_END" or name.endswith("_RET") and value >= lp.S_END, name
+        else:
+            lo, hi = ranges[prefix]
+            assert lo <= value < hi, name
+    assert len(set(states.values())) == len(states)  # no two states share a number

@@ -173,7 +173,7 @@ class Dram:
         else:  # the protocol model's arguments of the rule, unused
             self.state = _NO_CHANNEL_STATE
             self.tck_ps = 1.0
-            self.params = np.zeros(1, np.int64)
+            self.params = _NO_PARAMS
         self._spans = np.zeros((cfg.channels, 4), np.int64)
 
     def chunk_plan(self, addr: int, nbytes: int, write: bool, now_ps: int) -> list[ChannelSpan]:
@@ -216,6 +216,11 @@ class Dram:
             yield env.timeout(end - now)
 
 
+#: The protocol parameters of :func:`chunk_spans` in the efficiency model (unused): read-only
+#: as a timing's vector is, so that the rule and the array loop are compiled once for both
+#: models (Numba types a read-only array apart from a writable one).
+_NO_PARAMS = np.zeros(1, np.int64)
+_NO_PARAMS.setflags(write=False)
 #: The channel state arguments of :func:`chunk_spans` in the efficiency model (unused).
 _NO_CHANNEL_STATE = ChannelState(*(np.zeros((1, 1), np.int64) for _ in range(5)),
                                  scalars=np.zeros((1, 5), np.int64),

@@ -1,9 +1,12 @@
 """Constants and helpers of the array event loop (:mod:`sim.device.engine.loop`):
 priorities, callback kinds, instruction kinds and table columns, process types, fields
-and states, log codes, and the binary heap over ``(time, priority, insertion id)``.
+and states, log codes, what a step returns, the arrays the loop takes (named tuples), and
+the binary heap over ``(time, priority, insertion id)``.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -106,7 +109,7 @@ F_C_K = 38  # chunk: its next DRAM access (``dma.chunk_access``)
 F_L_ADDR = 39  # link transfer: its DRAM address
 P_FIELDS = 40
 
-# --- process states ----------------------------------------------------------------------------
+# --- process states, by the process they mirror (the loop dispatches on the tens) --------------
 S_E_NEXT = 0
 S_E_WAIT = 1
 S_E_RESUMED_WAIT = 2
@@ -116,16 +119,15 @@ S_E_LAUNCH = 7  # the program's launch, before the first instruction
 S_E_DISPATCHED = 8  # the instruction's dispatch is done: count it, then wait for flags
 S_E_SYNCED = 9  # the cross-core sync is done: count it, then begin the timing
 S_JOIN_INIT = 5
-S_JOIN_DONE = 6
 S_T_START = 10
 S_T_SETUP_DONE = 11
 S_T_SINGLE_GOT = 12
 S_T_MULTI_GOT = 13
 S_T_DONE = 14
+S_T_SINGLE_RET = 15  # a transfer's single chunk (run in its own process) is done
 S_C_START = 20
 S_C_NEXT = 21  # the chunk's next DRAM access, or its SRAM port when none is left
 S_C_PORT_DONE = 23
-S_C_DONE = 24
 S_A_START = 30
 S_A_AFTER_LAT = 31
 S_A_DONE = 32
@@ -136,8 +138,16 @@ S_L_AFTER_CHUNK = 43
 S_END = 50  # the process returns
 S_XFER_RET = 51  # a P_XFER's transfer is done
 S_CHUNK_RET = 52  # a P_CHUNK's chunk is done
-S_T_SINGLE_RET = 53  # a transfer's single chunk (run in its own process) is done
 S_ACCESS_RET = 54  # a P_ACCESS's DRAM access is done
+
+#: The first state of each group: the queue's (and the join's), a DMA transfer's, a chunk's,
+#: a DRAM access's, a link transfer's; from S_END on, a process's return.
+S_QUEUE, S_TRANSFER, S_CHUNK, S_ACCESS, S_LINK = 0, 10, 20, 30, 40
+
+# --- what a step returns (its process's state is in ``P[p, F_STATE]``) ---------------------------
+GO_ON = 0  # the process goes on at its state (after the loop checks its arrays' room)
+WAITS = 1  # the process waits for an event it scheduled (or queued for)
+ROOM = 2  # the process stops before its state for room in the heap (the step's ``extra`` rows)
 
 # --- log codes ---------------------------------------------------------------------------------
 LOG_INS = 0  # queue, instruction, start, end
@@ -169,14 +179,102 @@ SC_STARTED = 14
 SC_PAUSED = 15  # the run stopped to hand over its logs
 SC_FIELDS = 16
 
-# --- positions in the loop's state tuple (``programloop.new_state``) ---------------------------
-ST_SC = 0
-ST_ORDER = 9
-ST_PAIR_BYTES = 10
-ST_PAIR_FIRST = 11
-ST_LOGS = 12
-ST_BLOCKED = 13
-ST_COUNTS = 14
+
+
+# --- the arrays the loop takes, in named tuples (Numba reads their fields by name) ---------------
+class LoopState(NamedTuple):
+    """The loop's state between calls (``loopprocs.new_state`` makes it; the loop grows
+    ``heap``, ``P`` and ``logs`` and returns it anew)."""
+
+    sc: np.ndarray  # the scalars (``SC_*``)
+    heap: np.ndarray  # the event heap: rows (time, priority, insertion id, callback, arg)
+    P: np.ndarray  # the process records (``F_*``)
+    level: np.ndarray  # per flag: its count, and its queue of waiting processes
+    f_head: np.ndarray
+    f_tail: np.ndarray
+    users: np.ndarray  # per DMA engine: the slots in use, and its queue of waiting processes
+    r_head: np.ndarray
+    r_tail: np.ndarray
+    order: np.ndarray  # the instructions in the order they ended (if kept)
+    pair_bytes: np.ndarray  # per stats pair: its bytes, and the order of its first addition
+    pair_first: np.ndarray
+    logs: np.ndarray  # the recorder's reports in order (``LOG_*``)
+    blocked: np.ndarray  # per queue: (instruction, flag) it waits on, else -1
+    counts: np.ndarray  # per queue: dispatches, syncs, their first orders, busy ps, ...
+
+
+class ProgramArrays(NamedTuple):
+    """A program's tables (:class:`sim.device.engine.tables.Tables`): the row of each
+    instruction, its waits and signals (dense flags), the queues' instructions."""
+
+    ins: np.ndarray
+    row_of: np.ndarray
+    w_ptr: np.ndarray
+    w_flag: np.ndarray
+    s_ptr: np.ndarray
+    s_flag: np.ndarray
+    q_ptr: np.ndarray
+    q_items: np.ndarray
+
+
+class DmaArrays(NamedTuple):
+    """The DMA engines by ``I_RES`` (``processes.resources``): slots, set-up ps, chunk."""
+
+    cap: np.ndarray
+    setup_ps: np.ndarray
+    chunk_bytes: np.ndarray
+
+
+class DramArrays(NamedTuple):
+    """The DRAM's state and parameters, as its rule ``chunk_spans`` takes them."""
+
+    free: np.ndarray  # when each channel falls free, ps
+    latency_ps: int
+    granule: int
+    channel_bytes_per_s: float
+    protocol: bool
+    tck_ps: float
+    params: np.ndarray
+    open_row: np.ndarray
+    act_ok: np.ndarray
+    pre_ok: np.ndarray
+    cas_ok: np.ndarray
+    faw: np.ndarray
+    scalars: np.ndarray
+    next_ref: np.ndarray
+    per_channel: np.ndarray
+    spans: np.ndarray  # scratch: the last chunk's spans
+
+
+class SramArrays(NamedTuple):
+    port_free: np.ndarray  # (cores, ports): when each port falls free, ps
+    port_bytes_per_s: float
+
+
+class LinkArrays(NamedTuple):
+    free: np.ndarray  # when each direction falls free, ps
+    bytes_per_s: np.ndarray
+    latency_ps: int
+    chunk_bytes: int
+    kind: int  # ``link.PCIE`` or ``link.SHARED_DRAM``
+
+
+class Costs(NamedTuple):
+    """The fixed costs (``FixedCosts``), ps."""
+
+    launch_ps: int
+    dispatch_ps: int
+    sync_ps: int
+
+
+class DeviceArrays(NamedTuple):
+    """The components' state and parameters the loop reads and updates."""
+
+    dma: DmaArrays
+    dram: DramArrays
+    sram: SramArrays
+    link: LinkArrays
+    costs: Costs
 
 
 # Every helper is compiled with ``error_model="numpy"``: their divisors are validated
@@ -234,6 +332,17 @@ def hpush(h: np.ndarray, n: int, t: int, prio: int, eid: int, kind: int, arg: in
     h[n, 3] = kind
     h[n, 4] = arg
     return n + 1
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def push(h: np.ndarray, n: int, eid: int, t: int, prio: int, kind: int, arg: int) -> tuple:
+    """:func:`hpush` with the next insertion id: returns ``(heap size, next id)``."""
+    h[n, 0] = t
+    h[n, 1] = prio
+    h[n, 2] = eid
+    h[n, 3] = kind
+    h[n, 4] = arg
+    return n + 1, eid + 1
 
 
 @njit(cache=True, error_model="numpy", inline="always")
