@@ -39,8 +39,8 @@ from isa.instructions import (
 from kvsim.errors import DeviceError
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
 from models.demo import demo_data, gemv_layer
+from models.source import load_preset
 from sim.device.device import Device
 from sim.device.engine import array as array_engine
 from sim.device.engine import loopdefs, replay
@@ -552,3 +552,41 @@ def test_recorder_byte_bins_match_the_plain_binning(moves, max_events, max_bins)
     assert (fast._nbins, fast.dropped, fast.byte_totals, fast.byte_bin_width_ps) == (
         ref._nbins, ref.dropped, ref.byte_totals, ref.byte_bin_width_ps)
     assert fast.bytes == ref.bytes
+
+
+# --- one timing rule, every engine ---------------------------------------------------------
+
+
+def _one_load_and_store() -> Program:
+    return Program((
+        DmaLoad(core=0, src=0, dst=0, nbytes=4096, signal=(1,)),
+        DmaStore(core=0, src=0, dst=65_536, nbytes=4096, wait=(1,)),
+    ))
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("dma.setup_latency_ns", 137.0),  # the DMA engine's rule (sim/device/components/dma.py)
+    ("dram.timing.trcd_ns", 29.0),  # the LPDDR4X timing file (sim/device/dram/lpddr4x.py)
+])
+def test_changing_one_timing_parameter_moves_every_engine_identically(key, value):
+    # Each timing rule is stated once, in its component's or its DRAM standard's file, and
+    # both engines read it: changing one of its parameters moves the SimPy processes and the
+    # array loop by the same picoseconds, on the protocol model with every fixed cost.
+    base = TINY_PROTOCOL.model_dump()
+    moved = load_hardware("tiny", {**_flat_overrides(base), key: value})
+    prog = _one_load_and_store()
+    before = assert_same(TINY_PROTOCOL, [prog])
+    after = assert_same(moved, [prog])
+    assert after["now"] > before["now"]
+    if key == "dma.setup_latency_ns":
+        # two transfers, one after the other, each pays the set-up once: 2 x 137 ns
+        assert after["now"] - before["now"] == 2 * 137_000
+
+
+def _flat_overrides(tree: dict) -> dict:
+    """``TINY_PROTOCOL``'s own overrides, so that ``load_hardware('tiny', ...)`` rebuilds it
+    with one more."""
+    return {"dram.model": tree["dram"]["model"], "dram.timing": tree["dram"]["timing"],
+            "cores.dispatch_cycles": tree["cores"]["dispatch_cycles"],
+            "cores.program_launch_ns": tree["cores"]["program_launch_ns"],
+            "cores.barrier_sync_ns": tree["cores"]["barrier_sync_ns"]}
