@@ -191,10 +191,9 @@ def test_functional_moe_survives_its_file(preset: str, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("preset", ["tiny-qwen2-moe", "tiny-mla"])
-def test_the_three_engines_time_a_moe_step_alike(preset: str) -> None:
-    """The slot schedule (routed loads, TOPK_GATE, GATE_ACC, SIGMOID) on the array loop,
-    the lean event kernel and SimPy: one decode step and a 4-token prefill, equal to the
-    picosecond."""
+def test_both_engines_time_a_moe_step_alike(preset: str) -> None:
+    """The slot schedule (routed loads, TOPK_GATE, GATE_ACC, SIGMOID) on the array loop and
+    on SimPy: one decode step and a 4-token prefill, equal to the picosecond."""
     from sim.device.device import Device
 
     cm = _compile(preset, functional=False)
@@ -203,5 +202,5 @@ def test_the_three_engines_time_a_moe_step_alike(preset: str) -> None:
     got = {engine: [Device(hw, functional=False, engine=engine,
                            layout=cm.layout(host_bytes=1 << 22)).run(p).duration_ps
                     for p in progs]
-           for engine in ("fast", "kernel", "simpy")}
-    assert got["fast"] == got["kernel"] == got["simpy"], got
+           for engine in ("fast", "simpy")}
+    assert got["fast"] == got["simpy"], got
