@@ -98,6 +98,8 @@ class RunFigures:
                        traffic_by_kind_bytes=tuple(m.traffic_by_kind_bytes.items()))
         return cls(ttft_s=m.prefill.ttft_s, time_per_token_s=m.decode.time_per_token_s,
                    decode_tokens_per_s=m.decode.tokens_per_s, launch_time_s=m.launch.time_s,
+                   client_ttft_s=m.client.ttft_s,
+                   client_time_per_token_s=m.client.time_per_token_s,
                    traffic_bytes=tuple(m.traffic_bytes.items()),
                    traffic_by_kind_bytes=tuple(m.traffic_by_kind_bytes.items()),
                    cache_ops=tuple(CacheOpFigures(time_s=op.time_s,

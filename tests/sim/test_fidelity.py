@@ -26,16 +26,15 @@ def test_the_client_measures_the_card_plus_the_stack_once_per_request_and_per_to
     served = run(load_run_config(None, [*BASE, f"hardware.stack.request_ns={req}",
                                         f"hardware.stack.token_ns={tok}"])).metrics
     # the card's own figures do not see the stack
-    assert served["prefill"] == card["prefill"] and served["decode"] == card["decode"]
-    c = served["client"]
-    assert c["ttft_s"] == pytest.approx(req / 1e9 + card["prefill"]["ttft_s"] + tok / 1e9,
-                                        rel=1e-12)
-    assert c["time_per_token_s"] == pytest.approx(
-        card["decode"]["time_per_token_s"] + tok / 1e9, rel=1e-12)
-    assert c["tokens_per_s"] == pytest.approx(1 / c["time_per_token_s"], rel=1e-12)
+    assert served.prefill == card.prefill and served.decode == card.decode
+    c = served.client
+    assert c.ttft_s == pytest.approx(req / 1e9 + card.prefill.ttft_s + tok / 1e9, rel=1e-12)
+    assert c.time_per_token_s == pytest.approx(card.decode.time_per_token_s + tok / 1e9,
+                                               rel=1e-12)
+    assert c.tokens_per_s == pytest.approx(1 / c.time_per_token_s, rel=1e-12)
     # without a stack, the client sees the card
-    assert card["client"]["ttft_s"] == card["prefill"]["ttft_s"]
-    assert card["client"]["time_per_token_s"] == card["decode"]["time_per_token_s"]
+    assert card.client.ttft_s == card.prefill.ttft_s
+    assert card.client.time_per_token_s == card.decode.time_per_token_s
 
 
 def test_every_fitted_aries_parameter_is_inside_its_bounds_and_has_its_reason():

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvsim.errors import KvsimError
-from sim.app.calibration import MODEL_CONFIGS, Card, Published, card, client, passes, run_config
+from sim.app.calibration.fit import MODEL_CONFIGS, Card, Published, card, client, passes, run_config
 
 #: The model presets predicted (the test devices' small models left out).
 PRESETS = ("qwen2.5-0.5b", "exaone-4.0-1.2b", "llama-3.2-1b", "command-r7b",
@@ -81,7 +81,7 @@ def predict_one(name: str, sets: tuple[str, ...], *, ttft: bool,
             c = card(cfg, ttft=ttft)
         except KvsimError as err2:
             return _failed(name, str(err2))
-    from sim.app.calibration import _compiled
+    from sim.app.calibration.fit import _compiled
 
     cm = _compiled(cfg)
     b = None

@@ -56,7 +56,7 @@ from sim.app.run import ready_for_run
 from sim.device.device import Device
 from sim.units import KiB, ns_to_ps
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VALIDATION_CONFIG = ROOT / "configs" / "validate-llama-3.2-1b.toml"
 MODEL_CONFIGS = ROOT / "configs" / "models"
 
@@ -322,44 +322,3 @@ def fit(*, log=print, runs: list[int] | None = None) -> Fit:
     cards = {p1.name: c1, p8.name: c8}
     clients = {p.name: client(run_config(p, hw), cards[p.name]) for p in POINTS}
     return Fit(hw, cards, clients, tried)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m sim.app.calibration",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("fit", "predict"), nargs="?", default="fit")
-    ap.add_argument("--ttft", action=argparse.BooleanOptionalAction, default=True,
-                    help="predict: also TTFT (a prefill of 240 tokens per model)")
-    ap.add_argument("--models", nargs="*", default=None,
-                    help="predict: only these (names of the table's rows)")
-    ap.add_argument("--row-run", type=int, action="append", default=None,
-                    help="fit: only these row runs (bytes; default: every reopen count "
-                         "inside the bounds, a search of about half an hour)")
-    args = ap.parse_args(argv)
-    if args.what == "predict":
-        from sim.app.predict import print_predictions
-
-        return print_predictions(ttft=args.ttft, only=args.models)
-    print("fitting the aries preset to both published points at once: "
-          + "; ".join(f"{p.name} TTFT {p.ttft_s * 1e3:.2f} ms, {p.tokens_per_s} tokens/s"
-                      for p in POINTS))
-    res = fit(runs=args.row_run)
-    from sim.device.hw import load_hardware
-
-    aries = load_hardware("aries")
-    for name, value in res.values.items():
-        f = aries.fitted[name]
-        inside = "inside" if f.low <= value <= f.high else "OUTSIDE"
-        print(f"fitted {name} = {value:g} {f.unit}  (bounds {f.low:g} .. {f.high:g}: {inside})")
-    for name, c in res.cards.items():
-        ttft, dec = res.clients[name]
-        print(f"{name}: card TTFT {c.ttft_s * 1e3:.2f} ms, decode {c.decode_s * 1e3:.3f} ms; "
-              f"client TTFT {ttft * 1e3:.2f} ms, {1 / dec:.2f} tokens/s")
-    print("residuals: " + ", ".join(f"{k} {v:+.2f} %" for k, v in res.residuals_pct().items()))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
