@@ -71,7 +71,7 @@ GEMV_MOVED = re.compile(r"gemv-aries\.toml: sim_time_s \(\+(0\.9\d\d|1\.0\d\d) %
 def test_committed_baseline_passes(capsys):
     assert main([str(COMMITTED), "-q"]) == EXIT_PASS
     out = capsys.readouterr().out
-    assert "PASS: 67 figures within tolerance" in out
+    assert "PASS: 75 figures within tolerance" in out
     assert "qwen-short.toml" in out and "qwen-short-w8.toml" in out and "prefill.ttft_s" in out
 
 
@@ -81,7 +81,7 @@ def test_one_percent_slower_dram_fails_naming_the_moved_figures_and_restoring_pa
     before = baseline.read_bytes()
     assert main([str(baseline), "-q", "--set", ONE_PERCENT_SLOWER]) == EXIT_MOVED
     out = capsys.readouterr().out
-    assert "FAIL: 8 of 43 figures moved beyond tolerance" in out
+    assert "FAIL: 12 of 47 figures moved beyond tolerance" in out
     # the summary names every moved figure, with its change
     assert GEMV_MOVED.search(out), out
     summary = {line.split(": ")[0].strip(): line for line in out.splitlines()
@@ -94,10 +94,10 @@ def test_one_percent_slower_dram_fails_naming_the_moved_figures_and_restoring_pa
     assert "cache_ops[0]" not in out.split("FAIL")[1]
     # the table marks them; figures that do not depend on DRAM speed stay put
     moved = [line for line in out.splitlines() if "MOVED" in line]
-    assert len(moved) == 8 and not any("traffic" in line for line in moved)
+    assert len(moved) == 12 and not any("traffic" in line for line in moved)
     assert baseline.read_bytes() == before  # a check never writes the baseline
     assert main([str(baseline), "-q"]) == EXIT_PASS  # restored: passes again
-    assert "PASS: 43 figures" in capsys.readouterr().out
+    assert "PASS: 47 figures" in capsys.readouterr().out
 
 
 def test_scale_is_the_same_change_as_the_explicit_value(tmp_path, capsys, fresh):

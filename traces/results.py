@@ -51,6 +51,8 @@ class RunFigures:
     time_per_token_s: float | None = None
     decode_tokens_per_s: float | None = None
     launch_time_s: float | None = None
+    client_ttft_s: float | None = None
+    client_time_per_token_s: float | None = None
     sim_time_s: float | None = None
     traffic_bytes: tuple[tuple[str, int], ...] = ()
     traffic_by_kind_bytes: tuple[tuple[str, int], ...] = ()
@@ -60,7 +62,9 @@ class RunFigures:
     SCALARS: ClassVar[Mapping[str, tuple[str, str]]] = MappingProxyType({
         "ttft_s": ("prefill", "ttft_s"), "time_per_token_s": ("decode", "time_per_token_s"),
         "decode_tokens_per_s": ("decode", "tokens_per_s"),
-        "launch_time_s": ("launch", "time_s")})
+        "launch_time_s": ("launch", "time_s"),
+        "client_ttft_s": ("client", "ttft_s"),
+        "client_time_per_token_s": ("client", "time_per_token_s")})
     #: field -> its ``metrics.json`` group (every numeric entry is a figure)
     GROUPS: ClassVar[Mapping[str, str]] = MappingProxyType({
         "traffic_bytes": "traffic_bytes", "traffic_by_kind_bytes": "traffic_by_kind"})
@@ -94,6 +98,8 @@ class RunFigures:
                        traffic_by_kind_bytes=tuple(m.traffic_by_kind_bytes.items()))
         return cls(ttft_s=m.prefill.ttft_s, time_per_token_s=m.decode.time_per_token_s,
                    decode_tokens_per_s=m.decode.tokens_per_s, launch_time_s=m.launch.time_s,
+                   client_ttft_s=m.client.ttft_s,
+                   client_time_per_token_s=m.client.time_per_token_s,
                    traffic_bytes=tuple(m.traffic_bytes.items()),
                    traffic_by_kind_bytes=tuple(m.traffic_by_kind_bytes.items()),
                    cache_ops=tuple(CacheOpFigures(time_s=op.time_s,
@@ -158,6 +164,9 @@ class PrefillFigures(Record):
     tokens: int
     calls: int
     tokens_per_s: float
+    #: weight bytes the prefill calls streamed from DRAM per prompt token (once per token
+    #: tile: the tile schedule's cost)
+    weight_bytes_per_token: float
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,19 @@ class DecodeFigures(Record):
     time_per_token_s: float
     tokens_per_s: float
     time_per_call_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ClientFigures(Record):
+    """The run as a client of the serving stack measures it (``hardware.stack``):
+    ``ttft_s`` = request + the card's TTFT + one token's stack cost; ``time_per_token_s``
+    and ``tokens_per_s`` only with decode calls."""
+
+    ttft_s: float
+    stack_request_s: float
+    stack_token_s: float
+    time_per_token_s: float | None = None
+    tokens_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -246,6 +268,8 @@ class CompiledFigures(Record):
     max_sequence_tokens: int = field(metadata=_key("max_sequence_length"))
     cache_tokens: int = field(metadata=_key("cache_length"))
     m_tile_tokens: int = field(metadata=_key("m_tile"))
+    weight_tile_bytes: int = field()  # a prefill pass's weight tile buffer (two per core)
+    decode_tile_bytes: int = field()  # a decode pass's
     dram_bytes: int = field()
     weight_bytes: int = field()
 
@@ -337,6 +361,7 @@ class GenerateMetrics(Record):
     context: ContextFigures = field()
     prefill: PrefillFigures = field()
     decode: DecodeFigures = field()
+    client: ClientFigures = field()
     traffic_bytes: Mapping[str, int] = field()
     traffic_by_kind_bytes: Mapping[str, int] = field(metadata=_key("traffic_by_kind"))
     kv_cache: KvCacheFigures = field()
@@ -392,7 +417,8 @@ def run_metrics(metrics: Mapping[str, Any],
     return cls.from_metrics(metrics, where)
 
 
-__all__ = ["Bound", "CacheOpFigures", "CacheOpRecord", "CallRow", "CompiledFigures",
+__all__ = ["Bound", "CacheOpFigures", "CacheOpRecord", "CallRow", "ClientFigures",
+           "CompiledFigures",
            "ContextFigures", "DecodeFigures", "GemvMetrics", "GenerateMetrics",
            "KvCacheFigures", "LaunchFigures", "PhaseTime", "PrefillFigures", "ResultsError",
            "RooflineFigures", "RunFigures", "RunMetrics", "ServingMetrics", "TextFigures",

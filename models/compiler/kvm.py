@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 FILE_FORMAT = "kvsim-compiled-model"
 #: 2: the frozen compiled model with its big-tile bound (``big_tile_tokens``).
-FILE_VERSION = 2
+#: 3: the decode pass's weight tile (``big_tile``), searched by the compiler.
+FILE_VERSION = 3
 
 
 
@@ -159,6 +160,7 @@ def to_header(cm: CompiledModel) -> tuple[dict, dict[str, np.ndarray]]:
         "kv": cm.kv, "hw": vars(cm.hw), "core_mode": cm.core_mode, "max_seq": cm.max_seq,
         "cap": cm.cap, "slots": cm.slots, "tile_bytes": cm.tile_bytes, "m_tile": cm.m_tile,
         "tile_fixed": cm.tile_fixed, "big_tile_tokens": cm.big_tile_tokens,
+        "big_tile": cm.big_tile,
         "memory_map": cm.mm.to_json(), "numerics": numerics, "weights": cm.weights,
     }
     return header, arrays
@@ -208,7 +210,8 @@ def fields_from_header(h: dict, arrays: dict[str, np.ndarray]) -> dict[str, Any]
             hw=dict(h["hw"]), core_mode=h["core_mode"], max_seq=h["max_seq"],
             cap=h["cap"], slots=h["slots"], tile_bytes=h["tile_bytes"], m_tile=h["m_tile"],
             tile_fixed=h["tile_fixed"], big_tile_tokens=h["big_tile_tokens"],
-            mm=MemoryMap.from_json(h["memory_map"]), numerics=numerics, weights=h["weights"],
+            big_tile=h["big_tile"], mm=MemoryMap.from_json(h["memory_map"]),
+            numerics=numerics, weights=h["weights"],
         )
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise CompileError(f"compiled model header is incomplete or invalid: {err!r}") from None
@@ -357,6 +360,8 @@ def _check_scalars(h: dict) -> None:
         raise bad("tile_fixed", "is not a boolean")
     if type(h["big_tile_tokens"]) is not int or not 0 <= h["big_tile_tokens"] <= h["m_tile"]:
         raise bad("big_tile_tokens", f"is not an integer in 0..m_tile = {h['m_tile']}")
+    if type(h["big_tile"]) is not int or h["big_tile"] < 0:
+        raise bad("big_tile", "is not an integer >= 0")
     w = h["weights"]
     ok = isinstance(w, dict) and (
         (w.get("kind") == "synthetic" and type(w.get("seed")) is int)

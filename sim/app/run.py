@@ -38,6 +38,7 @@ from traces.report import run_report
 from traces.results import (
     Bound,
     CacheOpRecord,
+    ClientFigures,
     CompiledFigures,
     ContextFigures,
     DecodeFigures,
@@ -216,7 +217,8 @@ def run_generate(cfg: RunConfig, source: ModelSource | None = None) -> RunResult
     tpot = (sum(c.end_ps - c.start_ps for c in decode_calls) / len(decode_calls) / PS_PER_S
             if decode_calls else 0.0)
     busy, util = _engine_metrics(st["busy_ps"], end_ps - start_ps)
-    roof_prefill = roofline_s(_sum_stats(prefill_calls), hw, precision)
+    prefill_stats = _sum_stats(prefill_calls)
+    roof_prefill = roofline_s(prefill_stats, hw, precision)
     roof_decode = roofline_s(_sum_stats(decode_calls), hw, precision)
     per_token = max(1, len(decode_calls))
     metrics = GenerateMetrics(
@@ -230,10 +232,13 @@ def run_generate(cfg: RunConfig, source: ModelSource | None = None) -> RunResult
         context=ContextFigures(tokens=w.context_tokens,
                                cache_holds=context_contents(w.context_tokens, functional)),
         prefill=PrefillFigures(ttft_s=ttft, tokens=w.prompt_tokens, calls=len(prefill_calls),
-                               tokens_per_s=w.prompt_tokens / ttft),
+                               tokens_per_s=w.prompt_tokens / ttft,
+                               weight_bytes_per_token=prefill_stats["by_kind"].get(
+                                   "weights", 0) / w.prompt_tokens),
         decode=DecodeFigures(tokens=len(decode_calls), time_per_token_s=tpot,
                              tokens_per_s=1.0 / tpot if tpot else 0.0,
                              time_per_call_s=tuple(c.time_s for c in decode_calls)),
+        client=client_figures(hw.stack, ttft, tpot if decode_calls else None),
         traffic_bytes=_traffic(st["traffic"]),
         traffic_by_kind_bytes=MappingProxyType({
             k: st["by_kind"].get(k, 0) for k in ("weights", "kv_cache", "activations",
@@ -254,6 +259,8 @@ def run_generate(cfg: RunConfig, source: ModelSource | None = None) -> RunResult
         instructions=sum(c.stats.get("instructions", 0) for c in work),
         compiled=CompiledFigures(core_mode=cm.core_mode, max_sequence_tokens=cm.max_seq,
                                  cache_tokens=cm.cap, m_tile_tokens=cm.m_tile,
+                                 weight_tile_bytes=cm.tile_bytes,
+                                 decode_tile_bytes=cm.big_tile_bytes,
                                  dram_bytes=cm.mm.total_bytes,
                                  weight_bytes=cm.mm.bytes_of_kind("weights")),
         generated_tokens=tuple(generated),
@@ -266,6 +273,17 @@ def run_generate(cfg: RunConfig, source: ModelSource | None = None) -> RunResult
     )
     model.dispose()
     return RunResult(cfg, metrics, recorder)
+
+
+def client_figures(stack, ttft_s: float, tpot_s: float | None) -> ClientFigures:
+    """TTFT and time per output token as a client of a serving stack measures them
+    (GenAI-Perf: TTFT from the request to the first streamed token; output tokens/s per
+    user is 1 / the mean inter-token latency), from the card's figures (the runtime's calls:
+    ``ttft_s``, ``tpot_s``) and the stack's costs (``hardware.stack``, ``StackConfig``)."""
+    req, tok = stack.request_ns / 1e9, stack.token_ns / 1e9
+    tpot = None if tpot_s is None else tpot_s + tok
+    return ClientFigures(ttft_s=req + ttft_s + tok, stack_request_s=req, stack_token_s=tok,
+                         time_per_token_s=tpot, tokens_per_s=None if not tpot else 1.0 / tpot)
 
 
 def fill_context(model: Model, tokens: int, embeddings, functional: bool, seed: int) -> int:

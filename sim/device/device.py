@@ -7,39 +7,32 @@ flag in ``wait`` before it starts and gives one count of each flag in ``signal``
 ends (counting semaphores, SimPy ``Container``s). Each instruction's duration comes from
 the component that executes it; its result, in functional mode, from ``isa.semantics``.
 
-The components are SimPy-style processes; ``Device(engine=...)`` chooses how they run:
+The components are SimPy processes whose timing rules are compiled functions (see
+``sim/device/components/rules.py``); ``Device(engine=...)`` chooses how a program runs:
 ``"fast"`` (the default: a whole program on the array loop of
-:mod:`sim.device.engine.loop`, the same processes written as state machines in Numba,
-with the same events in the same order; when a device is not eligible for it, see
-:func:`sim.device.engine.array.eligible`, the program runs as ``"kernel"``), ``"kernel"`` (the
-generator processes on the lean event kernel :mod:`sim.device.engine.kernel`, SimPy's exact
-event order at a fraction of its cost) or ``"simpy"`` (the reference). All three give the
+:mod:`sim.device.engine.loop`, the same processes written as state machines in Numba that
+call the same rules, with the same events in the same order) or ``"simpy"`` (the processes
+themselves on SimPy: :mod:`sim.device.engine.processes`, the reference). Both give the
 same timeline to the picosecond, the same stats and the same recorder spans in the same
-order (``tests/sim/test_engines.py``). Passing a ``simpy.Environment`` as ``env`` selects
-the reference.
+order (``tests/sim/test_engines.py``). The fast engine runs every device the hardware
+config accepts (hardware it has no model of is refused by name, never run slowly in
+silence); under it nothing else runs on the device's clock (a :class:`Clock`). Passing a
+``simpy.Environment`` as ``env`` selects the reference, whose processes may share it.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
-from isa import kvformats, semantics
+from isa import kvformats
 from isa.instructions import (
-    PER_CORE_ENGINES,
-    Attn,
-    DmaCopy,
     DmaLoad,
     DmaStore,
-    Engine,
     Gemm,
-    HostRead,
-    HostWrite,
-    Instruction,
     KvRead,
     KvWrite,
     MemoryLayout,
@@ -50,23 +43,22 @@ from isa.instructions import (
 )
 from kvsim.errors import DeviceError
 from sim.device.components import ComputeCore, DmaEngine, Dram, HostLink, Sram
+from sim.device.components.core import FixedCosts
 from sim.device.engine import array as array_engine
-from sim.device.engine import kernel
+from sim.device.engine import processes
+from sim.device.engine import tables as program_tables
 from sim.device.engine.rows import RowCache
 from sim.device.hw import HardwareConfig
 from sim.device.memory import DeviceMemory
 from sim.device.stats import Stats
-from sim.units import cycles_to_ps, ns_to_ps
 from traces.recorder import Recorder
 
 UNMAPPED = "unmapped"
-#: Instructions whose timing is one compute-core duration.
-_COMPUTE_ONLY = frozenset({Gemm, Vec, Nop})
 #: Instructions that touch no DRAM: the matrix unit's (every Gemm variant), the vector
 #: unit's and Nop.
 _SRAM_ONLY = (Gemm, Vec, Nop)
 #: Event engines a device can run on (see :class:`Device`).
-ENGINES = ("fast", "kernel", "simpy")
+ENGINES = ("fast", "simpy")
 
 
 def static_roofline(program: Program, hw: HardwareConfig,
@@ -105,21 +97,19 @@ def static_roofline(program: Program, hw: HardwareConfig,
             "compute_bound_s": c, "bound_s": max(d, c)}
 
 
-def cross_core_waits(program: Program) -> frozenset[int]:
-    """Indices of the instructions on a core's engine that wait on a flag some other core
-    signals: the cross-core synchronisations (layer and stage barriers of a multi-core
-    program), each of which costs ``cores.barrier_sync_ns``."""
-    producers: dict[int, set[int]] = defaultdict(set)
-    for ins in program.instructions:
-        if ins.engine in PER_CORE_ENGINES:
-            for f in ins.signal:
-                producers[f].add(ins.core)
-    out = []
-    for idx, ins in enumerate(program.instructions):
-        if ins.engine in PER_CORE_ENGINES and any(
-                producers.get(f, set()) - {ins.core} for f in ins.wait):
-            out.append(idx)
-    return frozenset(out)
+class Clock:
+    """The device's time under the fast engine (ps): when its last program or host-side
+    work ended. The array loop schedules its own events and nothing else waits on this
+    clock, so it only moves forward; ``run(until=t)`` (SimPy's signature) moves it to ``t``."""
+
+    def __init__(self, now: int = 0) -> None:
+        self.now = now
+
+    def run(self, until: int) -> None:
+        if until <= self.now:
+            raise ValueError(f"until ({until}) must be greater than the current simulation "
+                             f"time")
+        self.now = until
 
 
 @dataclass(frozen=True)
@@ -136,15 +126,6 @@ class ProgramRun:
         return self.end_ps - self.start_ps
 
 
-def engine_name(engine: Engine, core: int) -> tuple[str, str]:
-    """(block, lane) names of an engine queue, as they appear in traces and metrics."""
-    if engine in PER_CORE_ENGINES:
-        return f"core{core}", engine.name.lower()
-    if engine in (Engine.H2D, Engine.D2H):
-        return "pcie", engine.name.lower()
-    return "device", engine.name.lower()
-
-
 class Device:
     """One NPU chip: DRAM, per-core SRAM/DMA/compute, a copy engine and the host link."""
 
@@ -155,22 +136,22 @@ class Device:
         functional: bool = True,
         recorder: Recorder | None = None,
         layout: MemoryLayout | None = None,
-        env: simpy.Environment | kernel.Environment | None = None,
+        env: simpy.Environment | None = None,
         engine: str = "fast",
     ):
-        if env is None:
-            if engine not in ENGINES:
-                raise DeviceError(f"engine {engine!r}: valid engines are "
-                                  f"{', '.join(ENGINES)}")
-            env = simpy.Environment() if engine == "simpy" else kernel.Environment()
-        elif isinstance(env, simpy.Environment):
+        if engine not in ENGINES:
+            raise DeviceError(f"engine {engine!r}: valid engines are {', '.join(ENGINES)}")
+        if env is not None:  # a clock shared with other processes: the reference runs them
             engine = "simpy"
         self.hw = hw
         self.functional = functional
-        #: the event kernel: "fast" (``sim.device.engine.kernel``, SimPy's event order at a
-        #: fraction of its cost) or "simpy" (the reference); both give identical timelines
-        self.engine = engine if isinstance(env, kernel.Environment) else "simpy"
-        self.env = env
+        #: how programs run: "fast" (the array loop) or "simpy" (the reference); both give
+        #: identical timelines
+        self.engine = engine
+        if engine == "fast" and (why := array_engine.unsupported(hw)):
+            raise DeviceError(f"engine 'fast': {why}; use engine='simpy'")
+        self.env = env if env is not None else (
+            Clock() if engine == "fast" else simpy.Environment())
         self.recorder = recorder or Recorder(level="off")
         self.stats = Stats()
         n = hw.cores.num_cores
@@ -179,7 +160,8 @@ class Device:
         self.srams = [Sram(self.env, hw.sram, hw.cores.clock_hz, c) for c in range(n)]
         self.cores = [ComputeCore(hw.cores, c) for c in range(n)]
         #: the array loop's rows of the instruction objects this device has run
-        self.program_rows = RowCache(self.cores, n)
+        self.program_rows = RowCache(self.cores, n,
+                                     shared_link=hw.host_link.kind == "shared_dram")
         self.dma_in = [
             DmaEngine(self.env, f"core{c}", "dma_in", hw.dma, self.dram, self.srams[c],
                       self.recorder)
@@ -211,12 +193,9 @@ class Device:
         )
         self.layout = layout or self.default_layout()
         self._index_regions()
-        self._link_prefix = "pcie" if hw.host_link.kind == "pcie" else "host_copy"
-        self._formats: dict[str, kvformats.KVFormat] = {}
         # the fixed costs of hardware.cores, in ps
-        self._launch_ps = ns_to_ps(hw.cores.program_launch_ns)
-        self._dispatch_ps = cycles_to_ps(hw.cores.dispatch_cycles, hw.cores.clock_hz)
-        self._sync_ps = ns_to_ps(hw.cores.barrier_sync_ns)
+        self.costs = FixedCosts.of(hw.cores)
+        self._blocked: dict[str, tuple[int, int]] = {}
 
     # --- memory map -------------------------------------------------------------------
     def default_layout(self) -> MemoryLayout:
@@ -269,38 +248,29 @@ class Device:
         return np.where(inside, self._kind_ids[safe], unmapped)
 
     # --- execution --------------------------------------------------------------------
+    def plan(self, program: Program) -> program_tables.Tables:
+        """``program`` as the tables both engines run (:mod:`sim.device.engine.tables`): what
+        each instruction does on which component, its queue, flags and fixed costs."""
+        # (the layout is frozen and set anew whenever the memory map changes: the kinds
+        # of addresses are the same while it is the same object)
+        return program_tables.build(program, self.program_rows, self.kinds_of,
+                                    len(self.kind_names), kinds_key=self.layout)
+
     def start(self, program: Program, *, validate: bool = True):
-        """Start ``program`` on the engines; returns the process (of the device's event
-        kernel) that ends with it."""
+        """Start ``program`` on the engines as SimPy processes
+        (:mod:`sim.device.engine.processes`); returns the process (on the device's clock)
+        that ends with it."""
         if validate:
             from isa.validate import validate_program
 
             validate_program(program, self.layout)
-        env = self.env
-        flags: dict[int, simpy.Container | kernel.Container] = defaultdict(
-            lambda: kernel.container_for(env))
-        queues: dict[tuple[Engine, int], list[tuple[int, Instruction]]] = defaultdict(list)
-        for idx, ins in enumerate(program.instructions):
-            eng = ins.engine
-            queues[(eng, ins.core if eng in PER_CORE_ENGINES else 0)].append((idx, ins))
-        cross = cross_core_waits(program)
-        self.stats.launch_ps += self._launch_ps
-        procs = [
-            self.env.process(self._engine(eng, core, items, flags, program, cross))
-            for (eng, core), items in sorted(queues.items())
-        ]
-        self._blocked: dict[str, tuple[int, int]] = {}
-        return self.env.process(self._join(procs))
-
-    def _join(self, procs):
-        if procs:
-            yield self.env.all_of(procs)
+        return processes.start(self, program, self.plan(program))
 
     def run(self, program: Program, *, validate: bool = True) -> ProgramRun:
         """Run ``program`` to completion and return its timing and traffic."""
         before = self.stats.snapshot()
         start = self.env.now
-        if self.engine == "fast" and array_engine.eligible(self):
+        if self.engine == "fast":
             if validate:
                 from isa.validate import validate_program
 
@@ -328,136 +298,6 @@ class Device:
             for who, (idx, flag) in sorted(self._blocked.items())
         )
         raise DeviceError(f"program {program.name!r} deadlocked: {blocked}") from None
-
-    def _engine(self, eng: Engine, core: int, items, flags, program: Program,
-                cross: frozenset[int]):
-        block, lane = engine_name(eng, core)
-        who = f"{block}.{lane}"
-        env = self.env
-        rec = self.recorder
-        traced = rec.wants("ops")
-        stats = self.stats
-        busy = stats.busy_ps
-        functional = self.functional
-        mem = self.mem
-        formats = program.formats
-        timing = self._timing
-        # compute-only instructions are timed here (the same single timeout as _timing
-        # gives them) to save a generator per instruction
-        compute = self.cores[core].duration_ps if eng in PER_CORE_ENGINES else None
-        dispatch_ps, sync_ps = self._dispatch_ps, self._sync_ps
-        if self._launch_ps:  # the program reaches every engine queue after its launch
-            yield env.timeout(self._launch_ps)
-        for idx, ins in items:
-            if dispatch_ps and type(ins) is not Nop:
-                # fetch and decode, before (and overlapping) the wait for its flags
-                yield env.timeout(dispatch_ps)
-                stats.dispatch_ps[who] += dispatch_ps
-            for f in ins.wait:
-                flag = flags[f]
-                if flag.level < 1:
-                    self._blocked[who] = (idx, f)
-                    yield flag.get(1)
-                    self._blocked.pop(who, None)
-                else:
-                    yield flag.get(1)
-            if sync_ps and idx in cross:
-                yield env.timeout(sync_ps)
-                stats.sync_ps[who] += sync_ps
-            start = env.now
-            if compute is not None and type(ins) in _COMPUTE_ONLY:
-                dur = compute(ins, formats)
-                if dur:
-                    yield env.timeout(dur)
-            else:
-                yield from timing(ins, program)
-            if functional:
-                semantics.execute(ins, mem, formats)
-            end = env.now
-            busy[who] += end - start
-            stats.instructions += 1
-            stats.ops += ins.ops()
-            if traced:
-                rec.span(block, lane, ins.mnemonic, start, end, args={"index": idx})
-            for f in ins.signal:
-                flags[f].put(1)
-
-    def _timing(self, ins: Instruction, program: Program):
-        st = self.stats
-        if isinstance(ins, DmaLoad):
-            st.add("dram_read", self.kind_of(ins.src), ins.total_bytes)
-            yield from self.dma_in[ins.core].transfer(
-                "load", ins.src, ins.dst, ins.nbytes, rows=ins.rows,
-                src_stride=ins.src_stride, dst_stride=ins.dst_stride,
-            )
-        elif isinstance(ins, DmaStore):
-            st.add("dram_write", self.kind_of(ins.dst), ins.total_bytes)
-            yield from self.dma_out[ins.core].transfer(
-                "store", ins.src, ins.dst, ins.nbytes, rows=ins.rows,
-                src_stride=ins.src_stride, dst_stride=ins.dst_stride,
-            )
-        elif isinstance(ins, DmaCopy):
-            st.add("dram_read", self.kind_of(ins.src), ins.nbytes)
-            st.add("dram_write", self.kind_of(ins.dst), ins.nbytes)
-            yield from self.copy_engine.transfer("copy", ins.src, ins.dst, ins.nbytes)
-        elif isinstance(ins, HostWrite):
-            kind = self.kind_of(ins.dst)
-            st.add(f"{self._link_prefix}_h2d", kind, ins.nbytes)
-            st.add("dram_write", kind, ins.nbytes)
-            if self._link_prefix != "pcie":
-                st.add("dram_read", kind, ins.nbytes)
-            yield from self.link.transfer("h2d", ins.dst, ins.nbytes)
-        elif isinstance(ins, HostRead):
-            kind = self.kind_of(ins.src)
-            st.add(f"{self._link_prefix}_d2h", kind, ins.nbytes)
-            st.add("dram_read", kind, ins.nbytes)
-            if self._link_prefix != "pcie":
-                st.add("dram_write", kind, ins.nbytes)
-            yield from self.link.transfer("d2h", ins.src, ins.nbytes)
-        elif isinstance(ins, Attn):
-            # the attention unit streams K and V from DRAM while it computes
-            kind = self.kind_of(ins.k)
-            st.add("dram_read", kind, ins.k_nbytes + ins.v_nbytes)
-            dur = self.cores[ins.core].duration_ps(ins, program.formats)
-            stream = self.kv_stream[ins.core]
-            yield self.env.all_of([
-                self.env.timeout(dur),
-                self.env.process(stream.transfer("read", ins.k, 0, ins.k_nbytes)),
-                self.env.process(stream.transfer("read", ins.v, 0, ins.v_nbytes)),
-            ])
-        elif isinstance(ins, (KvWrite, KvRead)):
-            fmt = self._format(program.formats[ins.fmt])
-            # the bytes the format's DRAM region layout really moves
-            if isinstance(ins, KvWrite):
-                rd, wr = fmt.write_bytes(ins.pos, ins.tokens, ins.width)
-                base = ins.dst
-            else:
-                rd = fmt.read_bytes(ins.pos, ins.tokens, ins.width)
-                wr = 0
-                base = ins.src
-            kind = self.kind_of(base)
-            dur = self.cores[ins.core].duration_ps(ins, program.formats)
-            stream = self.kv_stream[ins.core]
-            parts = [self.env.timeout(dur)]
-            if rd:
-                st.add("dram_read", kind, rd)
-                parts.append(self.env.process(stream.transfer("read", base, 0, rd)))
-            if wr:
-                st.add("dram_write", kind, wr)
-                parts.append(self.env.process(stream.transfer("write", 0, base, wr)))
-            yield self.env.all_of(parts)
-        elif isinstance(ins, (Gemm, Vec, Nop)):
-            dur = self.cores[ins.core].duration_ps(ins, program.formats)
-            if dur:
-                yield self.env.timeout(dur)
-        else:
-            raise DeviceError(f"no engine executes {type(ins).__name__}")
-
-    def _format(self, text: str) -> kvformats.KVFormat:
-        fmt = self._formats.get(text)
-        if fmt is None:
-            fmt = self._formats[text] = kvformats.parse(text)
-        return fmt
 
     # --- host memory helpers (for the runtime and tests) ----------------------------------
     def host_write(self, addr: int, data) -> None:

@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from kvsim.errors import ConfigError
 from models.schema import Frozen, validation_message
+from sim.device.dram.standards import DramTiming, grade, grade_names, timing_from_config
 
 PRESET_PACKAGE = "sim.device.presets"
 
@@ -26,72 +27,26 @@ PCIE_GT_PER_S = {3: 8.0e9, 4: 16.0e9, 5: 32.0e9}
 PCIE_ENCODING_EFFICIENCY = 128 / 130  # 128b/130b line code (Gen3 and later)
 
 
-class DramTimingConfig(Frozen):
-    """LPDDR4/LPDDR4X organisation and timing of one x16 channel (JEDEC JESD209-4).
-
-    Times are the datasheet minimums in ns (``trefi_ns`` is the maximum average refresh
-    interval); the protocol model (``sim/device/dram/timing.py``) rounds each to whole clock
-    cycles of
-    the channel clock (``data_rate_mtps / 2``). Latencies set in mode registers (RL, WL,
-    write preamble) are already in cycles. The engine uses them when ``dram.model =
-    "protocol"``.
-    """
-
-    address_mapping: Literal["row:bank:column", "row:bank^row:column"] = Field(
-        description="how a channel-local address splits into row, bank and column (high to "
-        "low bits); the channel bits sit at the interleave granule. 'row:bank^row:column' "
-        "hashes the bank: bank bits XOR the low row bits, as controllers do to spread "
-        "power-of-two strides over the banks")
-    banks_per_channel: int = Field(ge=1)
-    page_bytes: int = Field(ge=32, description="row (page) size of one channel in bytes")
-    burst_length: Literal[16, 32] = Field(description="beats per READ/WRITE command (BL)")
-    trcd_ns: float = Field(ge=0, description="ACTIVATE to READ/WRITE")
-    trp_pb_ns: float = Field(ge=0, description="per-bank PRECHARGE period")
-    trp_ab_ns: float = Field(ge=0, description="all-bank PRECHARGE period")
-    tras_ns: float = Field(ge=0, description="ACTIVATE to PRECHARGE, same bank")
-    trrd_ns: float = Field(ge=0, description="ACTIVATE to ACTIVATE, different banks")
-    tfaw_ns: float = Field(ge=0, description="window holding at most four ACTIVATEs")
-    twr_ns: float = Field(ge=0, description="write recovery: end of write data to PRECHARGE")
-    twtr_ns: float = Field(ge=0, description="end of write data to READ (turnaround)")
-    trtp_ns: float = Field(ge=0, description="READ to PRECHARGE")
-    trfc_ab_ns: float = Field(ge=0, description="all-bank REFRESH cycle time")
-    trefi_ns: float = Field(gt=0, description="average interval between all-bank REFRESHes")
-    tdqsck_max_ns: float = Field(ge=0, description="read data strobe delay from clock, max")
-    read_latency_ck: int = Field(ge=1, description="RL: READ command to first data, cycles")
-    write_latency_ck: int = Field(ge=1, description="WL: WRITE command to first data, cycles")
-    write_preamble_ck: int = Field(ge=0, description="tWPRE: write DQS preamble, cycles")
-    row_run_bytes: int | None = Field(
-        None, ge=32, description="multi-master row interference (a controller property, "
-        "not JEDEC): an open row serves this many bytes of one stream before other "
-        "masters' accesses to the bank close it and it must be reopened (tRTP/tWR, tRPpb, "
-        "tRCD): runs from the row's start, so ceil(page_bytes / row_run_bytes) - 1 reopens "
-        "per row of a stream; None or >= page_bytes: never")
-
-    @model_validator(mode="after")
-    def _refresh_fits(self) -> DramTimingConfig:
-        if self.trfc_ab_ns + self.trp_ab_ns >= self.trefi_ns:
-            raise ValueError("trfc_ab_ns + trp_ab_ns must be shorter than trefi_ns (the "
-                             "channel would do nothing but refresh)")
-        return self
-
-
 class DramConfig(Frozen):
-    """Device DRAM (LPDDR4X on ARIES)."""
+    """Device DRAM (LPDDR4X on ARIES): its organisation, and in ``timing`` the protocol
+    timing of its standard (a timing file of ``sim/device/dram/``, see ``standards.py``;
+    a preset may name a speed grade there instead of writing the table)."""
 
     channels: int = Field(ge=1)
     bus_width_bits_per_channel: int = Field(ge=1)
     data_rate_mtps: float = Field(gt=0, description="mega-transfers per second per pin")
     model: Literal["protocol", "efficiency"] = Field(
-        "efficiency", description="how a DMA chunk is timed: 'protocol' from the LPDDR4X "
-        "timing in [dram.timing] (bank state, refresh, turnaround per channel), "
+        "efficiency", description="how a DMA chunk is timed: 'protocol' from the DRAM "
+        "standard's timing in [dram.timing] (bank state, refresh, turnaround per channel), "
         "'efficiency' at efficiency x peak per channel")
     efficiency: float = Field(gt=0, le=1, description="sustained / peak for streaming access "
                               "(dram.model = 'efficiency' only)")
     access_latency_ns: float = Field(ge=0)
     capacity_bytes: int = Field(ge=1)
     interleave_bytes: int = Field(ge=64, description="address interleave granule across channels")
-    timing: DramTimingConfig | None = Field(
-        None, description="protocol timing for the LPDDR4X model (dram.model = 'protocol')")
+    timing: DramTiming | None = Field(
+        None, description="protocol timing of the DRAM standard (dram.model = 'protocol'): "
+        "its table, or the name of a speed grade (sim/device/dram/standards.py)")
 
     @model_validator(mode="after")
     def _page_holds_granule(self) -> DramConfig:
@@ -123,11 +78,7 @@ class DramConfig(Frozen):
         efficiency model, the protocol model's closed form (refresh stalls) otherwise."""
         if self.model == "efficiency":
             return self.efficiency
-        from sim.device.dram.patterns import AccessPattern, closed_form_efficiency
-        from sim.device.dram.timing import timing_from_config
-
-        return closed_form_efficiency(AccessPattern("stream", "", "sequential"),
-                                      timing_from_config(self))
+        return timing_from_config(self).sequential_efficiency()
 
     @property
     def effective_bytes_per_s(self) -> float:
@@ -297,6 +248,38 @@ class HostConfig(Frozen):
     edit_overhead_ns: float = Field(ge=0, description="fixed cost of one host-side edit")
 
 
+class StackConfig(Frozen):
+    """The serving stack between a benchmark client and the card (an OpenAI-compatible
+    server: HTTP streaming, chat template, tokenizer and detokenizer, the server's
+    scheduler and its generate loop), apart from the card's own time and the runtime's
+    per-call cost (``host.call_overhead_ns``). A client such as GenAI-Perf measures TTFT
+    as ``request_ns`` + the prefill calls + ``token_ns`` (the first token sampled, detokenized
+    and streamed), and each later token as one decode call + ``token_ns``."""
+
+    request_ns: float = Field(0.0, ge=0, description="once per request, at the client: "
+                              "HTTP request and first response, chat template and "
+                              "tokenization of the prompt, admission by the scheduler")
+    token_ns: float = Field(0.0, ge=0, description="once per output token: sampling from "
+                            "the logits on the host, the generate loop's step, "
+                            "detokenization and one streamed HTTP event")
+
+
+class FittedParam(Frozen):
+    """A parameter fitted to published measurements: its physical bounds (in the unit of
+    the field) and what sets them (``python -m sim.app.calibration fit``)."""
+
+    low: float
+    high: float
+    unit: str
+    fitted_to: str = Field(description="the published figures that fix it")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FittedParam:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low:g}) must be <= high ({self.high:g})")
+        return self
+
+
 class HardwareConfig(Frozen):
     name: str
     description: str = ""
@@ -306,8 +289,53 @@ class HardwareConfig(Frozen):
     host_link: HostLinkConfig
     cores: CoresConfig
     host: HostConfig
+    stack: StackConfig = StackConfig()
     sources: dict[str, str] = Field(default_factory=dict)
     assumptions: dict[str, str] = Field(default_factory=dict)
+    #: the fitted parameters by dotted field, with their bounds (``kvsim hw show``)
+    fitted: dict[str, FittedParam] = Field(default_factory=dict)
+
+    def field_value(self, dotted: str) -> Any:
+        """The value of a dotted field (``"sram.bytes_per_core"``)."""
+        node: Any = self
+        for part in dotted.split("."):
+            node = node[part] if isinstance(node, dict) else getattr(node, part)
+        return node
+
+    @model_validator(mode="after")
+    def _fitted_fields_exist(self) -> HardwareConfig:
+        for name in self.fitted:
+            try:
+                value = self.field_value(name)
+            except (AttributeError, KeyError):
+                raise ValueError(f"fitted: {name!r} is not a hardware field") from None
+            if value is not None and not isinstance(value, int | float):
+                raise ValueError(f"fitted: {name!r} is not a number")
+        return self
+
+    def fitted_outside(self) -> list[str]:
+        """The fitted fields whose value lies outside their bounds (an override may put
+        them there; the fit never does)."""
+        return [n for n, f in self.fitted.items()
+                if (v := self.field_value(n)) is None or not f.low <= v <= f.high]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _timing_grade(cls, data: Any) -> Any:
+        """``dram.timing = "GRADE"``: the grade's table, its sources and assumptions (the
+        preset's own entries first)."""
+        dram = data.get("dram") if isinstance(data, dict) else None
+        name = dram.get("timing") if isinstance(dram, dict) else None
+        if not isinstance(name, str):
+            return data
+        try:
+            g = grade(name)
+        except KeyError:
+            raise ValueError(f"dram.timing: unknown speed grade {name!r}; valid: "
+                             f"{', '.join(grade_names())} (or a [dram.timing] table)") from None
+        return {**data, "dram": {**dram, "timing": g.table},
+                "sources": {**g.sources, **data.get("sources", {})},
+                "assumptions": {**g.assumptions, **data.get("assumptions", {})}}
 
     @cached_property
     def derived(self) -> dict[str, float]:

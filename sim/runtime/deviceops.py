@@ -138,6 +138,7 @@ def forward_batch(model: Model, reqs: list[Request]) -> list[np.ndarray | None]:
     runtime overhead once, every request's embeddings in one upload, the weights streamed
     once per token tile of the whole batch, every request's logits in one download."""
     from models.compiler.driver import StepSeq, lower_step
+    from models.compiler.sram import SramOverflow
 
     acc, bcm = model.acc, model.batched
     dev = acc.device
@@ -146,9 +147,13 @@ def forward_batch(model: Model, reqs: list[Request]) -> list[np.ndarray | None]:
     host_out = _host_out(model, tokens)
     if acc.functional:
         dev.host_write(HOST_IN, np.ascontiguousarray(x).view(np.uint8))
-    lw = bcm.lowering(bcm.tile_for(min(tokens, bcm.m_tile)))
     seqs = [StepSeq(r.cache_id, r.x.shape[0], r.cache_size) for r in reqs]
-    prog = lower_step(lw, seqs, host_in=HOST_IN, host_out=host_out)
+    try:  # the decode pass's tile, if the step's head rows fit beside it (sized for one)
+        prog = lower_step(bcm.lowering(bcm.tile_for(min(tokens, bcm.m_tile))), seqs,
+                          host_in=HOST_IN, host_out=host_out)
+    except SramOverflow:
+        prog = lower_step(bcm.lowering(bcm.tile_bytes), seqs, host_in=HOST_IN,
+                          host_out=host_out)
     start, before = acc.begin()
     acc.host_work(acc.hw.host.call_overhead_ns, "infer")
     acc.run(prog, "infer", shape=("batch", *((s.tokens, s.slot) for s in seqs)))

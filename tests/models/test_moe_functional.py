@@ -99,7 +99,9 @@ def test_timing_only_and_functional_runs_take_the_same_cycles(preset: str) -> No
 
 
 #: tiny-qwen2-moe on ARIES, global8, ps: launch, the 10-token prefill, the first decode step
-EIGHT_CORE_CALL_PS = (201_040_639, 202_345_133, 152_265_419)
+#: (the prefill and decode moved with aries' two-point fit: 272 KiB per core, 1024 B row runs,
+#: 79 ns per DMA transfer, and the decode pass's largest weight tile)
+EIGHT_CORE_CALL_PS = (201_040_639, 191_981_802, 145_868_970)
 
 
 def test_slots_spread_over_eight_cores() -> None:
@@ -189,10 +191,9 @@ def test_functional_moe_survives_its_file(preset: str, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("preset", ["tiny-qwen2-moe", "tiny-mla"])
-def test_the_three_engines_time_a_moe_step_alike(preset: str) -> None:
-    """The slot schedule (routed loads, TOPK_GATE, GATE_ACC, SIGMOID) on the array loop,
-    the lean event kernel and SimPy: one decode step and a 4-token prefill, equal to the
-    picosecond."""
+def test_both_engines_time_a_moe_step_alike(preset: str) -> None:
+    """The slot schedule (routed loads, TOPK_GATE, GATE_ACC, SIGMOID) on the array loop and
+    on SimPy: one decode step and a 4-token prefill, equal to the picosecond."""
     from sim.device.device import Device
 
     cm = _compile(preset, functional=False)
@@ -201,5 +202,5 @@ def test_the_three_engines_time_a_moe_step_alike(preset: str) -> None:
     got = {engine: [Device(hw, functional=False, engine=engine,
                            layout=cm.layout(host_bytes=1 << 22)).run(p).duration_ps
                     for p in progs]
-           for engine in ("fast", "kernel", "simpy")}
-    assert got["fast"] == got["kernel"] == got["simpy"], got
+           for engine in ("fast", "simpy")}
+    assert got["fast"] == got["simpy"], got

@@ -187,6 +187,7 @@ def reference_rows(objs: list[Instruction], cores: list, num_cores: int,
         r[idx, X_ENG] = int(t.engine_kind)
         r[idx, pl.I_KIND] = pl.K_LINK
         r[idx, pl.I_DIR1] = direction
+        r[idx, pl.I_SRC1] = f[:, 0]
         r[idx, pl.I_N1] = f[:, 1]
         dram = _WRITE if t is HostWrite else _READ
         _two_adds(r, idx, (link, dram), (f[:, 0], f[:, 0]), (f[:, 1], f[:, 1]))

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from kvsim.errors import DeviceError
 from sim.device.components import ComputeCore, DmaEngine, Dram, HostLink, Sram
 from sim.device.components.dram import bytes_per_channel
-from sim.device.engine import kernel
 from sim.device.hw import load_hardware
 from sim.units import PS_PER_S, ns_to_ps, transfer_ps
 
@@ -23,10 +22,9 @@ TINY = load_hardware("tiny")
 NS = 1000  # ps
 
 
-@pytest.fixture(params=["simpy", "fast"])
-def env(request):
-    """Every component timeline is checked on both event kernels."""
-    return simpy.Environment() if request.param == "simpy" else kernel.Environment()
+@pytest.fixture
+def env():
+    return simpy.Environment()
 
 
 def timed(env, log, who, gen):

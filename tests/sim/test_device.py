@@ -22,7 +22,7 @@ TINY = load_hardware("tiny")
 
 @pytest.fixture(autouse=True, params=["simpy", "fast"])
 def engine(request, monkeypatch):
-    """Every test below runs, with the same exact figures, on both event kernels."""
+    """Every test below runs, with the same exact figures, on both engines."""
     cls = Device
 
     def make(*args, **kw):

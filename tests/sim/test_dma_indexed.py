@@ -42,7 +42,7 @@ def _device(engine: str, functional: bool, index: int) -> Device:
     return dev
 
 
-@pytest.mark.parametrize("engine", ["simpy", "kernel", "fast"])
+@pytest.mark.parametrize("engine", ["simpy", "fast"])
 def test_functional_copies_the_named_entry_in_the_cycles_of_a_timing_run(engine) -> None:
     timing = _device(engine, False, 0).run(_program())
     plain = _device(engine, False, 0).run(_program(indexed=False))

@@ -1,6 +1,6 @@
-"""Formula tests of the LPDDR4X protocol model (sim/device/dram/timing.py): each figure against a
-hand calculation from the timing parameters, as Ramulator's tests check unloaded latency and
-peak throughput against theory. aries: 4167 MT/s, tCK = 2 / 4167e6 s = 0.47996 ns."""
+"""Formula tests of the DRAM protocol model (sim/device/dram/timing.py) on LPDDR4X: each figure
+against a hand calculation from the timing parameters, as Ramulator's tests check unloaded
+latency and peak throughput against theory. aries: 4167 MT/s, tCK = 2 / 4167e6 s = 0.47996 ns."""
 
 import dataclasses
 import math
@@ -53,7 +53,8 @@ def test_timing_rounds_up_to_whole_cycles_and_trefi_down():
     # -> 21, 40 -> 83.3 -> 84, 7.5 -> 15.6 -> 16, 380 -> 791.7 -> 792; tREFI floor(8133.9)
     assert (t.rcd_ck, t.rp_pb_ck, t.rp_ab_ck, t.ras_ck, t.rrd_ck, t.faw_ck) == (
         38, 38, 44, 88, 21, 84)
-    assert (t.wr_ck, t.wtr_ck, t.rtp_ck, t.rfc_ab_ck, t.refi_ck, t.dqsck_ck) == (
+    n = t.named  # LPDDR4X's own values, by their JEDEC names
+    assert (n["tWR"], n["tWTR"], n["tRTP"], t.rfc_ab_ck, t.refi_ck, n["tDQSCK(max)"]) == (
         38, 21, 16, 792, 8133, 8)
     assert (t.ccd_ck, t.burst_bytes, t.bytes_per_ck) == (8, 32, 4.0)
     # peak of one x16 channel: 2 B x 4167 MT/s

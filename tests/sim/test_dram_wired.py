@@ -5,12 +5,13 @@ calculations from the timing parameters (aries: 4167 MT/s, tCK = 0.47996 ns)."""
 import math
 
 import pytest
+import simpy
 
 from isa.instructions import DmaLoad, Engine, Gemm, Nop, Program
 from sim.app.breakdown import FIXED_COSTS, Labelled, time_breakdown
 from sim.device.components import Dram
-from sim.device.device import Device, cross_core_waits
-from sim.device.engine import kernel
+from sim.device.device import Device
+from sim.device.engine import loopdefs
 from sim.device.hw import load_hardware
 from sim.runtime import CallRecord
 from sim.units import KiB, ns_to_ps
@@ -26,9 +27,9 @@ def _ps(cycles: int) -> int:
     return math.ceil(cycles * TCK_PS - 1e-6)
 
 
-def _dram(overrides: dict | None = None) -> tuple[kernel.Environment, Dram]:
+def _dram(overrides: dict | None = None) -> tuple[simpy.Environment, Dram]:
     hw = load_hardware("aries", {**IDEAL, **overrides}) if overrides else ARIES
-    env = kernel.Environment()
+    env = simpy.Environment()
     return env, Dram(env, hw.dram, Recorder(level="off"))
 
 
@@ -65,7 +66,7 @@ def test_a_lone_sequential_stream_through_dram_is_the_hand_calculation():
     end = _issue_all(env, dram, [(k * 64 * KiB, 64 * KiB, False) for k in range(3)])
     assert end == _ps(t0 + 38 + 767 * 8 + 36 + 8)
     assert dram.bytes_read == 3 * 64 * KiB
-    assert dram.free_ps == [end] * 8  # every channel busy to the end
+    assert dram.free_ps.tolist() == [end] * 8  # every channel busy to the end
 
 
 def test_row_interference_reopens_the_row_every_run():
@@ -156,7 +157,9 @@ def test_launch_dispatch_and_barrier_sync_on_a_tiny_program():
                 signal=(17,)),
         Nop(on=Engine.VPU, core=1, wait=(17,)),
     ))
-    assert cross_core_waits(prog) == frozenset({1})
+    tb = dev.plan(prog)  # the Gemm of core 1 waits on core 0's flag: one cross-core sync
+    assert [i for i, r in enumerate(tb.row_of.tolist())
+            if tb.table[r, loopdefs.I_FLAGS] & loopdefs.FL_CROSS] == [1]
     run = dev.run(prog, validate=False)
     spans = [(s.block, s.lane, s.start_ps, s.end_ps) for s in rec.spans
              if s.block.startswith("core")]
@@ -195,15 +198,17 @@ def test_protocol_needs_a_timing_table():
 
 
 def test_row_runs_give_each_reopen_count_once_and_the_fit_is_inside_its_bounds():
-    from sim.app.calibration import RUN_BOUNDS_BYTES, SRAM_BOUNDS_BYTES, run_lengths
+    from sim.app.calibration import RUN_FIELD, SRAM_FIELD, run_lengths
     from sim.device.dram.patterns import reopens_per_page
     from sim.device.dram.timing import timing_from_config
 
+    aries = load_hardware("aries")
+    RUN_BOUNDS_BYTES = (aries.fitted[RUN_FIELD].low, aries.fitted[RUN_FIELD].high)
+    SRAM_BOUNDS_BYTES = (aries.fitted[SRAM_FIELD].low, aries.fitted[SRAM_FIELD].high)
     runs = run_lengths()
     assert runs == [2048, 1024, 704, 512, 416, 352, 320, 256]
     counts = [reopens_per_page(timing_from_config(load_hardware(
         "aries", {"dram.timing.row_run_bytes": r}).dram)) for r in runs]
     assert counts == list(range(8))  # ceil(2048 / run) - 1
-    aries = load_hardware("aries")
     assert RUN_BOUNDS_BYTES[0] <= aries.dram.timing.row_run_bytes <= RUN_BOUNDS_BYTES[1]
     assert SRAM_BOUNDS_BYTES[0] <= aries.sram.bytes_per_core <= SRAM_BOUNDS_BYTES[1]

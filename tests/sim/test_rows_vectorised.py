@@ -138,7 +138,9 @@ class _ReferenceBuilt(program_rows.Built):
 
     made = 0  # objects whose rows it made
 
-    def __init__(self, objs, cores, num_cores, formats, out=None) -> None:
+    def __init__(self, objs, cores, num_cores, formats, out=None, *,
+                 shared_link=False) -> None:
+        assert not shared_link  # the reference's host rows are a PCIe link's
         super().__init__(objs, cores, num_cores, formats, out)
         self.rows[:] = reference_rows(objs, cores, num_cores, formats)[self.order]
         _ReferenceBuilt.made += len(objs)

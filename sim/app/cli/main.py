@@ -84,9 +84,12 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
             return f"assumption: {hw.assumptions['all']}"
         return ""
 
-    data = hw.model_dump(mode="json", exclude={"name", "description", "sources", "assumptions"})
+    data = hw.model_dump(mode="json", exclude={"name", "description", "sources", "assumptions",
+                                               "fitted"})
     walk("", data)
     console.print(table)
+    if hw.fitted:
+        _print_fitted(hw, console)
     d = Table(title="derived figures")
     d.add_column("figure")
     d.add_column("value", justify="right")
@@ -99,6 +102,20 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
     if protocol is not None:
         _print_dram_protocol(protocol, console)
     return 0
+
+
+def _print_fitted(hw, console: Console) -> None:
+    """The fitted parameters beside their physical bounds and what fixes them."""
+    f = Table(title="fitted parameters (python -m sim.app.calibration fit)")
+    for col in ("field", "value", "low", "high", "unit", "inside", "fitted to"):
+        f.add_column(col, justify="left" if col in ("field", "fitted to") else "right",
+                     overflow="fold")
+    outside = set(hw.fitted_outside())
+    for name, p in hw.fitted.items():
+        v = hw.field_value(name)
+        f.add_row(name, "-" if v is None else f"{v:g}", f"{p.low:g}", f"{p.high:g}", p.unit,
+                  "NO" if name in outside else "yes", p.fitted_to)
+    console.print(f)
 
 
 def _print_dram_protocol(protocol, console: Console) -> None:
@@ -126,7 +143,8 @@ def _print_dram_protocol(protocol, console: Console) -> None:
 
 #: Short column names of the sensitivity table.
 FIGURE_LABELS = {"prefill.ttft_s": "TTFT", "decode.time_per_token_s": "decode/token",
-                 "sim_time_s": "time"}
+                 "client.ttft_s": "client TTFT",
+                 "client.time_per_token_s": "client decode/token", "sim_time_s": "time"}
 
 
 def cmd_hw_sensitivity(args: argparse.Namespace, console: Console) -> int:
@@ -231,12 +249,18 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
     t.add_row("activations + host I/O (DRAM)",
               f"{cm.mm.bytes_of_kind('activations') + cm.mm.bytes_of_kind('host_io'):,} B")
     t.add_row("tokens per pass (SRAM-fitted tile)", str(cm.m_tile))
+    t.add_row("weight tile: prefill / decode pass",
+              f"{cm.tile_bytes:,} / {cm.big_tile_bytes:,} B (two per core)")
     from sim.device.device import static_roofline
 
     for name, prog in cm.programs.items():
         roof = static_roofline(prog, hw)
+        n = cm.max_seq if name.startswith("prefill") else 1
+        tile = cm.tile_for(min(n, cm.m_tile))
         t.add_row(f"program {name}", f"{len(prog):,} instructions, roofline "
-                  f"{fmt_s(roof['bound_s'])} ({roof['dram_bytes']:,} DRAM bytes)")
+                  f"{fmt_s(roof['bound_s'])} ({roof['dram_bytes']:,} DRAM bytes, "
+                  f"{roof['dram_bytes'] / n:,.0f} per token; {-(-n // cm.m_tile)} "
+                  f"pass(es) of <= {min(n, cm.m_tile)} tokens, {tile:,} B weight tiles)")
     console.print(t)
     if args.asm:
         from isa.asm import disassemble

@@ -99,9 +99,19 @@ def print_run_summary(metrics: RunMetrics, paths: dict, console: Console) -> Non
                           + ("identical to the reference" if diff is None
                              else f"first difference at generated token {diff}"))
         p, d, kv, roof = metrics.prefill, metrics.decode, metrics.kv_cache, metrics.roofline
-        t.add_row("time to first token (TTFT)", fmt_s(p.ttft_s))
-        t.add_row("decode time per token", fmt_s(d.time_per_token_s))
-        t.add_row("decode tokens/s", f"{d.tokens_per_s:,.2f}")
+        t.add_row("time to first token (TTFT), card", fmt_s(p.ttft_s))
+        t.add_row("decode time per token, card", fmt_s(d.time_per_token_s))
+        t.add_row("decode tokens/s, card", f"{d.tokens_per_s:,.2f}")
+        c = metrics.client
+        if c.stack_request_s or c.stack_token_s:  # a serving stack in front of the card
+            t.add_row("TTFT at the client (hardware.stack)", fmt_s(c.ttft_s))
+            if c.tokens_per_s:
+                t.add_row("output tokens/s per user at the client", f"{c.tokens_per_s:,.2f}")
+        cp = metrics.compiled
+        t.add_row("prefill: tokens per pass, weight tiles (prefill / decode)",
+                  f"{cp.m_tile_tokens}, {cp.weight_tile_bytes:,} / {cp.decode_tile_bytes:,} B")
+        t.add_row("prefill: weight bytes streamed per prompt token",
+                  f"{p.weight_bytes_per_token:,.0f} B")
         t.add_row("roofline: prefill bound", fmt_s(roof.prefill.bound_s))
         t.add_row("roofline: decode bound per token", fmt_s(roof.decode_per_token.bound_s))
         t.add_row("launch (weights over the host link)", fmt_s(metrics.launch.time_s))

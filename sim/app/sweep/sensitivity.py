@@ -20,12 +20,15 @@ from sim.app.config import resolve_hardware, set_field
 from sim.device.hw import build_hardware
 
 #: Hardware fields that are not numbers of the hardware.
-NOT_PERTURBED_PREFIXES = ("name", "description", "sources.", "assumptions.", "host_link.kind")
+NOT_PERTURBED_PREFIXES = ("name", "description", "sources.", "assumptions.", "fitted.",
+                          "host_link.kind")
 #: Fields the engine does not use, by ``dram.model``.
 UNUSED_BY_DRAM_MODEL = {"protocol": ("dram.efficiency",), "efficiency": ("dram.timing.",)}
 
 #: The figures the table reports, per workload kind.
 GENERATE_FIGURES = ("prefill.ttft_s", "decode.time_per_token_s")
+#: ... and as a client of the serving stack measures them, when the preset has one
+CLIENT_FIGURES = ("client.ttft_s", "client.time_per_token_s")
 GEMV_FIGURES = ("sim_time_s",)
 
 
@@ -160,6 +163,10 @@ def run_sensitivity(tree: dict[str, Any], *, fraction: float = 0.1,
     if base_res["error"]:
         raise ConfigError(f"the base run failed: {base_res['error']}")
     figures = GENERATE_FIGURES if GENERATE_FIGURES[0] in base_res["metrics"] else GEMV_FIGURES
+    m0 = base_res["metrics"]
+    if figures == GENERATE_FIGURES and m0.get(CLIENT_FIGURES[0], m0[figures[0]]) != m0[
+            figures[0]]:  # a serving stack in front of the card: its figures too
+        figures = GENERATE_FIGURES + CLIENT_FIGURES
     base = {f: float(base_res["metrics"][f]) for f in figures}
     rows = []
     for p in perts:

@@ -1,7 +1,8 @@
 """SimPy components of the device: DRAM, SRAM, DMA engines, host link, compute cores.
 
 Each takes ``env`` first, documents its units, reports to a recorder and to the stats,
-and never writes files.
+and never writes files. Each states its timing rules once, as compiled functions that its
+SimPy process calls and the array loop compiles in (``rules.py`` says how).
 """
 
 from sim.device.components.core import ComputeCore

@@ -17,6 +17,7 @@ converted to picoseconds) are:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from isa.instructions import (
     VEC_OPS_PER_ELEMENT,
@@ -31,7 +32,7 @@ from isa.instructions import (
     VecFunc,
 )
 from sim.device.hw import CoresConfig
-from sim.units import cycles_to_ps
+from sim.units import cycles_to_ps, ns_to_ps
 
 #: Integer ops per attention score for the I-BERT softmax (max, subtract, shift,
 #: polynomial, sum, normalise): same count as VecFunc.SOFTMAX.
@@ -45,6 +46,25 @@ DEQUANT_OPS_PER_VALUE = 3
 FLOAT_SOFTMAX_OPS = SOFTMAX_OPS
 #: Ops per element to convert a query to fp16 and an output back to int8 (an assumption).
 CONVERT_OPS = 1
+
+
+@dataclass(frozen=True)
+class FixedCosts:
+    """The fixed costs of running programs (``hardware.cores``), in ps: a program's launch
+    (once, before every engine queue's first instruction), an instruction's dispatch (on
+    every engine queue, every instruction but the flag-joining ``Nop``, before it waits
+    for its flags) and a cross-core synchronisation (an instruction on a core's engine
+    waiting on a flag another core signals, once its flags are in)."""
+
+    launch_ps: int
+    dispatch_ps: int
+    sync_ps: int
+
+    @classmethod
+    def of(cls, cfg: CoresConfig) -> FixedCosts:
+        return cls(launch_ps=ns_to_ps(cfg.program_launch_ns),
+                   dispatch_ps=cycles_to_ps(cfg.dispatch_cycles, cfg.clock_hz),
+                   sync_ps=ns_to_ps(cfg.barrier_sync_ns))
 
 
 def is_16bit_format(name: str) -> bool:

@@ -2,30 +2,75 @@
 ``write`` only touch DRAM (the attention unit's and the KV packer's own streams, whose
 other end is inside the unit).
 
-A transfer pays ``setup_latency`` once, then is split into ``chunk_bytes`` chunks; up to
-``max_outstanding_chunks`` are in flight at once (the engine's request queue), each one
-moving its bytes through the DRAM channels it touches and, for loads and stores, through
-an SRAM port at the same time. A copy chunk reads then writes DRAM.
+A transfer pays ``setup_latency`` once (:func:`setup_ps`), then is split into
+``chunk_bytes`` chunks (:func:`chunk_bytes_at`); up to ``max_outstanding_chunks`` are in
+flight at once (the engine's request queue), each one moving its bytes through the DRAM
+channels it touches and, for loads and stores, through an SRAM port at the same time
+(:func:`uses_port`, :func:`chunk_access`). A copy chunk reads then writes DRAM.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+import simpy
+
 from sim.device.components.dram import Dram
+from sim.device.components.rules import rule
 from sim.device.components.sram import Sram
-from sim.device.engine.kernel import AnyEnvironment, resource_for
 from sim.device.hw import DmaConfig
 from sim.units import ns_to_ps
 from traces.recorder import Recorder
 
 Direction = Literal["load", "store", "copy", "read", "write"]
+#: The directions by number, as the rules and the array loop take them.
+DIRECTIONS: tuple[Direction, ...] = ("load", "store", "copy", "read", "write")
+LOAD, STORE, COPY, READ, WRITE = range(5)
+
+
+def setup_ps(cfg: DmaConfig) -> int:
+    """What a transfer pays once before its first chunk (descriptor fetch), ps."""
+    return ns_to_ps(cfg.setup_latency_ns)
+
+
+@rule
+def one_chunk(total: int, chunk: int) -> bool:
+    """Whether a transfer of ``total`` bytes is one chunk (run in the transfer's own
+    process, as the only request of its slot)."""
+    return total <= chunk
+
+
+@rule
+def chunk_bytes_at(off: int, total: int, chunk: int) -> int:
+    """The bytes of the chunk at offset ``off`` of a transfer of ``total`` bytes."""
+    return min(chunk, total - off)
+
+
+@rule
+def uses_port(direction: int) -> bool:
+    """Whether a chunk moves through an SRAM port (loads and stores: the port is booked
+    as the chunk starts, and the chunk ends no earlier than the port is done)."""
+    return direction == LOAD or direction == STORE
+
+
+@rule
+def chunk_access(direction: int, k: int, src: int, dst: int) -> tuple:
+    """The ``k``-th DRAM access of a chunk, in order: ``(DRAM address, write)``, or
+    ``(-1, 0)`` past its last. A copy reads its source, then writes its destination;
+    a load and a read read the source, a store and a write write the destination."""
+    if k == 0:
+        if direction == STORE or direction == WRITE:
+            return dst, 1
+        return src, 0
+    if k == 1 and direction == COPY:
+        return dst, 1
+    return -1, 0
 
 
 class DmaEngine:
     def __init__(
         self,
-        env: AnyEnvironment,
+        env: simpy.Environment,
         block: str,
         lane: str,
         cfg: DmaConfig,
@@ -40,12 +85,14 @@ class DmaEngine:
         self.dram = dram
         self.sram = sram
         self.recorder = recorder
-        self.slots = resource_for(env, cfg.max_outstanding_chunks)
-        self.setup_ps = ns_to_ps(cfg.setup_latency_ns)
+        self.slots = simpy.Resource(env, capacity=cfg.max_outstanding_chunks)
+        self.setup_ps = setup_ps(cfg)
+        self.chunk_bytes = cfg.chunk_bytes
+        self.outstanding = cfg.max_outstanding_chunks
 
     def transfer(
         self,
-        direction: Direction,
+        direction: Direction | int,
         src: int,
         dst: int,
         nbytes: int,
@@ -62,45 +109,44 @@ class DmaEngine:
         over the DRAM channels like a packed stream of the same size (an approximation:
         rows shorter than the interleave granule load channels less evenly)."""
         env = self.env
+        d = direction if isinstance(direction, int) else DIRECTIONS.index(direction)
         if self.setup_ps:
             yield env.timeout(self.setup_ps)
-        chunk = self.cfg.chunk_bytes
+        chunk = self.chunk_bytes
         total = nbytes * rows
-        if total <= chunk:
+        if one_chunk(total, chunk):
             # one chunk: run it in this process (same schedule, no extra process)
             req = self.slots.request()
             yield req
-            yield from self._chunk(req, direction, src, dst, total)
+            yield from self._chunk(req, d, src, dst, total)
             return
         pending = []
-        for off in range(0, total, chunk):
-            n = min(chunk, total - off)
+        off = 0
+        while off < total:
+            n = chunk_bytes_at(off, total, chunk)
             req = self.slots.request()
             yield req
-            pending.append(env.process(self._chunk(req, direction, src + off, dst + off, n)))
-        if pending:
-            yield env.all_of(pending)
+            pending.append(env.process(self._chunk(req, d, src + off, dst + off, n)))
+            off += chunk
+        yield env.all_of(pending)
 
-    def _chunk(self, req, direction: Direction, src: int, dst: int, nbytes: int):
+    def _chunk(self, req, d: int, src: int, dst: int, nbytes: int):
         env = self.env
         start = env.now
         try:
-            if direction == "copy":
-                yield from self.dram.access(src, nbytes, write=False)
-                yield from self.dram.access(dst, nbytes, write=True)
-            elif direction == "read":
-                yield from self.dram.access(src, nbytes, write=False)
-            elif direction == "write":
-                yield from self.dram.access(dst, nbytes, write=True)
-            else:
-                dram_addr = src if direction == "load" else dst
-                port_done = self.sram.reserve_port(nbytes)
-                yield from self.dram.access(dram_addr, nbytes, write=direction == "store")
-                if port_done > env.now:
-                    yield env.timeout(port_done - env.now)
+            port_done = self.sram.reserve_port(nbytes) if uses_port(d) else 0
+            k = 0
+            while True:
+                addr, write = chunk_access(d, k, src, dst)
+                if addr < 0:
+                    break
+                yield from self.dram.access(addr, nbytes, write=bool(write))
+                k += 1
+            if port_done > env.now:
+                yield env.timeout(port_done - env.now)
         finally:
             self.slots.release(req)
         self.recorder.span(
-            self.block, self.lane, f"{direction} chunk", start, env.now,
+            self.block, self.lane, f"{DIRECTIONS[d]} chunk", start, env.now,
             detail="tiles", args={"bytes": nbytes},
         )

@@ -1,27 +1,43 @@
 """On-chip SRAM of one core: a capacity that allocations must fit in, and ports.
 
 DMA fills and drains use a port for ``bytes / (port_bytes_per_cycle x clock)`` (the
-earliest free port, first come first served); the
+earliest free port, first come first served: the rule :func:`reserve_port`); the
 compute array's own operand reads are assumed to be served at the array's rate (a
 dedicated port), so they are not modelled as port time.
 """
 
 from __future__ import annotations
 
+import numpy as np
+import simpy
+
 from kvsim.errors import DeviceError
-from sim.device.engine.kernel import AnyEnvironment
+from sim.device.components.rules import rule, transfer_ps
 from sim.device.hw import SramConfig
-from sim.units import transfer_ps
+
+
+@rule
+def reserve_port(port_free: np.ndarray, now: int, nbytes: int,
+                 port_bytes_per_s: float) -> int:
+    """The earliest free port (the lowest index on ties) is busy for ``nbytes`` from when it
+    falls free (``port_free``: when each port falls free, ps); returns when it is done."""
+    best = 0
+    for k in range(1, port_free.shape[0]):
+        if port_free[k] < port_free[best]:
+            best = k
+    start = max(now, port_free[best])
+    port_free[best] = start + transfer_ps(nbytes, port_bytes_per_s)
+    return port_free[best]
 
 
 class Sram:
-    def __init__(self, env: AnyEnvironment, cfg: SramConfig, clock_hz: float, core: int):
+    def __init__(self, env: simpy.Environment, cfg: SramConfig, clock_hz: float, core: int):
         self.env = env
         self.cfg = cfg
         self.core = core
         self.capacity_bytes = cfg.bytes_per_core
-        self.port_free_ps = [0] * cfg.ports_per_core  # when each port falls free
-        self.port_bytes_per_s = cfg.port_bytes_per_cycle * clock_hz
+        self.port_free_ps = np.zeros(cfg.ports_per_core, np.int64)  # when each falls free
+        self.port_bytes_per_s = float(cfg.port_bytes_per_cycle * clock_hz)
         self._allocs: dict[int, int] = {}  # base -> size
 
     # --- capacity -------------------------------------------------------------------
@@ -57,11 +73,7 @@ class Sram:
     # --- timing ---------------------------------------------------------------------
     def reserve_port(self, nbytes: int) -> int:
         """Book the earliest free port for ``nbytes`` from now; returns when it is done."""
-        now = self.env.now
-        i = min(range(len(self.port_free_ps)), key=self.port_free_ps.__getitem__)
-        start = max(now, self.port_free_ps[i])
-        self.port_free_ps[i] = start + transfer_ps(nbytes, self.port_bytes_per_s)
-        return self.port_free_ps[i]
+        return reserve_port(self.port_free_ps, self.env.now, nbytes, self.port_bytes_per_s)
 
     def port_access(self, nbytes: int):
         """Process generator: hold one port while ``nbytes`` pass through it."""

@@ -1,205 +1,168 @@
-"""The LPDDR4X timing of one channel in whole clock cycles, and the state the protocol model
-(:mod:`sim.device.dram.timing`) keeps per channel and bank between chunks.
+"""LPDDR4/LPDDR4X (JEDEC JESD209-4): the timing file of the standard.
 
-``LpddrTiming.vector`` is the parameter vector the jitted steps read; its order is that of
-the ``_P_*`` indices in :mod:`sim.device.dram.timing`.
+What a hardware preset writes under ``[dram.timing]`` (:class:`TimingConfig`: datasheet
+minimums in ns, latencies set in mode registers in cycles), how those become whole cycles
+of the channel clock and the command spacings the standard's rules give
+(:func:`to_cycles`, read by the protocol step through
+:class:`~sim.device.dram.cycles.ProtocolTiming`), and the values of the speed grades this
+project uses, each with its sources (:data:`GRADES`: a preset may name one,
+``dram.timing = "lpddr4x-3733"``).
+
+The channel clock is half the data rate (DDR: two transfers per clock), so a burst of
+BL beats takes BL/2 cycles.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from functools import cached_property
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
+from pydantic import Field, model_validator
 
-from sim.device.hw import DramConfig
+from models.schema import Frozen
+from sim.device.dram.cycles import Grade, ProtocolTiming, min_cycles
 
-#: "Never" for the state arrays: far enough in the past that no constraint binds.
-_LONG_AGO_CK = -(10**15)
+if TYPE_CHECKING:
+    from sim.device.hw import DramConfig
 
-
-@dataclass(frozen=True)
-class LpddrTiming:
-    """The timing of one channel in whole cycles of its clock, from a ``DramConfig``."""
-
-    tck_ps: float
-    channels: int
-    granule_bytes: int
-    banks: int
-    page_bytes: int
-    burst_bytes: int
-    ccd_ck: int  # BL/2: data cycles of one burst, and the READ-to-READ spacing
-    rcd_ck: int
-    rp_pb_ck: int
-    rp_ab_ck: int
-    ras_ck: int
-    rrd_ck: int
-    faw_ck: int
-    wr_ck: int
-    wtr_ck: int
-    rtp_ck: int
-    rfc_ab_ck: int
-    refi_ck: int
-    rl_ck: int
-    wl_ck: int
-    dqsck_ck: int
-    wpre_ck: int
-    bank_xor: bool = False  # bank = (row index mod banks) XOR (row mod banks)
-    run_bytes: int = 0  # a row is reopened every run_bytes of a channel (0: never)
-
-    @property
-    def read_to_write_ck(self) -> int:
-        """READ to WRITE command spacing (JESD209-4: RL + RU(tDQSCKmax/tCK) + BL/2 - WL +
-        tWPRE + RD(tRPST); tRPST of 0.5 nCK rounds down to 0)."""
-        return self.rl_ck + self.dqsck_ck + self.ccd_ck - self.wl_ck + self.wpre_ck
-
-    @property
-    def write_to_read_ck(self) -> int:
-        """WRITE to READ command spacing (JESD209-4: WL + 1 + BL/2 + RU(tWTR/tCK))."""
-        return self.wl_ck + 1 + self.ccd_ck + self.wtr_ck
-
-    @property
-    def read_to_precharge_ck(self) -> int:
-        """READ to PRECHARGE, same bank (JESD209-4, BL16: BL/2 + max(8, nRTP) - 8)."""
-        return self.ccd_ck + max(8, self.rtp_ck) - 8
-
-    @property
-    def write_to_precharge_ck(self) -> int:
-        """WRITE to PRECHARGE, same bank (JESD209-4: WL + BL/2 + 1 + RU(tWR/tCK))."""
-        return self.wl_ck + self.ccd_ck + 1 + self.wr_ck
-
-    @property
-    def rc_ck(self) -> int:
-        return self.ras_ck + self.rp_pb_ck
-
-    @property
-    def bytes_per_ck(self) -> float:
-        return self.burst_bytes / self.ccd_ck
-
-    @property
-    def channel_peak_bytes_per_s(self) -> float:
-        return self.bytes_per_ck / (self.tck_ps * 1e-12)
-
-    def ns_of(self, cycles: int) -> float:
-        return cycles * self.tck_ps / 1000
-
-    def cycles(self) -> dict[str, int]:
-        """The tCK-rounded values, by JEDEC name."""
-        return {"tCCD (BL/2)": self.ccd_ck, "tRCD": self.rcd_ck, "tRPpb": self.rp_pb_ck,
-                "tRPab": self.rp_ab_ck, "tRAS": self.ras_ck, "tRC": self.rc_ck,
-                "tRRD": self.rrd_ck, "tFAW": self.faw_ck, "tWR": self.wr_ck,
-                "tWTR": self.wtr_ck, "tRTP": self.rtp_ck, "tRFCab": self.rfc_ab_ck,
-                "tREFI": self.refi_ck, "RL": self.rl_ck, "WL": self.wl_ck,
-                "tDQSCK(max)": self.dqsck_ck, "tWPRE": self.wpre_ck,
-                "READ-to-WRITE": self.read_to_write_ck, "WRITE-to-READ": self.write_to_read_ck,
-                "READ-to-PRECHARGE": self.read_to_precharge_ck,
-                "WRITE-to-PRECHARGE": self.write_to_precharge_ck}
-
-    def pages_in_closed_form(self, write: bool) -> bool:
-        """Whether a whole row of a channel's share (its row runs after the first, each
-        reopening the row) may be timed in closed form for this direction (the proof is at
-        the channel step of :mod:`sim.device.dram.timing`): granules and row runs hold whole
-        bursts, and with ``L`` a row run's last column command, ``A`` its ACTIVATE and
-        ``L >= A + tRCD + (n - 1) tCCD`` for a full run of ``n`` bursts, the next run's
-        ACTIVATE is bound by its PRECHARGE alone: tRAS by the close (``tRCD + (n - 1) tCCD
-        + to_pre >= tRAS``), and tRRD, tFAW (the ACTIVATE four back is no later than
-        ``A``) and tCCD by the precharge time."""
-        run = self.run_bytes or self.page_bytes
-        bb, ccd = self.burst_bytes, self.ccd_ck
-        if self.granule_bytes % bb or run % bb or self.page_bytes % bb:
-            return False
-        to_pre = self.write_to_precharge_ck if write else self.read_to_precharge_ck
-        after_act = self.rcd_ck + (run // bb - 1) * ccd + to_pre  # A to the PRECHARGE
-        return (after_act >= self.ras_ck and max(self.rrd_ck, self.faw_ck)
-                <= after_act + self.rp_pb_ck and ccd <= to_pre + self.rp_pb_ck + self.rcd_ck)
-
-    @cached_property
-    def vector(self) -> np.ndarray:
-        """The parameters as the int64 vector the jitted loop reads (the ``_P_*`` order of
-        sim/device/dram/timing.py); built
-        once per timing, so a call per chunk allocates nothing."""
-        v = np.array([self.channels, self.granule_bytes, self.banks, self.page_bytes,
-                         self.burst_bytes, self.ccd_ck, self.rcd_ck, self.rp_pb_ck,
-                         self.rp_ab_ck, self.ras_ck, self.rrd_ck, self.faw_ck, self.rfc_ab_ck,
-                         self.refi_ck, self.rl_ck, self.wl_ck, self.read_to_write_ck,
-                         self.write_to_read_ck, self.read_to_precharge_ck,
-                         self.write_to_precharge_ck, int(self.bank_xor),
-                         self.run_bytes or self.page_bytes,
-                         *(_log2_or_none(x) for x in (self.granule_bytes, self.page_bytes,
-                                                      self.banks, self.channels,
-                                                      self.burst_bytes)),
-                         int(self.pages_in_closed_form(False)),
-                         int(self.pages_in_closed_form(True))], dtype=np.int64)
-        v.setflags(write=False)
-        return v
+NAME = "lpddr4x"
 
 
-def _log2_or_none(x: int) -> int:
-    """``log2(x)`` when ``x`` is a power of two, else -1: the loops divide by a power of two
-    with a shift (a 64-bit division by a value read at run time costs tens of cycles, and a
-    chunk needs a dozen of them per channel)."""
-    return x.bit_length() - 1 if x > 0 and x & (x - 1) == 0 else -1
+class TimingConfig(Frozen):
+    """LPDDR4/LPDDR4X organisation and timing of one x16 channel (JEDEC JESD209-4).
+
+    Times are the datasheet minimums in ns (``trefi_ns`` is the maximum average refresh
+    interval); :func:`to_cycles` rounds each to whole cycles of the channel clock
+    (``data_rate_mtps / 2``). Latencies set in mode registers (RL, WL, write preamble) are
+    already in cycles. The engine uses them when ``dram.model = "protocol"``.
+    """
+
+    #: the standard (the default: a table without the key is LPDDR4X); not written out
+    standard: Literal["lpddr4x"] = Field("lpddr4x", exclude=True)
+    address_mapping: Literal["row:bank:column", "row:bank^row:column"] = Field(
+        description="how a channel-local address splits into row, bank and column (high to "
+        "low bits); the channel bits sit at the interleave granule. 'row:bank^row:column' "
+        "hashes the bank: bank bits XOR the low row bits, as controllers do to spread "
+        "power-of-two strides over the banks")
+    banks_per_channel: int = Field(ge=1)
+    page_bytes: int = Field(ge=32, description="row (page) size of one channel in bytes")
+    burst_length: Literal[16, 32] = Field(description="beats per READ/WRITE command (BL)")
+    trcd_ns: float = Field(ge=0, description="ACTIVATE to READ/WRITE")
+    trp_pb_ns: float = Field(ge=0, description="per-bank PRECHARGE period")
+    trp_ab_ns: float = Field(ge=0, description="all-bank PRECHARGE period")
+    tras_ns: float = Field(ge=0, description="ACTIVATE to PRECHARGE, same bank")
+    trrd_ns: float = Field(ge=0, description="ACTIVATE to ACTIVATE, different banks")
+    tfaw_ns: float = Field(ge=0, description="window holding at most four ACTIVATEs")
+    twr_ns: float = Field(ge=0, description="write recovery: end of write data to PRECHARGE")
+    twtr_ns: float = Field(ge=0, description="end of write data to READ (turnaround)")
+    trtp_ns: float = Field(ge=0, description="READ to PRECHARGE")
+    trfc_ab_ns: float = Field(ge=0, description="all-bank REFRESH cycle time")
+    trefi_ns: float = Field(gt=0, description="average interval between all-bank REFRESHes")
+    tdqsck_max_ns: float = Field(ge=0, description="read data strobe delay from clock, max")
+    read_latency_ck: int = Field(ge=1, description="RL: READ command to first data, cycles")
+    write_latency_ck: int = Field(ge=1, description="WL: WRITE command to first data, cycles")
+    write_preamble_ck: int = Field(ge=0, description="tWPRE: write DQS preamble, cycles")
+    row_run_bytes: int | None = Field(
+        None, ge=32, description="multi-master row interference (a controller property, "
+        "not JEDEC): an open row serves this many bytes of one stream before other "
+        "masters' accesses to the bank close it and it must be reopened (tRTP/tWR, tRPpb, "
+        "tRCD): runs from the row's start, so ceil(page_bytes / row_run_bytes) - 1 reopens "
+        "per row of a stream; None or >= page_bytes: never")
+
+    @model_validator(mode="after")
+    def _refresh_fits(self) -> TimingConfig:
+        if self.trfc_ab_ns + self.trp_ab_ns >= self.trefi_ns:
+            raise ValueError("trfc_ab_ns + trp_ab_ns must be shorter than trefi_ns (the "
+                             "channel would do nothing but refresh)")
+        return self
 
 
-def _min_cycles(ns: float, tck_ns: float) -> int:
-    """A minimum time in whole cycles (rounded up; 1e-9 absorbs float noise)."""
-    return max(0, math.ceil(ns / tck_ns - 1e-9))
-
-
-def timing_from_config(dram: DramConfig) -> LpddrTiming:
-    """Round the ``[dram.timing]`` values to cycles of the channel clock."""
+def to_cycles(dram: DramConfig) -> ProtocolTiming:
+    """``dram.timing`` in whole cycles of the channel clock, with the command spacings of
+    JESD209-4 (BL16; the formulas beside each)."""
     t = dram.timing
-    if t is None:
-        raise ValueError("dram.timing: this hardware has no [dram.timing] table; the protocol "
-                         "model needs one (see the aries preset)")
     tck_ns = 2000.0 / dram.data_rate_mtps  # DDR: two transfers per clock
     if t.trefi_ns < tck_ns:
         raise ValueError(f"dram.timing.trefi_ns ({t.trefi_ns}) is under one clock cycle "
                          f"({tck_ns:.3f} ns): refreshes would never end")
-    burst_bytes = t.burst_length * dram.bus_width_bits_per_channel // 8
-    return LpddrTiming(
-        tck_ps=tck_ns * 1000, channels=dram.channels, granule_bytes=dram.interleave_bytes,
-        banks=t.banks_per_channel, page_bytes=t.page_bytes, burst_bytes=burst_bytes,
-        ccd_ck=t.burst_length // 2, rcd_ck=_min_cycles(t.trcd_ns, tck_ns),
-        rp_pb_ck=_min_cycles(t.trp_pb_ns, tck_ns), rp_ab_ck=_min_cycles(t.trp_ab_ns, tck_ns),
-        ras_ck=_min_cycles(t.tras_ns, tck_ns), rrd_ck=_min_cycles(t.trrd_ns, tck_ns),
-        faw_ck=_min_cycles(t.tfaw_ns, tck_ns), wr_ck=_min_cycles(t.twr_ns, tck_ns),
-        wtr_ck=_min_cycles(t.twtr_ns, tck_ns), rtp_ck=_min_cycles(t.trtp_ns, tck_ns),
-        rfc_ab_ck=_min_cycles(t.trfc_ab_ns, tck_ns),
-        refi_ck=math.floor(t.trefi_ns / tck_ns + 1e-9),  # a maximum interval: round down
-        rl_ck=t.read_latency_ck, wl_ck=t.write_latency_ck,
-        dqsck_ck=_min_cycles(t.tdqsck_max_ns, tck_ns), wpre_ck=t.write_preamble_ck,
+    ck = {name: min_cycles(getattr(t, f), tck_ns) for name, f in (
+        ("tRCD", "trcd_ns"), ("tRPpb", "trp_pb_ns"), ("tRPab", "trp_ab_ns"),
+        ("tRAS", "tras_ns"), ("tRRD", "trrd_ns"), ("tFAW", "tfaw_ns"), ("tWR", "twr_ns"),
+        ("tWTR", "twtr_ns"), ("tRTP", "trtp_ns"), ("tRFCab", "trfc_ab_ns"),
+        ("tDQSCK(max)", "tdqsck_max_ns"))}
+    refi = math.floor(t.trefi_ns / tck_ns + 1e-9)  # a maximum interval: round down
+    ccd = t.burst_length // 2  # BL/2: data cycles of one burst, READ-to-READ spacing
+    rl, wl, wpre = t.read_latency_ck, t.write_latency_ck, t.write_preamble_ck
+    named = {"tCCD (BL/2)": ccd, "tRCD": ck["tRCD"], "tRPpb": ck["tRPpb"],
+             "tRPab": ck["tRPab"], "tRAS": ck["tRAS"], "tRC": ck["tRAS"] + ck["tRPpb"],
+             "tRRD": ck["tRRD"], "tFAW": ck["tFAW"], "tWR": ck["tWR"], "tWTR": ck["tWTR"],
+             "tRTP": ck["tRTP"], "tRFCab": ck["tRFCab"], "tREFI": refi, "RL": rl, "WL": wl,
+             "tDQSCK(max)": ck["tDQSCK(max)"], "tWPRE": wpre}
+    return ProtocolTiming(
+        standard=NAME, tck_ps=tck_ns * 1000, channels=dram.channels,
+        granule_bytes=dram.interleave_bytes, banks=t.banks_per_channel,
+        page_bytes=t.page_bytes, burst_bytes=t.burst_length * dram.bus_width_bits_per_channel
+        // 8, ccd_ck=ccd, rcd_ck=ck["tRCD"], rp_pb_ck=ck["tRPpb"], rp_ab_ck=ck["tRPab"],
+        ras_ck=ck["tRAS"], rrd_ck=ck["tRRD"], faw_ck=ck["tFAW"], rfc_ab_ck=ck["tRFCab"],
+        refi_ck=refi,
+        # RL + RU(tDQSCKmax/tCK) + BL/2 - WL + tWPRE + RD(tRPST); tRPST 0.5 nCK rounds to 0
+        read_to_write_ck=rl + ck["tDQSCK(max)"] + ccd - wl + wpre,
+        write_to_read_ck=wl + 1 + ccd + ck["tWTR"],  # WL + 1 + BL/2 + RU(tWTR/tCK)
+        read_to_precharge_ck=ccd + max(8, ck["tRTP"]) - 8,  # BL/2 + max(8, nRTP) - 8
+        write_to_precharge_ck=wl + ccd + 1 + ck["tWR"],  # WL + BL/2 + 1 + RU(tWR/tCK)
+        read_done_ck=rl + ccd,  # read data ends RL + BL/2 after the READ
+        write_done_ck=wl + 1 + ccd,  # write data WL + 1 + BL/2 after the WRITE
         bank_xor=t.address_mapping == "row:bank^row:column",
         run_bytes=0 if t.row_run_bytes is None or t.row_run_bytes >= t.page_bytes
-        else t.row_run_bytes)
+        else t.row_run_bytes,
+        named=named)
 
 
-@dataclass
-class ChannelState:
-    """What the model remembers between chunks, per channel (and per bank): all in cycles."""
+#: The core timings in ns are the same in every LPDDR4X speed grade (JESD209-4 core AC
+#: timing: the minimums do not depend on the clock); RL and WL are the mode-register
+#: settings of the grade's data rate (write latency set A, read DBI off).
+_CORE_NS = {"trcd_ns": 18.0, "trp_pb_ns": 18.0, "trp_ab_ns": 21.0, "tras_ns": 42.0,
+            "trrd_ns": 10.0, "tfaw_ns": 40.0, "twr_ns": 18.0, "twtr_ns": 10.0,
+            "trtp_ns": 7.5, "trfc_ab_ns": 380.0, "trefi_ns": 3904.0, "tdqsck_max_ns": 3.5}
+_CORE_SOURCES = {
+    "banks_per_channel": "8 banks per channel: JEDEC JESD209-4 (LPDDR4/4X); Micron "
+    "MT53D512M32D2 LPDDR4/LPDDR4X datasheet; DRAMSys memspecs JEDEC_1Gbx16_LPDDR4-*.json "
+    "(nbrOfBanks 8)",
+    "page_bytes": "1024 columns x 16 bits = 2 KiB per row of an x16 channel: DRAMSys "
+    "JEDEC_1Gbx16_LPDDR4-*.json (nbrOfColumns 1024, width 16)",
+    "burst_length": "BL16 (BL32 on the fly): Micron MT53D512M32D2 datasheet; 16 beats x 16 "
+    "bits = 32 bytes per READ/WRITE",
+    "trcd_ns": "tRCD = max(18 ns, 4 nCK): JESD209-4 core timing",
+    "trp_pb_ns": "tRPpb = max(18 ns, 4 nCK): JESD209-4",
+    "trp_ab_ns": "tRPab = max(21 ns, 4 nCK): JESD209-4",
+    "tras_ns": "tRAS = max(42 ns, 3 nCK): JESD209-4",
+    "trrd_ns": "tRRD = max(10 ns, 4 nCK): JESD209-4",
+    "tfaw_ns": "tFAW = 40 ns: JESD209-4",
+    "twr_ns": "tWR = max(18 ns, 6 nCK): JESD209-4",
+    "twtr_ns": "tWTR = max(10 ns, 8 nCK): JESD209-4",
+    "trtp_ns": "tRTP = max(7.5 ns, 8 nCK): JESD209-4",
+    "trfc_ab_ns": "tRFCab = 380 ns for 12/16 Gb per channel: JESD209-4",
+    "trefi_ns": "tREFI = 3.904 us (32 ms / 8192 refreshes, T <= 85 C): JESD209-4",
+    "write_preamble_ck": "tWPRE = 2 nCK: JESD209-4",
+}
+_CORE_ASSUMPTIONS = {
+    "address_mapping": "not published for any device: row:bank:column within a channel",
+    "tdqsck_max_ns": "tDQSCK max 3.5 ns (JESD209-4 range 1.5-3.5 ns as commonly quoted): "
+    "enters only the read-to-write turnaround",
+}
 
-    open_row: np.ndarray  # (channels, banks), -1 closed
-    act_ok: np.ndarray  # (channels, banks): earliest ACTIVATE
-    pre_ok: np.ndarray  # (channels, banks): earliest PRECHARGE
-    cas_ok: np.ndarray  # (channels, banks): earliest READ/WRITE
-    faw: np.ndarray  # (channels, 4): the last four ACTIVATEs, a ring
-    scalars: np.ndarray  # (channels, 5): faw ring position, last ACT, bus free, last CAS,
-    #                      direction of the last CAS (-1 none, 0 read, 1 write)
-    next_ref: np.ndarray  # (channels,): when the next all-bank refresh is due
-    per_channel: np.ndarray  # (channels, 3): the last chunk's bytes, first CAS, end per channel
 
-    @classmethod
-    def fresh(cls, t: LpddrTiming) -> ChannelState:
-        """All banks closed, nothing issued, the first refresh due at tREFI."""
-        c, b = t.channels, t.banks
-        scalars = np.full((c, 5), _LONG_AGO_CK, dtype=np.int64)
-        scalars[:, 0] = 0
-        scalars[:, 4] = -1
-        return cls(open_row=np.full((c, b), -1, dtype=np.int64),
-                   act_ok=np.full((c, b), _LONG_AGO_CK, dtype=np.int64),
-                   pre_ok=np.full((c, b), _LONG_AGO_CK, dtype=np.int64),
-                   cas_ok=np.full((c, b), _LONG_AGO_CK, dtype=np.int64),
-                   faw=np.full((c, 4), _LONG_AGO_CK, dtype=np.int64), scalars=scalars,
-                   next_ref=np.full(c, t.refi_ck, dtype=np.int64),
-                   per_channel=np.zeros((c, 3), dtype=np.int64))
+def _grade(rl: int, wl: int, rate: str) -> Grade:
+    table = {"address_mapping": "row:bank:column", "banks_per_channel": 8,
+             "page_bytes": 2048, "burst_length": 16, **_CORE_NS, "read_latency_ck": rl,
+             "write_latency_ck": wl, "write_preamble_ck": 2}
+    latency = (f"RL = {rl} nCK (read DBI off), WL = {wl} nCK (set A) up to {rate} MT/s: "
+               f"JESD209-4 read and write latency table; DRAMSys "
+               f"JEDEC_1Gbx16_LPDDR4-{rate}.json (RL {rl}, WL {wl})")
+    return Grade(table, {**_CORE_SOURCES, "read_latency_ck": latency,
+                         "write_latency_ck": latency}, _CORE_ASSUMPTIONS)
+
+
+#: Speed grades by name (``dram.timing = NAME`` in a preset; set ``dram.data_rate_mtps``
+#: at or below the grade's rate: its RL and WL hold up to it).
+GRADES = {"lpddr4x-4266": _grade(36, 18, "4266"), "lpddr4x-3733": _grade(32, 16, "3733")}

@@ -1,4 +1,4 @@
-"""Access patterns the programs make, the LPDDR4X protocol model's (``sim/device/dram/timing.py``)
+"""Access patterns the programs make, the DRAM protocol model's (``sim/device/dram/timing.py``)
 efficiency on each (``stream_efficiency``), their closed forms, and the summary ``kvsim hw
 show`` prints: what each pattern sustains.
 
@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from numba import njit
 
-from sim.device.dram.timing import ChannelState, LpddrTiming, chunk_channels_ck, timing_from_config
-from sim.device.hw import DramConfig
+from sim.device.dram.cycles import ChannelState, ProtocolTiming
+from sim.device.dram.standards import timing_from_config
+from sim.device.dram.timing import chunk_channels_ck
 from sim.units import KiB, MiB
+
+if TYPE_CHECKING:
+    from sim.device.hw import DramConfig
 
 
 @njit(cache=True)
@@ -87,7 +91,7 @@ class AccessPattern:
                 writes)
 
 
-def stream_efficiency(pattern: AccessPattern, timing: LpddrTiming,
+def stream_efficiency(pattern: AccessPattern, timing: ProtocolTiming,
                       chunk_bytes: int = 64 * KiB) -> float:
     """Useful bytes / (peak of the channels it touches x time), from the per-chunk model:
     the whole stream issued at once on idle channels (first refresh due at tREFI)."""
@@ -101,19 +105,18 @@ def stream_efficiency(pattern: AccessPattern, timing: LpddrTiming,
 
 
 
-def refresh_loss(t: LpddrTiming) -> float:
+def refresh_loss(t: ProtocolTiming) -> float:
     """The share of time the channel spends in all-bank refresh: tRFCab / tREFI."""
-    return t.rfc_ab_ck / t.refi_ck
+    return t.refresh_loss()
 
 
-def refresh_stall_ck(t: LpddrTiming, write: bool = False) -> int:
-    """Data-bus idle time per refresh of a busy channel: close the open rows after the last
-    column command's data, precharge-all, refresh, reopen."""
-    close = t.write_to_precharge_ck if write else t.read_to_precharge_ck
-    return close - t.ccd_ck + t.rp_ab_ck + t.rfc_ab_ck + t.rcd_ck
+def refresh_stall_ck(t: ProtocolTiming, write: bool = False) -> int:
+    """Data-bus idle time per refresh of a busy channel
+    (:meth:`ProtocolTiming.refresh_stall_ck`)."""
+    return t.refresh_stall_ck(write)
 
 
-def banks_in_turn(t: LpddrTiming, stride_bytes: int) -> int:
+def banks_in_turn(t: ProtocolTiming, stride_bytes: int) -> int:
     """How many banks records ``stride_bytes`` apart take turns on, when every record lands
     on the same channel and in its own row (the closed form's condition)."""
     stripe = t.granule_bytes * t.channels
@@ -130,20 +133,20 @@ def banks_in_turn(t: LpddrTiming, stride_bytes: int) -> int:
                 for k in range(t.banks * t.banks)})
 
 
-def act_to_precharge_ck(t: LpddrTiming, bursts: int, write: bool) -> int:
+def act_to_precharge_ck(t: ProtocolTiming, bursts: int, write: bool) -> int:
     """ACTIVATE to the earliest PRECHARGE of a row that serves ``bursts`` bursts."""
     to_pre = t.write_to_precharge_ck if write else t.read_to_precharge_ck
     return max(t.ras_ck, t.rcd_ck + (bursts - 1) * t.ccd_ck + to_pre)
 
 
-def record_cycle_ck(t: LpddrTiming, bursts: int, write: bool, banks: int) -> float:
+def record_cycle_ck(t: ProtocolTiming, bursts: int, write: bool, banks: int) -> float:
     """Cycles per record when each record opens its own row: bus, tRRD, tFAW/4 and the row
     cycle (ACTIVATE to PRECHARGE, then tRPpb) of one bank shared by ``banks`` banks."""
     row_cycle = act_to_precharge_ck(t, bursts, write) + t.rp_pb_ck
     return max(bursts * t.ccd_ck, t.rrd_ck, t.faw_ck / 4, row_cycle / banks)
 
 
-def record_refresh_stall_ck(t: LpddrTiming, bursts: int, write: bool, banks: int) -> float:
+def record_refresh_stall_ck(t: ProtocolTiming, bursts: int, write: bool, banks: int) -> float:
     """Time a refresh adds to a stream of one-row records: the precharge-all waits for the
     last row opened (ACTIVATE to PRECHARGE), then tRPab and tRFCab, and the next ACTIVATE
     comes then instead of one record cycle after the last."""
@@ -151,28 +154,16 @@ def record_refresh_stall_ck(t: LpddrTiming, bursts: int, write: bool, banks: int
             - record_cycle_ck(t, bursts, write, banks))
 
 
-def reopens_per_page(t: LpddrTiming) -> int:
-    """Times a sequential stream reopens each row: a run of ``run_bytes`` from the row's
-    start, then the next, so ``ceil(page / run) - 1`` reopens per page."""
-    if not t.run_bytes:
-        return 0
-    return -(-t.page_bytes // t.run_bytes) - 1
+def reopens_per_page(t: ProtocolTiming) -> int:
+    """Times a sequential stream reopens each row (:meth:`ProtocolTiming.reopens_per_page`)."""
+    return t.reopens_per_page()
 
 
-def reopen_gap_ck(t: LpddrTiming, write: bool = False) -> int:
-    """Data-bus idle time of one reopen of the same row: close after the last column
-    command's data (tRTP or write recovery), tRPpb, then tRCD (runs long enough that tRAS
-    has passed)."""
-    close = t.write_to_precharge_ck if write else t.read_to_precharge_ck
-    return close - t.ccd_ck + t.rp_pb_ck + t.rcd_ck
-
-
-def closed_form_efficiency(pattern: AccessPattern, t: LpddrTiming) -> float | None:
+def closed_form_efficiency(pattern: AccessPattern, t: ProtocolTiming) -> float | None:
     """The analytic sustained efficiency of a pattern (None when it has no closed form)."""
     refresh = 1 - refresh_stall_ck(t, pattern.write) / t.refi_ck
     if pattern.kind == "sequential":
-        data = t.page_bytes / t.burst_bytes * t.ccd_ck  # cycles of data per page
-        return refresh * data / (data + reopens_per_page(t) * reopen_gap_ck(t, pattern.write))
+        return t.sequential_efficiency(pattern.write)
     if pattern.kind == "records":
         if pattern.record_bytes > t.granule_bytes or pattern.record_bytes % t.burst_bytes:
             return None

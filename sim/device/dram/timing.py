@@ -1,7 +1,10 @@
-"""LPDDR4X protocol model: DRAM time per access from the JEDEC timing, not one efficiency.
+"""DRAM protocol model: DRAM time per access from the JEDEC timing, not one efficiency.
 
 The engine times every DMA chunk with it when ``dram.model = "protocol"`` (the ``aries``
-preset): ``sim/device/components/dram.py`` calls :data:`chunk_channels_ck` once per chunk.
+preset): the DRAM component's chunk rule (``sim/device/components/dram.py``) calls
+:data:`chunk_channels_ck` once per chunk, whichever engine runs it. The step reads a
+channel's timing in whole cycles (:class:`~sim.device.dram.cycles.ProtocolTiming`, from the
+standard's timing file: ``standards.py``); the description below uses LPDDR4X's names.
 
 Address mapping (``dram.timing.address_mapping``, an assumption): the
 channel is ``(addr // interleave_bytes) % channels`` as in ``sim/device/components/dram.py``; the
@@ -35,14 +38,40 @@ import math
 import numpy as np
 from numba import njit
 
-from sim.device.dram.lpddr4x import ChannelState, LpddrTiming, timing_from_config
-
-#: The indices of the parameters in ``LpddrTiming.vector`` (sim/device/dram/lpddr4x.py).
-(_P_CH, _P_GRAN, _P_BANKS, _P_PAGE, _P_BURST, _P_CCD, _P_RCD, _P_RPPB, _P_RPAB, _P_RAS,
- _P_RRD, _P_FAW, _P_RFC, _P_REFI, _P_RL, _P_WL, _P_RTW, _P_WTRG, _P_RTP2PRE,
- _P_WR2PRE, _P_XOR, _P_RUN, _P_SH_GRAN, _P_SH_PAGE, _P_SH_BANKS, _P_SH_CH,
- _P_SH_BURST, _P_PAGES_R, _P_PAGES_W) = range(29)
-
+from sim.device.dram.cycles import (
+    P_BANKS,
+    P_BURST,
+    P_CCD,
+    P_CH,
+    P_FAW,
+    P_GRAN,
+    P_PAGE,
+    P_PAGES_R,
+    P_PAGES_W,
+    P_RAS,
+    P_RCD,
+    P_RDONE,
+    P_REFI,
+    P_RFC,
+    P_RPAB,
+    P_RPPB,
+    P_RRD,
+    P_RTP2PRE,
+    P_RTW,
+    P_RUN,
+    P_SH_BANKS,
+    P_SH_BURST,
+    P_SH_CH,
+    P_SH_GRAN,
+    P_SH_PAGE,
+    P_WDONE,
+    P_WR2PRE,
+    P_WTRG,
+    P_XOR,
+    ChannelState,
+    ProtocolTiming,
+)
+from sim.device.dram.standards import timing_from_config
 
 # --- the per-chunk model -------------------------------------------------------------------
 
@@ -50,7 +79,7 @@ from sim.device.dram.lpddr4x import ChannelState, LpddrTiming, timing_from_confi
 def _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref):
     """Do the all-bank refreshes due by ``start`` on channel ``c``: precharge-all once every
     bank may close, tRPab, then tRFCab; every bank is closed afterwards."""
-    refi = p[_P_REFI]
+    refi = p[P_REFI]
     if start < next_ref[c]:
         return
     # Refreshes that fell wholly in idle time cost nothing but close the rows.
@@ -59,11 +88,11 @@ def _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref):
         next_ref[c] += (start - next_ref[c]) // refi * refi
     while start >= next_ref[c]:
         prea = next_ref[c]
-        for k in range(p[_P_BANKS]):
+        for k in range(p[P_BANKS]):
             if open_row[c, k] >= 0 and pre_ok[c, k] > prea:
                 prea = pre_ok[c, k]
-        done = prea + p[_P_RPAB] + p[_P_RFC]
-        for k in range(p[_P_BANKS]):
+        done = prea + p[P_RPAB] + p[P_RFC]
+        for k in range(p[P_BANKS]):
             open_row[c, k] = -1
             if act_ok[c, k] < done:
                 act_ok[c, k] = done
@@ -87,7 +116,7 @@ def _piece_ck(p, c, bank, row, at_run_start, bursts, nbytes, w, t0, open_row, ac
     column commands for ``nbytes``): the refreshes due, a row hit or an ACTIVATE, then its
     bursts back to back. Updates the state arrays and ``per_ch[c]``; returns the cycle its
     last data has moved."""
-    ccd = p[_P_CCD]
+    ccd = p[P_CCD]
     start = max(t0, sc[c, 2])
     _refresh_until(p, c, start, open_row, act_ok, pre_ok, next_ref)
     # another master's access closed the row at a run boundary inside it
@@ -95,29 +124,29 @@ def _piece_ck(p, c, bank, row, at_run_start, bursts, nbytes, w, t0, open_row, ac
     if open_row[c, bank] != row or reopen:
         act_min = max(act_ok[c, bank], t0)
         if open_row[c, bank] >= 0:  # close the other row first
-            act_min = max(act_min, max(pre_ok[c, bank], t0) + p[_P_RPPB])
+            act_min = max(act_min, max(pre_ok[c, bank], t0) + p[P_RPPB])
         pos = sc[c, 0]
-        t_act = max(act_min, sc[c, 1] + p[_P_RRD], faw[c, pos] + p[_P_FAW])
+        t_act = max(act_min, sc[c, 1] + p[P_RRD], faw[c, pos] + p[P_FAW])
         faw[c, pos] = t_act
         sc[c, 0] = pos + 1 if pos < 3 else 0  # the ring of the last four ACTIVATEs
         sc[c, 1] = t_act
         open_row[c, bank] = row
-        cas_ok[c, bank] = t_act + p[_P_RCD]
-        pre_ok[c, bank] = t_act + p[_P_RAS]
+        cas_ok[c, bank] = t_act + p[P_RCD]
+        pre_ok[c, bank] = t_act + p[P_RAS]
     t_cas = max(cas_ok[c, bank], sc[c, 2], t0)
     if sc[c, 4] == 0 and w == 1:
-        t_cas = max(t_cas, sc[c, 3] + p[_P_RTW])
+        t_cas = max(t_cas, sc[c, 3] + p[P_RTW])
     elif sc[c, 4] == 1 and w == 0:
-        t_cas = max(t_cas, sc[c, 3] + p[_P_WTRG])
+        t_cas = max(t_cas, sc[c, 3] + p[P_WTRG])
     t_last = t_cas + (bursts - 1) * ccd
     sc[c, 2] = t_last + ccd
     sc[c, 3] = t_last
     sc[c, 4] = w
-    close = t_last + (p[_P_WR2PRE] if w == 1 else p[_P_RTP2PRE])
+    close = t_last + (p[P_WR2PRE] if w == 1 else p[P_RTP2PRE])
     if close > pre_ok[c, bank]:
         pre_ok[c, bank] = close
-    # read data ends RL + BL/2 after the READ; write data WL + 1 + BL/2 after the WRITE
-    done = t_last + (p[_P_WL] + 1 + ccd if w == 1 else p[_P_RL] + ccd)
+    # the data ends the standard's READ (WRITE) command-to-last-data time later
+    done = t_last + (p[P_WDONE] if w == 1 else p[P_RDONE])
     if per_ch[c, 0] == 0:
         per_ch[c, 1] = t_cas
         per_ch[c, 2] = done
@@ -137,8 +166,8 @@ def _chunk_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr, 
     bytes moved, the first column command's cycle and the cycle its last data has moved
     (bytes 0: untouched)."""
     per_ch[:, 0] = 0
-    chans, gran, page, bb = p[_P_CH], p[_P_GRAN], p[_P_PAGE], p[_P_BURST]
-    banks, run = p[_P_BANKS], p[_P_RUN]
+    chans, gran, page, bb = p[P_CH], p[P_GRAN], p[P_PAGE], p[P_BURST]
+    banks, run = p[P_BANKS], p[P_RUN]
     w = 1 if is_write else 0
     end = addr + nbytes
     done_all = t0
@@ -153,7 +182,7 @@ def _chunk_end_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr, 
         row_idx = ca // page
         bank = row_idx % banks
         row = row_idx // banks
-        if p[_P_XOR]:
+        if p[P_XOR]:
             bank ^= row % banks
         bursts = (ca_end - 1) // bb - ca // bb + 1
         done = _piece_ck(p, c, bank, row, in_row % run == 0 and in_row != 0, bursts,
@@ -188,19 +217,19 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
     granule boundaries fall between bursts and no refresh is due at the start of a run's
     last piece, the run's remaining pieces are one step (their bursts back to back from the
     bus): one step per row run instead of one per granule piece."""
-    gran, page, run, bb, ccd, banks = (p[_P_GRAN], p[_P_PAGE], p[_P_RUN], p[_P_BURST],
-                                       p[_P_CCD], p[_P_BANKS])
-    rrd, faw_ck, rcd, ras, rppb = p[_P_RRD], p[_P_FAW], p[_P_RCD], p[_P_RAS], p[_P_RPPB]
-    xor = p[_P_XOR] != 0
+    gran, page, run, bb, ccd, banks = (p[P_GRAN], p[P_PAGE], p[P_RUN], p[P_BURST],
+                                       p[P_CCD], p[P_BANKS])
+    rrd, faw_ck, rcd, ras, rppb = p[P_RRD], p[P_FAW], p[P_RCD], p[P_RAS], p[P_RPPB]
+    xor = p[P_XOR] != 0
     whole = gran % bb == 0  # granule boundaries fall between bursts
-    shift, sg, sp, sb = p[_P_SH_BURST], p[_P_SH_GRAN], p[_P_SH_PAGE], p[_P_SH_BANKS]
-    to_pre = p[_P_WR2PRE] if w == 1 else p[_P_RTP2PRE]
-    lat = p[_P_WL] + 1 + ccd if w == 1 else p[_P_RL] + ccd
+    shift, sg, sp, sb = p[P_SH_BURST], p[P_SH_GRAN], p[P_SH_PAGE], p[P_SH_BANKS]
+    to_pre = p[P_WR2PRE] if w == 1 else p[P_RTP2PRE]
+    lat = p[P_WDONE] if w == 1 else p[P_RDONE]
     turn = 0  # the spacing from the last column command when the direction changes
     if sc[c, 4] == 0 and w == 1:
-        turn = p[_P_RTW]
+        turn = p[P_RTW]
     elif sc[c, 4] == 1 and w == 0:
-        turn = p[_P_WTRG]
+        turn = p[P_WTRG]
     pos, last_act, bus, last_cas = sc[c, 0], sc[c, 1], sc[c, 2], sc[c, 3]
     nref = next_ref[c]
     # The bank state is indexed by unsigned copies of the channel and bank: Numba wraps a
@@ -210,7 +239,7 @@ def _channel_run_ck(p, c, lo, hi, w, t0, open_row, act_ok, pre_ok, cas_ok, faw, 
     # Whole rows in closed form (below), from a channel state whose last four ACTIVATEs are
     # no later than the last one (every state the steps leave; each ACTIVATE is no earlier
     # than the one before, so the share keeps it so).
-    pages = p[_P_PAGES_W if w == 1 else _P_PAGES_R] != 0 and max(
+    pages = p[P_PAGES_W if w == 1 else P_PAGES_R] != 0 and max(
         faw[uc, 0], faw[uc, 1], faw[uc, 2], faw[uc, 3]) <= last_act
     first_cas = -1
     last_done = t0
@@ -392,8 +421,8 @@ def _chunk_runs_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr,
     per_ch[:, 0] = 0
     if nbytes <= 0:
         return t0
-    chans, gran = p[_P_CH], p[_P_GRAN]
-    sg, sc_ = p[_P_SH_GRAN], p[_P_SH_CH]
+    chans, gran = p[P_CH], p[P_GRAN]
+    sg, sc_ = p[P_SH_GRAN], p[P_SH_CH]
     w = 1 if is_write else 0
     end = addr + nbytes
     g0 = _div(addr, gran, sg)
@@ -414,7 +443,7 @@ def _chunk_runs_ck(p, open_row, act_ok, pre_ok, cas_ok, faw, sc, next_ref, addr,
 
 
 def chunk_time_ps(state: ChannelState, addr: int, nbytes: int, is_write: bool, now_ps: int,
-                  timing: LpddrTiming) -> int:
+                  timing: ProtocolTiming) -> int:
     """When (integer ps) a DMA chunk of ``nbytes`` at ``addr`` arriving at ``now_ps`` has
     all its data moved; ``state`` carries the open rows, bank timers, bus direction and
     refresh phase from chunk to chunk. Cycles are whole clock cycles of the channel."""
@@ -439,5 +468,5 @@ chunk_channels_ck = _chunk_runs_ck
 chunk_channels_ck_reference = _chunk_end_ck
 
 
-__all__ = ["ChannelState", "LpddrTiming", "chunk_channels_ck", "chunk_channels_ck_reference",
+__all__ = ["ChannelState", "ProtocolTiming", "chunk_channels_ck", "chunk_channels_ck_reference",
            "chunk_time_ps", "timing_from_config"]

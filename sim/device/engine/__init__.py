@@ -1,2 +1,3 @@
-"""The engines that run a program on the components: the lean event kernel and the Numba
-array loop."""
+"""The engines that run a program on the components: the SimPy processes
+(:mod:`~sim.device.engine.processes`) and the Numba array loop (:mod:`~sim.device.engine.loop`),
+both reading the components' timing rules and the program's tables."""

@@ -1,53 +1,45 @@
 """Run a program on the array event loop (:mod:`sim.device.engine.loop`).
 
-A program becomes tables (:mod:`sim.device.engine.tables`: one row per distinct instruction
-object, built once per object by the device's :class:`sim.device.engine.rows.RowCache`, and
-one row index per instruction; waits and signals as index lists; engine queues in the
-device's order; dispatch and cross-core bits), the DRAM timing of every distinct chunk is
-planned as ``Dram`` plans it in the efficiency model (the protocol model runs in the loop
-on the DRAM's own bank-state arrays, which it updates in place), the loop runs (summing
-the stats additions, busy times and ops as it goes), and its logs are replayed in order
-into what the generator processes would have changed: the stats (the same additions, so
-counters keep their key order; the fixed costs of launch, dispatch and sync), the
-recorder (the same calls in the same order), the components' state (DRAM
-channels, SRAM ports, link directions, the kernel's clock and insertion id) and, in
-functional mode, memory (``isa.semantics`` in the order instructions ended, which is the
-order the processes execute them: an instruction's bytes never influence timing).
+A program becomes its plan (``Device.plan``: the tables of :mod:`sim.device.engine.tables`,
+which the SimPy engine runs too: one row per distinct instruction object, built once per
+object by the device's :class:`sim.device.engine.rows.RowCache`, and one row index per
+instruction; waits and signals as index lists; engine queues in the device's order;
+dispatch and cross-core bits), the components' state is copied into the loop's arrays
+(:func:`device_arrays`), the loop runs (summing the stats additions, busy times and ops as
+it goes), and its logs are replayed in order (:mod:`sim.device.engine.replay`) into what
+the SimPy processes would have changed: the stats (the same additions, so counters keep
+their key order; the fixed costs of launch, dispatch and sync), the recorder (the same
+calls in the same order), the components' state (DRAM channels and banks, SRAM ports, link
+directions, the device's clock: :func:`write_back`) and, in functional mode, memory
+(``isa.semantics`` in the order instructions ended, which is the order the processes
+execute them: an instruction's bytes never influence timing).
 
-:func:`eligible` says when a device can use it; otherwise the device runs the generator
-processes on the event kernel (the same timeline, more slowly).
+The loop has the processes of every host link kind and DRAM model the hardware config
+accepts; hardware it has none of is refused by name (:func:`unsupported`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import repeat
-from operator import attrgetter
 
 import numpy as np
 
 from isa import semantics
 from isa.instructions import Engine, Program
-from sim.device.components.dram import efficiency_split
-from sim.device.engine import kernel
 from sim.device.engine import loopdefs as pl
 from sim.device.engine import tables as program_tables
 from sim.device.engine.loop import new_state, run_program
-from sim.units import cycles_to_ps, ns_to_ps
-from traces.recorder import Span
+from sim.device.engine.processes import resources
+from sim.device.engine.replay import replay
+from sim.device.engine.tables import engine_name
 
-_DIRECTIONS = ("load", "store", "copy", "read", "write")
 #: Log rows the loop gathers before it hands them over for replay (each 48 bytes): bounds
 #: the memory of a traced long program. A choice of this module, not a measurement.
 LOG_FLUSH_ROWS = 1 << 16
-#: Log rows below which a batch whose order matters is replayed one call per row rather
-#: than in halves (a choice of this module: halving costs a check per half).
-REPLAY_EACH_ROWS = 1 << 10
-#: ``Span(*fields)`` from a tuple of all six fields, without the generated ``__new__``'s
-#: Python frame (``tuple.__new__(Span, fields)``)
-_new_span = tuple.__new__
-_MNEMONIC = attrgetter("mnemonic")
-
+#: The host link kinds and DRAM models the loop has the processes of (every kind the
+#: hardware config accepts today; a new one must be added to the loop, or is refused).
+LINK_KINDS = ("pcie", "shared_dram")
+DRAM_MODELS = ("efficiency", "protocol")
 
 
 @dataclass(frozen=True)
@@ -59,260 +51,122 @@ class LoopResult:
     blocked: dict[str, tuple[int, int]]
 
 
-def eligible(dev) -> bool:
-    """Whether ``dev``'s program runs can use the array loop: the lean kernel with no
-    other events pending, a PCIe host link and float bandwidths (the loop's rounding
-    equals Python's only for float divisors). Both DRAM models and the fixed costs of
-    dispatch, launch and barriers are modelled."""
-    env = dev.env
-    if not isinstance(env, kernel.Environment) or env.pending:
-        return False
-    if dev.hw.host_link.kind != "pcie":
-        return False
-    bws = [dev.link.bytes_per_s["h2d"], dev.link.bytes_per_s["d2h"],
-           dev.srams[0].port_bytes_per_s]
-    return all(isinstance(b, float) for b in bws)
+def unsupported(hw) -> str | None:
+    """Why the array loop cannot run programs on hardware ``hw``, or None when it can:
+    both DRAM models, both host link kinds and the fixed costs of dispatch, launch and
+    barriers are modelled."""
+    if hw.host_link.kind not in LINK_KINDS:
+        return f"hardware.host_link.kind {hw.host_link.kind!r} has no model in the array loop"
+    if hw.dram.model not in DRAM_MODELS:
+        return f"hardware.dram.model {hw.dram.model!r} has no model in the array loop"
+    return None
 
 
-def _resources(dev) -> list:
-    # the loop's resource ids: dma_in per core, dma_out per core, kv_stream per core, copy
-    return [*dev.dma_in, *dev.dma_out, *dev.kv_stream, dev.copy_engine]
+def device_arrays(dev) -> pl.DeviceArrays:
+    """The components' state (copies: written back by :func:`write_back` once the loop has
+    returned) and parameters, as the loop takes them."""
+    res = resources(dev)
+    dram, link, ds = dev.dram, dev.link, dev.dram.state
+    return pl.DeviceArrays(
+        pl.DmaArrays(np.asarray([r.outstanding for r in res], np.int64),
+                     np.asarray([r.setup_ps for r in res], np.int64),
+                     np.asarray([r.chunk_bytes for r in res], np.int64)),
+        pl.DramArrays(dram.free_ps.copy(), dram.latency_ps, dram.cfg.interleave_bytes,
+                      dram.channel_bytes_per_s, dram.protocol, dram.tck_ps, dram.params,
+                      *(a.copy() for a in (ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok,
+                                           ds.faw, ds.scalars, ds.next_ref, ds.per_channel)),
+                      np.zeros((dram.cfg.channels, 4), np.int64)),
+        pl.SramArrays(np.stack([s.port_free_ps for s in dev.srams]),
+                      dev.srams[0].port_bytes_per_s),
+        pl.LinkArrays(link.free_ps.copy(), link.bytes_per_s, link.latency_ps,
+                      link.chunk_bytes, link.kind),
+        pl.Costs(dev.costs.launch_ps, dev.costs.dispatch_ps, dev.costs.sync_ps))
+
+
+def write_back(dev, d: pl.DeviceArrays, sc: np.ndarray) -> None:
+    """The components' state and the device's clock as the loop left them."""
+    dram, ds = dev.dram, dev.dram.state
+    if sc[pl.SC_NOW] > dev.env.now:
+        dev.env.run(until=int(sc[pl.SC_NOW]))
+    dram.free_ps[:] = d.dram.free
+    if dram.protocol:  # the bank state
+        for dst, src in zip((ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok, ds.faw, ds.scalars,
+                             ds.next_ref, ds.per_channel),
+                            (d.dram.open_row, d.dram.act_ok, d.dram.pre_ok, d.dram.cas_ok,
+                             d.dram.faw, d.dram.scalars, d.dram.next_ref,
+                             d.dram.per_channel), strict=True):
+            dst[...] = src
+    dram.bytes_read += int(sc[pl.SC_DREAD])
+    dram.bytes_written += int(sc[pl.SC_DWRITE])
+    for c, s in enumerate(dev.srams):
+        s.port_free_ps[:] = d.sram.port_free[c]
+    dev.link.free_ps[:] = d.link.free
 
 
 def run(dev, program: Program) -> LoopResult:
-    """Runs ``program`` on ``dev`` (which must be :func:`eligible`)."""
-    from sim.device.device import engine_name
-
+    """Runs ``program`` on ``dev`` (a device of the fast engine, whose clock nothing else
+    schedules on)."""
     instrs = program_tables.instructions_of(program)
-    # (the layout is frozen and set anew whenever the memory map changes: the kinds
-    # of addresses are the same while it is the same object)
-    tb = program_tables.build(program, dev.program_rows, dev.kinds_of, len(dev.kind_names),
-                              kinds_key=dev.layout)
+    tb = dev.plan(program)
     names = [engine_name(Engine(eng), core) for eng, core in tb.queues]
-
-    # efficiency model: the DRAM timing of every distinct chunk, as ``Dram`` plans it
-    dram = dev.dram
-    chunk = dev.hw.dma.chunk_bytes
-    stripe = dram.cfg.interleave_bytes * dram.cfg.channels
-    key_mul = chunk + 1
-    if len(tb.stream_base) and not dram.protocol:
-        base, total = tb.stream_base, tb.stream_bytes
-        counts = np.maximum(1, -(-total // chunk))
-        first = np.cumsum(counts) - counts
-        k = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(first, counts)
-        off = k * chunk
-        nb = np.minimum(chunk, np.repeat(total, counts) - off)
-        keys = np.unique(((np.repeat(base, counts) + off) % stripe) * key_mul + nb)
-    else:
-        keys = np.zeros(0, np.int64)
-    plan_ptr = np.zeros(len(keys) + 1, np.int64)
-    plan_rows: list[tuple[int, int, int]] = []
-    bw = dram.channel_bytes_per_s
-    for u, key in enumerate(keys.tolist()):
-        plan_rows.extend(efficiency_split(key // key_mul, key % key_mul,
-                                          dram.cfg.interleave_bytes, dram.cfg.channels, bw))
-        plan_ptr[u + 1] = len(plan_rows)
-    plan = np.asarray(plan_rows, np.int64).reshape(-1, 3)
-
-    res = _resources(dev)
-    res_cap = np.asarray([r.cfg.max_outstanding_chunks for r in res], np.int64)
-    res_setup = np.asarray([r.setup_ps for r in res], np.int64)
-    res_chunk = np.asarray([r.cfg.chunk_bytes for r in res], np.int64)
-    dram_free = np.asarray(dram.free_ps, np.int64)
-    port_free = np.asarray([s.port_free_ps for s in dev.srams], np.int64)
-    link = dev.link
-    link_free = np.asarray([link.free_ps["h2d"], link.free_ps["d2h"]], np.int64)
-    link_bps = np.asarray([link.bytes_per_s["h2d"], link.bytes_per_s["d2h"]], np.float64)
     rec = dev.recorder
     log_level = 2 if rec.wants("tiles") else 1 if rec.wants("ops") else 0
-    env = dev.env
-    if dram.protocol:  # the loop updates copies of the channel state arrays in place
-        ds = dram.state
-        banks = [a.copy() for a in (ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok, ds.faw,
-                                    ds.scalars, ds.next_ref, ds.per_channel)]
-        d_state = (dram.timing.vector, *banks, float(dram.timing.tck_ps))
-    else:
-        z1, z2 = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
-        d_state = (z1, z2, z2, z2, z2, z2, z2, z1, z2, 1.0)
-    cores_cfg = dev.hw.cores
-    launch_ps = ns_to_ps(cores_cfg.program_launch_ns)
-    dispatch_ps = cycles_to_ps(cores_cfg.dispatch_cycles, cores_cfg.clock_hz)
-    sync_ps = ns_to_ps(cores_cfg.barrier_sync_ns)
-
-    state = new_state(env.now, env.insertion_id, len(tb.queues), len(tb.flags), len(res),
+    res = resources(dev)
+    arrays = device_arrays(dev)
+    prog = pl.ProgramArrays(tb.table, tb.row_of, tb.w_ptr, tb.w_flag, tb.s_ptr, tb.s_flag,
+                            tb.q_ptr, tb.q_items)
+    state = new_state(dev.env.now, 0, len(tb.queues), len(tb.flags), len(res),
                       len(instrs), tb.pairs, log_level=log_level, keep_order=dev.functional)
     while True:  # the logs handed over in bounded batches, replayed in order
-        state, nl = run_program(
-            state, LOG_FLUSH_ROWS, tb.table, tb.row_of, tb.w_ptr, tb.w_flag, tb.s_ptr,
-            tb.s_flag, tb.q_ptr, tb.q_items, res_cap, res_setup, res_chunk, dram_free,
-            dram.latency_ps, keys, plan_ptr, plan[:, 0].copy(), plan[:, 1].copy(),
-            plan[:, 2].copy(), stripe, key_mul, port_free, float(dev.srams[0].port_bytes_per_s),
-            link_free, link_bps, link.latency_ps, link.cfg.chunk_bytes, log_level,
-            dram.protocol, *d_state, launch_ps, dispatch_ps, sync_ps)
+        state, nl = run_program(state, LOG_FLUSH_ROWS, prog, arrays, log_level)
         if nl:
-            _replay(rec, state[pl.ST_LOGS][:nl], names, instrs, res, link.block)
-        if not state[pl.ST_SC][pl.SC_PAUSED]:
+            replay(rec, state.logs[:nl], names, instrs, res, dev.link.block)
+        if not state.sc[pl.SC_PAUSED]:
             break
-    sc = state[pl.ST_SC]
-    result, now, eid, pending = (int(sc[k]) for k in (pl.SC_RESULT, pl.SC_NOW, pl.SC_EID,
-                                                        pl.SC_HS))
-    d_read, d_written, nd, ops = (int(sc[k]) for k in (pl.SC_DREAD, pl.SC_DWRITE, pl.SC_ND,
-                                                         pl.SC_OPS))
-    order, pair_bytes, pair_first, blocked, counts = (state[k] for k in (
-        pl.ST_ORDER, pl.ST_PAIR_BYTES, pl.ST_PAIR_FIRST, pl.ST_BLOCKED, pl.ST_COUNTS))
-    if pending:
-        raise RuntimeError(f"program {program.name!r}: {pending} events left scheduled")
+    sc = state.sc
+    if sc[pl.SC_HS]:
+        raise RuntimeError(f"program {program.name!r}: {sc[pl.SC_HS]} events left scheduled")
+    write_back(dev, arrays, sc)
+    _add_stats(dev, state, names)
+    nd = int(sc[pl.SC_ND])
+    if dev.functional:
+        mem = dev.mem
+        for i in state.order[:nd].tolist():
+            semantics.execute(instrs[i], mem, program.formats)
+    blocked_by = {}
+    if sc[pl.SC_RESULT] != pl.R_DONE:
+        for q, (i, f) in enumerate(state.blocked.tolist()[: len(names)]):
+            if i >= 0:
+                block, lane = names[q]
+                blocked_by[f"{block}.{lane}"] = (i, int(tb.flags[f]))
+    return LoopResult(sc[pl.SC_RESULT] == pl.R_DONE, blocked_by)
 
-    # the components' state and the kernel's clock
-    env.advance(int(now), int(eid))
-    dram.free_ps[:] = dram_free.tolist()
-    if dram.protocol:  # the bank state, written back only once the loop has returned
-        for dst, src in zip((ds.open_row, ds.act_ok, ds.pre_ok, ds.cas_ok, ds.faw, ds.scalars,
-                             ds.next_ref, ds.per_channel), banks, strict=True):
-            dst[...] = src
-    dram.bytes_read += int(d_read)
-    dram.bytes_written += int(d_written)
-    for c, s in enumerate(dev.srams):
-        s.port_free_ps[:] = port_free[c].tolist()
-    link.free_ps["h2d"], link.free_ps["d2h"] = (int(x) for x in link_free)
 
-    st = dev.stats
-    st.launch_ps += launch_ps  # once per program, as Device.start adds it
-    # the fixed costs per engine queue, keys in the order the processes first add them
-    for col, first, counter, ps in ((0, 2, st.dispatch_ps, dispatch_ps),
-                                    (1, 3, st.sync_ps, sync_ps)):
+def _add_stats(dev, state: pl.LoopState, names: list[tuple[str, str]]) -> None:
+    """What the processes add to the device's stats: the launch once, the fixed costs
+    per engine queue, the traffic, instructions, ops and busy times, every counter with
+    the keys in the order the processes first add them."""
+    st, costs, counts = dev.stats, dev.costs, state.counts
+    st.launch_ps += costs.launch_ps  # once per program, as processes.start adds it
+    for col, first, counter, ps in ((0, 2, st.dispatch_ps, costs.dispatch_ps),
+                                    (1, 3, st.sync_ps, costs.sync_ps)):
         qs = np.flatnonzero(counts[: len(names), first] >= 0)
         for q in qs[np.argsort(counts[qs, first])].tolist():
             block, lane = names[q]
             counter[f"{block}.{lane}"] += int(counts[q, col]) * ps
-    # the additions the processes make when an instruction's timing begins, summed per
+    # the additions the processes make when an instruction's work begins, summed per
     # (link, kind) in the order each pair first occurs: every counter then gets the same
     # keys in the same order and the same totals (busy time likewise per engine queue)
     nkinds = len(dev.kind_names)
+    pair_first, pair_bytes = state.pair_first, state.pair_bytes
     seen = np.flatnonzero(pair_first >= 0)
     for pair in seen[np.argsort(pair_first[seen])].tolist():
         link_id, kind_id = divmod(pair, nkinds)
-        st.add(program_tables.LINKS[link_id], dev.kind_names[kind_id], int(pair_bytes[pair]))
-    st.instructions += int(nd)
-    st.ops += int(ops)
+        for name in program_tables.LINKS[link_id]:
+            st.add(name, dev.kind_names[kind_id], int(pair_bytes[pair]))
+    st.instructions += int(state.sc[pl.SC_ND])
+    st.ops += int(state.sc[pl.SC_OPS])
     qs = np.flatnonzero(counts[: len(names), 5] >= 0)
     for q in qs[np.argsort(counts[qs, 5])].tolist():
         block, lane = names[q]
         st.busy_ps[f"{block}.{lane}"] += int(counts[q, 4])
-
-    if dev.functional:
-        mem = dev.mem
-        for i in order[:nd].tolist():
-            semantics.execute(instrs[i], mem, program.formats)
-
-    blocked_by = {}
-    if result != pl.R_DONE:
-        for q, (i, f) in enumerate(blocked.tolist()[: len(names)]):
-            if i >= 0:
-                block, lane = names[q]
-                blocked_by[f"{block}.{lane}"] = (i, int(tb.flags[f]))
-    return LoopResult(result == pl.R_DONE, blocked_by)
-
-
-def _replay(rec, logs: np.ndarray, names, instrs, res, link_block: str) -> None:
-    """The recorder's calls the loop logged, in order. When nothing can be dropped at the
-    event limit (so order cannot matter to it), the bytes moved go in one batch
-    (``Recorder.moved_many``: the same bins) and the spans at once (level ``ops``) or one
-    call each; otherwise each half of the rows in turn, the same way."""
-    code = logs[:, 0]
-    is_move = (code == pl.LOG_DRAM) | (code == pl.LOG_LINK)
-    moves = np.flatnonzero(is_move)
-    if not rec.can_take(len(logs), logs[moves, 2], logs[moves, 3]):
-        # order matters somewhere in the batch (the event limit): its halves in turn, each
-        # replayed at once where its order cannot matter, down to one call per row
-        if len(logs) <= REPLAY_EACH_ROWS:
-            _replay_each(rec, logs.tolist(), names, instrs, res, link_block)
-        else:
-            half = len(logs) // 2
-            _replay(rec, logs[:half], names, instrs, res, link_block)
-            _replay(rec, logs[half:], names, instrs, res, link_block)
-        return
-    tiles = rec.wants("tiles")
-    span = rec.span
-    if not tiles:  # the rows of detail "tiles" are no-ops: the instruction spans at once
-        _add_instruction_spans(rec, logs[code == pl.LOG_INS], names, instrs)
-        rows = logs[:0]
-    else:
-        rows = logs
-    if rec.full():
-        # full and staying full (``can_take``): every span is dropped, one count each; of
-        # the rows only instruction spans are of detail "ops", the rest are "tiles"
-        ins = int((rows[:, 0] == pl.LOG_INS).sum())
-        rec.drop((ins if rec.wants("ops") else 0) + (len(rows) - ins if tiles else 0))
-        rows = rows[:0]
-    for code_, a, b, c, d, e in rows.tolist():
-        if code_ == pl.LOG_INS:
-            block, lane = names[a]
-            span(block, lane, instrs[b].mnemonic, c, d, args={"index": b})
-        elif code_ == pl.LOG_DRAM:
-            span("dram", f"ch{a}", "write" if e else "read", b, c, detail="tiles",
-                 args={"bytes": d})
-        elif code_ == pl.LOG_LINK:
-            span(link_block, "h2d" if a == 0 else "d2h", "chunk", b, c, detail="tiles",
-                 args={"bytes": d})
-        else:
-            r = res[a]
-            span(r.block, r.lane, f"{_DIRECTIONS[b]} chunk", c, d, detail="tiles",
-                 args={"bytes": e})
-    if not len(moves):
-        return
-    m = logs[moves]
-    dram = m[:, 0] == pl.LOG_DRAM
-    channels = int(m[dram, 1].max(initial=-1)) + 1
-    tracks = [("dram", f"ch{c}") for c in range(channels)] + [(link_block, "h2d"),
-                                                               (link_block, "d2h")]
-    track_of = np.where(dram, m[:, 1], channels + m[:, 1])
-    rec.moved_many(tracks, track_of, m[:, 2], m[:, 3], m[:, 4])
-
-
-def _add_instruction_spans(rec, rows: np.ndarray, names, instrs) -> None:
-    """``rec.span`` of each instruction row in turn, in one ``Recorder.add_spans``: the
-    spans built in C-level maps, only as many as the recorder has room for (the rest
-    counted as dropped, as those calls would)."""
-    if not rec.wants("ops") or not len(rows):
-        return
-    total = len(rows)
-    rows = rows[:min(total, rec.room())]
-    queue, index = rows[:, 1], rows[:, 2].tolist()
-    blocks = np.array([b for b, _ in names], object)[queue].tolist()
-    lanes = np.array([lane for _, lane in names], object)[queue].tolist()
-    mnemonics = list(map(_MNEMONIC, map(instrs.__getitem__, index)))
-    args = [{"index": i} for i in index]
-    spans = list(map(_new_span, repeat(Span), zip(blocks, lanes, mnemonics,
-                                                   rows[:, 3].tolist(), rows[:, 4].tolist(),
-                                                   args, strict=True)))
-    rec.add_spans(spans)
-    if total > len(rows):
-        rec.drop(total - len(rows))
-
-
-def _replay_each(rec, logs: list[list[int]], names, instrs, res, link_block: str) -> None:
-    tiles = rec.wants("tiles")
-    span = rec.span
-    moved = rec.moved
-    lanes = {}
-    for code, a, b, c, d, e in logs:
-        if code == pl.LOG_INS:
-            block, lane = names[a]
-            span(block, lane, instrs[b].mnemonic, c, d, args={"index": b})
-        elif code == pl.LOG_DRAM:
-            lane = lanes.get(a)
-            if lane is None:
-                lane = lanes[a] = f"ch{a}"
-            moved("dram", lane, b, c, d)
-            if tiles:
-                span("dram", lane, "write" if e else "read", b, c, detail="tiles",
-                     args={"bytes": d})
-        elif code == pl.LOG_LINK:
-            direction = "h2d" if a == 0 else "d2h"
-            moved(link_block, direction, b, c, d)
-            span(link_block, direction, "chunk", b, c, detail="tiles", args={"bytes": d})
-        else:
-            r = res[a]
-            span(r.block, r.lane, f"{_DIRECTIONS[b]} chunk", c, d, detail="tiles",
-                 args={"bytes": e})

@@ -1,14 +1,18 @@
 """Constants and helpers of the array event loop (:mod:`sim.device.engine.loop`):
 priorities, callback kinds, instruction kinds and table columns, process types, fields
-and states, log codes, and the binary heap over ``(time, priority, insertion id)``.
+and states, log codes, what a step returns, the arrays the loop takes (named tuples), and
+the binary heap over ``(time, priority, insertion id)``.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
-from sim.device.dram.timing import chunk_channels_ck
+from sim.device.components import dma
+from sim.device.components.dram import SPAN_BYTES, SPAN_CHANNEL, SPAN_START, SPAN_STOP, chunk_spans
 
 URGENT = 0
 NORMAL = 1
@@ -26,12 +30,8 @@ K_DMA = 1  # one DMA transfer, run in the engine's own process
 K_LINK = 2  # one host-link transfer (pcie), run in the engine's own process
 K_PAR = 3  # timeout of I_DUR in parallel with 1 or 2 stream transfers (own processes)
 
-# --- DMA directions --------------------------------------------------------------------------
-D_LOAD = 0
-D_STORE = 1
-D_COPY = 2
-D_READ = 3
-D_WRITE = 4
+# --- DMA directions: those of ``sim.device.components.dma`` -------------------------------
+D_LOAD, D_STORE, D_COPY, D_READ, D_WRITE = dma.LOAD, dma.STORE, dma.COPY, dma.READ, dma.WRITE
 
 # --- instruction fields (columns of the table of distinct rows) ---------------------------
 I_KIND = 0
@@ -65,6 +65,7 @@ P_ENGINE = 0
 P_JOIN = 1
 P_XFER = 2  # a stream transfer of an attention / KV instruction
 P_CHUNK = 3  # one chunk of a multi-chunk transfer
+P_ACCESS = 4  # a DRAM access of a shared-DRAM host copy's chunk
 
 F_TYPE = 0
 F_STATE = 1
@@ -104,9 +105,11 @@ F_L_START = 34
 F_L_NN = 35
 F_L_RET = 36
 F_CORE = 37
-P_FIELDS = 38
+F_C_K = 38  # chunk: its next DRAM access (``dma.chunk_access``)
+F_L_ADDR = 39  # link transfer: its DRAM address
+P_FIELDS = 40
 
-# --- process states ----------------------------------------------------------------------------
+# --- process states, by the process they mirror (the loop dispatches on the tens) --------------
 S_E_NEXT = 0
 S_E_WAIT = 1
 S_E_RESUMED_WAIT = 2
@@ -116,17 +119,15 @@ S_E_LAUNCH = 7  # the program's launch, before the first instruction
 S_E_DISPATCHED = 8  # the instruction's dispatch is done: count it, then wait for flags
 S_E_SYNCED = 9  # the cross-core sync is done: count it, then begin the timing
 S_JOIN_INIT = 5
-S_JOIN_DONE = 6
 S_T_START = 10
 S_T_SETUP_DONE = 11
 S_T_SINGLE_GOT = 12
 S_T_MULTI_GOT = 13
 S_T_DONE = 14
+S_T_SINGLE_RET = 15  # a transfer's single chunk (run in its own process) is done
 S_C_START = 20
-S_C_AFTER_A1 = 21
-S_C_AFTER_A2 = 22
+S_C_NEXT = 21  # the chunk's next DRAM access, or its SRAM port when none is left
 S_C_PORT_DONE = 23
-S_C_DONE = 24
 S_A_START = 30
 S_A_AFTER_LAT = 31
 S_A_DONE = 32
@@ -137,7 +138,16 @@ S_L_AFTER_CHUNK = 43
 S_END = 50  # the process returns
 S_XFER_RET = 51  # a P_XFER's transfer is done
 S_CHUNK_RET = 52  # a P_CHUNK's chunk is done
-S_T_SINGLE_RET = 53  # a transfer's single chunk (run in its own process) is done
+S_ACCESS_RET = 54  # a P_ACCESS's DRAM access is done
+
+#: The first state of each group: the queue's (and the join's), a DMA transfer's, a chunk's,
+#: a DRAM access's, a link transfer's; from S_END on, a process's return.
+S_QUEUE, S_TRANSFER, S_CHUNK, S_ACCESS, S_LINK = 0, 10, 20, 30, 40
+
+# --- what a step returns (its process's state is in ``P[p, F_STATE]``) ---------------------------
+GO_ON = 0  # the process goes on at its state (after the loop checks its arrays' room)
+WAITS = 1  # the process waits for an event it scheduled (or queued for)
+ROOM = 2  # the process stops before its state for room in the heap (the step's ``extra`` rows)
 
 # --- log codes ---------------------------------------------------------------------------------
 LOG_INS = 0  # queue, instruction, start, end
@@ -169,14 +179,102 @@ SC_STARTED = 14
 SC_PAUSED = 15  # the run stopped to hand over its logs
 SC_FIELDS = 16
 
-# --- positions in the loop's state tuple (``programloop.new_state``) ---------------------------
-ST_SC = 0
-ST_ORDER = 9
-ST_PAIR_BYTES = 10
-ST_PAIR_FIRST = 11
-ST_LOGS = 12
-ST_BLOCKED = 13
-ST_COUNTS = 14
+
+
+# --- the arrays the loop takes, in named tuples (Numba reads their fields by name) ---------------
+class LoopState(NamedTuple):
+    """The loop's state between calls (``loopprocs.new_state`` makes it; the loop grows
+    ``heap``, ``P`` and ``logs`` and returns it anew)."""
+
+    sc: np.ndarray  # the scalars (``SC_*``)
+    heap: np.ndarray  # the event heap: rows (time, priority, insertion id, callback, arg)
+    P: np.ndarray  # the process records (``F_*``)
+    level: np.ndarray  # per flag: its count, and its queue of waiting processes
+    f_head: np.ndarray
+    f_tail: np.ndarray
+    users: np.ndarray  # per DMA engine: the slots in use, and its queue of waiting processes
+    r_head: np.ndarray
+    r_tail: np.ndarray
+    order: np.ndarray  # the instructions in the order they ended (if kept)
+    pair_bytes: np.ndarray  # per stats pair: its bytes, and the order of its first addition
+    pair_first: np.ndarray
+    logs: np.ndarray  # the recorder's reports in order (``LOG_*``)
+    blocked: np.ndarray  # per queue: (instruction, flag) it waits on, else -1
+    counts: np.ndarray  # per queue: dispatches, syncs, their first orders, busy ps, ...
+
+
+class ProgramArrays(NamedTuple):
+    """A program's tables (:class:`sim.device.engine.tables.Tables`): the row of each
+    instruction, its waits and signals (dense flags), the queues' instructions."""
+
+    ins: np.ndarray
+    row_of: np.ndarray
+    w_ptr: np.ndarray
+    w_flag: np.ndarray
+    s_ptr: np.ndarray
+    s_flag: np.ndarray
+    q_ptr: np.ndarray
+    q_items: np.ndarray
+
+
+class DmaArrays(NamedTuple):
+    """The DMA engines by ``I_RES`` (``processes.resources``): slots, set-up ps, chunk."""
+
+    cap: np.ndarray
+    setup_ps: np.ndarray
+    chunk_bytes: np.ndarray
+
+
+class DramArrays(NamedTuple):
+    """The DRAM's state and parameters, as its rule ``chunk_spans`` takes them."""
+
+    free: np.ndarray  # when each channel falls free, ps
+    latency_ps: int
+    granule: int
+    channel_bytes_per_s: float
+    protocol: bool
+    tck_ps: float
+    params: np.ndarray
+    open_row: np.ndarray
+    act_ok: np.ndarray
+    pre_ok: np.ndarray
+    cas_ok: np.ndarray
+    faw: np.ndarray
+    scalars: np.ndarray
+    next_ref: np.ndarray
+    per_channel: np.ndarray
+    spans: np.ndarray  # scratch: the last chunk's spans
+
+
+class SramArrays(NamedTuple):
+    port_free: np.ndarray  # (cores, ports): when each port falls free, ps
+    port_bytes_per_s: float
+
+
+class LinkArrays(NamedTuple):
+    free: np.ndarray  # when each direction falls free, ps
+    bytes_per_s: np.ndarray
+    latency_ps: int
+    chunk_bytes: int
+    kind: int  # ``link.PCIE`` or ``link.SHARED_DRAM``
+
+
+class Costs(NamedTuple):
+    """The fixed costs (``FixedCosts``), ps."""
+
+    launch_ps: int
+    dispatch_ps: int
+    sync_ps: int
+
+
+class DeviceArrays(NamedTuple):
+    """The components' state and parameters the loop reads and updates."""
+
+    dma: DmaArrays
+    dram: DramArrays
+    sram: SramArrays
+    link: LinkArrays
+    costs: Costs
 
 
 # Every helper is compiled with ``error_model="numpy"``: their divisors are validated
@@ -234,6 +332,17 @@ def hpush(h: np.ndarray, n: int, t: int, prio: int, eid: int, kind: int, arg: in
     h[n, 3] = kind
     h[n, 4] = arg
     return n + 1
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def push(h: np.ndarray, n: int, eid: int, t: int, prio: int, kind: int, arg: int) -> tuple:
+    """:func:`hpush` with the next insertion id: returns ``(heap size, next id)``."""
+    h[n, 0] = t
+    h[n, 1] = prio
+    h[n, 2] = eid
+    h[n, 3] = kind
+    h[n, 4] = arg
+    return n + 1, eid + 1
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -308,27 +417,6 @@ def hnext(h: np.ndarray, ordered: int, n: int, direct: bool) -> tuple:
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def transfer_ps(nbytes: int, bytes_per_s: float) -> int:
-    """``sim.units.transfer_ps`` for a float ``bytes_per_s``: ``ceil(nbytes * 1e12 / bw)``.
-    With ``nbytes < 2**53`` float(nbytes) is exact and the product is the correctly
-    rounded exact product, which is what Python divides too (a test checks it)."""
-    if nbytes <= 0:
-        return 0
-    ps = np.ceil(np.float64(nbytes) * 1e12 / bytes_per_s)
-    if ps >= 9.2e18:  # past int64 picoseconds (about 106 days)
-        raise OverflowError("a transfer time does not fit in int64 picoseconds")
-    return int(ps)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def plan_index(keys: np.ndarray, key: int) -> int:
-    i = np.searchsorted(keys, key)
-    if i >= keys.shape[0] or keys[i] != key:
-        return -1
-    return i
-
-
-@njit(cache=True, error_model="numpy", inline="always")
 def log_row(logs: np.ndarray, nl: int, code: int, a: int, b: int, c: int, d: int,
             e: int) -> int:
     """Row ``nl`` of the logs (which must have room): ``code`` and its five fields (see
@@ -342,69 +430,22 @@ def log_row(logs: np.ndarray, nl: int, code: int, a: int, b: int, c: int, d: int
     return nl + 1
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def protocol_access(now, addr, nbytes, write, tck_ps, params, open_row, act_ok, pre_ok,
-                    cas_ok, faw, scalars, next_ref, per_ch, dram_free, logs, nl, log_level):
-    """``Dram.chunk_plan`` and ``Dram.access`` after the latency, protocol model: one
-    :func:`sim.device.dram.timing.chunk_channels_ck` call (the chunk channel by channel, one
-    contiguous run each) over the channel state arrays (updated in place), the same ps
-    rounding; returns (when the last channel is done, logs used).
-    ``logs`` must have room for one row per channel."""
-    # a time under 1 ps past a cycle edge counts as that edge (ps are rounded up)
-    t0 = np.int64(np.ceil((now - 1) / tck_ps))
-    chunk_channels_ck(params, open_row, act_ok, pre_ok, cas_ok, faw, scalars, next_ref, addr,
-                      nbytes, write != 0, t0, per_ch)
-    end = now
-    for c in range(per_ch.shape[0]):
-        b = per_ch[c, 0]
-        if b == 0:
-            continue
-        start = max(now, np.int64(np.ceil(per_ch[c, 1] * tck_ps - 1e-6)))
-        stop = max(start, np.int64(np.ceil(per_ch[c, 2] * tck_ps - 1e-6)))
-        if stop > dram_free[c]:
-            dram_free[c] = stop
-        if stop > end:
-            end = stop
-        if log_level >= 1:
-            nl = log_row(logs, nl, LOG_DRAM, c, start, stop, b, write)
-    return end, nl
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def planned_access(now, u, write, plan_ptr, plan_ch, plan_b, plan_dur, dram_free, logs, nl,
-                   log_level):
-    """The same, efficiency model: plan ``u``'s channels in order, each from when it falls
-    free; ``logs`` must have room for one row per channel of the plan."""
-    end = now
-    for k in range(plan_ptr[u], plan_ptr[u + 1]):
-        c = plan_ch[k]
-        start = max(now, dram_free[c])
-        stop = start + plan_dur[k]
-        dram_free[c] = stop
-        if stop > end:
-            end = stop
-        if log_level >= 1:
-            nl = log_row(logs, nl, LOG_DRAM, c, start, stop, plan_b[k], write)
-    return end, nl
-
-
 # Called, not inlined, and without reference counting (it allocates nothing): inlined, its
 # sixteen array arguments cost an atomic increment and decrement each per DRAM access (the
 # loop's caller of a helper with branches binds its arguments to counted variables).
 @njit(cache=True, error_model="numpy", _nrt=False)
-def dram_access(now, addr, nbytes, write, protocol, tck_ps, params, open_row, act_ok, pre_ok,
-                cas_ok, faw, scalars, next_ref, per_ch, plan_keys, plan_ptr, plan_ch, plan_b,
-                plan_dur, stripe, key_mul, dram_free, logs, nl, log_level):
-    """``Dram.access`` after the latency: the chunk timed by the protocol model
-    (:func:`protocol_access`) or by its precomputed plan (:func:`planned_access`, the plan
-    keyed by ``(addr modulo the stripe) * key_mul + nbytes``); returns ``(when the last
-    channel is done, logs used)``. ``logs`` must have room for a row per channel."""
-    if protocol:
-        return protocol_access(now, addr, nbytes, write, tck_ps, params, open_row, act_ok,
-                               pre_ok, cas_ok, faw, scalars, next_ref, per_ch, dram_free, logs,
-                               nl, log_level)
-    u = plan_index(plan_keys, (addr % stripe) * key_mul + nbytes)
-    if u < 0:
-        raise RuntimeError("program loop: a DRAM access has no chunk plan")
-    return planned_access(now, u, write, plan_ptr, plan_ch, plan_b, plan_dur, dram_free, logs,
-                          nl, log_level)
+def dram_access(now, addr, nbytes, write, protocol, granule, ch_bps, tck_ps, params, open_row,
+                act_ok, pre_ok, cas_ok, faw, scalars, next_ref, per_ch, dram_free, spans, logs,
+                nl, log_level):
+    """``Dram.access`` after the latency: the chunk timed by the DRAM's rule
+    (:func:`sim.device.components.dram.chunk_spans`, which updates the channels' state),
+    a log row per channel it touches; returns ``(when the last channel is done, logs
+    used)``. ``logs`` must have room for a row per channel."""
+    n, end = chunk_spans(now, addr, nbytes, write, protocol, granule, ch_bps, tck_ps, params,
+                         open_row, act_ok, pre_ok, cas_ok, faw, scalars, next_ref, per_ch,
+                         dram_free, spans)
+    if log_level >= 1:
+        for k in range(n):
+            nl = log_row(logs, nl, LOG_DRAM, spans[k, SPAN_CHANNEL], spans[k, SPAN_START],
+                         spans[k, SPAN_STOP], spans[k, SPAN_BYTES], write)
+    return end, nl

@@ -1,12 +1,27 @@
-"""The event kernel's primitives over arrays, for the array event loop
-(:mod:`sim.device.engine.loop`): process records, a counting semaphore's waiters
-(``Container.get`` and serving its queue), a resource's grant (``Resource.request`` and
-release), an SRAM port reservation, and the loop's initial state.
+"""SimPy's primitives over arrays, for the array event loop (:mod:`sim.device.engine.loop`):
+process records, a counting semaphore's waiters (``Container.get`` and serving its queue),
+a resource's grant (``Resource.request`` and release), and the loop's initial state.
 
-Each helper does exactly what the kernel does at the point the loop calls it: the same
-events in the same order, at the same time and priority, with the next insertion ids.
-The ones that may schedule events take the heap (with room for what they push) and return
-its new size and the next insertion id.
+Each helper does exactly what SimPy (4.1: ``simpy/core.py``, ``events.py``,
+``resources/``) does at the point the loop calls it: the same events in the same order,
+at the same time and priority, with the next insertion ids. What fixes that order:
+
+- one heap of ``(time, priority, insertion id, event)``; URGENT (0) for a process's
+  start, NORMAL (1) for everything else; every scheduling takes the next insertion id;
+- an event's callbacks run in the order they were added; a process that yields an event
+  already processed continues at once, otherwise it is resumed by the event's callback;
+- a process's own event is scheduled (NORMAL, now) when its generator returns;
+- ``all_of`` succeeds (scheduled NORMAL, now) when the last of its events is processed;
+- ``Container`` (unbounded, amounts of 1): a put raises the level at once and schedules
+  its event, whose processing serves waiting gets in FIFO order while the level allows;
+  a get is served at once (in FIFO order behind older waiters) or waits;
+- ``Resource``: a request is granted at once if a slot is free and it is at the head of
+  the queue; a release frees the slot at once and schedules its event, whose processing
+  grants the head of the queue (at most one grant per trigger, as SimPy's ``_do_put``
+  returns a false value).
+
+The helpers that may schedule events take the heap (with room for what they push) and
+return its new size and the next insertion id.
 """
 
 from __future__ import annotations
@@ -18,13 +33,23 @@ from sim.device.engine import loopdefs as lp
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def new_process(P: np.ndarray, free_head: int, np_used: int) -> tuple:
-    """A process record: the first free one, else the next unused; returns ``(record,
-    free_head, np_used)``. ``P`` must have a row to spare."""
-    if free_head >= 0:
-        c = free_head
-        return c, P[c, lp.F_NEXT], np_used
-    return np_used, free_head, np_used + 1
+def spawn(P: np.ndarray, sc: np.ndarray) -> int:
+    """A process record for a new process: the first free one (``sc[SC_FREE]``), else the
+    next unused (``sc[SC_NP]``). ``P`` must have a row to spare."""
+    c = sc[lp.SC_FREE]
+    if c >= 0:
+        sc[lp.SC_FREE] = P[c, lp.F_NEXT]
+        return c
+    c = sc[lp.SC_NP]
+    sc[lp.SC_NP] = c + 1
+    return c
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def free_record(P: np.ndarray, sc: np.ndarray, p: int) -> None:
+    """Process record ``p`` is free again (its process has ended and been counted)."""
+    P[p, lp.F_NEXT] = sc[lp.SC_FREE]
+    sc[lp.SC_FREE] = p
 
 
 # The waiter queues' helpers are called, not inlined, and compiled without reference
@@ -81,22 +106,9 @@ def grant(heap: np.ndarray, hs: int, eid: int, now: int, r: int, users: np.ndarr
     return hs, eid
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def reserve_port(port_free: np.ndarray, core: int, now: int, nbytes: int,
-                 port_bps: float) -> int:
-    """``Sram.reserve_port``: the earliest free port of ``core`` (the lowest index on
-    ties) is busy for ``nbytes`` from when it is free; returns when it is done."""
-    best = 0
-    for k in range(1, port_free.shape[1]):
-        if port_free[core, k] < port_free[core, best]:
-            best = k
-    s0 = max(now, port_free[core, best])
-    port_free[core, best] = s0 + lp.transfer_ps(nbytes, port_bps)
-    return port_free[core, best]
-
-
 def new_state(now: int, eid: int, queues: int, flags: int, resources: int,
-              instructions: int, pairs: int, *, log_level: int, keep_order: bool) -> tuple:
+              instructions: int, pairs: int, *, log_level: int,
+              keep_order: bool) -> lp.LoopState:
     """The state :func:`sim.device.engine.loop.run_program` starts a program from: at
     time ``now`` with insertion ids from ``eid``, no process started, every flag empty and
     every resource free.
@@ -122,7 +134,7 @@ def new_state(now: int, eid: int, queues: int, flags: int, resources: int,
     counts = np.full((max(queues, 1), 6), -1, np.int64)
     counts[:, :2] = 0
     counts[:, 4] = 0
-    return (
+    return lp.LoopState(
         sc,
         np.zeros((256, 5), np.int64),  # the event heap
         np.zeros((max(64, 2 * queues + 8), lp.P_FIELDS), np.int64),  # the processes
@@ -144,9 +156,9 @@ def new_state(now: int, eid: int, queues: int, flags: int, resources: int,
 @njit(cache=True, error_model="numpy", inline="always")
 def start_processes(heap: np.ndarray, hs: int, P: np.ndarray, np_used: int, now: int,
                     eid: int, nq: int, q_ptr: np.ndarray) -> tuple:
-    """The program's start (``Device.start``): the engine processes, in queue order, then
-    the join, each with an URGENT event, in the next records of ``P`` (which must have
-    ``nq + 1`` rows to spare); returns ``(heap, hs, eid, np_used)``."""
+    """The program's start (``processes.start``): the engine queues' processes, in queue
+    order, then the join, each with an URGENT event, in the next records of ``P`` (which
+    must have ``nq + 1`` rows to spare); returns ``(heap, hs, eid, np_used)``."""
     for q in range(nq + 1):
         p = np_used + q
         if q < nq:
@@ -176,35 +188,3 @@ def set_transfer(P: np.ndarray, p: int, ins: np.ndarray, ri: int, base: int) -> 
     P[p, lp.F_T_SRC] = ins[ri, base + 1]
     P[p, lp.F_T_DST] = ins[ri, base + 2]
     P[p, lp.F_T_N] = ins[ri, base + 3]
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def store_scalars(sc: np.ndarray, now: int, eid: int, hs: int, np_used: int, free_head: int,
-                  nd: int, ops: int, n_pairs: int, dram_read: int, dram_written: int,
-                  first_disp: int, first_sync: int, first_done: int, result: int,
-                  paused: int) -> None:
-    """The loop's scalars back into the state (``loopdefs.SC_*``) as a run returns."""
-    sc[lp.SC_NOW] = now
-    sc[lp.SC_EID] = eid
-    sc[lp.SC_HS] = hs
-    sc[lp.SC_NP] = np_used
-    sc[lp.SC_FREE] = free_head
-    sc[lp.SC_ND] = nd
-    sc[lp.SC_OPS] = ops
-    sc[lp.SC_NPAIRS] = n_pairs
-    sc[lp.SC_DREAD] = dram_read
-    sc[lp.SC_DWRITE] = dram_written
-    sc[lp.SC_FDISP] = first_disp
-    sc[lp.SC_FSYNC] = first_sync
-    sc[lp.SC_FDONE] = first_done
-    sc[lp.SC_RESULT] = result
-    sc[lp.SC_PAUSED] = paused
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def load_scalars(sc: np.ndarray) -> tuple:
-    """The loop's scalars from the state, in the order of ``loopdefs.SC_NOW`` ...
-    ``SC_RESULT`` (the first fourteen)."""
-    return (sc[lp.SC_NOW], sc[lp.SC_EID], sc[lp.SC_HS], sc[lp.SC_NP], sc[lp.SC_FREE],
-            sc[lp.SC_ND], sc[lp.SC_OPS], sc[lp.SC_NPAIRS], sc[lp.SC_DREAD], sc[lp.SC_DWRITE],
-            sc[lp.SC_FDISP], sc[lp.SC_FSYNC], sc[lp.SC_FDONE], sc[lp.SC_RESULT])

@@ -38,9 +38,13 @@ from isa.instructions import (
 from kvsim.errors import DeviceError
 from sim.device.engine import loopdefs as pl
 
-#: Links of the stats additions, by id.
-LINKS = ("dram_read", "dram_write", "pcie_h2d", "pcie_d2h")
-_READ, _WRITE, _H2D, _D2H = range(4)
+#: Links of the stats additions, by id: each adds its bytes to the stats under each of its
+#: names in turn (a host memcpy over shared DRAM is counted on the host link and as the
+#: DRAM read and write it makes: one addition, three names).
+LINKS = (("dram_read",), ("dram_write",), ("pcie_h2d",), ("pcie_d2h",),
+         ("host_copy_h2d", "dram_write", "dram_read"), ("host_copy_d2h", "dram_read",
+                                                       "dram_write"))
+_READ, _WRITE, _H2D, _D2H, _COPY_H2D, _COPY_D2H = range(6)
 #: Engines numbered up to this one have one queue per core.
 LAST_PER_CORE = max(int(e) for e in PER_CORE_ENGINES)
 if {int(e) for e in PER_CORE_ENGINES} != set(range(LAST_PER_CORE + 1)):
@@ -145,10 +149,12 @@ class _Rows:
     """The rows of one build, filled one concrete type at a time (``b``: the block of
     rows of the type being filled)."""
 
-    def __init__(self, cores: list, num_cores: int, formats: tuple[str, ...]) -> None:
+    def __init__(self, cores: list, num_cores: int, formats: tuple[str, ...],
+                 shared_link: bool = False) -> None:
         self.cores = cores
         self.num_cores = num_cores
         self.formats = formats
+        self.shared_link = shared_link
         self.fmts: dict[str, kvformats.KVFormat] = {}
         #: the distinct ``(wait, signal)`` pairs of the objects read, each with its number
         #: (dense, in the order of first occurrence in grouped order)
@@ -224,9 +230,13 @@ class _Rows:
         f = self.fields(t, group, ("dst" if h2d else "src", "nbytes"))
         b[:, pl.I_KIND] = pl.K_LINK
         b[:, pl.I_DIR1] = 0 if h2d else 1
+        b[:, pl.I_SRC1] = f[:, 0]  # the DRAM address (a shared-DRAM copy reads and writes it)
         b[:, pl.I_N1] = f[:, 1]
-        _adds(b, (_H2D if h2d else _D2H, f[:, 0], f[:, 1]),
-              (_WRITE if h2d else _READ, f[:, 0], f[:, 1]))
+        if self.shared_link:
+            _adds(b, (_COPY_H2D if h2d else _COPY_D2H, f[:, 0], f[:, 1]))
+        else:
+            _adds(b, (_H2D if h2d else _D2H, f[:, 0], f[:, 1]),
+                  (_WRITE if h2d else _READ, f[:, 0], f[:, 1]))
 
     def attn(self, b: np.ndarray, t: type, group: list, family: type) -> None:
         f = self.fields(t, group, ("core", "q_len", "ctx", "head_dim", "heads", "k_fmt", "v_fmt",
@@ -328,10 +338,11 @@ _FILL = {DmaLoad: _Rows.dma, DmaStore: _Rows.dma, DmaCopy: _Rows.copy, HostWrite
 
 
 def build_rows(objs: list[Instruction], cores: list, num_cores: int,
-               formats: tuple[str, ...]) -> np.ndarray:
+               formats: tuple[str, ...], shared_link: bool = False) -> np.ndarray:
     """The rows (``len(objs)`` x :data:`ROW_FIELDS`) of distinct instruction objects run on
-    ``cores`` (the device's compute cores) in a program whose KV formats are ``formats``."""
-    built = Built(objs, cores, num_cores, formats)
+    ``cores`` (the device's compute cores) in a program whose KV formats are ``formats``,
+    on a device whose host link copies through shared DRAM if ``shared_link``."""
+    built = Built(objs, cores, num_cores, formats, shared_link=shared_link)
     rows = np.empty_like(built.rows)
     rows[built.order] = built.rows
     return rows
@@ -371,10 +382,10 @@ class ColumnRows:
     fillers write whole columns."""
 
     def __init__(self, cols: ProgramColumns, cores: list, num_cores: int,
-                 formats: tuple[str, ...]) -> None:
+                 formats: tuple[str, ...], shared_link: bool = False) -> None:
         for t in set(cols.types).difference(_TYPE_IDS):
             _register(t)  # may raise: nothing built yet
-        fill = _Rows(cores, num_cores, formats)
+        fill = _Rows(cores, num_cores, formats, shared_link)
         # filled a type's block at a time, column-major (the fillers write columns)
         s = np.zeros((len(cols), ROW_FIELDS), np.int64, order="F")
         start = 0
@@ -415,7 +426,8 @@ class Built:
     ~13,600 new rows are some 3 MB, each fresh page of which costs the system a fault)."""
 
     def __init__(self, objs: list[Instruction], cores: list, num_cores: int,
-                 formats: tuple[str, ...], out: np.ndarray | None = None) -> None:
+                 formats: tuple[str, ...], out: np.ndarray | None = None, *,
+                 shared_link: bool = False) -> None:
         n = len(objs)
         # (may raise: nothing written yet)
         tid = _type_numbers(np.fromiter(map(type, objs), object, n))
@@ -438,7 +450,7 @@ class Built:
         counts = np.bincount(key, minlength=len(kinds)).tolist()
         #: the object of each row
         self.objs: list[Instruction] = np.fromiter(objs, object, n)[self.order].tolist()
-        fill = _Rows(cores, num_cores, formats)
+        fill = _Rows(cores, num_cores, formats, shared_link)
         start = 0
         for k, size in zip(kinds.tolist(), counts, strict=True):
             end = start + size

@@ -184,16 +184,20 @@ def _room(buf: np.ndarray, used: int, need: int) -> np.ndarray:
 class RowCache:
     """The rows of the instruction objects a device has run, built once per object.
 
-    ``cores`` are the device's compute cores (their durations), ``num_cores`` their count;
+    ``cores`` are the device's compute cores (their durations), ``num_cores`` their count,
+    ``shared_link`` whether its host link copies through shared DRAM;
     rows depend on a program's KV-format table too, so they are kept per table. Past
     ``max_rows`` rows in all the cache starts afresh before taking a program's new rows (so
     it holds at most ``max_rows`` or one program's distinct objects, whichever is more)."""
 
-    def __init__(self, cores: list, num_cores: int, max_rows: int = MAX_ROWS) -> None:
+    def __init__(self, cores: list, num_cores: int, max_rows: int = MAX_ROWS, *,
+                 shared_link: bool = False) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows {max_rows}: must be at least 1")
         self.cores = cores
         self.num_cores = num_cores
+        #: the device's host link copies through shared DRAM (the host rows' additions)
+        self.shared_link = shared_link
         self.max_rows = max_rows
         self._by_formats: dict[tuple[str, ...], RowStore] = {}
         self._held = 0
@@ -241,7 +245,8 @@ class RowCache:
         # (every object new and distinct: the program's own order)
         new = list(instrs) if len(pick) == n else objs[pick].tolist()
         if self._held + len(new) > self.max_rows and self._held:
-            Built(new, self.cores, self.num_cores, formats)  # may raise: no change
+            Built(new, self.cores, self.num_cores, formats,  # may raise: no change
+                  shared_link=self.shared_link)
             self.clear()
             if store is not None:  # the program's other objects are new again too
                 return self.lookup(instrs, formats)
@@ -249,7 +254,8 @@ class RowCache:
         if made:
             store = self._by_formats[formats] = RowStore()
         try:
-            built = Built(new, self.cores, self.num_cores, formats, store.reserve(len(new)))
+            built = Built(new, self.cores, self.num_cores, formats, store.reserve(len(new)),
+                          shared_link=self.shared_link)
         except BaseException:
             if made:  # no change
                 del self._by_formats[formats]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from isa.columns import ColumnProgram
-from isa.instructions import Patched, Program
+from isa.instructions import PER_CORE_ENGINES, Engine, Patched, Program
 from sim.device.engine import loopdefs as pl
 from sim.device.engine.row_fill import ColumnRows
 from sim.device.engine.row_lists import (
@@ -62,8 +62,8 @@ from sim.device.engine.rows import (
 )
 from sim.device.engine.table_patch import prefix_rows, prefix_tables, same_heads
 
-__all__ = ["LINKS", "MOVE_RUNS", "RowCache", "Tables", "build", "gather", "instructions_of",
-           "move_rows", "unique_small"]
+__all__ = ["LINKS", "MOVE_RUNS", "RowCache", "Tables", "build", "engine_name", "gather",
+           "instructions_of", "move_rows", "unique_small"]
 
 
 @dataclass
@@ -81,6 +81,15 @@ class Tables:
     pairs: int  # stats (link, kind) pair ids: link id * kinds + kind id
     stream_base: np.ndarray  # DRAM base address and bytes of every distinct transfer
     stream_bytes: np.ndarray
+
+
+def engine_name(engine: Engine, core: int) -> tuple[str, str]:
+    """(block, lane) names of an engine queue, as they appear in traces and metrics."""
+    if engine in PER_CORE_ENGINES:
+        return f"core{core}", engine.name.lower()
+    if engine in (Engine.H2D, Engine.D2H):
+        return "pcie", engine.name.lower()
+    return "device", engine.name.lower()
 
 
 def instructions_of(program: Program):
@@ -103,7 +112,8 @@ def build(program: Program, cache: RowCache, kinds_of, kind_count: int, *,
     object that is the same (``is``) only while ``kinds_of`` maps addresses the same way
     (the device's frozen memory layout), so that kept rows keep their stats pairs."""
     if isinstance(program, ColumnProgram):
-        made = ColumnRows(program.columns, cache.cores, cache.num_cores, program.formats)
+        made = ColumnRows(program.columns, cache.cores, cache.num_cores, program.formats,
+                          cache.shared_link)
         return gather(made.rows, made.row_of, made.flags, kinds_of, kind_count)
     instrs = program.instructions
     got = (_incremental(instrs, program.formats, cache, kinds_of, kind_count,
@@ -409,7 +419,7 @@ def gather(rows: np.ndarray, row_of: np.ndarray, held: np.ndarray, kinds_of,
     flags, dense = unique_small(np.concatenate([wflat, sflat]))
 
     # an instruction on a core's engine that waits on a flag some other core's engine
-    # signals pays the barrier sync (``sim.device.device.cross_core_waits``): a row's own fields
+    # signals pays the barrier sync (``FixedCosts.sync_ps``): a row's own fields
     # and the program's signallers decide it, however often the row occurs
     per_core = eng <= LAST_PER_CORE
     nflags = len(flags)
