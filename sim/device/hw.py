@@ -66,6 +66,7 @@ class DramConfig(Frozen):
         if self.interleave_bytes % burst:
             raise ValueError(f"interleave_bytes ({self.interleave_bytes}) must be a multiple "
                              f"of one burst ({burst} bytes)")
+        timing_from_config(self)  # the standard's checks against the data rate, at load
         return self
 
     @property

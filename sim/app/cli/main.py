@@ -119,16 +119,18 @@ def _print_fitted(hw, console: Console) -> None:
 
 
 def _print_dram_protocol(protocol, console: Console) -> None:
-    """The LPDDR4X protocol model's timing in cycles and its efficiency per access pattern."""
+    """The DRAM protocol model's timing in cycles and its efficiency per access pattern."""
 
-    c = Table(title=f"DRAM protocol timing, rounded to tCK = {protocol.tck_ps / 1000:.3f} ns")
+    std = protocol.standard.upper()
+    c = Table(title=f"DRAM protocol timing ({std}), rounded to tCK = "
+                    f"{protocol.tck_ps / 1000:.3f} ns")
     c.add_column("parameter")
     c.add_column("cycles", justify="right")
     c.add_column("ns", justify="right")
     for k, v in protocol.cycles.items():
         c.add_row(k, str(v), f"{v * protocol.tck_ps / 1000:.2f}")
     console.print(c)
-    p = Table(title="DRAM sustained efficiency per access pattern (LPDDR4X protocol model)")
+    p = Table(title=f"DRAM sustained efficiency per access pattern ({std} protocol model)")
     for col in ("pattern", "efficiency", "closed form", "sustained, all channels", "what"):
         p.add_column(col, justify="left" if col in ("pattern", "what") else "right",
                      overflow="fold")

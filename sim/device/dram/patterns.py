@@ -222,6 +222,7 @@ class ProtocolSummary:
     patterns: list[PatternFigures] = field(default_factory=list)
 
     model: str = "protocol"  # dram.model: whether the engine uses these figures
+    standard: str = ""  # the timing file the cycles come from (``standards.STANDARDS``)
 
     @property
     def note(self) -> str:
@@ -254,7 +255,7 @@ def protocol_summary(dram: DramConfig) -> ProtocolSummary:
         out.append(PatternFigures(pat.name, pat.description, eff,
                                   closed_form_efficiency(pat, t),
                                   eff * dram.peak_bytes_per_s))
-    return ProtocolSummary(t.cycles(), t.tck_ps, refresh_loss(t), out, dram.model)
+    return ProtocolSummary(t.cycles(), t.tck_ps, refresh_loss(t), out, dram.model, t.standard)
 
 
 __all__ = ["ENGINE_NOTE", "AccessPattern", "PatternFigures", "PatternKind", "ProtocolSummary",

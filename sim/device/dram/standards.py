@@ -14,9 +14,9 @@ import copy
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, Union
 
-from pydantic import Discriminator, Tag
+from pydantic import WrapValidator
 
-from sim.device.dram import lpddr4x
+from sim.device.dram import lpddr4x, lpddr5
 from sim.device.dram.cycles import Grade, ProtocolTiming
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 #: The timing file of each standard, by the name a ``[dram.timing]`` table gives as
 #: ``standard`` (the first is the default).
-STANDARDS: dict[str, ModuleType] = {m.NAME: m for m in (lpddr4x,)}
+STANDARDS: dict[str, ModuleType] = {m.NAME: m for m in (lpddr4x, lpddr5)}
 DEFAULT_STANDARD = next(iter(STANDARDS))
 
 
@@ -35,11 +35,22 @@ def standard_of(table: Any) -> str:
     return getattr(table, "standard", DEFAULT_STANDARD)
 
 
-_TAGGED = tuple(Annotated[m.TimingConfig, Tag(name)] for name, m in STANDARDS.items())
+def _timing_table(table: Any, _union: Any) -> Any:
+    """Validate a ``[dram.timing]`` table as its standard's ``TimingConfig``. Dispatched
+    here rather than by a pydantic tagged union, whose errors would put the tag in the
+    field's path (``dram.timing.lpddr4x.trcd_ns``) once there are two standards; the union
+    stays the field's type for serialising (a wrap validator that never calls it)."""
+    name = standard_of(table)
+    if not isinstance(name, str) or name not in STANDARDS:
+        raise ValueError(f"standard: unknown DRAM standard {name!r}; valid: "
+                         f"{', '.join(STANDARDS)}")
+    return STANDARDS[name].TimingConfig.model_validate(table)
+
+
 #: The ``[dram.timing]`` table of any standard: the standard's own ``TimingConfig``, chosen
-#: by the table's ``standard`` key (pydantic names the standard in its error messages).
-DramTiming = (Annotated[Union[_TAGGED], Discriminator(standard_of)]  # noqa: UP007
-              if len(_TAGGED) > 1 else STANDARDS[DEFAULT_STANDARD].TimingConfig)
+#: by the table's ``standard`` key; errors name ``dram.timing.<field>``.
+DramTiming = Annotated[Union[tuple(m.TimingConfig for m in STANDARDS.values())],  # noqa: UP007
+                       WrapValidator(_timing_table)]
 
 
 def grade_names() -> list[str]:
