@@ -1,0 +1,31 @@
+"""Speculative decoding on the simulated card: drafters that need no second checkpoint
+(prompt lookup, self-speculation with layers skipped) and any other behind one interface,
+verification of every draft in one ``infer`` that returns the logits of every position,
+and the rejected tail cut with the runtime's ``filter_cache_tail``.
+
+- :mod:`.spec`: the drafter spec strings (``prompt-lookup:k=4``, ``self:layers=N,k=K``);
+- :mod:`.drafters`: :class:`Drafter` and the drafters;
+- :mod:`.selfdraft`: the layer-skipping draft compiled as its own program, sharing the
+  verifier's weights and caches in DRAM;
+- :mod:`.verify`: greedy acceptance and the rejection rule of speculative sampling;
+- :mod:`.decode`: the draft-verify-cut loop on the runtime;
+- :mod:`.profile`: acceptance as a rate or measured counts, for timing-only runs and the
+  serving simulator;
+- :mod:`.setup`: a drafter from a spec for a launched model.
+"""
+
+from sim.speculative.decode import Round, SpecResult, plain_decode, speculative_decode
+from sim.speculative.drafters import (
+    CallableDrafter,
+    Draft,
+    Drafter,
+    ModelDrafter,
+    PromptLookup,
+    lookup,
+)
+from sim.speculative.profile import AcceptanceProfile
+from sim.speculative.spec import MAX_K, DraftSpec, parse_speculate
+
+__all__ = ["MAX_K", "AcceptanceProfile", "CallableDrafter", "Draft", "DraftSpec", "Drafter",
+           "ModelDrafter", "PromptLookup", "Round", "SpecResult", "lookup", "parse_speculate",
+           "plain_decode", "speculative_decode"]
