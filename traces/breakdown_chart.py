@@ -36,6 +36,7 @@ _DEMANDS = (
     ("program_launch_s", "fixed", "program launch (per program)"),
     ("dispatch_s", "fixed", "instruction dispatch (busiest engine)"),
     ("barrier_sync_s", "fixed", "cross-core barriers (most-waiting engine)"),
+    ("host_work_s", "host", "host work (a drafter's, no runtime call)"),
 )
 #: Colours of the demands (fixed: the critical path's bars come first in the figure, and
 #: plotly's colour cycle would otherwise give the two legends look-alike colours).
@@ -44,10 +45,10 @@ _DEMAND_COLORS = {"elapsed_s": "#b0b0b0", "dram_weights_s": "#ef553b",
                   "dram_host_io_s": "#ffa15a", "compute_s": "#19d3f3",
                   "host_link_s": "#ff6692", "runtime_overhead_s": "#b6e880",
                   "program_launch_s": "#fecb52", "dispatch_s": "#8c564b",
-                  "barrier_sync_s": "#7f7f7f"}
+                  "barrier_sync_s": "#7f7f7f", "host_work_s": "#17becf"}
 _CRITICAL_ROW = {"dram": "DRAM", "compute": "compute", "host_link": "host link",
                  "runtime_overhead": "runtime", "program_launch": "fixed",
-                 "dispatch": "fixed", "barrier_sync": "fixed"}
+                 "dispatch": "fixed", "barrier_sync": "fixed", "host_work": "host"}
 
 
 def _phase_name(phase: str, row: dict[str, Any]) -> str:

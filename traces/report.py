@@ -36,7 +36,8 @@ MAX_TIMELINE_BARS = 20_000
 #: Most runtime calls labelled one by one in the timeline (more: phases only).
 MAX_CALL_LABELS = 60
 PHASE_COLORS = {"launch": "#7f7f7f", "prefill": "#1f77b4", "decode": "#2ca02c",
-                "cache_op": "#d62728"}
+                "cache_op": "#d62728", "draft": "#bcbd22", "verify": "#2ca02c",
+                "tail_cut": "#d62728"}
 
 
 def _call_label(c: dict[str, Any], phase_calls: int) -> str:
@@ -47,6 +48,8 @@ def _call_label(c: dict[str, Any], phase_calls: int) -> str:
         return f"prefill{chunk} ({c['tokens']} tokens)"
     if c["phase"] == "decode":
         return f"decode step {c['step']}"
+    if c["phase"] in ("draft", "verify", "tail_cut"):  # speculative decoding's rounds
+        return f"{c['phase'].replace('_', ' ')} {c['step']} ({c['op']})"
     return f"cache op {c['step']}: {c['op']}"
 
 
@@ -332,6 +335,29 @@ def _cache_ops(metrics: dict[str, Any]) -> go.Figure | None:
     return layout(fig, "Cost of each cache operation", "operation", "time (ms)", height=340)
 
 
+def _speculation(metrics: dict[str, Any]) -> go.Figure | None:
+    """Each speculative round's time (draft, verify, tail cut; stacked), with its
+    drafted and accepted tokens on hover."""
+    rounds = (metrics.get("speculation") or {}).get("rounds") or []
+    if not rounds:
+        return None
+    x = [r["step"] for r in rounds]
+    tokens = [[r["drafted"], r["accepted"]] for r in rounds]
+    fig = go.Figure([go.Bar(name=name, x=x, y=[r[key] * 1e3 for r in rounds],
+                            marker={"color": PHASE_COLORS[phase]}, customdata=tokens,
+                            hovertemplate=f"round %{{x}}: {name} %{{y:,.3f}} ms<br>drafted "
+                                          "%{customdata[0]}, accepted %{customdata[1]}"
+                                          "<extra></extra>")
+                     for key, name, phase in (("draft_s", "draft", "draft"),
+                                              ("verify_s", "verify", "verify"),
+                                              ("cut_s", "tail cut", "tail_cut"))])
+    fig.update_layout(barmode="stack")
+    s = metrics["speculation"]["summary"]
+    return layout(fig, f"Speculative rounds ({s['drafter']}, k={s['k']}): acceptance "
+                       f"{s['acceptance_rate']:.2f}, {s['tokens_per_verify_call']:.2f} tokens "
+                       f"per verification", "round", "time (ms)", height=340)
+
+
 def _cards(m: dict[str, Any]) -> list[Card]:
     roof = m.get("roofline") or {}
     cards = []
@@ -359,6 +385,19 @@ def _cards(m: dict[str, Any]) -> list[Card]:
         cards.append(Card("KV capacity", f"{kv['capacity_tokens']:,} tokens",
                           note="fit in the DRAM the model leaves free",
                           metric="kv_cache.capacity_tokens", value=kv["capacity_tokens"]))
+    spec = (m.get("speculation") or {}).get("summary")
+    if spec:
+        cards.append(Card("draft acceptance", f"{spec['acceptance_rate']:.3f}",
+                          note=f"{spec['accepted_tokens']:,} of {spec['drafted_tokens']:,} "
+                               f"drafted tokens ({spec['drafter']}, k={spec['k']})",
+                          metric="speculation.summary.acceptance_rate",
+                          value=spec["acceptance_rate"]))
+        cards.append(Card("tokens per verification call",
+                          f"{spec['tokens_per_verify_call']:.2f}",
+                          note=f"tail cuts {spec['tail_cut_share']:.1%} of decode time "
+                               f"(cut={spec['cut']})",
+                          metric="speculation.summary.tokens_per_verify_call",
+                          value=spec["tokens_per_verify_call"]))
     if "launch" in m:
         cards.append(Card("launch (weights over the host link)",
                           fmt_time(m["launch"]["time_s"]),
@@ -389,6 +428,21 @@ def _details(m: dict[str, Any], recorder: Recorder) -> list[tuple[str, str]]:
     rows.append(("weights", "real (safetensors)" if weights else "synthetic"))
     for k, v in (m.get("traffic_bytes") or {}).items():
         rows.append((f"traffic {k}", fmt_bytes(v)))
+    sp = m.get("speculation")
+    if sp:
+        s = sp["summary"]
+        rows.append(("speculative decoding", f"{sp['spec']}: {s['drafter']}, cut={s['cut']}"))
+        rows.append(("rounds: drafted / accepted tokens",
+                     f"{s['verify_calls']:,}: {s['drafted_tokens']:,} / "
+                     f"{s['accepted_tokens']:,} ({sp['acceptance']})"))
+        rows.append(("decode time: draft / verify / tail cut",
+                     " / ".join(fmt_time(s[k]) for k in ("draft_s", "verify_s", "cut_s"))))
+        if "dram" in sp:
+            d = sp["dram"]
+            rows.append(("self-draft in DRAM", f"reads {fmt_bytes(d['draft_shared_weight_bytes'])}"
+                         f" of the model's weights in place; its own parameters "
+                         f"{fmt_bytes(d['draft_own_bytes'])}; weights copied "
+                         f"{fmt_bytes(d['draft_copied_weight_bytes'])}"))
     if recorder.dropped:
         rows.append(("trace events dropped", f"{recorder.dropped:,} (event limit reached)"))
     return rows
@@ -412,6 +466,7 @@ def run_report(metrics: dict[str, Any], recorder: Recorder, *, bins: int = 200) 
             (_bars(metrics.get("traffic_bytes") or {}, "Traffic by link", "link"), False),
             (_utilization(metrics), False),
             (_cache_ops(metrics), False),
+            (_speculation(metrics), True),
         ) if f is not None
     ]
     subtitle = str(metrics.get("scenario", ""))

@@ -27,7 +27,7 @@ from sim.app.breakdown import Labelled, call_rows, time_breakdown
 from sim.app.config import RunConfig, cache_length
 from sim.device.device import Device
 from sim.device.stats import LINKS
-from sim.runtime import Accelerator, CallRecord, Model
+from sim.runtime import Accelerator, CallRecord, Model, ModelConfig
 from sim.units import PS_PER_S, ps_to_s
 from traces.chrome import chrome_trace_json
 from traces.io import atomic_write_text
@@ -131,7 +131,8 @@ def run_generate(cfg: RunConfig) -> RunResult:
     guard = Guard.for_run(cfg, real)
     recorder = Recorder(level=cfg.outputs.trace, max_events=cfg.outputs.max_trace_events)
     acc = Accelerator(hw=hw, functional=functional, recorder=recorder)
-    model = Model(cm)
+    # speculation verifies drafts with the logits of every position of a call
+    model = Model(cm, ModelConfig(all_logits=True) if cfg.speculate is not None else None)
     model.launch(acc)
     launch = acc.calls[-1]
     labelled = [Labelled(launch, "launch", 0, 0, 0)]
@@ -166,7 +167,17 @@ def run_generate(cfg: RunConfig) -> RunResult:
                             for c in acc.calls_since(before))
             op_results.append({"at_token": op.at_token, **res.as_metrics()})
 
-    for t0 in range(0, w.prompt_tokens, cm.max_seq):
+    generated: list[int] = []
+    decode_calls: list[CallRecord] = []
+    speculated = None
+    if cfg.speculate is not None:
+        from sim.app.run_spec import decode_speculatively
+
+        speculated = decode_speculatively(cfg, model, prompt, embeddings, guard, cache)
+        prefill_calls, decode_calls = speculated.prefill_calls, speculated.decode_calls
+        generated, cache = speculated.tokens, speculated.cache
+        labelled.extend(speculated.labelled)
+    for t0 in range(0, w.prompt_tokens if speculated is None else 0, cm.max_seq):
         chunk = prompt[t0 : t0 + cm.max_seq]
         logits = model.infer(embeddings(chunk), cache_size=cache)[0]
         prefill_calls.append(acc.calls[-1])
@@ -175,10 +186,9 @@ def run_generate(cfg: RunConfig) -> RunResult:
                                  len(chunk), cache))
         seq += len(chunk)
         run_ops()
-    guard.logits(logits, "the prompt")
-    generated: list[int] = []
-    decode_calls: list[CallRecord] = []
-    for i in range(w.output_tokens):
+    if speculated is None:
+        guard.logits(logits, "the prompt")
+    for i in range(w.output_tokens if speculated is None else 0):
         token = int(np.argmax(logits)) if logits is not None else int(
             rng.integers(0, cfgm.vocab_size))
         generated.append(token)
@@ -197,8 +207,10 @@ def run_generate(cfg: RunConfig) -> RunResult:
     precision = "w8a8"
     prefill_stats = _sum_stats(prefill_calls)
     ttft = (prefill_calls[-1].end_ps - prefill_calls[0].start_ps) / PS_PER_S
-    tpot = (sum(c.end_ps - c.start_ps for c in decode_calls) / len(decode_calls) / PS_PER_S
-            if decode_calls else 0.0)
+    # one call per token, or speculation's rounds: every output token after the first
+    decode_tokens = len(decode_calls) if speculated is None else max(0, len(generated) - 1)
+    tpot = (sum(c.end_ps - c.start_ps for c in decode_calls) / decode_tokens / PS_PER_S
+            if decode_tokens else 0.0)
     decode_stats = _sum_stats(decode_calls)
     busy, util = _engine_metrics(st["busy_ps"], end_ps - start_ps)
     roof_prefill = roofline_s(prefill_stats, hw, precision)
@@ -215,7 +227,7 @@ def run_generate(cfg: RunConfig) -> RunResult:
                     "cache_holds": context_contents(w.context_tokens, functional)},
         "prefill": {"ttft_s": ttft, "tokens": w.prompt_tokens, "calls": len(prefill_calls),
                     "tokens_per_s": w.prompt_tokens / ttft},
-        "decode": {"tokens": len(decode_calls),
+        "decode": {"tokens": decode_tokens,
                    "time_per_token_s": tpot,
                    "tokens_per_s": 1.0 / tpot if tpot else 0.0,
                    "time_per_call_s": [c.time_s for c in decode_calls]},
@@ -226,7 +238,7 @@ def run_generate(cfg: RunConfig) -> RunResult:
         "kv_cache": kv_metrics(cm, cache, hw),
         "roofline": {
             "prefill": roof_prefill,
-            "decode_per_token": {k: v / max(1, len(decode_calls)) for k, v in
+            "decode_per_token": {k: v / max(1, decode_tokens) for k, v in
                                  roof_decode.items()},
             "bound_s": roof_prefill["bound_s"] + roof_decode["bound_s"],
             "dram_bytes_per_s": hw.dram.bound_bytes_per_s,
@@ -248,6 +260,8 @@ def run_generate(cfg: RunConfig) -> RunResult:
         "functional": functional,
         "trace": {"level": recorder.level, "dropped_events": recorder.dropped},
     }
+    if speculated is not None:
+        metrics["speculation"] = speculated.metrics
     model.dispose()
     return RunResult(cfg, metrics, recorder)
 

@@ -14,17 +14,27 @@ and the rejected tail cut with the runtime's ``filter_cache_tail``.
 - :mod:`.setup`: a drafter from a spec for a launched model.
 """
 
-from sim.speculative.decode import Round, SpecResult, plain_decode, speculative_decode
-from sim.speculative.drafters import (
-    CallableDrafter,
-    Draft,
-    Drafter,
-    ModelDrafter,
-    PromptLookup,
-    lookup,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from sim.speculative.profile import AcceptanceProfile
 from sim.speculative.spec import MAX_K, DraftSpec, parse_speculate
+
+#: Names loaded on first use (they import the runtime and the device; configs that only
+#: parse a drafter spec do not need them).
+_LAZY = {"Round": "decode", "SpecResult": "decode", "plain_decode": "decode",
+         "speculative_decode": "decode", "CallableDrafter": "drafters", "Draft": "drafters",
+         "Drafter": "drafters", "ModelDrafter": "drafters", "PromptLookup": "drafters",
+         "lookup": "drafters"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"sim.speculative.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'sim.speculative' has no attribute {name!r}")
+
 
 __all__ = ["MAX_K", "AcceptanceProfile", "CallableDrafter", "Draft", "DraftSpec", "Drafter",
            "ModelDrafter", "PromptLookup", "Round", "SpecResult", "lookup", "parse_speculate",

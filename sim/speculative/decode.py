@@ -121,14 +121,15 @@ def speculative_decode(model: Model, prompt: Sequence[int], *, drafter: Drafter,
                        temperature: float = 0.0, seed: int = 0, cut: Cut = "window",
                        profile: AcceptanceProfile | None = None,
                        on_tokens: Callable[[list[int]], None] | None = None,
-                       check_logits: Callable[[np.ndarray, str], None] | None = None
-                       ) -> SpecResult:
+                       check_logits: Callable[[np.ndarray, str], None] | None = None,
+                       start_cache: int = 0) -> SpecResult:
     """Prefill ``prompt`` on the launched ``model`` (``ModelConfig(all_logits=True)``) and
     generate up to ``max_new_tokens`` tokens speculatively (module docstring).
     ``embed(tokens)``: the host's float32 embeddings. Functional runs decode greedily
     (``temperature`` 0) or by the rejection rule (seeded by ``seed``); timing-only runs
     need ``profile``. ``on_tokens`` hears the output as it grows; ``check_logits(logits,
-    where)`` may refuse degenerate logits."""
+    where)`` may refuse degenerate logits. ``start_cache``: tokens already in the cache
+    before the prompt (a context: the prompt's first token goes at that position)."""
     acc = model.acc
     if acc is None:
         raise ConfigError("speculative decoding: the model is not launched")
@@ -147,9 +148,9 @@ def speculative_decode(model: Model, prompt: Sequence[int], *, drafter: Drafter,
     if not functional and profile is None:
         raise ConfigError("speculative decoding without logits (timing-only) needs an "
                           "acceptance profile: a rate or measured counts")
-    if len(prompt) + max_new_tokens > cm.cap:
-        raise ConfigError(f"the prompt ({len(prompt)} tokens) and {max_new_tokens} new "
-                          f"tokens exceed the cache length {cm.cap}")
+    if start_cache + len(prompt) + max_new_tokens - 1 > cm.cap:
+        raise ConfigError(f"{start_cache} cached tokens, the prompt ({len(prompt)} tokens) "
+                          f"and {max_new_tokens} new tokens exceed the cache length {cm.cap}")
     vocab = cm.model.vocab_size
     res = SpecResult([], len(prompt), 0.0, k, cut, drafter.name)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5BEC]))
@@ -161,7 +162,7 @@ def speculative_decode(model: Model, prompt: Sequence[int], *, drafter: Drafter,
                            cache) for r in recs)
         return sum(r.time_s for r in recs)
 
-    cache, logits = 0, None
+    cache, logits = start_cache, None
     t0 = acc.device.env.now
     for i, a in enumerate(range(0, len(prompt), cm.max_seq)):
         chunk = list(prompt[a:a + cm.max_seq])

@@ -93,6 +93,14 @@ def lookup(context: Sequence[int], k: int, ngram: int) -> list[int]:
     return []
 
 
+def lookup_host_ns(hw, context_len: int, ngram: int) -> float:
+    """Host time (ns) of one prompt lookup over a context of ``context_len`` tokens on
+    ``hw``'s host: the call, then one pass over the ids per n-gram size tried, ``n`` ids
+    compared per window (every size counted: the worst case, a lookup that finds nothing)."""
+    compared = context_len * sum(range(1, ngram + 1)) * TOKEN_ID_BYTES
+    return hw.host.edit_overhead_ns + compared / hw.host.edit_bytes_per_s * 1e9
+
+
 class PromptLookup:
     """Prompt lookup decoding (module docstring)."""
 
@@ -102,13 +110,10 @@ class PromptLookup:
         self.name = f"prompt-lookup (n-grams of {ngram}..1)"
 
     def host_ns(self, context_len: int) -> float:
-        """Host time of one lookup over a context of ``context_len`` tokens: the call, then
-        one pass over the ids per n-gram size (``n`` ids compared per window)."""
-        hw = self.acc.hw if self.acc is not None else None
-        if hw is None:
+        """Host time of one lookup (:func:`lookup_host_ns`)."""
+        if self.acc is None:
             return 0.0
-        compared = context_len * sum(range(1, self.ngram + 1)) * TOKEN_ID_BYTES
-        return hw.host.edit_overhead_ns + compared / hw.host.edit_bytes_per_s * 1e9
+        return lookup_host_ns(self.acc.hw, context_len, self.ngram)
 
     def propose(self, context: Sequence[int], k: int, *, cache_size: int) -> Draft:
         host_step(self.acc, self.host_ns(len(context)), "draft_lookup")
@@ -138,21 +143,22 @@ class ModelDrafter:
         self.name = name
         self.seen: list[int] = []  # the tokens whose K/V the draft's own caches hold
 
-    def _start(self, context: Sequence[int], cache_size: int) -> int:
-        if self.shares_cache:
-            return cache_size
+    def _feed(self, context: Sequence[int], cache_size: int) -> tuple[int, list[int]]:
+        """Where the draft's first call starts in its cache, and the tokens it feeds."""
+        if self.shares_cache:  # the verifier's cache holds all but the last token
+            return cache_size, [int(context[-1])]
         n = 0
         for a, b in zip(self.seen, context, strict=False):
             if a != b:
                 break
             n += 1
-        return min(n, len(context) - 1)
+        n = min(n, len(context) - 1)
+        return n, [int(t) for t in context[n:]]
 
     def propose(self, context: Sequence[int], k: int, *, cache_size: int) -> Draft:
         if k < 1:
             return Draft([])
-        start = self._start(context, cache_size)
-        feed = list(context[start:])
+        start, feed = self._feed(context, cache_size)
         max_seq = self.draft.compiled.max_seq
         logits = None
         for a in range(0, len(feed), max_seq):
@@ -205,4 +211,4 @@ class CallableDrafter:
 
 
 __all__ = ["CallableDrafter", "Draft", "Drafter", "ModelDrafter", "PromptLookup",
-           "TOKEN_ID_BYTES", "host_step", "lookup"]
+           "TOKEN_ID_BYTES", "host_step", "lookup", "lookup_host_ns"]

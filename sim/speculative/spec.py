@@ -100,13 +100,13 @@ class DraftSpec:
         return tuple(i for i in range(L) if not a <= i < a + n)
 
 
-def _int(spec: str, key: str, value: str, lo: int, hi: int | None, why: str = "") -> int:
+def _int(head: str, key: str, value: str, lo: int, hi: int | None, why: str = "") -> int:
     if not re.fullmatch(r"\d+", value):
-        raise ConfigError(f"{spec!r}: {key} must be an integer, got {value!r}")
+        raise ConfigError(f"{head}: {key} must be an integer, got {value!r}")
     v = int(value)
     if v < lo or (hi is not None and v > hi):
         span = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise ConfigError(f"{spec!r}: {key}={v} must be {span}{why}")
+        raise ConfigError(f"{head}: {key}={v} must be {span}{why}")
     return v
 
 
@@ -114,15 +114,16 @@ def parse_speculate(text: str, *, where: str = "--speculate") -> DraftSpec:
     """A :class:`DraftSpec` from ``METHOD[:key=value,...]``, or a :class:`ConfigError`
     naming ``where``, the spec and what is wrong with it."""
     if not isinstance(text, str) or not text.strip():
-        raise ConfigError(f"{where}: expected a drafter spec such as 'prompt-lookup:k=4' or "
-                          f"'self:layers=24,k=2', got {text!r}")
+        raise ConfigError(f"{where + ': ' if where else ''}expected a drafter spec such as "
+                          f"'prompt-lookup:k=4' or 'self:layers=24,k=2', got {text!r}")
     spec = text.strip()
+    head = f"{where} {spec!r}" if where else repr(spec)
     method, _, rest = spec.partition(":")
     method = method.strip()
     if method not in METHODS:
         near = difflib.get_close_matches(method, METHODS, n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ConfigError(f"{where} {spec!r}: unknown drafter {method!r}{hint}; valid: "
+        raise ConfigError(f"{head}: unknown drafter {method!r}{hint}; valid: "
                           f"{', '.join(METHODS)}")
     valid = METHODS[method]
     values: dict[str, str] = {}
@@ -130,35 +131,36 @@ def parse_speculate(text: str, *, where: str = "--speculate") -> DraftSpec:
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not eq or not key or not value:
-            raise ConfigError(f"{where} {spec!r}: {item!r} is not key=value")
+            raise ConfigError(f"{head}: {item!r} is not key=value")
         if key not in valid:
-            near = difflib.get_close_matches(key, valid, n=1)
+            near = [v for v in valid if v.startswith(key)] or difflib.get_close_matches(
+                key, valid, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ConfigError(f"{where} {spec!r}: unknown key {key!r}{hint}; {method} takes "
+            raise ConfigError(f"{head}: unknown key {key!r}{hint}; {method} takes "
                               f"{', '.join(valid)}")
         if key in values:
-            raise ConfigError(f"{where} {spec!r}: {key} is given twice")
+            raise ConfigError(f"{head}: {key} is given twice")
         values[key] = value
-    s = f"{where} {spec}"
+    s = head
     k = _int(s, "k", values["k"], 1, MAX_K, f" (the verified window of k + 1 tokens is cut "
              f"with filter_cache_tail, whose tail holds at most {TAIL_MAX})") \
         if "k" in values else DEFAULT_K
     cut = values.get("cut", "window")
     if cut not in CUTS:
-        raise ConfigError(f"{where} {spec!r}: cut={cut!r}; valid: {', '.join(CUTS)}")
+        raise ConfigError(f"{head}: cut={cut!r}; valid: {', '.join(CUTS)}")
     if method == "prompt-lookup":
         ngram = (_int(s, "ngram", values["ngram"], 1, MAX_NGRAM) if "ngram" in values
                  else DEFAULT_NGRAM)
         return DraftSpec("prompt-lookup", k=k, ngram=ngram, cut=cut)  # type: ignore[arg-type]
     if ("layers" in values) == ("skip" in values):
-        raise ConfigError(f"{where} {spec!r}: self needs exactly one of layers=N (the layers "
+        raise ConfigError(f"{head}: self needs exactly one of layers=N (the layers "
                           f"the draft runs) and skip=A-B (the block of layers it skips)")
     if "layers" in values:
         return DraftSpec("self", k=k, layers=_int(s, "layers", values["layers"], 1, None),
                          cut=cut)  # type: ignore[arg-type]
     m = re.fullmatch(r"(\d+)-(\d+)", values["skip"])
     if m is None or int(m.group(1)) > int(m.group(2)):
-        raise ConfigError(f"{where} {spec!r}: skip must be a block of layers A-B with A <= B, "
+        raise ConfigError(f"{head}: skip must be a block of layers A-B with A <= B, "
                           f"got {values['skip']!r}")
     return DraftSpec("self", k=k, skip=(int(m.group(1)), int(m.group(2))),
                      cut=cut)  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from models.compiler.compiled import build_memory_map
 from models.compiler.dram import batch_memory_map
 from models.compiler.driver import StepSeq
 from models.config import load_model
+from models.skip import subset_config
 from sim.app.serve.config import ServeConfig
 from sim.device.device import Device
 from sim.device.hw import HardwareConfig
@@ -32,7 +33,9 @@ from sim.serving.blocks import KvGeometry, kv_geometry
 from sim.serving.costs import StepCostModel
 from sim.serving.engine import ServingSim, StepRecord
 from sim.serving.scheduler import Request, SchedulerConfig
+from sim.serving.speculate import SpecCosts, SpecPolicy, speculation_metrics
 from sim.serving.workload import make_requests
+from sim.speculative.spec import DraftSpec
 from traces.io import atomic_write_text
 
 #: Token count the compiler first fits its token tile under (grown while the tile fills it).
@@ -162,6 +165,7 @@ def serving_metrics(requests: list[Request], steps: list[list[StepRecord]],
     prompt = sum(r.prompt_computed for r in requests)
     decode = sum(r.decode_computed for r in requests)
     recomputed = sum(r.recomputed_tokens for r in requests)
+    rejected = sum(r.rejected_tokens for r in requests)  # drafts computed and cut
     busy = [sum(s.end_ps - s.start_ps for s in chip) for chip in steps]
     m: dict[str, Any] = {
         "requests": len(requests),
@@ -205,7 +209,7 @@ def serving_metrics(requests: list[Request], steps: list[list[StepRecord]],
         "kv_occupancy": {f"chip{i}": _series(chip, SERIES_POINTS)
                          for i, chip in enumerate(steps)},
     }
-    if computed != prompt + decode + recomputed:
+    if computed != prompt + decode + recomputed + rejected:
         raise AssertionError("token accounting does not add up")
     return m
 
@@ -234,12 +238,16 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
                            f"request ({longest} tokens)")
     model = load_model(cfg.model.preset or cfg.model.hf_config, where="model")
     bits = cfg.bits.bit_config(cfg.kv)
+    dspec = s.speculate.spec() if s.speculate is not None else None
+    # a verification returns the logits of its every token: room for them in DRAM
+    rows = s.max_num_seqs if dspec is None else min(s.max_num_seqs * (dspec.k + 1),
+                                                    s.max_num_batched_tokens)
     if progress is not None:
         progress.start("compile")
     t0 = time.perf_counter()
     cm = compile_for_serving(model, bits, hw, kv=cfg.kv.format,
                              core_mode=cfg.compile.core_mode, cap=max_len,
-                             max_tokens=s.max_num_batched_tokens, max_seqs=s.max_num_seqs,
+                             max_tokens=s.max_num_batched_tokens, max_seqs=rows,
                              tile_bytes=cfg.compile.tile_bytes)
     compile_s = time.perf_counter() - t0
     try:
@@ -249,9 +257,11 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
         raise ConfigError(f"serving: {err}") from None
     c = s.cost
     t0 = time.perf_counter()
-    cost = StepCostModel(cm, hw, max_seqs=s.max_num_seqs, mode=c.mode,
+    cost = StepCostModel(cm, hw, max_seqs=rows, mode=c.mode,
                          extrapolate=c.extrapolate_layers, jobs=c.jobs,
                          cache_dir=c.cache_dir, progress=progress)
+    spec = None if dspec is None else speculation_costs(cfg, dspec, model, bits, cm, cost,
+                                                         max_len, progress)
     cost_s = time.perf_counter() - t0
     sched = SchedulerConfig(max_num_seqs=s.max_num_seqs,
                             max_num_batched_tokens=s.max_num_batched_tokens,
@@ -262,8 +272,10 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
     cpu0 = time.process_time()
     sim = ServingSim(requests, chips=s.chips, scheduler=sched, geometry=geo,
                      step_cost=cost.step_ps, swap_cost=SwapCost(cm, hw), router=s.router,
-                     plan_cost=cost.plan_ps if c.mode == "grid" else None,
-                     on_finish=None if progress is None else progress.advance)
+                     plan_cost=(spec[0].plan_ps if spec is not None else
+                                cost.plan_ps if c.mode == "grid" else None),
+                     on_finish=None if progress is None else progress.advance,
+                     spec=None if spec is None else spec[1])
     try:
         sim.run()
     except ValueError as err:  # a request that cannot fit the KV pool
@@ -272,6 +284,8 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
     sim_cpu_s = time.process_time() - cpu0
     steps = [chip.steps for chip in sim.chips]
     serving = serving_metrics(requests, steps, geo)
+    if spec is not None:
+        serving["speculation"] = speculation_metrics(requests, spec[0], spec[1].profile)
     cost_info = cost.describe()
     if c.validate_steps and c.mode == "grid":
         if progress is not None:
@@ -281,7 +295,8 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
     metrics = {
         "config": cfg.resolved(),
         "scenario": (f"serve {len(requests)} requests: {name} {cfg.bits.label} "
-                     f"kv={cfg.kv.format} on {s.chips} x {hw.name}, {s.preemption}"),
+                     f"kv={cfg.kv.format} on {s.chips} x {hw.name}, {s.preemption}"
+                     + (f", speculative {dspec.text()}" if dspec is not None else "")),
         "serving": serving,
         "cost_model": cost_info,
         "compiled": {"m_tile": cm.m_tile, "cache_length": cm.cap,
@@ -293,6 +308,30 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
         "cpu_s": {"simulation": sim_cpu_s},
     }
     return ServeResult(cfg, metrics, requests, steps, geo, cost)
+
+
+def speculation_costs(cfg: ServeConfig, dspec: DraftSpec, model, bits, cm: CompiledModel,
+                      cost: StepCostModel, max_len: int, progress: Phases | None
+                      ) -> tuple[SpecCosts, SpecPolicy]:
+    """What speculation adds to a serving run: the cost of drafts and tail cuts (a
+    self-draft's from its own step-cost grid: the layer-skipping model compiled as the
+    verifier is) and the policy that draws each request's drafts."""
+    s = cfg.serving
+    assert s.speculate is not None
+    profile = s.speculate.profile(where="serving.speculate")
+    draft_cost = None
+    if dspec.method == "self":
+        keep = dspec.keep(model.num_layers, where="serving.speculate.drafter")
+        dcm = compile_for_serving(subset_config(model, keep), bits, cfg.hardware,
+                                  kv=cfg.kv.format, core_mode=cfg.compile.core_mode,
+                                  cap=max_len, max_tokens=s.max_num_batched_tokens,
+                                  max_seqs=s.max_num_seqs, tile_bytes=cfg.compile.tile_bytes)
+        c = s.cost
+        draft_cost = StepCostModel(dcm, cfg.hardware, max_seqs=s.max_num_seqs, mode="grid",
+                                   extrapolate=c.extrapolate_layers, jobs=c.jobs,
+                                   cache_dir=c.cache_dir, progress=progress)
+    return (SpecCosts(dspec, cost, cm, cfg.hardware, draft_cost=draft_cost),
+            SpecPolicy(profile, dspec.k, seed=s.speculate.seed))
 
 
 def validate_on_run(cost: StepCostModel, steps: list[list[StepRecord]],
