@@ -73,13 +73,15 @@ class DraftSpec:
         return f"{self.method}:{','.join(keys)}"
 
     def keep(self, num_layers: int, *, where: str = "drafter") -> tuple[int, ...]:
-        """The layers a self-draft of a model of ``num_layers`` layers runs. ``layers=N``
-        skips one block of ``num_layers - N`` layers starting at the middle layer
-        (``num_layers // 2``), moved down if needed so the last layer is kept: on
-        SmolLM2-135M's float model (30 layers), the block that starts at the middle
-        gave the best agreement with the full model's next token of all starting layers
-        2..23 for 4 and for 8 skipped layers (0.735 and 0.38 over 200 tokens of
-        ``models/data/english.txt``; the first 26 layers alone 0.49)."""
+        """The layers a self-draft of a model of ``num_layers`` (``L``) layers runs.
+        ``layers=N`` skips one block of ``n = L - N`` layers around the middle: from layer
+        ``L // 2 - n // 2 + 1`` (moved down if needed so the last layer is kept). On
+        SmolLM2-135M's float model (30 layers; agreement of the layer-skipping model's
+        next token with the full model's over 200 tokens of ``models/data/english.txt``,
+        every starting layer tried), that block was the best of all for 4 skipped layers
+        (from layer 14: 0.735) and for 8 (from 12: 0.515, against 0.335 from the middle
+        layer and 0.49 for the first 26 layers alone), and within 0.09 of the best for 2
+        (from 15: 0.725; best from 16: 0.815)."""
         if self.method != "self":
             raise ConfigError(f"{where}: {self.method} drafts without the model's layers")
         L = num_layers
@@ -96,7 +98,7 @@ class DraftSpec:
             raise ConfigError(f"{where}: layers={self.layers} must be 1..{L - 1}: the draft "
                               f"runs fewer layers than the model's {L}")
         n = L - self.layers
-        a = min(L // 2, L - 1 - n)
+        a = max(0, min(L // 2 - n // 2 + 1, L - 1 - n))
         return tuple(i for i in range(L) if not a <= i < a + n)
 
 

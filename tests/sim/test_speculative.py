@@ -226,9 +226,10 @@ def test_spec_strings_and_the_layers_a_self_draft_keeps():
     assert parse_speculate("prompt-lookup:k=8,ngram=2").text() == "prompt-lookup:k=8,ngram=2"
     s = parse_speculate("self:layers=26,k=2,cut=host")
     assert (s.k, s.layers, s.cut) == (2, 26, "host")
-    assert s.keep(30) == tuple(i for i in range(30) if not 15 <= i <= 18)
-    assert parse_speculate("self:skip=14-17").keep(30) == tuple(
-        i for i in range(30) if not 14 <= i <= 17)
+    assert s.keep(30) == tuple(i for i in range(30) if not 14 <= i <= 17)
+    assert parse_speculate("self:skip=14-17").keep(30) == s.keep(30)
+    assert parse_speculate("self:layers=22").keep(30) == tuple(
+        i for i in range(30) if not 12 <= i <= 19)
     assert parse_speculate("self:layers=2").keep(3) == (0, 2)  # the last layer is kept
     with pytest.raises(ConfigError, match="layers=26 must be 1..15"):
         s.keep(16)
