@@ -10,9 +10,9 @@ from pathlib import Path
 from sim.app.breakdown import Labelled, time_breakdown
 from sim.app.serve.config import build_serve_config
 from sim.app.serve.run import run_serving
-from sim.speculative import parse_speculate
-from sim.speculative.drafters import lookup_host_ns
-from sim.speculative.spec import DEFAULT_NGRAM, MAX_K
+from sim.runtime.speculative import parse_speculate
+from sim.runtime.speculative.drafters import lookup_host_ns
+from sim.runtime.speculative.spec import DEFAULT_NGRAM, MAX_K
 
 #: Resources of a call's breakdown shown in the cost table (``time_breakdown`` keys).
 RESOURCES = ("dram_weights_s", "dram_kv_cache_s", "compute_s", "host_link_s",
@@ -29,8 +29,8 @@ def _one(b, setup, fn) -> dict:
     fn(obj)
     calls = acc.calls_since(before)
     tb = time_breakdown([Labelled(c, "x", 0, 0, 0) for c in calls], b.hw)["x"]
-    return {"time_s": sum(c.time_s for c in calls), "critical": tb["critical"],
-            **{k: tb.get(k, 0.0) for k in RESOURCES}}
+    return {"time_s": sum(c.time_s for c in calls), "critical": tb.critical,
+            **{k: getattr(tb, k) or 0.0 for k in RESOURCES}}
 
 
 def call_costs(b, context: int, self_layers: int, max_kept: int) -> dict:
@@ -125,7 +125,7 @@ def serving(args, results: dict) -> list[dict]:
                 num_layers = results["measured"]["num_layers"]
                 drafter = spec.text()
                 if spec.method == "self":  # the same fraction of skipped layers
-                    from models.config import load_model
+                    from models.source import load_model
 
                     L = load_model(t["model"]["preset"], where="model").num_layers
                     skipped = max(1, round((num_layers - spec.layers) * L / num_layers))
@@ -133,14 +133,15 @@ def serving(args, results: dict) -> list[dict]:
                 counts = profiles[measured]["counts"]
                 t["serving"]["speculate"] = {"drafter": drafter, "acceptance_counts": counts}
                 label = drafter
-            m = run_serving(build_serve_config(t)).metrics["serving"]
+            m = run_serving(build_serve_config(t)).metrics.serving
             row = {"load": load, "drafter": label,
-                   **{k: m[k] for k in ("output_tokens_per_s", "tpot_s_p50", "tpot_s_p90",
-                                        "ttft_s_p50", "mean_batch_tokens", "steps")}}
-            if "speculation" in m:
-                row |= {k: m["speculation"][k] for k in ("acceptance_rate",
-                                                         "tokens_per_verification", "draft_s",
-                                                         "tail_cut_s", "tail_cuts")}
+                   **{k: getattr(m, k) for k in ("output_tokens_per_s", "tpot_s_p50",
+                                                 "tpot_s_p90", "ttft_s_p50",
+                                                 "mean_batch_tokens", "steps")}}
+            if m.speculation is not None:
+                row |= {k: getattr(m.speculation, k) for k in (
+                    "acceptance_rate", "tokens_per_verification", "draft_s", "tail_cut_s",
+                    "tail_cuts")}
             rows.append(row)
             print(f"serve {load} {label}: {row['output_tokens_per_s']:.1f} tokens/s, TPOT p50 "
                   f"{row['tpot_s_p50'] * 1e3:.2f} ms", flush=True)

@@ -43,42 +43,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from spec_prompts import PROMPTS  # noqa: E402
 
+from kvsim.files import atomic_write_text  # noqa: E402
 from models.compiler import CompiledModel  # noqa: E402
-from sim.app.quality import bit_config, compile_for_text, hardware_of, source_of  # noqa: E402
-from sim.runtime import Accelerator, Model, ModelConfig  # noqa: E402
+from sim.app.quality import bit_config, ready_for_text  # noqa: E402
+from sim.runtime import Model, ModelConfig  # noqa: E402
 from sim.runtime.draft import launch_draft  # noqa: E402
-from sim.speculative import AcceptanceProfile, parse_speculate  # noqa: E402
-from sim.speculative.decode import plain_decode, speculative_decode  # noqa: E402
-from sim.speculative.drafters import ModelDrafter, PromptLookup  # noqa: E402
-from sim.speculative.selfdraft import compile_self_draft, shared_regions  # noqa: E402
-from traces.io import atomic_write_text  # noqa: E402
+from sim.runtime.ready import ReadyModel, hardware_of, source_of  # noqa: E402
+from sim.runtime.speculative import AcceptanceProfile, parse_speculate  # noqa: E402
+from sim.runtime.speculative.decode import plain_decode, speculative_decode  # noqa: E402
+from sim.runtime.speculative.drafters import ModelDrafter, PromptLookup  # noqa: E402
+from sim.runtime.speculative.selfdraft import compile_self_draft, shared_regions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 class Bench:
-    """A compiled model, its self-drafts (compiled once each) and fresh launches."""
+    """A ready model, its self-drafts (compiled once each) and fresh launches."""
 
-    def __init__(self, cm: CompiledModel, hw, functional: bool):
-        self.cm, self.hw, self.functional = cm, hw, functional
-        table = cm.weight_source().tensor("embed") if functional else None
-        hidden = cm.model.hidden_size
-        self.embed = ((lambda ts: table[list(ts)].astype(np.float32)) if functional else
+    def __init__(self, ready: ReadyModel):
+        self.ready, self.cm, self.hw = ready, ready.compiled, ready.hw
+        self.functional = ready.functional
+        hidden = self.cm.model.hidden_size
+        self.embed = ((lambda ts: ready.embed(list(ts))) if self.functional else
                       (lambda ts: np.zeros((len(list(ts)), hidden), np.float32)))
         self.drafts: dict[tuple[int, ...], CompiledModel] = {}
 
     def launch(self) -> Model:
         gc.collect()
-        m = Model(self.cm, ModelConfig(all_logits=True))
-        m.launch(Accelerator(hw=self.hw, functional=self.functional))
-        return m
+        return self.ready.launch(ModelConfig(all_logits=True))
 
     def drafter(self, spec, model: Model):
         if spec.method == "prompt-lookup":
             return PromptLookup(model.acc, ngram=spec.ngram)
         keep = spec.keep(self.cm.model.num_layers)
         if keep not in self.drafts:
-            self.drafts[keep] = compile_self_draft(self.cm, keep)
+            self.drafts[keep] = compile_self_draft(self.cm, keep, self.hw)
         dm = launch_draft(model, self.drafts[keep], shared_regions(keep))
         return ModelDrafter(dm, self.embed, shares_cache=True)
 
@@ -107,9 +106,9 @@ def measured(args, hw) -> dict:
                    for n in list(PROMPTS)[:2]}
     eos = tok.eos_id if tok is not None else None
     bits = bit_config("W8", real_weights=src.real)
-    cm = compile_for_text(src, bits, kv="int8", hw=hw,
-                          tokens=max(map(len, prompts.values())) + args.new_tokens)
-    b = Bench(cm, hw, functional=True)
+    b = Bench(ready_for_text(src, bits, kv="int8", hw=hw,
+                             tokens=max(map(len, prompts.values())) + args.new_tokens))
+    cm = b.cm
     plain = {}
     for name, ids in prompts.items():
         m = b.launch()
@@ -133,9 +132,9 @@ def measured(args, hw) -> dict:
                                      f"greedy decoding")
                 rounds += res.rounds
                 s = res.summary()
-                per_prompt[name] = {"speedup": plain[name]["decode_s"] / s["decode_s"]
-                                    * s["decode_tokens"] / max(1, plain[name]["calls"]),
-                                    "acceptance_rate": s["acceptance_rate"]}
+                per_prompt[name] = {"speedup": plain[name]["decode_s"] / s.decode_s
+                                    * s.decode_tokens / max(1, plain[name]["calls"]),
+                                    "acceptance_rate": s.acceptance_rate}
             plain_s = sum(p["decode_s"] for p in plain.values())
             plain_tokens = sum(p["calls"] for p in plain.values())
             row = summarize(spec.text(), k, rounds, plain_tokens / plain_s)
@@ -177,9 +176,8 @@ def line(r: dict) -> str:
 
 def timing_bench(name: str, hw, prompt_tokens: int, new_tokens: int) -> Bench:
     src = source_of(name)
-    cm = compile_for_text(src, bit_config("W8", numerics="w8"), kv="int8", hw=hw,
-                          tokens=prompt_tokens + new_tokens, functional=False)
-    return Bench(cm, hw, functional=False)
+    return Bench(ready_for_text(src, bit_config("W8", numerics="w8"), kv="int8", hw=hw,
+                                tokens=prompt_tokens + new_tokens, functional=False))
 
 
 def timing(args, hw, meas: dict) -> dict:

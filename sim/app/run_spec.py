@@ -1,7 +1,8 @@
 """The decode of a generate run with ``[speculate]``: the prompt's prefill and speculative
-rounds (:func:`sim.speculative.speculative_decode`) instead of one call per token, every
+rounds (:func:`sim.runtime.speculative.speculative_decode`) instead of one call per token, every
 call labelled by its phase (``prefill``, ``draft``, ``verify``, ``tail_cut``) for the run's
-``calls`` and ``time_breakdown``; the ``speculation`` entry of ``metrics.json``.
+``calls`` and ``time_breakdown``; the ``speculation`` entry of ``metrics.json`` (a
+:class:`traces.speculation_results.SpeculationFigures`).
 
 A functional run accepts drafts by its own logits (greedy: the text is plain decoding's);
 a timing-only run draws how many tokens each round drafts and accepts from the section's
@@ -10,17 +11,18 @@ acceptance profile (seeded), and runs the same calls.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from sim.app.breakdown import Labelled
 from sim.app.config import RunConfig
 from sim.runtime import CallRecord, Model
-from sim.speculative.decode import speculative_decode
-from sim.speculative.setup import make_drafter
+from sim.runtime.speculative.decode import speculative_decode
+from sim.runtime.speculative.setup import make_drafter
+from traces.speculation_results import SpeculationFigures
 
 
 @dataclass
@@ -32,7 +34,7 @@ class SpecDecode:
     labelled: list[Labelled]
     tokens: list[int]
     cache: int  # tokens in the cache at the end
-    metrics: dict[str, Any]
+    figures: SpeculationFigures
 
 
 def decode_speculatively(cfg: RunConfig, model: Model, prompt: np.ndarray,
@@ -63,10 +65,10 @@ def decode_speculatively(cfg: RunConfig, model: Model, prompt: np.ndarray,
     decode = [lab.call for lab in labelled if lab.phase != "prefill"]
     end = res.rounds[-1].cache_size + res.rounds[-1].accepted + 1 if res.rounds else \
         cache + len(prompt)
-    metrics = {**info, **res.as_dict(),
-               "acceptance": ("measured: the run's own logits" if functional else
-                              f"drawn from the profile {profile.to_json()} (seed {s.seed})")}
-    return SpecDecode(prefill, decode, labelled, res.tokens, end, metrics)
+    figures = res.figures(info, "measured: the run's own logits" if functional else
+                          f"drawn from the profile {json.dumps(profile.to_json())} "
+                          f"(seed {s.seed})")
+    return SpecDecode(prefill, decode, labelled, res.tokens, end, figures)
 
 
 __all__ = ["SpecDecode", "decode_speculatively"]

@@ -3,7 +3,7 @@ config): speculative decoding with a drafter, and, where no logits exist to meas
 (timing-only runs, the serving simulator), how many drafts are accepted::
 
     [speculate]
-    drafter = "prompt-lookup:k=4"          # or "self:layers=26,k=2" (sim.speculative.spec)
+    drafter = "prompt-lookup:k=4"          # or "self:layers=26,k=2" (sim.runtime.speculative.spec)
     acceptance_rate = 0.6                  # timing only: each draft accepted with this
                                            # probability, independently (Leviathan et al.)
     # acceptance_counts = [[4, 0, 10], [4, 4, 6], [0, 0, 3]]   # or measured (drafted,
@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 
 from kvsim.errors import ConfigError
 from models.schema import Frozen
-from sim.speculative import AcceptanceProfile, DraftSpec, parse_speculate
+from sim.runtime.speculative import AcceptanceProfile, DraftSpec, parse_speculate
 
 if TYPE_CHECKING:
     from models.config import ModelConfig

@@ -5,7 +5,7 @@ same prompt, with the simulated time to first token and time per output token.""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +16,13 @@ from models.bits import BitConfig
 from models.quality import DegenerateOutput, collapsed, degenerate_logits
 from models.reference import ReferenceModel
 from models.source import ModelSource
-from sim.app.quality import bits_label, compile_for_text, hardware_of, source_of
+from sim.app.quality import bits_label, ready_for_text
 from sim.device.hw import HardwareConfig
-from sim.runtime import Accelerator, Model, ModelConfig
-from sim.speculative import DraftSpec, parse_speculate, speculative_decode
-from sim.speculative.setup import make_drafter
+from sim.runtime import Model, ModelConfig
+from sim.runtime.ready import ReadyModel, hardware_of, source_of
+from sim.runtime.speculative import DraftSpec, parse_speculate, speculative_decode
+from sim.runtime.speculative.setup import make_drafter
+from traces.speculation_results import SpeculationFigures
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,12 @@ class Generation:
     #: speculative decoding (``speculate``): the drafter, the totals of every round
     #: (drafted, accepted, draft / verify / tail-cut time), the rounds, the measured
     #: acceptance profile; None for plain decoding
-    speculation: dict[str, Any] | None = None
+    speculation: SpeculationFigures | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(replace(self, speculation=None))
+        out["speculation"] = None if self.speculation is None else self.speculation.to_metrics()
+        return out
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -113,10 +117,10 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
     prompt. Degenerate logits, or a continuation that collapses to one repeated token while
     the reference's does not, raise :class:`DegenerateOutput` unless ``allow_degenerate``.
 
-    ``speculate`` (a :class:`sim.speculative.DraftSpec` or its string,
+    ``speculate`` (a :class:`sim.runtime.speculative.DraftSpec` or its string,
     ``prompt-lookup:k=4``, ``self:layers=N,k=K``) decodes speculatively: drafts verified in
     one call that returns every position's logits, the rejected tail cut with
-    ``filter_cache_tail`` (:func:`sim.speculative.speculative_decode`); greedy output is
+    ``filter_cache_tail`` (:func:`sim.runtime.speculative.speculative_decode`); greedy output is
     the same as without."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
@@ -130,11 +134,11 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
         raise ConfigError("prompt: no tokens")
     sampler = sampler or Sampler()
     hwc = hardware_of(hw)
-    cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids) + max_new_tokens,
-                          seed=seed)
-    acc = Accelerator(hw=hwc, functional=True)
-    model = Model(cm, ModelConfig(all_logits=speculate is not None))
-    model.launch(acc)
+    ready = ready_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids) + max_new_tokens,
+                           seed=seed)
+    # speculation verifies drafts with the logits of every position of a call
+    model = ready.launch(ModelConfig(all_logits=speculate is not None))
+    acc, cm = model.acc, ready.compiled
     degenerate: list[str] = []
 
     def check(logits: np.ndarray, where: str) -> None:
@@ -145,14 +149,32 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
                                        f"output cannot be right; --allow-degenerate goes on)")
             degenerate.append(f"{where}: {why}")
 
+    spec: SpeculationFigures | None = None
     if speculate is not None:
-        out, ttft_s, tpot, spec = _speculate(model, speculate, ids, max_new_tokens, sampler,
-                                             tok, check, _stream(tok, on_text))
+        out, ttft_s, tpot, spec = _speculate(model, ready, speculate, ids, max_new_tokens,
+                                             sampler, tok, check, _stream(tok, on_text))
         decode_s = [tpot] if out[1:] else []
     else:
-        out, ttft_s, decode_s = _plain(model, acc, ids, max_new_tokens, sampler, tok, check,
-                                       _stream(tok, on_text))
-        spec = None
+        start = acc.device.env.now
+        cache, logits = 0, None
+        for t0 in range(0, len(ids), cm.max_seq):
+            chunk = np.asarray(ids[t0 : t0 + cm.max_seq])
+            [logits] = model.infer(ready.embed(chunk), cache_size=cache)
+            cache += chunk.size
+        ttft_s = (acc.device.env.now - start) / 1e12
+        check(logits, "the prompt")
+        pick, out, push = sampler.picker(), [], _stream(tok, on_text)
+        decode_s: list[float] = []
+        while True:
+            t = pick(logits)
+            out.append(t)
+            push(out)
+            if t == tok.eos_id or len(out) == max_new_tokens:
+                break
+            [logits] = model.infer(ready.embed([t]), cache_size=cache)
+            decode_s.append(acc.calls[-1].time_s)
+            cache += 1
+            check(logits, f"output token {len(out)}")
     model.dispose()
     ref_out = reference_continuation(src, ids, max_new_tokens, sampler, tok.eos_id,
                                      seed=seed)
@@ -169,42 +191,13 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
                       degenerate="; ".join(degenerate) or None, speculation=spec)
 
 
-def _plain(model: Model, acc: Accelerator, ids: list[int], max_new_tokens: int,
-           sampler: Sampler, tok, check, push) -> tuple[list[int], float, list[float]]:
-    """Plain decoding, one token per call: the tokens, TTFT and each decode call's time."""
-    cm = model.compiled
-    embed = cm.weight_source().tensor("embed")
-    start = acc.device.env.now
-    cache, logits = 0, None
-    for t0 in range(0, len(ids), cm.max_seq):
-        chunk = np.asarray(ids[t0 : t0 + cm.max_seq])
-        [logits] = model.infer(embed[chunk].astype(np.float32), cache_size=cache)
-        cache += chunk.size
-    ttft_s = (acc.device.env.now - start) / 1e12
-    check(logits, "the prompt")
-    pick, out = sampler.picker(), []
-    decode_s: list[float] = []
-    while True:
-        t = pick(logits)
-        out.append(t)
-        push(out)
-        if t == tok.eos_id or len(out) == max_new_tokens:
-            break
-        [logits] = model.infer(embed[[t]].astype(np.float32), cache_size=cache)
-        decode_s.append(acc.calls[-1].time_s)
-        cache += 1
-        check(logits, f"output token {len(out)}")
-    return out, ttft_s, decode_s
-
-
-def _speculate(model: Model, spec: DraftSpec, ids: list[int], max_new_tokens: int,
-               sampler: Sampler, tok, check, push
-               ) -> tuple[list[int], float, float, dict[str, Any]]:
-    """Speculative decoding: the tokens, TTFT, time per decoded token and the report."""
-    table = model.compiled.weight_source().tensor("embed")
+def _speculate(model: Model, ready: ReadyModel, spec: DraftSpec, ids: list[int],
+               max_new_tokens: int, sampler: Sampler, tok, check, push
+               ) -> tuple[list[int], float, float, SpeculationFigures]:
+    """Speculative decoding: the tokens, TTFT, time per decoded token and the figures."""
 
     def embed(tokens) -> np.ndarray:
-        return table[list(tokens)].astype(np.float32)
+        return ready.embed(list(tokens))
 
     drafter, info = make_drafter(spec, model, embed, temperature=sampler.temperature,
                                  seed=sampler.seed)
@@ -213,8 +206,8 @@ def _speculate(model: Model, spec: DraftSpec, ids: list[int], max_new_tokens: in
                              temperature=sampler.temperature, seed=sampler.seed,
                              cut=spec.cut, on_tokens=push, check_logits=check)
     summ = res.summary()
-    tpot = summ["decode_s"] / summ["decode_tokens"] if summ["decode_tokens"] else 0.0
-    return res.tokens, res.ttft_s, tpot, {**info, **res.as_dict()}
+    tpot = summ.decode_s / summ.decode_tokens if summ.decode_tokens else 0.0
+    return res.tokens, res.ttft_s, tpot, res.figures(info, "measured: the NPU's own logits")
 
 
 def reference_continuation(src: ModelSource, ids: Sequence[int], max_new_tokens: int,

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from isa.instructions import HostWrite, MemoryLayout, Program, Region, Space
 from models.compiler import CompiledModel
 from models.compiler.memmap import REGION_ALIGN, MemoryMap, align
-from sim.runtime.checks import RuntimeApiError
 from sim.runtime.deviceops import HOST_IN, HOST_OUT_ALIGN
+from sim.runtime.errors import RuntimeApiError
+from traces.speculation_results import SelfDraftDram
 
 if TYPE_CHECKING:
     from sim.runtime.model import Model
@@ -53,16 +54,15 @@ class DraftMap:
     def own_bytes(self) -> int:
         return sum(r.size for r in self.own)
 
-    def as_metrics(self) -> dict[str, Any]:
+    def as_metrics(self) -> SelfDraftDram:
         """What the DRAM map says about the draft (bytes)."""
-        return {"model_bytes": self.model_bytes, "model_weight_bytes": self.model_weight_bytes,
-                "draft_shared_weight_bytes": self.shared_weight_bytes,
-                "draft_own_bytes": self.own_bytes,
-                "draft_own_regions": len(self.own),
-                "draft_shared_regions": len(self.shared),
-                "draft_copied_weight_bytes": sum(r.size for r in self.own
-                                                 if r.name.startswith(OWN_PREFIX + "w.")),
-                "total_bytes": self.model_bytes + self.own_bytes}
+        return SelfDraftDram(
+            model_bytes=self.model_bytes, model_weight_bytes=self.model_weight_bytes,
+            draft_shared_weight_bytes=self.shared_weight_bytes, draft_own_bytes=self.own_bytes,
+            draft_own_regions=len(self.own), draft_shared_regions=len(self.shared),
+            draft_copied_weight_bytes=sum(r.size for r in self.own
+                                          if r.name.startswith(OWN_PREFIX + "w.")),
+            total_bytes=self.model_bytes + self.own_bytes)
 
 
 class DraftModel:

@@ -8,7 +8,7 @@ A step in which some requests verify drafts costs, one after the other:
    (its own step-cost grid, :class:`.costs.StepCostModel` of the layer-skipping model):
    step ``i`` holds every verifying request that drafts more than ``i`` tokens, at its
    position ``c + i``; prompt lookup runs on the host, one lookup per verifying request
-   (:func:`sim.speculative.drafters.lookup_host_ns`, one after the other);
+   (:func:`sim.runtime.speculative.drafters.lookup_host_ns`, one after the other);
 2. **the batched step** (the step-cost model): each verification is a piece of ``1 + d``
    tokens at its cache position whose every position's logits go to the host (the LM head
    over all of them, ``n x vocab`` logits back over the host link);
@@ -23,7 +23,7 @@ A step in which some requests verify drafts costs, one after the other:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,11 +31,12 @@ from isa.instructions import Program
 from models.compiler import CompiledModel
 from sim.device.hw import HardwareConfig
 from sim.runtime.cacheops import rearrange_program
+from sim.runtime.speculative.drafters import lookup_host_ns
+from sim.runtime.speculative.profile import AcceptanceProfile
+from sim.runtime.speculative.spec import DraftSpec
 from sim.serving.grid import timing_device
-from sim.speculative.drafters import lookup_host_ns
-from sim.speculative.profile import AcceptanceProfile
-from sim.speculative.spec import DraftSpec
 from sim.units import ns_to_ps
+from traces.speculation_results import AcceptanceFigures, ServingSpeculationFigures
 
 if TYPE_CHECKING:
     from sim.serving.costs import StepCostModel
@@ -119,25 +120,24 @@ class SpecCosts:
             t += self.call_ps + self.draft_cost.batch_ps(pos, [], len(pos))
         return t
 
-    def describe(self) -> dict[str, Any]:
-        return {"drafter": self.spec.text(), "draft_s": self.draft_ps / 1e12,
-                "tail_cut_s": self.cut_ps / 1e12, "tail_cuts": self.cuts,
-                "verify_steps_s": self.verify_step_ps / 1e12}
-
-
 def speculation_metrics(requests: list[Request], costs: SpecCosts,
-                        profile: AcceptanceProfile) -> dict[str, Any]:
-    """The ``serving.speculation`` entry: drafted, accepted and rejected tokens, the
+                        profile: AcceptanceProfile) -> ServingSpeculationFigures:
+    """The ``serving.speculation`` figures: drafted, accepted and rejected tokens, the
     acceptance rate, tokens per verification and the time of drafts and tail cuts."""
     drafted = sum(r.drafted_tokens for r in requests)
     accepted = sum(r.accepted_tokens for r in requests)
     steps = sum(r.verify_steps for r in requests)
-    return {**costs.describe(), "profile": profile.to_json(),
-            "profile_acceptance_rate": profile.acceptance_rate(),
-            "verifications": steps, "drafted_tokens": drafted, "accepted_tokens": accepted,
-            "rejected_tokens": sum(r.rejected_tokens for r in requests),
-            "acceptance_rate": accepted / drafted if drafted else 0.0,
-            "tokens_per_verification": (accepted + steps) / steps if steps else 0.0}
+    return ServingSpeculationFigures(
+        drafter=costs.spec.text(), draft_s=costs.draft_ps / 1e12,
+        tail_cut_s=costs.cut_ps / 1e12, tail_cuts=costs.cuts,
+        verify_steps_s=costs.verify_step_ps / 1e12,
+        profile=AcceptanceFigures.from_metrics(profile.to_json(),
+                                               "serving.speculation.profile"),
+        profile_acceptance_rate=profile.acceptance_rate(), verifications=steps,
+        drafted_tokens=drafted, accepted_tokens=accepted,
+        rejected_tokens=sum(r.rejected_tokens for r in requests),
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        tokens_per_verification=(accepted + steps) / steps if steps else 0.0)
 
 
 __all__ = ["SpecCosts", "SpecPolicy", "speculation_metrics"]

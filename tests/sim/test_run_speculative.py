@@ -13,6 +13,7 @@ from kvsim.errors import ConfigError
 from sim.app.cli.main import main
 from sim.app.config import load_run_config
 from sim.app.run import render_outputs, run
+from traces.results import ResultsError, run_metrics
 
 BASE = ["hardware.preset=tiny", "model.preset=tiny", "compile.core_mode=single",
         "compile.max_sequence_length=16", "workload.prompt_tokens=20",
@@ -28,22 +29,45 @@ def test_a_timing_run_draws_its_rounds_and_reports_them():
     a, b = run(cfg), run(cfg)
     assert a.metrics == b.metrics  # seeded draws: deterministic
     m = a.metrics
-    s = m["speculation"]["summary"]
-    assert s["decode_tokens"] == m["decode"]["tokens"] == 15
+    assert m.speculation is not None
+    s = m.speculation.summary
+    assert s.decode_tokens == m.decode.tokens == 15
     # the decode time is the rounds' time, and the calls are labelled by phase
-    assert m["decode"]["time_per_token_s"] == pytest.approx(s["decode_s"] / 15, rel=1e-12)
-    phases = {c["phase"] for c in m["calls"]}
+    assert m.decode.time_per_token_s == pytest.approx(s.decode_s / 15, rel=1e-12)
+    phases = {c.phase for c in m.calls}
     assert phases == {"launch", "prefill", "draft", "verify", "tail_cut"}
-    assert {"draft", "verify", "tail_cut"} <= set(m["time_breakdown"])
+    assert {"draft", "verify", "tail_cut"} <= set(m.time_breakdown)
     # a lookup is host work, no runtime call: no call overhead is charged for it
-    assert m["time_breakdown"]["draft"]["runtime_overhead_s"] == 0
-    assert m["time_breakdown"]["draft"]["host_work_s"] > 0
+    assert m.time_breakdown["draft"].runtime_overhead_s == 0
+    assert m.time_breakdown["draft"].host_work_s > 0
+    assert m.time_breakdown["verify"].host_work_s is None
     html = render_outputs(a)["report.html"]
     assert "Speculative rounds" in html and "draft acceptance" in html
 
 
+def test_the_speculation_figures_are_typed_and_round_trip_through_metrics_json():
+    m = run(_cfg("speculate.drafter=prompt-lookup:k=4", "speculate.acceptance_rate=0.5")
+            ).metrics
+    tree = json.loads(json.dumps(m.to_metrics()))
+    assert list(tree)[-1] == "speculation"
+    assert list(tree["speculation"]) == ["spec", "summary", "profile", "rounds", "acceptance"]
+    assert "host_work_s" in tree["time_breakdown"]["draft"]
+    assert "host_work_s" not in tree["time_breakdown"]["verify"]
+    assert run_metrics(tree) == m
+    assert m.columns()["speculation.summary.acceptance_rate"] == \
+        m.speculation.summary.acceptance_rate
+    tree["speculation"]["summary"]["k"] = "four"
+    with pytest.raises(ResultsError, match="speculation.summary.k: expected an integer"):
+        run_metrics(tree)
+
+
 def test_without_speculation_the_metrics_have_no_speculation_entry():
-    assert "speculation" not in run(_cfg()).metrics
+    m = run(_cfg()).metrics
+    assert m.speculation is None
+    tree = m.to_metrics()
+    assert "speculation" not in tree and "speculation" not in json.dumps(m.columns())
+    assert all("host_work_s" not in row for row in tree["time_breakdown"].values())
+    assert run_metrics(tree) == m
 
 
 @pytest.mark.parametrize("sets, needle", [
@@ -90,7 +114,7 @@ def test_a_measured_profile_file_feeds_a_timing_run(tmp_path):
         [4, 4, 3], [4, 0, 1], [0, 0, 2]]}}}))
     m = run(_cfg("speculate.drafter=prompt-lookup:k=4",
                  f"speculate.acceptance_file={prof}")).metrics
-    drawn = {(r["drafted"], r["accepted"]) for r in m["speculation"]["rounds"]}
+    drawn = {(r.drafted, r.accepted) for r in m.speculation.rounds}
     assert drawn <= {(4, 4), (4, 0), (0, 0), (3, 3), (2, 2), (1, 1), (3, 0), (2, 0), (1, 0)}
     with pytest.raises(ConfigError, match="the profile drafts up to 4 tokens per call; the "
                                           "drafter drafts k=2"):

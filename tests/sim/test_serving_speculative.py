@@ -4,17 +4,20 @@ serving run on the tiny model whose drafts and tail cuts are costed from the mod
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvsim.errors import ConfigError
 from sim.app.serve.config import load_serve_config
 from sim.app.serve.run import run_serving, serving_metrics
+from sim.runtime.speculative import AcceptanceProfile
 from sim.serving.blocks import simple_geometry
 from sim.serving.engine import ServingSim
 from sim.serving.scheduler import Request, SchedulerConfig
 from sim.serving.speculate import SpecPolicy
-from sim.speculative import AcceptanceProfile
 from tests.sim.test_serving import toy_cost
+from traces.serving_results import serving_metrics_of
 
 
 def _sim(profile: AcceptanceProfile, k: int) -> tuple[ServingSim, list[Request]]:
@@ -43,8 +46,8 @@ def test_verification_items_are_scheduled_and_accounted_exactly():
     assert r0.decode_computed == 5 and r0.computed == 9 and r0.blocks == 0
     m = serving_metrics(reqs, [sim.chips[0].steps], sim.chips[0].scheduler.geo)
     # every computed token: prompt, decode, or a draft computed and cut
-    assert m["computed_tokens"] == 22 == 8 + m["decode_tokens_computed"] + 4
-    assert m["output_tokens"] == 12
+    assert m.computed_tokens == 22 == 8 + m.decode_tokens_computed + 4
+    assert m.output_tokens == 12
 
 
 @pytest.mark.parametrize("accepted, steps", [(0, 6), (3, 3)])
@@ -64,20 +67,28 @@ def _serve(tmp_path, *sets: str):
 
 
 def test_a_serving_run_costs_drafts_and_tail_cuts_from_the_model(tmp_path):
-    plain = run_serving(_serve(tmp_path)).metrics["serving"]
-    runs = {d: run_serving(_serve(tmp_path, f"serving.speculate.drafter={d}",
-                                  "serving.speculate.acceptance_rate=0.5")).metrics["serving"]
-            for d in ("prompt-lookup:k=3", "prompt-lookup:k=3,cut=host", "self:layers=1,k=3")}
+    plain = run_serving(_serve(tmp_path)).metrics
+    assert plain.serving.speculation is None
+    assert "speculation" not in plain.to_metrics()["serving"]
+    results = {d: run_serving(_serve(tmp_path, f"serving.speculate.drafter={d}",
+                                     "serving.speculate.acceptance_rate=0.5")).metrics
+               for d in ("prompt-lookup:k=3", "prompt-lookup:k=3,cut=host",
+                         "self:layers=1,k=3")}
+    runs = {d: r.serving for d, r in results.items()}
     for d, m in runs.items():
-        s = m["speculation"]
-        assert m["output_tokens"] == plain["output_tokens"] == 30, d
-        assert s["drafted_tokens"] == s["accepted_tokens"] + s["rejected_tokens"], d
-        assert m["computed_tokens"] == (m["prompt_tokens_computed"]
-                                        + m["decode_tokens_computed"] + s["rejected_tokens"])
-    assert runs["prompt-lookup:k=3,cut=host"]["speculation"]["tail_cut_s"] == 0
-    assert runs["prompt-lookup:k=3"]["speculation"]["tail_cut_s"] > 0
-    assert runs["self:layers=1,k=3"]["speculation"]["draft_s"] > runs[
-        "prompt-lookup:k=3"]["speculation"]["draft_s"]
+        s = m.speculation
+        assert s is not None and s.drafter.startswith(d.split(",cut")[0]), d
+        assert m.output_tokens == plain.serving.output_tokens == 30, d
+        assert s.drafted_tokens == s.accepted_tokens + s.rejected_tokens, d
+        assert m.computed_tokens == (m.prompt_tokens_computed + m.decode_tokens_computed
+                                     + s.rejected_tokens)
+        # metrics.json holds the typed figures and reads back to them
+        tree = json.loads(json.dumps(results[d].to_metrics()))
+        assert serving_metrics_of(tree) == results[d]
+    assert runs["prompt-lookup:k=3,cut=host"].speculation.tail_cut_s == 0
+    assert runs["prompt-lookup:k=3"].speculation.tail_cut_s > 0
+    assert (runs["self:layers=1,k=3"].speculation.draft_s
+            > runs["prompt-lookup:k=3"].speculation.draft_s)
 
 
 @pytest.mark.parametrize("sets, needle", [

@@ -12,16 +12,16 @@ import pytest
 from kvsim.errors import ConfigError
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import load_preset
 from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model, ModelConfig, RuntimeApiError
 from sim.runtime.cacheops import rearrange_program
 from sim.runtime.draft import launch_draft
-from sim.speculative import AcceptanceProfile, parse_speculate
-from sim.speculative.decode import plain_decode, speculative_decode
-from sim.speculative.drafters import CallableDrafter, ModelDrafter, PromptLookup, lookup
-from sim.speculative.selfdraft import compile_self_draft, launch_self_draft, shared_regions
-from sim.speculative.verify import accept_greedy, accept_sampled, softmax
+from sim.runtime.speculative import AcceptanceProfile, parse_speculate
+from sim.runtime.speculative.decode import plain_decode, speculative_decode
+from sim.runtime.speculative.drafters import CallableDrafter, ModelDrafter, PromptLookup, lookup
+from sim.runtime.speculative.selfdraft import compile_self_draft, launch_self_draft, shared_regions
+from sim.runtime.speculative.verify import accept_greedy, accept_sampled, softmax
 from sim.units import ns_to_ps
 
 HW = load_hardware("tiny")
@@ -87,7 +87,7 @@ def test_greedy_speculation_is_plain_greedy_for_every_drafter(cm, embed, plain, 
                              max_new_tokens=NEW, embed=embed, cut=cut)
     assert res.tokens == plain[0]
     if rate is not None:
-        assert res.summary()["acceptance_rate"] == pytest.approx(rate, abs=0.1)
+        assert res.summary().acceptance_rate == pytest.approx(rate, abs=0.1)
 
 
 def test_a_round_costs_its_calls_and_the_cut_its_program(cm, embed, plain):
@@ -135,18 +135,18 @@ def test_the_self_draft_reads_the_models_weights_in_place(cm):
     before = {r.name: r for r in m.acc.device.layout.regions}
     dm = launch_self_draft(m, [1])
     d = dm.map.as_metrics()
-    assert d["draft_copied_weight_bytes"] == 0 and d["draft_own_bytes"] > 0
+    assert d.draft_copied_weight_bytes == 0 and d.draft_own_bytes > 0
     # shared: layer 1's weight codes and caches, the head and the RoPE tables
     assert dm.map.shared["w.layers.0.q_proj"] == "w.layers.1.q_proj"
     assert dm.map.shared["kv.s0.l0.k"] == "kv.s0.l1.k"
     assert dm.compiled.mm["w.layers.0.q_proj"].base == before["w.layers.1.q_proj"].base
     want = sum(r.size for n, r in before.items() if r.kind == "weights" and (
         n.startswith("w.layers.1.") or n in ("w.embed", "rope.cos", "rope.sin")))
-    assert d["draft_shared_weight_bytes"] == want
+    assert d.draft_shared_weight_bytes == want
     # the draft's own regions (its integer parameters) lie past every region of the model
     top = max(r.end for r in before.values())
     assert all(r.name.startswith("draft.p.") and r.base >= top for r in dm.map.own)
-    assert d["draft_own_bytes"] == sum(r.size for r in dm.map.own)
+    assert d.draft_own_bytes == sum(r.size for r in dm.map.own)
 
 
 def test_a_draft_whose_weights_differ_is_refused(cm):
@@ -154,7 +154,7 @@ def test_a_draft_whose_weights_differ_is_refused(cm):
     region = m.acc.device.layout.regions[0]
     m.acc.device.mem.dram.write(region.base, np.full(16, 7, np.uint8))  # a changed byte
     with pytest.raises(RuntimeApiError, match="cannot be shared"):
-        launch_draft(m, compile_self_draft(cm, [0]), shared_regions([0]))
+        launch_draft(m, compile_self_draft(cm, [0], HW), shared_regions([0]))
 
 
 def test_timing_only_rounds_follow_the_profile(cm, embed):

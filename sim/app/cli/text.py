@@ -7,12 +7,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from kvsim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from traces.speculation_results import SpeculationFigures
 
 DEFAULT_MODEL = "smollm2-135m"
 #: Fewest tokens of an eval text (teacher forcing over less says little about a model).
@@ -38,7 +42,8 @@ def _bit_options(p: argparse.ArgumentParser) -> None:
 
 
 def _bits(args: argparse.Namespace):
-    from sim.app.quality import bit_config, source_of
+    from sim.app.quality import bit_config
+    from sim.runtime.ready import source_of
 
     real = source_of(args.model).real if args.numerics is None else True
     return bit_config(args.bits, numerics=args.numerics, kv_read=args.kv_read,
@@ -48,7 +53,7 @@ def _bits(args: argparse.Namespace):
 def eval_tokens(model: str, text_file: str | None) -> tuple[object, list[int], str]:
     """The model source, the text's tokens and the text's name."""
     from models.source import english_text
-    from sim.app.quality import source_of
+    from sim.runtime.ready import source_of
 
     src = source_of(model)
     if text_file is None:
@@ -161,7 +166,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     sampler = Sampler(temperature=args.temperature, seed=args.seed)
     speculate = None
     if args.speculate is not None:
-        from sim.speculative import parse_speculate
+        from sim.runtime.speculative import parse_speculate
 
         speculate = parse_speculate(args.speculate, where="--speculate")  # before any run
     bits = _bits(args)
@@ -196,31 +201,30 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def print_speculation(console: Console, spec: dict) -> None:
+def print_speculation(console: Console, spec: SpeculationFigures) -> None:
     """The totals of a speculative generation (and a self-draft's DRAM figures)."""
-    s = spec["summary"]
-    t = Table(title=f"speculative decoding: {escape(spec['spec'])} ({escape(s['drafter'])}, "
-                    f"cut={s['cut']})")
+    s = spec.summary
+    t = Table(title=f"speculative decoding: {escape(spec.spec)} ({escape(s.drafter)}, "
+                    f"cut={s.cut})")
     t.add_column("figure")
     t.add_column("value", justify="right")
-    rows = [("verification calls", f"{s['verify_calls']} ({s['rounds_with_drafts']} with "
-                                   f"drafts)"),
-            ("tokens drafted / accepted", f"{s['drafted_tokens']} / {s['accepted_tokens']}"),
-            ("acceptance rate", f"{s['acceptance_rate']:.3f}"),
-            ("tokens per verification call", f"{s['tokens_per_verify_call']:.3f}")]
-    for key, what in (("draft_s", "draft"), ("verify_s", "verify"), ("cut_s", "tail cut")):
-        share = s[key] / s["decode_s"] if s["decode_s"] else 0.0
-        rows.append((f"{what} time (simulated)", f"{s[key] * 1e3:.3f} ms ({share:.1%})"))
-    rows.append(("decode tokens/s (simulated)", f"{s['decode_tokens_per_s']:.2f}"))
+    rows = [("verification calls", f"{s.verify_calls} ({s.rounds_with_drafts} with drafts)"),
+            ("tokens drafted / accepted", f"{s.drafted_tokens} / {s.accepted_tokens}"),
+            ("acceptance rate", f"{s.acceptance_rate:.3f}"),
+            ("tokens per verification call", f"{s.tokens_per_verify_call:.3f}")]
+    for v, what in ((s.draft_s, "draft"), (s.verify_s, "verify"), (s.cut_s, "tail cut")):
+        share = v / s.decode_s if s.decode_s else 0.0
+        rows.append((f"{what} time (simulated)", f"{v * 1e3:.3f} ms ({share:.1%})"))
+    rows.append(("decode tokens/s (simulated)", f"{s.decode_tokens_per_s:.2f}"))
     for r in rows:
         t.add_row(*r)
     console.print(t)
-    if "dram" in spec:
-        d = spec["dram"]
-        console.print(f"self-draft layers {len(spec['layers'])}: reads "
-                      f"{d['draft_shared_weight_bytes'] / 1e6:.2f} MB of the model's weights "
-                      f"in place; its own parameters {d['draft_own_bytes'] / 1e3:.1f} kB; "
-                      f"weights copied: {d['draft_copied_weight_bytes']} bytes")
+    if spec.dram is not None and spec.layers is not None:
+        d = spec.dram
+        console.print(f"self-draft layers {len(spec.layers)}: reads "
+                      f"{d.draft_shared_weight_bytes / 1e6:.2f} MB of the model's weights "
+                      f"in place; its own parameters {d.draft_own_bytes / 1e3:.1f} kB; "
+                      f"weights copied: {d.draft_copied_weight_bytes} bytes")
 
 
 def add_text_parsers(sub) -> None:
