@@ -105,3 +105,14 @@ def test_serving_speculation_refuses_bad_config_by_name(tmp_path, sets, needle):
     with pytest.raises(ConfigError) as err:
         _serve(tmp_path, *sets)
     assert needle in str(err.value)
+
+
+def test_the_example_config_speculates_with_measured_counts():
+    from pathlib import Path
+
+    cfg = load_serve_config(Path(__file__).resolve().parents[2]
+                            / "configs" / "serving-speculative.toml")
+    sp = cfg.serving.speculate
+    assert sp is not None and sp.spec().text() == "prompt-lookup:k=4,ngram=3"
+    profile = sp.profile(where="serving.speculate")
+    assert profile.k == 4 and round(profile.acceptance_rate(), 3) == 0.223
