@@ -27,6 +27,7 @@ from .chrome import _block_key, bandwidth_series
 from .page import Card, Figure, byte_unit, fmt_bytes, fmt_time, layout, render_page, time_unit
 from .recorder import Recorder, span_times
 from .results import CallRow, GenerateMetrics, RooflineFigures, RunMetrics
+from .speculation_chart import SPECULATION_COLORS, speculation_chart
 from .sweep_report import NAMES, fmt_number, quantity, sweep_report
 
 __all__ = ["NAMES", "RUN_CHARTS", "Chart", "fmt_number", "quantity", "run_report",
@@ -38,8 +39,7 @@ MAX_TIMELINE_BARS = 20_000
 #: Most runtime calls labelled one by one in the timeline (more: phases only).
 MAX_CALL_LABELS = 60
 PHASE_COLORS = {"launch": "#7f7f7f", "prefill": "#1f77b4", "decode": "#2ca02c",
-                "cache_op": "#d62728", "draft": "#bcbd22", "verify": "#2ca02c",
-                "tail_cut": "#d62728"}
+                "cache_op": "#d62728", **SPECULATION_COLORS}
 
 
 def _call_label(c: CallRow, phase_calls: int) -> str:
@@ -337,30 +337,6 @@ def _cache_ops(metrics: RunMetrics) -> go.Figure | None:
     return layout(fig, "Cost of each cache operation", "operation", "time (ms)", height=340)
 
 
-def _speculation(metrics: RunMetrics) -> go.Figure | None:
-    """Each speculative round's time (draft, verify, tail cut; stacked), with its
-    drafted and accepted tokens on hover."""
-    sp = metrics.speculation if isinstance(metrics, GenerateMetrics) else None
-    if sp is None or not sp.rounds:
-        return None
-    rounds = sp.rounds
-    x = [r.step for r in rounds]
-    tokens = [[r.drafted, r.accepted] for r in rounds]
-    fig = go.Figure([go.Bar(name=name, x=x, y=[getattr(r, key) * 1e3 for r in rounds],
-                            marker={"color": PHASE_COLORS[phase]}, customdata=tokens,
-                            hovertemplate=f"round %{{x}}: {name} %{{y:,.3f}} ms<br>drafted "
-                                          "%{customdata[0]}, accepted %{customdata[1]}"
-                                          "<extra></extra>")
-                     for key, name, phase in (("draft_s", "draft", "draft"),
-                                              ("verify_s", "verify", "verify"),
-                                              ("cut_s", "tail cut", "tail_cut"))])
-    fig.update_layout(barmode="stack")
-    s = sp.summary
-    return layout(fig, f"Speculative rounds ({s.drafter}, k={s.k}): acceptance "
-                       f"{s.acceptance_rate:.2f}, {s.tokens_per_verify_call:.2f} tokens "
-                       f"per verification", "round", "time (ms)", height=340)
-
-
 def _cards(m: RunMetrics) -> list[Card]:
     if not isinstance(m, GenerateMetrics):  # the GEMV demo: no prefill or decode
         t, bound = m.sim_time_s, m.roofline.bound_s
@@ -498,11 +474,6 @@ def utilization_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> lis
 def cache_ops_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
     """The cost of each scheduled cache operation."""
     return _figures(_cache_ops(metrics))
-
-
-def speculation_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
-    """Each speculative round's draft, verify and tail-cut time."""
-    return _figures(_speculation(metrics), wide=True)
 
 
 #: The run report's charts, in page order.
