@@ -64,6 +64,9 @@ def calibration_text() -> str:
 def model_tokenizer(spec: dict[str, Any]):  # -> models.tokenizer.Tokenizer
     """The tokenizer of the real weights a weight spec names (GGUF file, or the folder of
     safetensors files)."""
+    from .skip import base_spec
+
+    spec = base_spec(spec)  # a layer subset (self-speculation's draft) has its model's
     kind = spec.get("kind")
     if kind == "gguf":
         from .gguf import gguf_tokenizer, open_gguf
@@ -142,7 +145,12 @@ def open_weights(config: ModelConfig, spec: dict[str, Any]) -> WeightSource:
         from .gguf import GGUFWeights
 
         return GGUFWeights(config, spec["path"])
-    raise ConfigError(f"weights: unknown kind {kind!r} (synthetic, safetensors, gguf)")
+    if kind == "layers":  # a layer subset of a model (models/skip.py)
+        from .skip import LayerSubsetWeights
+
+        base = config.model_copy(update={"num_layers": int(spec["of_layers"])})
+        return LayerSubsetWeights(config, open_weights(base, spec["base"]), spec["layers"])
+    raise ConfigError(f"weights: unknown kind {kind!r} (synthetic, safetensors, gguf, layers)")
 
 
 def _json(path: Path) -> Any:

@@ -37,6 +37,7 @@ _DEMANDS = (
     ("program_launch_s", "fixed", "program launch (per program)"),
     ("dispatch_s", "fixed", "instruction dispatch (busiest engine)"),
     ("barrier_sync_s", "fixed", "cross-core barriers (most-waiting engine)"),
+    ("host_work_s", "host", "host work (a drafter's, no runtime call)"),
 )
 #: Colours of the demands (fixed: the critical path's bars come first in the figure, and
 #: plotly's colour cycle would otherwise give the two legends look-alike colours).
@@ -45,10 +46,10 @@ _DEMAND_COLORS = {"elapsed_s": "#b0b0b0", "dram_weights_s": "#ef553b",
                   "dram_host_io_s": "#ffa15a", "compute_s": "#19d3f3",
                   "host_link_s": "#ff6692", "runtime_overhead_s": "#b6e880",
                   "program_launch_s": "#fecb52", "dispatch_s": "#8c564b",
-                  "barrier_sync_s": "#7f7f7f"}
+                  "barrier_sync_s": "#7f7f7f", "host_work_s": "#17becf"}
 _CRITICAL_ROW = {"dram": "DRAM", "compute": "compute", "host_link": "host link",
                  "runtime_overhead": "runtime", "program_launch": "fixed",
-                 "dispatch": "fixed", "barrier_sync": "fixed"}
+                 "dispatch": "fixed", "barrier_sync": "fixed", "host_work": "host"}
 
 
 def _phase_name(phase: str, row: PhaseTime) -> str:
@@ -84,12 +85,17 @@ def _path_rows(metrics: RunMetrics, recorder: Recorder) -> dict[str, dict[str, f
     return rows
 
 
+def _seconds(row: PhaseTime, key: str) -> float:
+    """A demand of a phase (host work: 0 where the phase has none)."""
+    return getattr(row, key) or 0.0
+
+
 def _demand_bar(tb: Mapping[str, PhaseTime], phases: list[str], key: str, row: str,
                 name: str) -> go.Bar:
     return go.Bar(
         name=name, orientation="h", y=[[_phase_name(p, tb[p]) for p in phases],
                                        [row] * len(phases)],
-        x=[getattr(tb[p], key) * 1e3 for p in phases],
+        x=[_seconds(tb[p], key) * 1e3 for p in phases],
         marker={"color": _DEMAND_COLORS.get(key)},
         legendgroup="demand", legendgrouptitle_text="what each resource needed",
         hovertemplate=f"{name}<br>%{{x:,.3f}} ms<extra></extra>")
@@ -106,6 +112,8 @@ def run_breakdown(metrics: RunMetrics, recorder: Recorder) -> go.Figure | None:
     rows = ["elapsed", "critical path", "DRAM", "compute", "host link", "runtime", "fixed"]
     if not path:
         rows.remove("critical path")
+    if any(tb[p].host_work_s for p in phases):  # a drafter's host-side work
+        rows.append("host")
     fig = go.Figure()
     for key, row, name in _DEMANDS[:1]:
         fig.add_trace(_demand_bar(tb, phases, key, row, name))
@@ -127,7 +135,7 @@ def run_breakdown(metrics: RunMetrics, recorder: Recorder) -> go.Figure | None:
             if row == "critical path":
                 total = sum(path.get(p, {}).values()) * 1e3
             else:
-                total = sum(getattr(tb[p], k) for k, r, _ in _DEMANDS if r == row) * 1e3
+                total = sum(_seconds(tb[p], k) for k, r, _ in _DEMANDS if r == row) * 1e3
             mark = " ◀ largest demand" if row == big else ""
             shown = f"{total:,.2f}" if total >= 1 else f"{total:.3g}"  # 3 digits below 1 ms
             fig.add_annotation(x=total, y=[_phase_name(p, tb[p]), row],

@@ -27,6 +27,7 @@ from .chrome import _block_key, bandwidth_series
 from .page import Card, Figure, byte_unit, fmt_bytes, fmt_time, layout, render_page, time_unit
 from .recorder import Recorder, span_times
 from .results import CallRow, GenerateMetrics, RooflineFigures, RunMetrics
+from .speculation_chart import SPECULATION_COLORS, speculation_chart
 from .sweep_report import NAMES, fmt_number, quantity, sweep_report
 
 __all__ = ["NAMES", "RUN_CHARTS", "Chart", "fmt_number", "quantity", "run_report",
@@ -38,7 +39,7 @@ MAX_TIMELINE_BARS = 20_000
 #: Most runtime calls labelled one by one in the timeline (more: phases only).
 MAX_CALL_LABELS = 60
 PHASE_COLORS = {"launch": "#7f7f7f", "prefill": "#1f77b4", "decode": "#2ca02c",
-                "cache_op": "#d62728"}
+                "cache_op": "#d62728", **SPECULATION_COLORS}
 
 
 def _call_label(c: CallRow, phase_calls: int) -> str:
@@ -49,6 +50,8 @@ def _call_label(c: CallRow, phase_calls: int) -> str:
         return f"prefill{chunk} ({c.tokens} tokens)"
     if c.phase == "decode":
         return f"decode step {c.step}"
+    if c.phase in ("draft", "verify", "tail_cut"):  # speculative decoding's rounds
+        return f"{c.phase.replace('_', ' ')} {c.step} ({c.op})"
     return f"cache op {c.step}: {c.op}"
 
 
@@ -361,6 +364,19 @@ def _cards(m: RunMetrics) -> list[Card]:
     cards.append(Card("KV capacity", f"{kv.capacity_tokens:,} tokens",
                       note="fit in the DRAM the model leaves free",
                       metric="kv_cache.capacity_tokens", value=kv.capacity_tokens))
+    if m.speculation is not None:
+        spec = m.speculation.summary
+        cards.append(Card("draft acceptance", f"{spec.acceptance_rate:.3f}",
+                          note=f"{spec.accepted_tokens:,} of {spec.drafted_tokens:,} "
+                               f"drafted tokens ({spec.drafter}, k={spec.k})",
+                          metric="speculation.summary.acceptance_rate",
+                          value=spec.acceptance_rate))
+        cards.append(Card("tokens per verification call",
+                          f"{spec.tokens_per_verify_call:.2f}",
+                          note=f"tail cuts {spec.tail_cut_share:.1%} of decode time "
+                               f"(cut={spec.cut})",
+                          metric="speculation.summary.tokens_per_verify_call",
+                          value=spec.tokens_per_verify_call))
     cards.append(Card("launch (weights over the host link)", fmt_time(m.launch.time_s),
                       note=fmt_bytes(m.launch.pcie_h2d_bytes), metric="launch.time_s",
                       value=m.launch.time_s))
@@ -384,6 +400,21 @@ def _details(m: RunMetrics, recorder: Recorder) -> list[tuple[str, str]]:
     rows.append(("weights", "real (safetensors)" if weights else "synthetic"))
     for k, v in m.traffic_bytes.items():
         rows.append((f"traffic {k}", fmt_bytes(v)))
+    sp = m.speculation if isinstance(m, GenerateMetrics) else None
+    if sp is not None:
+        s = sp.summary
+        rows.append(("speculative decoding", f"{sp.spec}: {s.drafter}, cut={s.cut}"))
+        rows.append(("rounds: drafted / accepted tokens",
+                     f"{s.verify_calls:,}: {s.drafted_tokens:,} / "
+                     f"{s.accepted_tokens:,} ({sp.acceptance})"))
+        rows.append(("decode time: draft / verify / tail cut",
+                     " / ".join(fmt_time(t) for t in (s.draft_s, s.verify_s, s.cut_s))))
+        if sp.dram is not None:
+            d = sp.dram
+            rows.append(("self-draft in DRAM", f"reads {fmt_bytes(d.draft_shared_weight_bytes)}"
+                         f" of the model's weights in place; its own parameters "
+                         f"{fmt_bytes(d.draft_own_bytes)}; weights copied "
+                         f"{fmt_bytes(d.draft_copied_weight_bytes)}"))
     if recorder.dropped:
         rows.append(("trace events dropped", f"{recorder.dropped:,} (event limit reached)"))
     return rows
@@ -448,7 +479,7 @@ def cache_ops_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[
 #: The run report's charts, in page order.
 RUN_CHARTS: tuple[Chart, ...] = (breakdown_chart, timeline_chart, roofline_chart,
                                  occupancy_chart, bandwidth_charts, traffic_charts,
-                                 utilization_chart, cache_ops_chart)
+                                 utilization_chart, cache_ops_chart, speculation_chart)
 
 
 def run_report(metrics: RunMetrics, recorder: Recorder, *, bins: int = 200) -> str:

@@ -23,7 +23,8 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 from .serving_results import ServingMetrics, serving_metrics_of
-from .typed_json import Record, ResultsError, decode
+from .speculation_results import SpeculationFigures
+from .typed_json import OPTIONAL, Record, ResultsError, decode
 
 
 def _number(v: Any) -> float | int | None:
@@ -225,7 +226,8 @@ class RooflineFigures(Record):
 @dataclass(frozen=True)
 class PhaseTime(Record):
     """Where a phase's time went (``sim.app.breakdown.time_breakdown``): each resource's
-    demand in seconds and the largest one (``critical``)."""
+    demand in seconds and the largest one (``critical``). A speculative run's phases are
+    ``prefill``, ``draft``, ``verify`` and ``tail_cut``."""
 
     calls: int
     elapsed_s: float
@@ -240,6 +242,8 @@ class PhaseTime(Record):
     dispatch_s: float
     barrier_sync_s: float
     critical: str
+    #: host-side work that is no runtime call (a prompt-lookup draft); only where some is
+    host_work_s: float | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -378,6 +382,8 @@ class GenerateMetrics(Record):
     cache_ops: tuple[CacheOpRecord, ...] = field()
     functional: bool = field()
     trace: TraceFigures = field()
+    #: a run with ``[speculate]`` only (:mod:`traces.speculation_results`)
+    speculation: SpeculationFigures | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -421,6 +427,7 @@ __all__ = ["Bound", "CacheOpFigures", "CacheOpRecord", "CallRow", "ClientFigures
            "CompiledFigures",
            "ContextFigures", "DecodeFigures", "GemvMetrics", "GenerateMetrics",
            "KvCacheFigures", "LaunchFigures", "PhaseTime", "PrefillFigures", "ResultsError",
-           "RooflineFigures", "RunFigures", "RunMetrics", "ServingMetrics", "TextFigures",
+           "RooflineFigures", "RunFigures", "RunMetrics", "ServingMetrics", "SpeculationFigures",
+           "TextFigures",
            "TraceFigures",
            "WeightsFigures", "run_metrics", "serving_metrics_of"]

@@ -179,6 +179,16 @@ def serving_report_html(metrics: ServingMetrics, rows: Sequence[dict[str, Any]],
          f"{s.computed_tokens:,} = {s.prompt_tokens_computed:,} + "
          f"{s.decode_tokens_computed:,} + {s.recomputed_tokens:,}"),
     ]
+    sp = s.speculation
+    if sp is not None:  # speculative decoding (sim.serving.speculate)
+        details += [
+            ("speculation", f"{sp.drafter}: acceptance {sp.acceptance_rate:.3f}, "
+                            f"{sp.tokens_per_verification:.2f} tokens per verification"),
+            ("drafted / accepted / rejected tokens",
+             f"{sp.drafted_tokens:,} / {sp.accepted_tokens:,} / "
+             f"{sp.rejected_tokens:,} (the rejected ones computed, then cut)"),
+            ("drafting, tail cuts", f"{fmt_time(sp.draft_s)}, {fmt_time(sp.tail_cut_s)}"
+                                    f" ({sp.tail_cuts:,} filter_cache_tail calls)")]
     went = serving_breakdown(steps, s.duration_s)
     figs = [*([Figure(went, wide=True)] if went is not None else []),
             Figure(occupancy_figure(steps, geometry), wide=True),

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .typed_json import Record, ResultsError
+from .speculation_results import ServingSpeculationFigures
+from .typed_json import OPTIONAL, Record, ResultsError
 
 NOT_A_COLUMN = MappingProxyType({"column": False})
 
@@ -93,6 +94,8 @@ class ServingFigures(Record):
     kv_mean_occupancy: float
     chips: tuple[ChipFigures, ...]
     kv_occupancy: Mapping[str, OccupancySeries] = field(metadata=NOT_A_COLUMN)
+    #: a run with ``[serving.speculate]`` only (:mod:`traces.speculation_results`)
+    speculation: ServingSpeculationFigures | None = field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)

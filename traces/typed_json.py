@@ -4,10 +4,13 @@ the same order, and how a sweep gets its columns from them.
 
 A field's JSON key is its name unless its metadata says ``key``; a field with
 ``column=False`` in its metadata is not a sweep column (the resolved config, the per-call
-rows). The hints understood: ``int``, ``float`` (an int is kept as it is, so a round trip
-changes nothing), ``str``, ``bool``, ``X | None``, a dataclass, ``tuple[X, ...]`` (a JSON
-list), ``Mapping[str, X]`` (a JSON object, kept in its order, read-only) and ``Any`` (kept
-as it is). A class may define its own ``from_json(tree, where)`` / ``to_json()``.
+rows); a field with ``optional=True`` (:data:`OPTIONAL`) may be absent from the tree (it
+reads as None) and is left out of it when None, so a figure only some runs have (a
+speculative run's) adds no key to the others. The hints understood: ``int``, ``float``
+(an int is kept as it is, so a round trip changes nothing), ``str``, ``bool``,
+``X | None``, a dataclass, ``tuple[X, ...]`` (a JSON list), ``Mapping[str, X]`` (a JSON
+object, kept in its order, read-only) and ``Any`` (kept as it is). A class may define its
+own ``from_json(tree, where)`` / ``to_json()``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from kvsim.errors import KvsimError
 class ResultsError(KvsimError, ValueError):
     """A metrics tree does not have the shape of its typed result; the message names the
     entry at fault (``metrics.json: kv_cache.bytes: ...``)."""
+
+
+#: Field metadata of an entry only some trees have (module docstring).
+OPTIONAL = types.MappingProxyType({"optional": True})
 
 
 def json_key(f: dataclasses.Field) -> str:
@@ -102,6 +109,9 @@ def decode_record(cls: type, tree: Any, where: str) -> Any:
         key = json_key(f)
         known.add(key)
         at = f"{where}.{key}"
+        if key not in tree and f.metadata.get("optional"):
+            kw[f.name] = None
+            continue
         if key not in tree:
             raise ResultsError(f"{at}: missing (a {cls.__name__} has it)")
         kw[f.name] = decode(hints[f.name], tree[key], at)
@@ -118,7 +128,8 @@ def encode(value: Any) -> Any:
         own = getattr(value, "to_json", None)
         if own is not None:
             return own()
-        return {json_key(f): encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {json_key(f): encode(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not (f.metadata.get("optional") and getattr(value, f.name) is None)}
     if isinstance(value, tuple):
         return [encode(v) for v in value]
     if isinstance(value, Mapping):
@@ -136,6 +147,8 @@ def columns(value: Any, prefix: str = "") -> dict[str, Any]:
         if own is not None:  # its own JSON shape: its entries are its columns
             return columns(types.MappingProxyType(own()), prefix)
         for f in dataclasses.fields(value):
+            if f.metadata.get("optional") and getattr(value, f.name) is None:
+                continue
             if f.metadata.get("column", True):
                 key = json_key(f)
                 out.update(columns(getattr(value, f.name), f"{prefix}.{key}" if prefix
@@ -174,4 +187,5 @@ class Record:
         return columns(self)
 
 
-__all__ = ["Record", "ResultsError", "columns", "decode", "decode_record", "encode", "json_key"]
+__all__ = ["OPTIONAL", "Record", "ResultsError", "columns", "decode", "decode_record", "encode",
+           "json_key"]

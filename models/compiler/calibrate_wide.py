@@ -252,7 +252,9 @@ def calibration_ids(cfg: ModelConfig, spec: dict[str, Any], bits: BitConfig,
     in the model's own tokenizer for ``calibration = text``, else
     :func:`.calibrate.calibration_tokens`. Synthetic weights have no tokenizer (and a text
     means nothing to random weights): they are calibrated on random ids either way."""
-    if bits.numerics.calibration != "text" or spec.get("kind") == "synthetic":
+    from ..skip import base_spec
+
+    if bits.numerics.calibration != "text" or base_spec(spec).get("kind") == "synthetic":
         return calibration_tokens(cfg, seed)
     ids = model_tokenizer(spec).encode(calibration_text())
     return np.asarray(ids[:CALIBRATION_TEXT_TOKENS], np.int64) % cfg.vocab_size
@@ -289,7 +291,9 @@ def _calibrate_for(cfg: ModelConfig, bits: BitConfig, source: WeightSource,
     def quantize(name: str) -> QuantizedWeight | GroupQuantizedWeight:
         return quantize_matrix(source.tensor(name), bits_for(name), group)
 
-    tokens = calibration_ids(cfg, spec, bits, int(spec.get("seed", 0)))
+    from ..skip import base_spec
+
+    tokens = calibration_ids(cfg, spec, bits, int(base_spec(spec).get("seed", 0)))
     rb = residual_bits(bits.numerics)
     rotated = bits.numerics.rotation != "none"
     if rb == 8:

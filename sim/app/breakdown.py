@@ -5,7 +5,8 @@ A resource's *demand* in a phase is the time it alone needs for that phase's wor
 DRAM bytes of a kind (``link_kind``: ``dram_read`` + ``dram_write``) over the effective
 DRAM bandwidth; compute, the busiest core's MXU + VPU busy time; host I/O, the busy time
 of the host link's two directions; runtime overhead, the per-call host cost
-(``hardware.host.call_overhead_ns``) times the calls. The device's fixed costs
+(``hardware.host.call_overhead_ns``) times the calls; host work, the host-side steps that
+are no runtime call (a prompt-lookup draft: ``stats['host_only']``). The device's fixed costs
 (``hardware.cores``) each have their own row: ``program_launch_s`` (every program's launch),
 ``dispatch_s`` (instruction dispatch of the busiest engine queue) and ``barrier_sync_s``
 (cross-core synchronisations of the engine queue that waited most). Resources overlap,
@@ -101,10 +102,16 @@ def _demand(calls: Sequence[CallRecord], hw: HardwareConfig) -> dict[str, float]
     out["compute_s"] = max(per_core.values(), default=0) / PS_PER_S
     out["host_link_s"] = sum(v for k, v in busy.items()
                              if k.split(".")[0] in ("pcie", "link")) / PS_PER_S
-    out["runtime_overhead_s"] = len(calls) * hw.host.call_overhead_ns * 1e-9
+    # host-side steps that are no runtime call (a prompt-lookup draft) pay no call
+    # overhead; their host time is a resource of its own, shown only where there is some
+    runtime_calls = sum(1 for c in calls if not c.stats.get("host_only"))
+    out["runtime_overhead_s"] = runtime_calls * hw.host.call_overhead_ns * 1e-9
     out["program_launch_s"] = launch / PS_PER_S
     out["dispatch_s"] = max(dispatch.values(), default=0) / PS_PER_S
     out["barrier_sync_s"] = max(sync.values(), default=0) / PS_PER_S
+    host = sum(c.stats.get("host_work_ps", 0) for c in calls)
+    if host:
+        out["host_work_s"] = host / PS_PER_S
     return out
 
 
@@ -124,7 +131,8 @@ def time_breakdown(calls: Sequence[Labelled], hw: HardwareConfig) -> Mapping[str
         groups = {"dram": sum(v for k, v in d.items() if k.startswith("dram_")),
                   "compute": d["compute_s"], "host_link": d["host_link_s"],
                   "runtime_overhead": d["runtime_overhead_s"],
-                  **{k[:-2]: d[k] for k in FIXED_COSTS}}
+                  **{k[:-2]: d[k] for k in FIXED_COSTS},
+                  **({"host_work": d["host_work_s"]} if "host_work_s" in d else {})}
         elapsed = sum(r.end_ps - r.start_ps for r in recs) / PS_PER_S
         row = {"calls": len(recs), "elapsed_s": elapsed, **d,
                "critical": max(groups, key=lambda g: groups[g])}

@@ -21,6 +21,7 @@ from models.compiler.compiled import CORE_MODES, build_memory_map, dram_problem
 from models.config import ModelConfig
 from models.source import ModelSource, load_model, resolve_model
 from sim.app.config import ModelOnHardware, RunConfig, cache_length
+from sim.app.spec_config import check_speculate_model
 
 GIB = 2**30
 
@@ -111,6 +112,7 @@ def _check_generate(cfg: RunConfig, source: ModelSource | None) -> Checked:
     if why is not None:
         raise ConfigError(f"hardware.dram.capacity_bytes: model {_name(model)!r} with a cache "
                           f"of {cap} tokens x {c.cache_slots} slot(s) {why}")
+    check_speculate_model(cfg, model)
     total = mm.total_bytes
     ops = len(w.cache_ops)
     summary = (
@@ -122,6 +124,7 @@ def _check_generate(cfg: RunConfig, source: ModelSource | None) -> Checked:
         f"GiB (weights {mm.bytes_of_kind('weights') / 1e6:,.1f} MB, KV cache "
         f"{mm.bytes_of_kind('kv_cache') / 1e6:,.1f} MB)"
         + (f"; {ops} cache op{'s' if ops != 1 else ''}" if ops else "")
+        + (f"; speculative decoding {cfg.speculate.spec().text()}" if cfg.speculate else "")
     )
     return Checked(summary, total, cap)
 

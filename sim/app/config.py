@@ -30,6 +30,7 @@ from models.bits import (
     preset_with_overrides,
 )
 from models.schema import Frozen, validation_message
+from sim.app.spec_config import SpeculateSection, check_speculate
 from sim.device.hw import HardwareConfig, preset_dict, set_dotted
 
 DEFAULT_CONFIG_TOML = """
@@ -240,6 +241,7 @@ class RunConfig(ModelOnHardware):
     workload: WorkloadConfig = WorkloadConfig()
     sim: SimConfig = SimConfig()
     outputs: OutputsConfig = OutputsConfig()
+    speculate: SpeculateSection | None = None
 
 
 def parse_value(text: str) -> Any:
@@ -468,6 +470,7 @@ def build_run_config(tree: dict[str, Any]) -> RunConfig:
     except ValidationError as err:
         raise ConfigError(_paths(validation_message(err))) from None
     check_cache_ops(cfg.workload)
+    check_speculate(cfg)
     return cfg
 
 

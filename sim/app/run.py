@@ -29,7 +29,7 @@ from sim.app.check import check_run, run_source
 from sim.app.config import RunConfig, cache_length
 from sim.device.device import Device
 from sim.device.stats import LINKS
-from sim.runtime import CallRecord, Model
+from sim.runtime import CallRecord, Model, ModelConfig
 from sim.runtime.ready import ReadyModel, ready_model
 from sim.units import PS_PER_S, ps_to_s
 from traces.chrome import chrome_trace_json
@@ -150,7 +150,9 @@ def run_generate(cfg: RunConfig, source: ModelSource | None = None) -> RunResult
     real = cm.weights.get("kind") != "synthetic"
     guard = Guard.for_run(cfg, real)
     recorder = Recorder(level=cfg.outputs.trace, max_events=cfg.outputs.max_trace_events)
-    model = ready.launch(recorder=recorder)
+    # speculation verifies drafts with the logits of every position of a call
+    model = ready.launch(ModelConfig(all_logits=True) if cfg.speculate is not None else None,
+                         recorder=recorder)
     acc = model.acc
     launch = acc.calls[-1]
     labelled = [Labelled(launch, "launch", 0, 0, 0)]
@@ -184,7 +186,17 @@ def run_generate(cfg: RunConfig, source: ModelSource | None = None) -> RunResult
                             for c in acc.calls_since(before))
             op_results.append(CacheOpRecord(at_token=op.at_token, **res.as_metrics()))
 
-    for t0 in range(0, w.prompt_tokens, cm.max_seq):
+    generated: list[int] = []
+    decode_calls: list[CallRecord] = []
+    speculated = None
+    if cfg.speculate is not None:
+        from sim.app.run_spec import decode_speculatively
+
+        speculated = decode_speculatively(cfg, model, prompt, embeddings, guard, cache)
+        prefill_calls, decode_calls = speculated.prefill_calls, speculated.decode_calls
+        generated, cache = speculated.tokens, speculated.cache
+        labelled.extend(speculated.labelled)
+    for t0 in range(0, w.prompt_tokens if speculated is None else 0, cm.max_seq):
         chunk = prompt[t0 : t0 + cm.max_seq]
         logits = model.infer(embeddings(chunk), cache_size=cache)[0]
         prefill_calls.append(acc.calls[-1])
@@ -193,10 +205,9 @@ def run_generate(cfg: RunConfig, source: ModelSource | None = None) -> RunResult
                                  len(chunk), cache))
         seq += len(chunk)
         run_ops()
-    guard.logits(logits, "the prompt")
-    generated: list[int] = []
-    decode_calls: list[CallRecord] = []
-    for i in range(w.output_tokens):
+    if speculated is None:
+        guard.logits(logits, "the prompt")
+    for i in range(w.output_tokens if speculated is None else 0):
         token = int(np.argmax(logits)) if logits is not None else int(
             rng.integers(0, cfgm.vocab_size))
         generated.append(token)
@@ -214,13 +225,15 @@ def run_generate(cfg: RunConfig, source: ModelSource | None = None) -> RunResult
     st = _sum_stats(work)
     precision = "w8a8"
     ttft = (prefill_calls[-1].end_ps - prefill_calls[0].start_ps) / PS_PER_S
-    tpot = (sum(c.end_ps - c.start_ps for c in decode_calls) / len(decode_calls) / PS_PER_S
-            if decode_calls else 0.0)
+    # one call per token, or speculation's rounds: every output token after the first
+    decode_tokens = len(decode_calls) if speculated is None else max(0, len(generated) - 1)
+    tpot = (sum(c.end_ps - c.start_ps for c in decode_calls) / decode_tokens / PS_PER_S
+            if decode_tokens else 0.0)
     busy, util = _engine_metrics(st["busy_ps"], end_ps - start_ps)
     prefill_stats = _sum_stats(prefill_calls)
     roof_prefill = roofline_s(prefill_stats, hw, precision)
     roof_decode = roofline_s(_sum_stats(decode_calls), hw, precision)
-    per_token = max(1, len(decode_calls))
+    per_token = max(1, decode_tokens)
     metrics = GenerateMetrics(
         config=MappingProxyType(cfg.resolved()),
         scenario=(f"{cfgm.name or cfgm.family} {cfg.bits.label} kv={cm.kv}: "
@@ -235,10 +248,10 @@ def run_generate(cfg: RunConfig, source: ModelSource | None = None) -> RunResult
                                tokens_per_s=w.prompt_tokens / ttft,
                                weight_bytes_per_token=prefill_stats["by_kind"].get(
                                    "weights", 0) / w.prompt_tokens),
-        decode=DecodeFigures(tokens=len(decode_calls), time_per_token_s=tpot,
+        decode=DecodeFigures(tokens=decode_tokens, time_per_token_s=tpot,
                              tokens_per_s=1.0 / tpot if tpot else 0.0,
                              time_per_call_s=tuple(c.time_s for c in decode_calls)),
-        client=client_figures(hw.stack, ttft, tpot if decode_calls else None),
+        client=client_figures(hw.stack, ttft, tpot if decode_tokens else None),
         traffic_bytes=_traffic(st["traffic"]),
         traffic_by_kind_bytes=MappingProxyType({
             k: st["by_kind"].get(k, 0) for k in ("weights", "kv_cache", "activations",
@@ -270,6 +283,7 @@ def run_generate(cfg: RunConfig, source: ModelSource | None = None) -> RunResult
         cache_ops=tuple(op_results),
         functional=functional,
         trace=TraceFigures(level=recorder.level, dropped_events=recorder.dropped),
+        speculation=None if speculated is None else speculated.figures,
     )
     model.dispose()
     return RunResult(cfg, metrics, recorder)

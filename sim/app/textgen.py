@@ -5,7 +5,7 @@ same prompt, with the simulated time to first token and time per output token.""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,11 @@ from models.reference import ReferenceModel
 from models.source import ModelSource
 from sim.app.quality import bits_label, ready_for_text
 from sim.device.hw import HardwareConfig
-from sim.runtime.ready import hardware_of, source_of
+from sim.runtime import Model, ModelConfig
+from sim.runtime.ready import ReadyModel, hardware_of, source_of
+from sim.runtime.speculative import DraftSpec, parse_speculate, speculative_decode
+from sim.runtime.speculative.setup import make_drafter
+from traces.speculation_results import SpeculationFigures
 
 
 @dataclass(frozen=True)
@@ -64,11 +68,17 @@ class Generation:
     reference_text: str
     first_difference: int | None  # index of the first token that differs; None: same
     ttft_s: float  # simulated: the prefill calls
-    time_per_token_s: float  # simulated: mean decode call
+    time_per_token_s: float  # simulated: mean decode call (speculative: per decoded token)
     degenerate: str | None = None
+    #: speculative decoding (``speculate``): the drafter, the totals of every round
+    #: (drafted, accepted, draft / verify / tail-cut time), the rounds, the measured
+    #: acceptance profile; None for plain decoding
+    speculation: SpeculationFigures | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(replace(self, speculation=None))
+        out["speculation"] = None if self.speculation is None else self.speculation.to_metrics()
+        return out
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -99,14 +109,23 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
              bits: BitConfig, kv: str = "int8", hw: str | HardwareConfig = "aries",
              chat: bool = False, sampler: Sampler | None = None, seed: int = 0,
              allow_degenerate: bool = False,
-             on_text: Callable[[str], None] | None = None) -> Generation:
+             on_text: Callable[[str], None] | None = None,
+             speculate: DraftSpec | str | None = None) -> Generation:
     """Prefill ``prompt`` (with the model's chat template if ``chat``) and continue it by up
     to ``max_new_tokens`` tokens on the NPU (stopping at the end-of-sequence token), passing
     the text to ``on_text`` as it is produced; the float reference continues the same
     prompt. Degenerate logits, or a continuation that collapses to one repeated token while
-    the reference's does not, raise :class:`DegenerateOutput` unless ``allow_degenerate``."""
+    the reference's does not, raise :class:`DegenerateOutput` unless ``allow_degenerate``.
+
+    ``speculate`` (a :class:`sim.runtime.speculative.DraftSpec` or its string,
+    ``prompt-lookup:k=4``, ``self:layers=N,k=K``) decodes speculatively: drafts verified in
+    one call that returns every position's logits, the rejected tail cut with
+    ``filter_cache_tail`` (:func:`sim.runtime.speculative.speculative_decode`); greedy output is
+    the same as without."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
+    if isinstance(speculate, str):
+        speculate = parse_speculate(speculate)
     src = source_of(source)
     tok = src.tokenizer()
     text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
@@ -117,7 +136,8 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
     hwc = hardware_of(hw)
     ready = ready_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids) + max_new_tokens,
                            seed=seed)
-    model = ready.launch()
+    # speculation verifies drafts with the logits of every position of a call
+    model = ready.launch(ModelConfig(all_logits=speculate is not None))
     acc, cm = model.acc, ready.compiled
     degenerate: list[str] = []
 
@@ -129,26 +149,32 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
                                        f"output cannot be right; --allow-degenerate goes on)")
             degenerate.append(f"{where}: {why}")
 
-    start = acc.device.env.now
-    cache, logits = 0, None
-    for t0 in range(0, len(ids), cm.max_seq):
-        chunk = np.asarray(ids[t0 : t0 + cm.max_seq])
-        [logits] = model.infer(ready.embed(chunk), cache_size=cache)
-        cache += chunk.size
-    ttft_s = (acc.device.env.now - start) / 1e12
-    check(logits, "the prompt")
-    pick, out, push = sampler.picker(), [], _stream(tok, on_text)
-    decode_s: list[float] = []
-    while True:
-        t = pick(logits)
-        out.append(t)
-        push(out)
-        if t == tok.eos_id or len(out) == max_new_tokens:
-            break
-        [logits] = model.infer(ready.embed([t]), cache_size=cache)
-        decode_s.append(acc.calls[-1].time_s)
-        cache += 1
-        check(logits, f"output token {len(out)}")
+    spec: SpeculationFigures | None = None
+    if speculate is not None:
+        out, ttft_s, tpot, spec = _speculate(model, ready, speculate, ids, max_new_tokens,
+                                             sampler, tok, check, _stream(tok, on_text))
+        decode_s = [tpot] if out[1:] else []
+    else:
+        start = acc.device.env.now
+        cache, logits = 0, None
+        for t0 in range(0, len(ids), cm.max_seq):
+            chunk = np.asarray(ids[t0 : t0 + cm.max_seq])
+            [logits] = model.infer(ready.embed(chunk), cache_size=cache)
+            cache += chunk.size
+        ttft_s = (acc.device.env.now - start) / 1e12
+        check(logits, "the prompt")
+        pick, out, push = sampler.picker(), [], _stream(tok, on_text)
+        decode_s: list[float] = []
+        while True:
+            t = pick(logits)
+            out.append(t)
+            push(out)
+            if t == tok.eos_id or len(out) == max_new_tokens:
+                break
+            [logits] = model.infer(ready.embed([t]), cache_size=cache)
+            decode_s.append(acc.calls[-1].time_s)
+            cache += 1
+            check(logits, f"output token {len(out)}")
     model.dispose()
     ref_out = reference_continuation(src, ids, max_new_tokens, sampler, tok.eos_id,
                                      seed=seed)
@@ -162,7 +188,26 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
                       reference_text=tok.decode(ref_out),
                       first_difference=first_difference(out, ref_out), ttft_s=ttft_s,
                       time_per_token_s=float(np.mean(decode_s)) if decode_s else 0.0,
-                      degenerate="; ".join(degenerate) or None)
+                      degenerate="; ".join(degenerate) or None, speculation=spec)
+
+
+def _speculate(model: Model, ready: ReadyModel, spec: DraftSpec, ids: list[int],
+               max_new_tokens: int, sampler: Sampler, tok, check, push
+               ) -> tuple[list[int], float, float, SpeculationFigures]:
+    """Speculative decoding: the tokens, TTFT, time per decoded token and the figures."""
+
+    def embed(tokens) -> np.ndarray:
+        return ready.embed(list(tokens))
+
+    drafter, info = make_drafter(spec, model, embed, temperature=sampler.temperature,
+                                 seed=sampler.seed)
+    res = speculative_decode(model, ids, drafter=drafter, k=spec.k,
+                             max_new_tokens=max_new_tokens, embed=embed, eos_id=tok.eos_id,
+                             temperature=sampler.temperature, seed=sampler.seed,
+                             cut=spec.cut, on_tokens=push, check_logits=check)
+    summ = res.summary()
+    tpot = summ.decode_s / summ.decode_tokens if summ.decode_tokens else 0.0
+    return res.tokens, res.ttft_s, tpot, res.figures(info, "measured: the NPU's own logits")
 
 
 def reference_continuation(src: ModelSource, ids: Sequence[int], max_new_tokens: int,

@@ -21,6 +21,7 @@ import simpy
 from models.compiler.driver import StepSeq
 from sim.serving.blocks import KvGeometry
 from sim.serving.scheduler import Request, Scheduler, SchedulerConfig, StepPlan
+from sim.serving.speculate import SpecPolicy
 
 Router = Literal["round_robin", "least_loaded"]
 StepCost = Callable[[list[StepSeq]], int]
@@ -68,7 +69,7 @@ class ServingSim:
                  scheduler: SchedulerConfig, geometry: KvGeometry, step_cost: StepCost,
                  swap_cost: SwapCost | None = None, router: Router = "round_robin",
                  slots: int = 1, on_finish: Callable[[int], None] | None = None,
-                 plan_cost: PlanCost | None = None):
+                 plan_cost: PlanCost | None = None, spec: SpecPolicy | None = None):
         if chips < 1:
             raise ValueError(f"chips must be >= 1, got {chips}")
         if router not in ("round_robin", "least_loaded"):
@@ -77,7 +78,7 @@ class ServingSim:
             raise ValueError("swap mode needs a swap cost")
         self.env = simpy.Environment()
         self.requests = sorted(requests, key=lambda r: (r.arrival_ps, r.rid))
-        self.chips = [Chip(i, Scheduler(scheduler, geometry)) for i in range(chips)]
+        self.chips = [Chip(i, Scheduler(scheduler, geometry, spec)) for i in range(chips)]
         self.step_cost = step_cost
         #: The step's time straight from its plan (no sequences built); it must equal
         #: ``step_cost(plan.seqs(slots))`` (:meth:`.costs.StepCostModel.plan_ps` does).

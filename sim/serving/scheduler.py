@@ -28,11 +28,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate, compress
 from operator import sub
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from models.compiler.driver import StepSeq
 from sim.serving.blocks import KvGeometry
 from sim.serving.decodeset import DecodeSet
+
+if TYPE_CHECKING:
+    from sim.serving.speculate import SpecPolicy
 
 Preemption = Literal["recompute", "swap"]
 
@@ -62,6 +65,14 @@ class Request:
     swapped_out_bytes: int = 0
     swapped_in_bytes: int = 0
     token_ps: list[int] = field(default_factory=list)  # when each output token was sampled
+    # speculative decoding (:class:`.speculate.SpecPolicy`): the drafts of the step it is
+    # scheduled in and how many of them are accepted, then totals over its life
+    draft: int = 0
+    draft_accepted: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    rejected_tokens: int = 0  # drafts computed and cut from the cache
+    verify_steps: int = 0
 
     @property
     def known(self) -> int:
@@ -94,6 +105,10 @@ class StepPlan:
     pieces: list[tuple[int, int]] = field(default_factory=list)
     logits: int = 0
     decoding: int = 0  # leading tail items known to decode one token each and sample
+    #: speculative decoding: the requests that asked the drafter in this step, and those
+    #: that verify drafts (an item of 1 + ``draft`` tokens, every position's logits out)
+    drafting: list[Request] = field(default_factory=list)
+    verify: list[Request] = field(default_factory=list)
 
     @property
     def items(self) -> list[tuple[Request, int]]:
@@ -157,10 +172,14 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    """The scheduler of one chip (one model replica)."""
+    """The scheduler of one chip (one model replica). With ``spec`` (speculative
+    decoding, :class:`.speculate.SpecPolicy`) a decoding request's item is its last token
+    and the drafts the policy draws for it (within the step's token budget and its output
+    length); the step then accepts some of them (:meth:`_account_verify`)."""
 
-    def __init__(self, cfg: SchedulerConfig, geometry: KvGeometry):
+    def __init__(self, cfg: SchedulerConfig, geometry: KvGeometry, spec: SpecPolicy | None = None):
         self.cfg = cfg
+        self.spec = spec
         self.geo = geometry
         self.free = geometry.num_blocks
         self.waiting: deque[Request] = deque()
@@ -202,9 +221,11 @@ class Scheduler:
         running = self.running
         items = plan.tail
         dec_pos = plan.dec_pos
-        nd = self._decode_set(plan, budget)
+        spec = self.spec
+        # the fast paths assume one token per decoding request: speculation takes the loop
+        nd = self._decode_set(plan, budget) if spec is None else 0
         budget -= nd
-        left = self._all_running(plan, budget, nd)
+        left = self._all_running(plan, budget, nd) if spec is None else None
         i = len(running) if left is not None else nd
         budget = left if left is not None else budget
         while i < len(running) and budget > 0:
@@ -212,6 +233,13 @@ class Scheduler:
             c = req.computed
             full = req.prompt_tokens + req.generated - c  # the tokens it knows, not computed
             n = full if full <= budget else budget
+            d = a = 0
+            drafts = (spec is not None and full == 1 and budget > 1 and c >= req.high_water
+                      and c >= req.prompt_tokens)  # decoding new tokens: it drafts
+            if drafts:
+                d, a = spec.draw(req, min(spec.k, req.output_tokens - req.generated - 1,
+                                          budget - 1))
+                n = 1 + d
             need = blk[c + n] - req.blocks
             while need > self.free:
                 victim = running.pop()
@@ -228,7 +256,13 @@ class Scheduler:
                 dec_pos.append(c)
             else:
                 plan.pieces.append((n, c))
-            if n == full:  # it computes its last known token: it samples
+            if drafts:
+                plan.drafting.append(req)
+            if d:  # a verification: the logits of every position
+                req.draft, req.draft_accepted = d, a
+                plan.verify.append(req)
+                plan.logits += n
+            elif n == full:  # it computes its last known token: it samples
                 plan.logits += 1
             budget -= n
             i += 1
@@ -390,11 +424,41 @@ class Scheduler:
             req.token_ps.append(now_ps)
             if g >= req.output_tokens:
                 self._finish(req, now_ps, finished)
-        for req, n in items[k:] if k else items:
-            self._account(req, n, now_ps, finished)
+        if plan.verify:
+            for req, n in items[k:] if k else items:
+                if req.draft:
+                    self._account_verify(req, now_ps, finished)
+                else:
+                    self._account(req, n, now_ps, finished)
+        else:
+            for req, n in items[k:] if k else items:
+                self._account(req, n, now_ps, finished)
         plan.sampled = plan.logits  # those that computed their last known token
-        self._promote()
+        if self.spec is None:
+            self._promote()
         return finished
+
+    def _account_verify(self, req: Request, now_ps: int, finished: list[Request]) -> None:
+        """A verification item of a completed step: the last token and ``req.draft``
+        drafts computed, ``req.draft_accepted`` of them accepted; they and the token after
+        them are sampled (``accepted + 1`` tokens); the rejected drafts leave the cache
+        and the blocks only they held are freed."""
+        d, a = req.draft, req.draft_accepted
+        b = req.computed + 1 + a
+        req.decode_computed += 1 + a
+        req.rejected_tokens += d - a
+        req.drafted_tokens += d
+        req.accepted_tokens += a
+        req.verify_steps += 1
+        req.computed = req.high_water = b
+        keep = self._blk[b]
+        self.free += req.blocks - keep
+        req.blocks = keep
+        req.generated += a + 1  # the draws keep d <= output_tokens - generated - 1
+        req.token_ps.extend([now_ps] * (a + 1))
+        req.draft = req.draft_accepted = 0
+        if req.generated >= req.output_tokens:
+            self._finish(req, now_ps, finished)
 
     def _promote(self) -> None:
         """The running requests right after the decode set that now decode one new token

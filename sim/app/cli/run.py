@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import typing
 from collections.abc import Iterator
 
 from rich.console import Console
@@ -210,7 +211,9 @@ def run_help_epilog() -> str:
         if name == "hardware":
             keys = "preset, then any hardware field to override (kvsim hw show PRESET)"
         else:
-            sub = f.annotation
+            # a section that may be left out ([speculate]) is ``Section | None``
+            sub = next((a for a in (f.annotation, *typing.get_args(f.annotation))
+                        if hasattr(a, "model_fields")), f.annotation)
             keys = ", ".join(getattr(sub, "model_fields", {})) or str(sub)
         lines.append(f"  [{name}]".ljust(14) + keys)
     lines += [

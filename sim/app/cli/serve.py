@@ -35,6 +35,14 @@ def print_serve_summary(metrics: ServingMetrics, paths: dict, console: Console) 
     t.add_row("recomputed tokens", f"{s.recomputed_tokens:,}")
     t.add_row("swapped bytes", f"{s.swapped_bytes:,}")
     t.add_row("tokens computed (prompt + decode + recomputed)", f"{s.computed_tokens:,}")
+    sp = s.speculation
+    if sp is not None:  # speculative decoding: what the drafts bought and what they cost
+        t.add_row("speculation: drafted / accepted / rejected tokens",
+                  f"{sp.drafted_tokens:,} / {sp.accepted_tokens:,} / {sp.rejected_tokens:,}")
+        t.add_row("speculation: acceptance rate, tokens per verification",
+                  f"{sp.acceptance_rate:.3f}, {sp.tokens_per_verification:.2f}")
+        t.add_row("speculation: drafting, tail cuts", f"{sp.draft_s * 1e3:,.3f} ms, "
+                  f"{sp.tail_cut_s * 1e3:,.3f} ms ({sp.tail_cuts:,} calls)")
     kv = s.kv
     t.add_row("KV blocks (tokens each, bytes each)",
               f"{kv.num_blocks:,} ({kv.block_tokens}, {kv.block_bytes:,} B)")

@@ -7,12 +7,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from kvsim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from traces.speculation_results import SpeculationFigures
 
 DEFAULT_MODEL = "smollm2-135m"
 #: Fewest tokens of an eval text (teacher forcing over less says little about a model).
@@ -160,6 +164,11 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     from sim.app.textgen import Sampler, generate
 
     sampler = Sampler(temperature=args.temperature, seed=args.seed)
+    speculate = None
+    if args.speculate is not None:
+        from sim.runtime.speculative import parse_speculate
+
+        speculate = parse_speculate(args.speculate, where="--speculate")  # before any run
     bits = _bits(args)
 
     def show(piece: str) -> None:
@@ -172,7 +181,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     g = generate(args.model, args.prompt, max_new_tokens=args.max_new_tokens, bits=bits,
                  kv=args.kv, hw=args.hw, chat=args.chat, sampler=sampler,
                  allow_degenerate=args.allow_degenerate,
-                 on_text=None if args.json else show)
+                 on_text=None if args.json else show, speculate=speculate)
     if args.json:
         print(json.dumps(g.as_dict()))
         return 0
@@ -185,9 +194,37 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
         console.print(f"first difference at output token {g.first_difference}")
     console.print(f"TTFT {g.ttft_s * 1e3:.3f} ms, {g.time_per_token_s * 1e3:.3f} ms per "
                   f"output token (simulated, {g.hw}; prompt {g.prompt_tokens} tokens)")
+    if g.speculation is not None:
+        print_speculation(console, g.speculation)
     if g.degenerate:
         console.print(f"[bold red]DEGENERATE NPU output[/]: {escape(g.degenerate)}")
     return 0
+
+
+def print_speculation(console: Console, spec: SpeculationFigures) -> None:
+    """The totals of a speculative generation (and a self-draft's DRAM figures)."""
+    s = spec.summary
+    t = Table(title=f"speculative decoding: {escape(spec.spec)} ({escape(s.drafter)}, "
+                    f"cut={s.cut})")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    rows = [("verification calls", f"{s.verify_calls} ({s.rounds_with_drafts} with drafts)"),
+            ("tokens drafted / accepted", f"{s.drafted_tokens} / {s.accepted_tokens}"),
+            ("acceptance rate", f"{s.acceptance_rate:.3f}"),
+            ("tokens per verification call", f"{s.tokens_per_verify_call:.3f}")]
+    for v, what in ((s.draft_s, "draft"), (s.verify_s, "verify"), (s.cut_s, "tail cut")):
+        share = v / s.decode_s if s.decode_s else 0.0
+        rows.append((f"{what} time (simulated)", f"{v * 1e3:.3f} ms ({share:.1%})"))
+    rows.append(("decode tokens/s (simulated)", f"{s.decode_tokens_per_s:.2f}"))
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+    if spec.dram is not None and spec.layers is not None:
+        d = spec.dram
+        console.print(f"self-draft layers {len(spec.layers)}: reads "
+                      f"{d.draft_shared_weight_bytes / 1e6:.2f} MB of the model's weights "
+                      f"in place; its own parameters {d.draft_own_bytes / 1e3:.1f} kB; "
+                      f"weights copied: {d.draft_copied_weight_bytes} bytes")
 
 
 def add_text_parsers(sub) -> None:
@@ -217,6 +254,11 @@ def add_text_parsers(sub) -> None:
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     g.add_argument("--temperature", type=float, default=0.0,
                    help="0: greedy (default); > 0: softmax sampling at this temperature")
+    g.add_argument("--speculate", default=None, metavar="SPEC",
+                   help="speculative decoding: prompt-lookup:k=K[,ngram=N] or "
+                        "self:layers=N,k=K (or self:skip=A-B,k=K); add ,cut=window|rejected|"
+                        "host for how rejected drafts leave the cache (default window: "
+                        "filter_cache_tail over the verified tokens)")
     _bit_options(g)
     g.set_defaults(func=cmd_generate)
 

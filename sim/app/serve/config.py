@@ -23,6 +23,7 @@ from sim.app.config import (
     load_tree,
     resolve_hardware,
 )
+from sim.app.spec_config import SpeculateSection
 from sim.serving.workload import WorkloadSpec
 
 
@@ -65,6 +66,9 @@ class ServingSection(_Section):
                                       "default: the longest request")
     workload: WorkloadSpec = WorkloadSpec()
     cost: CostSection = CostSection()
+    speculate: SpeculateSection | None = Field(None, description="speculative decoding "
+                                               "([serving.speculate]: a drafter and its "
+                                               "acceptance rate or measured counts)")
 
 
 class ServeOutputs(_Section):
@@ -107,6 +111,21 @@ def build_serve_config(tree: dict[str, Any]) -> ServeConfig:
     tree = copy.deepcopy(tree)
     tree["hardware"] = resolve_hardware(tree.get("hardware", {"preset": "aries"}))
     try:
-        return ServeConfig.model_validate(tree)
+        cfg = ServeConfig.model_validate(tree)
     except ValidationError as err:
         raise ConfigError(validation_message(err)) from None
+    sp = cfg.serving.speculate
+    if sp is not None:
+        if not sp.given_profile():
+            raise ConfigError("serving.speculate: the serving simulator has no logits to "
+                              "accept drafts with: give acceptance_rate, acceptance_counts "
+                              "or acceptance_file")
+        if cfg.serving.cost.mode != "grid":
+            raise ConfigError("serving.cost.mode: speculation is costed on the grid model "
+                              "(a verification's every-position logits are the grid's head "
+                              "rows); use mode = 'grid'")
+        if cfg.serving.cost.validate_steps:
+            raise ConfigError("serving.cost.validate_steps: the validation replays steps of "
+                              "one token per decoding request; it is not built for "
+                              "speculation (set it to 0)")
+    return cfg

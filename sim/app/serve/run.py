@@ -27,6 +27,7 @@ from models.compiler.compiled import build_memory_map
 from models.compiler.dram import batch_memory_map
 from models.compiler.driver import StepSeq
 from models.config import ModelConfig
+from models.skip import subset_config
 from models.source import ModelSource
 from sim.app.check import run_source
 from sim.app.serve.config import ServeConfig
@@ -34,10 +35,12 @@ from sim.device.device import Device
 from sim.device.hw import HardwareConfig
 from sim.progress import Phases
 from sim.runtime.ready import ready_model, source_of
+from sim.runtime.speculative.spec import DraftSpec
 from sim.serving.blocks import KvGeometry, kv_geometry
 from sim.serving.costs import StepCostModel
 from sim.serving.engine import ServingSim, StepRecord
 from sim.serving.scheduler import Request, SchedulerConfig
+from sim.serving.speculate import SpecCosts, SpecPolicy, speculation_metrics
 from sim.serving.workload import make_requests
 from traces.serving_results import (
     ChipFigures,
@@ -50,6 +53,7 @@ from traces.serving_results import (
     ServingMetrics,
     ServingWallFigures,
 )
+from traces.speculation_results import ServingSpeculationFigures
 
 #: Token count the compiler first fits its token tile under (grown while the tile fills it).
 FIRST_TILE_PROBE = 8
@@ -172,8 +176,10 @@ def _series(steps: list[StepRecord], points: int) -> OccupancySeries:
 
 
 def serving_metrics(requests: list[Request], steps: list[list[StepRecord]],
-                    geo: KvGeometry) -> ServingFigures:
-    """The ``serving`` figures of a finished simulation."""
+                    geo: KvGeometry, *,
+                    speculation: ServingSpeculationFigures | None = None) -> ServingFigures:
+    """The ``serving`` figures of a finished simulation (``speculation``: what its drafts
+    did, :func:`sim.serving.speculate.speculation_metrics`)."""
     rows = request_records(requests)
     end = max((r.finish_ps for r in requests if r.finish_ps is not None), default=0)
     duration = end / 1e12
@@ -183,6 +189,7 @@ def serving_metrics(requests: list[Request], steps: list[list[StepRecord]],
     prompt = sum(r.prompt_computed for r in requests)
     decode = sum(r.decode_computed for r in requests)
     recomputed = sum(r.recomputed_tokens for r in requests)
+    rejected = sum(r.rejected_tokens for r in requests)  # drafts computed and cut
     busy = [sum(s.end_ps - s.start_ps for s in chip) for chip in steps]
     m: dict[str, Any] = {
         "requests": len(requests),
@@ -226,9 +233,9 @@ def serving_metrics(requests: list[Request], steps: list[list[StepRecord]],
         "kv_occupancy": MappingProxyType({f"chip{i}": _series(chip, SERIES_POINTS)
                                           for i, chip in enumerate(steps)}),
     }
-    if computed != prompt + decode + recomputed:
+    if computed != prompt + decode + recomputed + rejected:
         raise AssertionError("token accounting does not add up")
-    return ServingFigures(**m)
+    return ServingFigures(**m, speculation=speculation)
 
 
 def _mean_occupancy(steps: list[list[StepRecord]], geo: KvGeometry) -> float:
@@ -253,6 +260,8 @@ class ServingParts:
     scheduler: SchedulerConfig
     compile_s: float  # wall time of the compile
     cost_s: float  # wall time of the step cost model (its grid)
+    #: ``[serving.speculate]``: the cost of drafts and tail cuts, and the draft policy
+    spec: tuple[SpecCosts, SpecPolicy] | None = None
 
 
 def prepare_serving(cfg: ServeConfig, max_len: int, *,
@@ -263,12 +272,16 @@ def prepare_serving(cfg: ServeConfig, max_len: int, *,
     hw = cfg.hardware
     src = run_source(cfg)  # the model, resolved once
     bits = cfg.bits.bit_config(cfg.kv)
+    dspec = s.speculate.spec() if s.speculate is not None else None
+    # a verification returns the logits of its every token: room for them in DRAM
+    rows = s.max_num_seqs if dspec is None else min(s.max_num_seqs * (dspec.k + 1),
+                                                    s.max_num_batched_tokens)
     if progress is not None:
         progress.start("compile")
     t0 = time.perf_counter()
     cm = compile_for_serving(src, bits, hw, kv=cfg.kv.format,
                              core_mode=cfg.compile.core_mode, cap=max_len,
-                             max_tokens=s.max_num_batched_tokens, max_seqs=s.max_num_seqs,
+                             max_tokens=s.max_num_batched_tokens, max_seqs=rows,
                              tile_bytes=cfg.compile.tile_bytes)
     compile_s = time.perf_counter() - t0
     try:
@@ -278,14 +291,16 @@ def prepare_serving(cfg: ServeConfig, max_len: int, *,
         raise ConfigError(f"serving: {err}") from None
     c = s.cost
     t0 = time.perf_counter()
-    cost = StepCostModel(cm, hw, max_seqs=s.max_num_seqs, mode=c.mode,
+    cost = StepCostModel(cm, hw, max_seqs=rows, mode=c.mode,
                          extrapolate=c.extrapolate_layers, jobs=c.jobs,
                          cache_dir=c.cache_dir, progress=progress)
+    spec = None if dspec is None else speculation_costs(cfg, dspec, src.config, bits, cm,
+                                                         cost, max_len, progress)
     cost_s = time.perf_counter() - t0
     sched = SchedulerConfig(max_num_seqs=s.max_num_seqs,
                             max_num_batched_tokens=s.max_num_batched_tokens,
                             chunked_prefill=s.chunked_prefill, preemption=s.preemption)
-    return ServingParts(cm, geo, cost, SwapCost(cm, hw), sched, compile_s, cost_s)
+    return ServingParts(cm, geo, cost, SwapCost(cm, hw), sched, compile_s, cost_s, spec)
 
 
 def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeResult:
@@ -307,10 +322,13 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
         progress.start("serve requests", total=len(requests))
     t0 = time.perf_counter()
     cpu0 = time.process_time()
+    spec = parts.spec
     sim = ServingSim(requests, chips=s.chips, scheduler=parts.scheduler, geometry=geo,
                      step_cost=cost.step_ps, swap_cost=parts.swap, router=s.router,
-                     plan_cost=cost.plan_ps if c.mode == "grid" else None,
-                     on_finish=None if progress is None else progress.advance)
+                     plan_cost=(spec[0].plan_ps if spec is not None else
+                                cost.plan_ps if c.mode == "grid" else None),
+                     on_finish=None if progress is None else progress.advance,
+                     spec=None if spec is None else spec[1])
     try:
         sim.run()
     except ValueError as err:  # a request that cannot fit the KV pool
@@ -318,17 +336,20 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
     sim_s = time.perf_counter() - t0
     sim_cpu_s = time.process_time() - cpu0
     steps = [chip.steps for chip in sim.chips]
-    serving = serving_metrics(requests, steps, geo)
+    serving = serving_metrics(requests, steps, geo, speculation=None if spec is None else
+                              speculation_metrics(requests, spec[0], spec[1].profile))
     cost_info = cost.describe()
     if c.validate_steps and c.mode == "grid":
         if progress is not None:
             progress.start("validate the cost model")
         cost_info["validation"] = validate_on_run(cost, steps, requests, c.validate_steps)
     name = cfg.model.preset or Path(cfg.model.hf_config).stem
+    dspec = s.speculate.spec() if s.speculate is not None else None
     metrics = ServingMetrics(
         config=MappingProxyType(cfg.resolved()),
         scenario=(f"serve {len(requests)} requests: {name} {cfg.bits.label} "
-                  f"kv={cfg.kv.format} on {s.chips} x {hw.name}, {s.preemption}"),
+                  f"kv={cfg.kv.format} on {s.chips} x {hw.name}, {s.preemption}"
+                  + (f", speculative {dspec.text()}" if dspec is not None else "")),
         serving=serving,
         cost_model=MappingProxyType(cost_info),
         compiled=ServingCompiledFigures(m_tile_tokens=cm.m_tile, cache_tokens=cm.cap,
@@ -340,6 +361,30 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
         cpu_s=ServingCpuFigures(simulation=sim_cpu_s),
     )
     return ServeResult(cfg, metrics, requests, steps, geo, cost)
+
+
+def speculation_costs(cfg: ServeConfig, dspec: DraftSpec, model, bits, cm: CompiledModel,
+                      cost: StepCostModel, max_len: int, progress: Phases | None
+                      ) -> tuple[SpecCosts, SpecPolicy]:
+    """What speculation adds to a serving run: the cost of drafts and tail cuts (a
+    self-draft's from its own step-cost grid: the layer-skipping model compiled as the
+    verifier is) and the policy that draws each request's drafts."""
+    s = cfg.serving
+    assert s.speculate is not None
+    profile = s.speculate.profile(where="serving.speculate")
+    draft_cost = None
+    if dspec.method == "self":
+        keep = dspec.keep(model.num_layers, where="serving.speculate.drafter")
+        dcm = compile_for_serving(subset_config(model, keep), bits, cfg.hardware,
+                                  kv=cfg.kv.format, core_mode=cfg.compile.core_mode,
+                                  cap=max_len, max_tokens=s.max_num_batched_tokens,
+                                  max_seqs=s.max_num_seqs, tile_bytes=cfg.compile.tile_bytes)
+        c = s.cost
+        draft_cost = StepCostModel(dcm, cfg.hardware, max_seqs=s.max_num_seqs, mode="grid",
+                                   extrapolate=c.extrapolate_layers, jobs=c.jobs,
+                                   cache_dir=c.cache_dir, progress=progress)
+    return (SpecCosts(dspec, cost, cm, cfg.hardware, draft_cost=draft_cost),
+            SpecPolicy(profile, dspec.k, seed=s.speculate.seed))
 
 
 def validate_on_run(cost: StepCostModel, steps: list[list[StepRecord]],

@@ -68,6 +68,10 @@ def build_service(cfg: HttpServeConfig, *, progress: Phases | None = None) -> Se
     if cfg.model.safetensors is not None:
         raise ConfigError("model.safetensors: the server takes a model by preset, GGUF file "
                           "or Hugging Face folder (model.preset)")
+    if cfg.serving.speculate is not None:  # its engine steps one token per request
+        raise ConfigError("serving.speculate: kvsim serve --http does not decode "
+                          "speculatively; leave [serving.speculate] out, or run kvsim serve "
+                          "without --http")
     s = cfg.server
     src = resolve_model(cfg.model.preset or cfg.model.hf_config, where="model")
     max_len = cfg.max_model_len(src.config.max_position_embeddings)
