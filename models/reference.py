@@ -164,6 +164,45 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return (e / np.sum(e, axis=axis, keepdims=True)).astype(np.float32)
 
 
+#: Up to this many rows, attention and the LM head run as one product over every row
+#: (as all earlier versions did, so their figures stay as they were: a BLAS product's
+#: rows round differently when computed in blocks, since the kernel's tiling and its
+#: threads' split of the rows change). Longer calls run in blocks, in bounded memory.
+WHOLE_ROWS = 2048
+#: Queries per block of :meth:`ReferenceModel._attend` past :data:`WHOLE_ROWS` (the
+#: scores of one head and one block: ``ATTN_QUERY_ROWS x T`` float32, 8 MB at 8,192
+#: tokens, where the whole ``H x n x T`` product would take 2.4 GB for 9 heads).
+ATTN_QUERY_ROWS = 256
+#: Rows per block of :func:`head_logits` past :data:`WHOLE_ROWS` (``rows x vocab``
+#: float32 at a time).
+HEAD_ROWS = 256
+
+
+def row_blocks(n: int, rows: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` blocks of at most ``rows`` rows covering ``0 .. n-1`` (one block up to
+    :data:`WHOLE_ROWS` rows), none of one row unless ``n`` is 1 (numpy's matmul takes
+    its matrix-vector path for one row)."""
+    if n <= WHOLE_ROWS:
+        return [(0, n)]
+    edges = list(range(0, n, rows)) + [n]
+    if len(edges) > 2 and edges[-1] - edges[-2] == 1:
+        edges[-2] -= 1
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def head_logits(config: ModelConfig, w: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """The LM head ``w`` (``(vocab, hidden)`` float32) over final-normed hidden states
+    ``h`` (``(n, hidden)``): float32 ``(n, vocab)`` logits (the model's logit scale
+    applied); past :data:`WHOLE_ROWS` rows, :data:`HEAD_ROWS` rows at a time."""
+    out = np.empty((h.shape[0], w.shape[0]), np.float32)
+    for lo, hi in row_blocks(h.shape[0], HEAD_ROWS):
+        logits = (h[lo:hi] @ w.T).astype(np.float32)
+        if config.logit_scale != 1.0:
+            logits = (logits * np.float32(config.logit_scale)).astype(np.float32)
+        out[lo:hi] = logits
+    return out
+
+
 # --- the model ------------------------------------------------------------------------------
 
 
@@ -279,14 +318,29 @@ class ReferenceModel:
         return self._w("embed", quantized=False)[t]
 
     def forward_embeddings(
-        self, x: np.ndarray, *, return_hidden: bool = False
+        self, x: np.ndarray, *, return_hidden: bool = False, last_only: bool = False
     ) -> np.ndarray | tuple[np.ndarray, list[np.ndarray]]:
         """Run ``n`` input embeddings (float32 ``(n, hidden)``) at positions
         ``num_cached .. num_cached+n-1``, appending their K/V to the cache.
 
-        Returns the logits, float32 ``(n, vocab_size)``; with ``return_hidden`` also the
-        residual stream entering each block and after the last (``num_layers + 1`` arrays).
+        Returns the logits, float32 ``(n, vocab_size)`` (``last_only``: the last
+        position's alone, ``(1, vocab_size)``, the same values); with ``return_hidden``
+        also the residual stream entering each block and after the last (``num_layers +
+        1`` arrays).
         """
+        hidden = self._blocks(x, keep=return_hidden)
+        h = self._norm(hidden[-1], "final_norm")
+        if last_only and h.shape[0] > WHOLE_ROWS:
+            h = h[-2:]  # (a long call's last rows: two, see row_blocks)
+        logits = self.head_logits(h)
+        if last_only:
+            logits = logits[-1:]
+        return (logits, hidden) if return_hidden else logits
+
+    def _blocks(self, x: np.ndarray, *, keep: bool = False) -> list[np.ndarray]:
+        """The residual stream entering each block and after the last (``num_layers + 1``
+        arrays; without ``keep`` only the last) of embeddings ``x``, the K/V appended to
+        the cache."""
         c = self.config
         x = np.asarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != c.hidden_size:
@@ -311,12 +365,21 @@ class ReferenceModel:
                 h = self._norm(x, p + "mlp_norm")
                 mlp = self._moe(i, h) if c.layer_is_moe(i) else self._swiglu(p, h)
                 x = (x + mlp).astype(np.float32)
-            hidden.append(x)
-        h = self._norm(x, "final_norm")
-        logits = (h @ self._w(c.lm_head_tensor).T).astype(np.float32)
-        if c.logit_scale != 1.0:
-            logits = (logits * np.float32(c.logit_scale)).astype(np.float32)
-        return (logits, hidden) if return_hidden else logits
+            if keep:
+                hidden.append(x)
+        return hidden if keep else [x]
+
+    def final_hidden(self, x: np.ndarray) -> np.ndarray:
+        """Run ``n`` input embeddings as :meth:`forward_embeddings` does (appending their
+        K/V to the cache) and return the final-normed hidden states, float32 ``(n,
+        hidden)``, whose :func:`head_logits` are the logits: a long text's ``n x vocab``
+        logits need not be held at once."""
+        return self._norm(self._blocks(x)[-1], "final_norm")
+
+    def head_logits(self, h: np.ndarray) -> np.ndarray:
+        """The LM head over final-normed hidden states ``h`` (``(n, hidden)``), float32
+        ``(n, vocab)`` (:func:`head_logits`)."""
+        return head_logits(self.config, self._w(self.config.lm_head_tensor), h)
 
     def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
         """The model's norm (RMSNorm, or LayerNorm for ``norm_kind = "layer"``)."""
@@ -344,7 +407,39 @@ class ReferenceModel:
                 window: int | None = None) -> np.ndarray:
         """``q`` (n, H, dq), ``k`` (T, H, dq), ``v`` (T, H, dv), causal over the cache:
         query ``i`` sits at position ``T - n + i`` (and sees only the last ``window``
-        positions up to its own, if given). Returns (n, H*dv)."""
+        positions up to its own, if given). Returns (n, H*dv).
+
+        Up to :data:`WHOLE_ROWS` queries, one product over every head and query (as
+        before). Longer calls run one head and :data:`ATTN_QUERY_ROWS` queries at a time,
+        so the scores take ``ATTN_QUERY_ROWS x T`` floats, not ``H x n x T``: the masked
+        columns of a block stay in its rows (each row's sum and the probabilities-times-
+        values product still run over all ``T`` columns, as in the whole product) and
+        only the scores its rows can see are computed."""
+        n, t = q.shape[0], k.shape[0]
+        if n <= WHOLE_ROWS:
+            return self._attend_whole(q, k, v, window)
+        heads, dv = q.shape[1], v.shape[2]
+        out = np.empty((n, heads, dv), np.float32)
+        qpos_all = t - n + np.arange(n)
+        for lo, hi in row_blocks(n, ATTN_QUERY_ROWS):
+            qpos = qpos_all[lo:hi, None]
+            seen = int(qpos_all[hi - 1]) + 1  # columns past this are masked in every row
+            future = np.arange(seen)[None, :] > qpos
+            if window is not None:
+                future |= np.arange(seen)[None, :] <= qpos - window
+            for h in range(heads):
+                scores = np.matmul(q[lo:hi, h, :], k[:seen, h, :].T) * self._scale
+                scores = np.where(future, np.float32(-np.inf), scores)
+                m = np.max(scores, axis=-1, keepdims=True)
+                e = np.zeros((hi - lo, t), np.float32)
+                np.exp(scores - m, out=e[:, :seen])
+                probs = (e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32)
+                out[lo:hi, h, :] = np.matmul(probs, v[:, h, :])
+        return out.reshape(n, -1)
+
+    def _attend_whole(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                      window: int | None) -> np.ndarray:
+        """:meth:`_attend` as one ``(H, n, T)`` product."""
         n, t = q.shape[0], k.shape[0]
         scores = np.matmul(q.transpose(1, 0, 2), k.transpose(1, 2, 0)) * self._scale  # (H,n,T)
         qpos = (t - n + np.arange(n))[:, None]
