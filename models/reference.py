@@ -318,23 +318,26 @@ class ReferenceModel:
         return self._w("embed", quantized=False)[t]
 
     def forward_embeddings(
-        self, x: np.ndarray, *, return_hidden: bool = False, last_only: bool = False
+        self, x: np.ndarray, *, return_hidden: bool = False, last_only: bool = False,
+        last_rows: int = 0,
     ) -> np.ndarray | tuple[np.ndarray, list[np.ndarray]]:
         """Run ``n`` input embeddings (float32 ``(n, hidden)``) at positions
         ``num_cached .. num_cached+n-1``, appending their K/V to the cache.
 
         Returns the logits, float32 ``(n, vocab_size)`` (``last_only``: the last
-        position's alone, ``(1, vocab_size)``, the same values); with ``return_hidden``
+        position's alone, ``(1, vocab_size)``, the same values; ``last_rows``: the last
+        that many positions'); with ``return_hidden``
         also the residual stream entering each block and after the last (``num_layers +
         1`` arrays).
         """
         hidden = self._blocks(x, keep=return_hidden)
         h = self._norm(hidden[-1], "final_norm")
-        if last_only and h.shape[0] > WHOLE_ROWS:
-            h = h[-2:]  # (a long call's last rows: two, see row_blocks)
+        rows = 1 if last_only else last_rows
+        if rows and h.shape[0] > WHOLE_ROWS:
+            h = h[-max(rows, 2):]  # (a long call's last rows: two at least, see row_blocks)
         logits = self.head_logits(h)
-        if last_only:
-            logits = logits[-1:]
+        if rows:
+            logits = logits[-rows:]
         return (logits, hidden) if return_hidden else logits
 
     def _blocks(self, x: np.ndarray, *, keep: bool = False) -> list[np.ndarray]:

@@ -206,6 +206,31 @@ def attention_blas(q, k, v, pos, score_mult, score_shift, out_mult, out_shift, o
             out[i0:i1, kh * group:(kh + 1) * group, :] = blk.reshape(i1 - i0, group, dv)
 
 
+def key_weights(q: np.ndarray, k: np.ndarray, *, pos: int, score_mult: int,
+                score_shift: int, from_pos: int = 0) -> np.ndarray:
+    """The attention weight each key gets, summed over the queries at positions
+    ``>= from_pos`` and every head (float64 ``[T]``, in units of probability): the same
+    Q24 probabilities :func:`attention` computes (an attention unit could accumulate them
+    beside its softmax; kvsim's score readout for evictions)."""
+    L, H, dk = q.shape
+    T, KH, _ = k.shape
+    group = H // KH
+    out = np.zeros(T, np.float64)
+    i0 = max(0, from_pos - pos)
+    if i0 >= L or T == 0:
+        return out
+    score_type = np.float32 if dk * 128 * 128 < F32_EXACT else np.float64
+    for kh in range(KH):
+        rows = np.ascontiguousarray(q[i0:, kh * group:(kh + 1) * group, :],
+                                    dtype=score_type).reshape(-1, dk)
+        seen = min(T, pos + L)
+        scores = rows @ np.ascontiguousarray(k[:seen, kh, :], dtype=score_type).T
+        probs = np.empty((rows.shape[0], seen), np.float64)
+        probs_rows(scores, i0, group, pos, score_mult, score_shift, probs)
+        out[:seen] += probs.sum(axis=0) / P_MAX
+    return out
+
+
 def attend(
     q: np.ndarray,
     k: np.ndarray,

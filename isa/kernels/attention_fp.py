@@ -118,3 +118,27 @@ def attend_fp(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, pos: int, scale: f
     else:
         attention_fp(*args)
     return out
+
+
+def key_weights_fp(q: np.ndarray, k: np.ndarray, *, pos: int, scale: float,
+                   from_pos: int = 0) -> np.ndarray:
+    """The attention weight each key gets under the float softmax of this path, summed
+    over the queries at positions ``>= from_pos`` and every head (float64 ``[T]``; the
+    products in float64: a readout of the scores, not the kernel's exact float32 sums)."""
+    L, H, dk = q.shape
+    T, KH, _ = k.shape
+    group = H // KH
+    out = np.zeros(T, np.float64)
+    i0 = max(0, from_pos - pos)
+    seen = min(T, pos + L)
+    if i0 >= L or seen == 0:
+        return out
+    qpos = pos + np.arange(i0, L)
+    mask = np.arange(seen)[None, :] > qpos[:, None]
+    for h in range(H):
+        s = (q[i0:, h, :].astype(np.float64) @ k[:seen, h // group, :].astype(np.float64).T
+             ) * scale
+        s[mask] = -np.inf
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        out[:seen] += (e / e.sum(axis=1, keepdims=True)).sum(axis=0)
+    return out

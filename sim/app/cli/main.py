@@ -553,6 +553,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_regress_parser(sub)
     add_serve_parser(sub)
     add_text_parsers(sub)
+
+    from sim.app.cli.needle import add_needle_parser
+
+    add_needle_parser(sub)
     return p
 
 
