@@ -28,6 +28,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import njit, prange
+from threadpoolctl import threadpool_limits
 
 from .fixed import round_shift, sat8
 from .softmax import softmax_q
@@ -182,7 +183,17 @@ def blas_bounds(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.dtype | None:
 def attention_blas(q, k, v, pos, score_mult, score_shift, out_mult, out_shift, out,
                    score_type) -> None:
     """:func:`attention`'s integers on float BLAS (``score_type`` from
-    :func:`blas_bounds`): the same int8 ``out``, bit for bit."""
+    :func:`blas_bounds`): the same int8 ``out``, bit for bit. BLAS runs on one thread
+    here (the softmax between the products uses Numba's threads): measured on a shared
+    2-core machine, OpenBLAS's own threads on these ``(384 x 64) x (64 x T)`` products
+    cost 3-4x the CPU time of one thread once the cores are oversubscribed."""
+    with threadpool_limits(1, user_api="blas"):
+        _attention_blas(q, k, v, pos, score_mult, score_shift, out_mult, out_shift, out,
+                        score_type)
+
+
+def _attention_blas(q, k, v, pos, score_mult, score_shift, out_mult, out_shift, out,
+                    score_type) -> None:
     L, H, dk = q.shape
     T, KH, dv = v.shape
     group = H // KH

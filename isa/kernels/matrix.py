@@ -145,53 +145,13 @@ def requant_channels(acc, bias, mult, shift, out):
             out[i, n] = sat8(round_shift(v * np.int64(mult[n]), shift))
 
 
-#: From this many multiply-accumulates (and at least :data:`BLAS_MIN_ROWS` rows) an int8
-#: product runs on float BLAS (:func:`matmul_blas`); below, the conversions cost more
-#: than they save.
-BLAS_MIN_MACS = 1 << 16
-BLAS_MIN_ROWS = 8
-#: Largest integer magnitude float32 holds exactly (every smaller one too).
-F32_EXACT = 1 << 24
-#: Largest |int8| (of -128).
-INT8_ABS_MAX = 128
-#: Where an int32 accumulator wraps.
-INT32_WRAP = 1 << 31
-
-
-def blas_type(m: int, n: int, k: int) -> np.dtype | None:
-    """The float type in which an int8 ``[m, k] x [k, n]`` product is exact whatever the
-    values (every partial sum of ``k`` products is an integer of at most ``k * 128 *
-    128``: float32 below 2**24, i.e. ``k < 1024``, float64 below 2**53, which holds
-    wherever int32 sums do not wrap), or None where the product is too small to gain from
-    BLAS or could wrap."""
-    if m < BLAS_MIN_ROWS or m * n * k < BLAS_MIN_MACS:
-        return None
-    bound = k * INT8_ABS_MAX * INT8_ABS_MAX
-    if bound < F32_EXACT:
-        return np.dtype(np.float32)
-    # past 2**31 the int32 accumulator wraps: the integer kernel keeps that behaviour
-    return np.dtype(np.float64) if bound < INT32_WRAP else None
-
-
-def matmul_blas(a: np.ndarray, w: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """int32 ``a @ w.T`` of int8 ``a [m, k]`` and ``w [n, k]`` computed in ``dtype``
-    (float32 or float64, where :func:`blas_type` says every partial sum is exact): the
-    same integers as :func:`gemm_i8`, whose int32 sums cannot wrap at such ``k``."""
-    return (a.astype(dtype) @ w.astype(dtype).T).astype(np.int32)
-
-
 def matmul(a: np.ndarray, w: np.ndarray, w_bits: int, k: int) -> np.ndarray:
     """int32 ``[m, n]`` products of ``a`` (int8 ``[m, k]``) and the weight operand ``w``
-    (``[n, k]`` int8 or ``[n, ceil(k/2)]`` packed int4 bytes, any 8-bit dtype). Large
-    int8 products run exactly on float BLAS (:func:`blas_type`)."""
+    (``[n, k]`` int8 or ``[n, ceil(k/2)]`` packed int4 bytes, any 8-bit dtype)."""
     a = np.ascontiguousarray(a, dtype=np.int8).reshape(-1, k)
     n = w.shape[0]
-    wv = np.ascontiguousarray(w).view(np.int8)
-    if w_bits == 8 and wv.shape == (n, k):
-        dtype = blas_type(a.shape[0], n, k)
-        if dtype is not None:
-            return matmul_blas(a, wv, dtype)
     out = np.empty((a.shape[0], n), np.int32)
+    wv = np.ascontiguousarray(w).view(np.int8)
     par = wv.nbytes >= PARALLEL_MIN_WEIGHT_BYTES and numba.get_num_threads() > 1
     if w_bits == 8:
         if wv.shape != (n, k):

@@ -168,22 +168,3 @@ def test_wrapper_rejects_bad_shapes() -> None:
         matrix.matmul(a, np.zeros((2, 3), np.uint8), 4, 4)
     with pytest.raises(ValueError):
         matrix.matmul(a, np.zeros((2, 4), np.int8), 2, 4)
-
-
-@pytest.mark.parametrize(("m", "n", "k", "dtype"), [
-    (71, 49, 576, np.float32),  # a projection tile: float32 sums are exact below 2**24
-    (40, 16, 1536, np.float64),  # 1536 * 2**14 > 2**24: float64
-    (4, 49, 576, None),  # too few rows to gain
-    (64, 64, 1 << 17, None),  # int32 sums could wrap: the integer kernel keeps the wrap
-])
-def test_blas_path_is_the_integer_kernel(m, n, k, dtype) -> None:
-    assert matrix.blas_type(m, n, k) == (None if dtype is None else np.dtype(dtype))
-    if k > 4096:
-        return
-    rng = np.random.default_rng(m * n)
-    for lo, hi in ((-128, 128), (-128, -127)):  # random, and every product at its largest
-        a = rng.integers(lo, hi, (m, k), dtype=np.int8)
-        w = rng.integers(lo, hi, (n, k), dtype=np.int8)
-        want = np.empty((m, n), np.int32)
-        matrix.gemm_i8(a, w, want)
-        assert np.array_equal(matrix.matmul(a, w, 8, k), want)
