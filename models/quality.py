@@ -127,8 +127,10 @@ def collapsed(tokens: Sequence[int], reference: Sequence[int]) -> str | None:
 
 #: Where the position buckets of :class:`Quality` start (prediction positions; the last
 #: bucket runs to the end of the text). An assumption: 128 is KIVI's fp16 window, so the
-#: first bucket is what a KIVI format holds unquantized on a short text.
-BUCKET_STARTS: tuple[int, ...] = (0, 128, 256)
+#: first bucket is what a KIVI format holds unquantized on a short text; from 1,024 on
+#: the buckets double, so a long text's figures show the damage out to its end (a text
+#: of up to 1,024 tokens keeps the three buckets it always had).
+BUCKET_STARTS: tuple[int, ...] = (0, 128, 256, 1024, 2048, 4096)
 
 
 @dataclass(frozen=True)
