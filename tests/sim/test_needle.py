@@ -95,3 +95,17 @@ def test_grid_shares_the_prefix_and_resumes_from_its_cells(tmp_path, monkeypatch
     EchoRunner.fed = 0
     assert run_grid("smollm2-135m", cfg, **kw) == cells
     assert EchoRunner.fed == 0  # every cell read from disk
+
+
+def test_report_table_and_heatmap(tmp_path) -> None:
+    from sim.app.cli.needle import heatmap, markdown
+    from sim.app.needle import Cell, Trial
+
+    cells = [Cell("kivi-2 integer", "kivi-2", "integer", ctx, d, 10,
+                  [Trial(1, ok, -0.5, " 1"), Trial(2, True, -0.25, " 2")], 1.0)
+             for ctx in (512, 1024) for d, ok in ((0.0, True), (1.0, False))]
+    md = markdown(cells)
+    assert "| kivi-2 integer | 1024 | 100% / -0.38 | 50% / -0.38 |" in md
+    heatmap(cells, tmp_path / "n.html")
+    page = (tmp_path / "n.html").read_text()
+    assert "kivi-2 integer" in page and "plotly" in page
