@@ -35,6 +35,7 @@ import numpy as np
 
 from kvsim.errors import ConfigError
 from models.bits import BitConfig
+from models.compiler.calibrate_wide import float_weights
 from models.quality import log_softmax
 from models.reference import ReferenceModel
 from models.source import ModelSource
@@ -234,7 +235,7 @@ class FloatRunner:
     """The float reference with the same interface (its own cache snapshots)."""
 
     def __init__(self, src: ModelSource, seed: int = 0):
-        self.ref = ReferenceModel(src.config, src.open_weights(seed))
+        self.ref = ReferenceModel(src.config, float_weights(src.config, src.weight_spec(seed)))
 
     def feed(self, ids: Sequence[int], *, rows: int = 0) -> np.ndarray | None:
         if not rows:

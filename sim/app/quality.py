@@ -23,6 +23,7 @@ from models.bits import (
     weight_bits_preset,
 )
 from models.compiler import CORE_MODES, HardwareTarget, compile_model
+from models.compiler.calibrate_wide import float_weights
 from models.compiler.compiled import CompiledModel
 from models.quality import Quality, QualityStream
 from models.reference import HEAD_ROWS, ReferenceModel, head_logits, row_blocks
@@ -190,10 +191,11 @@ def reference_rows(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) ->
     for k, rows in _REFERENCES:
         if k == key:
             return rows
-    ref = ReferenceModel(src.config, src.open_weights(seed))
+    # the float weights the compiled model was made from (models.compiler.calibrate_wide.
+    # float_weights): held once for both
+    ref = ReferenceModel(src.config, float_weights(src.config, src.weight_spec(seed)))
     hidden = ref.final_hidden(ref.embed(ids.tolist()))
     rows = ReferenceRows(src.config, hidden, ref._w(src.config.lm_head_tensor))
-    del ref  # its float weights (540 MB for SmolLM2): only the LM head is kept
     _REFERENCES[:] = [*_REFERENCES[-(REFERENCES_KEPT - 1):], (key, rows)]
     return rows
 
