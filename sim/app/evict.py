@@ -33,7 +33,7 @@ import numpy as np
 from kvsim.errors import ConfigError
 from models.quality import QualityStream
 from sim.app.needle import NeedleBuilder, NpuRunner, score, trial_keys
-from sim.app.quality import reference_rows, source_of
+from sim.app.quality import bits_label, reference_rows, source_of
 from sim.runtime.cacheops import EditResult, evict_positions
 from sim.runtime.scores import ScoreTap, arm, read_scores
 
@@ -228,7 +228,9 @@ def divergence(src, bits, kv: str, hw, ids: Sequence[int], *, at: int,
                 runner.size += chunk.size
                 stream.add(ref.rows(pos, pos + chunk.size), rows, pos)
                 pos += chunk.size
-            q = stream.result()
+            q = stream.result(model=src.name, real_weights=src.real, bits=bits_label(bits),
+                              numerics=bits.numerics.model_dump(), kv=kv,
+                              kv_read=bits.kv_read, hw=hw.name, prefill_s=0.0)
             out["none" if p == "none" else (p, bud)] = (q.kl_mean, q.top1_agreement)
     finally:
         runner.close()

@@ -69,3 +69,67 @@ def test_host_and_device_evictions_agree() -> None:
     # the readout's bytes are the device edit's only link traffic
     cm_layers = costs[("streaming", 48, "device")].pcie_bytes
     assert cm_layers == 0
+
+
+def test_retrieval_forgets_what_the_policy_drops(monkeypatch) -> None:
+    """With a stand-in model that repeats the key it still holds: a recent-only budget
+    keeps a needle near the end and forgets one at the start; StreamingLLM's sinks do not
+    save a needle in the middle."""
+    from sim.app import evict
+    from sim.app.quality import source_of as src_of
+
+    pattern = src_of("smollm2-135m").tokenizer().encode(" The pass key is")
+
+    class Echo:
+        def __init__(self, *a, **k):
+            self.ids: list[int] = []
+            self.size = 0
+
+        def feed(self, ids, *, rows=0):
+            self.ids = [*self.ids, *ids]
+            if not rows:
+                return None
+            p = pattern
+            at = next((i + len(p) for i in range(len(self.ids))
+                       if self.ids[i:i + len(p)] == p), None)
+            logits = np.zeros((rows, 49152), np.float32)
+            if at is not None and len(self.ids) - at > rows:  # not the question's own
+                logits[np.arange(rows), self.ids[at:at + rows]] = 5.0
+            return logits
+
+        def snapshot(self):
+            return list(self.ids)
+
+        def restore(self, snap):
+            self.ids = list(snap)
+
+        def evict(self, policy, budget, side):
+            keep = keep_positions(policy, len(self.ids), budget, np.ones(len(self.ids)))
+            self.ids = [self.ids[i] for i in keep]
+            return None, keep
+
+        def disarm(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(evict, "TappedRunner", Echo)
+    got = evict.retrieval(src_of("smollm2-135m"), None, "int8", None, context=400,
+                          budgets=[64], policies=["recent", "streaming"],
+                          depths=[0.0, 1.0], trials=1)
+    assert [h for h, _ in got[("recent", 64)]] == [False, True]
+    assert [h for h, _ in got[("streaming", 64)]] == [False, True]
+
+
+def test_divergence_without_an_edit_is_the_unedited_quality() -> None:
+    from sim.app.evict import divergence
+    from sim.app.quality import evaluate_edit
+
+    bits, hw = build_bit_config({}), hardware_of("tiny")
+    got = divergence(source_of("tiny"), bits, "int8", hw, IDS, at=100, budgets=[48],
+                     policies=["recent"])
+    plain = evaluate_edit("tiny", IDS, bits=bits, edit="drop:0-51", at=100, hw="tiny")
+    assert got["none"] == (plain.unedited.kl_mean, plain.unedited.top1_agreement)
+    # dropping the 52 oldest positions is the recent-48 policy: the same predictions
+    assert got[("recent", 48)] == (plain.quality.kl_mean, plain.quality.top1_agreement)
