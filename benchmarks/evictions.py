@@ -42,9 +42,10 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
+    from kvsim.files import atomic_write_text
     from sim.app.evict import divergence, edit_costs, retrieval
-    from sim.app.quality import bit_config, hardware_of, source_of
-    from traces.io import atomic_write_text
+    from sim.app.quality import bit_config
+    from sim.runtime.ready import hardware_of, source_of
 
     src = source_of(a.model)
     bits = bit_config("W8", kv_read=a.kv_read)

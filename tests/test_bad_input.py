@@ -55,7 +55,7 @@ from isa.validate import validate_program
 from kvsim.errors import ConfigError, DeviceError, KvsimError
 from models.bits import build_bit_config
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import load_preset
 from sim.app.cli.main import main as cli_main
 from sim.app.config import load_run_config
 from sim.app.regress.regress import RegressError

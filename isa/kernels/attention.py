@@ -30,6 +30,7 @@ import numpy as np
 from numba import njit, prange
 from threadpoolctl import threadpool_limits
 
+from .exact import absmax, exact_float
 from .fixed import round_shift, sat8
 from .softmax import softmax_q
 
@@ -105,8 +106,8 @@ def attention_par(q, k, v, pos, score_mult, score_shift, out_mult, out_shift, ou
 # --- the same integers through float BLAS ------------------------------------------------
 #
 # Every integer of the kernel above, computed on float BLAS where the sums provably fit
-# the float format exactly (an integer sum whose partial sums all stay within 2**24 in
-# float32, or 2**53 in float64, is exact in any order of additions):
+# the float format exactly (isa.kernels.exact: an integer sum whose partial sums all stay
+# within 2**24 in float32, or 2**53 in float64, is exact in any order of additions):
 #   scores  sum_d q*k:  |q|, |k| <= 128, so |partial| <= Dk * max|q| * max|k| (2**20 for
 #                       Dk = 64): float32 while that bound is < 2**24, else float64;
 #   output  sum_t p*v:  p in Q24, |partial| <= T * max p * max|v| (2**44 for 8,192
@@ -115,9 +116,6 @@ def attention_par(q, k, v, pos, score_mult, score_shift, out_mult, out_shift, ou
 # does not hold, attend() runs the integer kernel. One KV head and its query group at a
 # time, QUERY_BLOCK queries at once, each block over only the keys its last query sees.
 
-#: Largest integer magnitude float32 / float64 hold exactly (every smaller one too).
-F32_EXACT = 1 << 24
-F64_EXACT = 1 << 53
 #: Queries per block of the BLAS path (scores ``QUERY_BLOCK * group x T`` at a time).
 QUERY_BLOCK = 128
 #: The largest Q24 probability softmax_q returns (1.0; its rounding never exceeds it).
@@ -163,21 +161,14 @@ def requant_rows(o, out_mult, out_shift, out):
             out[r, d] = sat8(round_shift(np.int64(o[r, d]) * np.int64(out_mult), out_shift))
 
 
-def _absmax(x: np.ndarray) -> int:
-    return int(np.abs(x.astype(np.int16)).max()) if x.size else 0
-
-
 def blas_bounds(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.dtype | None:
     """The float type the scores' sums are exact in (float32 or float64) for these int8
     operands, or None when a sum could leave float64's exact range (the integer kernel
     runs instead)."""
     dk, T = q.shape[2], k.shape[0]
-    if T * P_MAX * _absmax(v) >= F64_EXACT:
+    if exact_float(T * P_MAX * absmax(v)) is None:  # P x V sums in float64
         return None
-    bound = dk * _absmax(q) * _absmax(k)
-    if bound < F32_EXACT:
-        return np.dtype(np.float32)
-    return np.dtype(np.float64) if bound < F64_EXACT else None
+    return exact_float(dk * absmax(q) * absmax(k))
 
 
 def attention_blas(q, k, v, pos, score_mult, score_shift, out_mult, out_shift, out,
@@ -230,7 +221,7 @@ def key_weights(q: np.ndarray, k: np.ndarray, *, pos: int, score_mult: int,
     i0 = max(0, from_pos - pos)
     if i0 >= L or T == 0:
         return out
-    score_type = np.float32 if dk * 128 * 128 < F32_EXACT else np.float64
+    score_type = exact_float(dk * 128 * 128) or np.dtype(np.float64)  # |int8| <= 128
     for kh in range(KH):
         rows = np.ascontiguousarray(q[i0:, kh * group:(kh + 1) * group, :],
                                     dtype=score_type).reshape(-1, dk)

@@ -58,9 +58,9 @@ def _layer_norms(cfg, layer: int) -> tuple[str, ...]:
 DEFLATE_LEVEL = 1
 
 
-def write(cm: CompiledModel, path: str | Path) -> None:
+def write_kvm(cm: CompiledModel, path: str | Path) -> None:
     """Write ``cm`` to ``path`` (atomically)."""
-    from traces.io import atomic_write_bytes
+    from kvsim.files import atomic_write_bytes
 
     header, arrays = to_header(cm)
     buf = io.BytesIO()
@@ -75,7 +75,7 @@ def write(cm: CompiledModel, path: str | Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def read(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Program]]:
+def read_kvm(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Program]]:
     """The header, arrays and programs of the file at ``path``; :class:`CompileError`
     naming the file when it is not a compiled model of this version."""
     p = Path(path)

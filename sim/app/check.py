@@ -18,9 +18,9 @@ from models.bits import BitConfig
 from models.compiler.blocks.mla import mla_kv_problem
 from models.compiler.blocks.moe_calib import moe_problem
 from models.compiler.compiled import CORE_MODES, build_memory_map, dram_problem
-from models.config import ModelConfig, load_model
-from models.source import resolve_model
-from sim.app.config import RunConfig, cache_length
+from models.config import ModelConfig
+from models.source import ModelSource, load_model, resolve_model
+from sim.app.config import ModelOnHardware, RunConfig, cache_length
 
 GIB = 2**30
 
@@ -38,29 +38,33 @@ def _name(model: ModelConfig) -> str:
     return model.name or model.family
 
 
-def _model(cfg: RunConfig) -> ModelConfig:
+def run_source(cfg: ModelOnHardware) -> ModelSource:
+    """The model of a run (or serving) config, resolved: ``model.preset`` by any name
+    :func:`models.source.resolve_model` takes (a real model's files are checked here), or
+    ``model.hf_config``, an architecture alone (synthetic weights)."""
     m = cfg.model
     if m.hf_config is not None:
         p = Path(m.hf_config)
         if not (p / "config.json" if p.is_dir() else p).is_file():
             raise ConfigError(f"model.hf_config: file {m.hf_config!r} does not exist")
         try:
-            return load_model(p, where="model.hf_config")
+            config = load_model(p, where="model.hf_config")
         except ConfigError as err:
             raise ConfigError(f"model.hf_config: {err}") from None
+        return ModelSource(config.name, "config", config, None, p)
     assert m.preset is not None  # the schema asks for exactly one of them
-    return resolve_model(m.preset, where="model").config  # checks a real model's files
+    return resolve_model(m.preset, where="model")
 
 
 def _bits(cfg: RunConfig) -> BitConfig:
     return cfg.bits.bit_config(cfg.kv)
 
 
-def _check_generate(cfg: RunConfig) -> Checked:
+def _check_generate(cfg: RunConfig, source: ModelSource | None) -> Checked:
     hw, w, c = cfg.hardware, cfg.workload, cfg.compile
     if cfg.model.safetensors is not None and not Path(cfg.model.safetensors).exists():
         raise ConfigError(f"model.safetensors: {cfg.model.safetensors!r} does not exist")
-    model = _model(cfg)
+    model = (run_source(cfg) if source is None else source).config
     bits = _bits(cfg)
     need_cores = CORE_MODES[c.core_mode]
     if need_cores > hw.cores.num_cores:
@@ -138,8 +142,9 @@ def _check_gemv(cfg: RunConfig) -> Checked:
                    f"{len(layer.program):,} instructions, {cfg.sim.fidelity}")
 
 
-def check_run(cfg: RunConfig) -> Checked:
-    """Everything about ``cfg`` that can be known without compiling or running it."""
+def check_run(cfg: RunConfig, source: ModelSource | None = None) -> Checked:
+    """Everything about ``cfg`` that can be known without compiling or running it
+    (``source``: its model, already resolved by :func:`run_source`)."""
     if cfg.workload.kind == "gemv":
         return _check_gemv(cfg)
-    return _check_generate(cfg)
+    return _check_generate(cfg, source)

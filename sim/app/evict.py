@@ -33,7 +33,7 @@ import numpy as np
 from kvsim.errors import ConfigError
 from models.quality import QualityStream
 from sim.app.needle import NeedleBuilder, NpuRunner, score, trial_keys
-from sim.app.quality import bits_label, reference_rows, source_of
+from sim.app.quality import bits_label, reference_rows
 from sim.runtime.cacheops import EditResult, evict_positions
 from sim.runtime.scores import ScoreTap, arm, read_scores
 
@@ -223,8 +223,8 @@ def divergence(src, bits, kv: str, hw, ids: Sequence[int], *, at: int,
             rest = np.asarray(ids[at:])
             for t0 in range(0, rest.size, runner.cm.max_seq):
                 chunk = rest[t0:t0 + runner.cm.max_seq]
-                [rows] = runner.model.infer(runner.embed[chunk].astype(np.float32),
-                                            cache_size=runner.size, all_logits=True)
+                [rows] = runner.model.infer(runner.embed(chunk), cache_size=runner.size,
+                                            all_logits=True)
                 runner.size += chunk.size
                 stream.add(ref.rows(pos, pos + chunk.size), rows, pos)
                 pos += chunk.size
@@ -264,4 +264,4 @@ def edit_costs(src, bits, kv: str, hw, ids: Sequence[int], *, at: int,
 
 
 __all__ = ["POLICIES", "SIDES", "SINKS", "SNAP_POOL", "SNAP_WINDOW", "EvictRow", "TappedRunner",
-           "divergence", "edit_costs", "keep_positions", "retrieval", "source_of"]
+           "divergence", "edit_costs", "keep_positions", "retrieval"]

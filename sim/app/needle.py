@@ -34,15 +34,16 @@ from typing import Any
 import numpy as np
 
 from kvsim.errors import ConfigError
+from kvsim.files import atomic_write_text
 from models.bits import BitConfig
 from models.compiler.calibrate_wide import float_weights
 from models.quality import log_softmax
 from models.reference import ReferenceModel
 from models.source import ModelSource
-from sim.app.quality import bits_label, compile_for_text, hardware_of, source_of
+from sim.app.quality import bits_label, ready_for_text
 from sim.device.hw import HardwareConfig
-from sim.runtime import Accelerator, Model, ModelConfig
-from traces.io import atomic_write_text
+from sim.runtime import ModelConfig
+from sim.runtime.ready import hardware_of, source_of
 
 #: The text around the key (kvsim's own wording of the pass-key task).
 INSTRUCTION = ("A pass key is hidden somewhere in the long text below. Find it and keep it "
@@ -192,16 +193,16 @@ def score(tok, text: NeedleText, logits: np.ndarray, key: int) -> Trial:
 
 
 class NpuRunner:
-    """The simulated NPU (functional): a compiled model for ``context`` tokens, prefill
-    in calls of ``cm.max_seq`` tokens, the answer's rows read with all-position logits."""
+    """The simulated NPU (functional): a model ready for ``context`` tokens, prefill in
+    calls of ``cm.max_seq`` tokens, the answer's rows read with all-position logits."""
 
     def __init__(self, src: ModelSource, bits: BitConfig, kv: str, hw: HardwareConfig,
                  context: int):
-        self.cm = compile_for_text(src, bits, kv=kv, hw=hw, tokens=context)
-        self.acc = Accelerator(hw=hw, functional=True)
-        self.model = Model(self.cm, ModelConfig(all_logits=True))
-        self.model.launch(self.acc)
-        self.embed = self.cm.weight_source().tensor("embed")
+        self.ready = ready_for_text(src, bits, kv=kv, hw=hw, tokens=context)
+        self.cm = self.ready.compiled
+        self.model = self.ready.launch(ModelConfig(all_logits=True))
+        self.acc = self.model.acc
+        self.embed = self.ready.embed  # the host's float32 embeddings of token ids
         self.size = 0
 
     def feed(self, ids: Sequence[int], *, rows: int = 0) -> np.ndarray | None:
@@ -210,13 +211,12 @@ class NpuRunner:
         end = ids.size - rows
         for t0 in range(0, end, self.cm.max_seq):
             chunk = ids[t0:min(t0 + self.cm.max_seq, end)]
-            self.model.infer(self.embed[chunk].astype(np.float32), cache_size=self.size)
+            self.model.infer(self.embed(chunk), cache_size=self.size)
             self.size += chunk.size
         if not rows:
             return None
         chunk = ids[end:]
-        [out] = self.model.infer(self.embed[chunk].astype(np.float32), cache_size=self.size,
-                                 all_logits=True)
+        [out] = self.model.infer(self.embed(chunk), cache_size=self.size, all_logits=True)
         self.size += chunk.size
         return out
 

@@ -5,7 +5,6 @@ weights (the metrics: :mod:`models.quality`)."""
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,14 +21,14 @@ from models.bits import (
     default_numerics,
     weight_bits_preset,
 )
-from models.compiler import CORE_MODES, HardwareTarget, compile_model
 from models.compiler.calibrate_wide import float_weights
 from models.compiler.compiled import CompiledModel
 from models.quality import Quality, QualityStream
-from models.reference import HEAD_ROWS, ReferenceModel, head_logits, row_blocks
-from models.source import ModelSource, resolve_model
-from sim.device.hw import HardwareConfig, load_hardware
-from sim.runtime import Accelerator, Model, ModelConfig
+from models.reference import ReferenceModel
+from models.reference_blocks import HEAD_ROWS, head_logits, row_blocks
+from models.source import ModelSource
+from sim.device.hw import HardwareConfig
+from sim.runtime import Model, ModelConfig
 from sim.runtime.cacheops import (
     CacheOpError,
     CacheView,
@@ -41,6 +40,7 @@ from sim.runtime.cacheops import (
     requantize_through,
     score_eviction,
 )
+from sim.runtime.ready import ReadyModel, hardware_of, ready_model, source_of, weights_key
 
 #: Tokens per teacher-forced prefill call (a longer text runs as consecutive calls, each
 #: returning the logits of all its positions).
@@ -48,21 +48,6 @@ CHUNK_TOKENS = 256
 #: Cache lengths are rounded up to this many tokens (a multiple of every KV format's
 #: token group).
 CACHE_ROUND_TOKENS = 128
-
-
-def source_of(source: str | Path | ModelSource) -> ModelSource:
-    """A :class:`ModelSource` from anything :func:`models.source.resolve_model` accepts."""
-    return source if isinstance(source, ModelSource) else resolve_model(source)
-
-
-def hardware_of(hw: str | HardwareConfig) -> HardwareConfig:
-    return load_hardware(hw) if isinstance(hw, str) else hw
-
-
-def widest_core_mode(hw: HardwareConfig) -> str:
-    """The core mode that uses the most of ``hw``'s cores."""
-    return max((m for m, n in CORE_MODES.items() if n <= hw.cores.num_cores),
-               key=CORE_MODES.__getitem__)
 
 
 def bits_label(bits: BitConfig) -> str:
@@ -86,23 +71,18 @@ def bit_config(bits: str = "W8", *, numerics: str | None = None,
                      kv_read=kv_read)
 
 
-def compile_for_text(src: ModelSource, bits: BitConfig, *, kv: str, hw: HardwareConfig,
-                     tokens: int, seed: int = 0, chunk_tokens: int = CHUNK_TOKENS,
-                     functional: bool = True) -> CompiledModel:
-    """The compiled model of ``src`` (functional by default) for a text of ``tokens``
-    tokens, on every core of ``hw``, in calls of up to ``chunk_tokens``."""
+def ready_for_text(src: ModelSource, bits: BitConfig, *, kv: str, hw: HardwareConfig,
+                   tokens: int, seed: int = 0, chunk_tokens: int = CHUNK_TOKENS,
+                   functional: bool = True) -> ReadyModel:
+    """``src`` ready (compiled, functional by default) for a text of ``tokens`` tokens, on
+    every core of ``hw``, in calls of up to ``chunk_tokens``."""
     cap = -(-tokens // CACHE_ROUND_TOKENS) * CACHE_ROUND_TOKENS
-    # The runtime lowers each call's program when it runs it, so the compiler's stored
-    # prefill/decode programs would be lowered once more for nothing (store_programs=False;
-    # the programs the calls run are the same).
-    return compile_model(src.config, bits, HardwareTarget.from_hw(hw), kv=kv,
-                         core_mode=widest_core_mode(hw), max_seq=min(tokens, chunk_tokens),
-                         cap=cap, functional=functional, weights=src.weight_spec(seed),
-                         store_programs=False)
+    return ready_model(src, hw, bits=bits, kv=kv, max_seq=min(tokens, chunk_tokens), cap=cap,
+                       functional=functional, seed=seed)
 
 
 #: How many float references :func:`reference_rows` keeps (each the text's final hidden
-#: states, ``n x hidden`` float32: 19 MB for 8,192 tokens of SmolLM2, and its LM head).
+#: states, ``n x hidden`` float64: 38 MB for 8,192 tokens of SmolLM2, and its LM head).
 REFERENCES_KEPT = 2
 
 
@@ -110,10 +90,10 @@ class ReferenceRows:
     """The float reference's teacher-forced logits of one text, read a block of rows at a
     time (``rows(lo, hi)``: rows ``lo .. hi-1`` of the ``(n, vocab)`` logits) from its
     final hidden states. The LM head runs over the blocks of
-    :func:`models.reference.row_blocks` whatever blocks are asked for (one product up to
-    :data:`models.reference.WHOLE_ROWS` rows, the same logits as one whole prefill), so a
-    row's value does not depend on the caller's blocks; past that, a long text's logits
-    are never held at once (one block is kept)."""
+    :func:`models.reference_blocks.row_blocks` whatever blocks are asked for (one product
+    up to :data:`models.reference_blocks.WHOLE_ROWS` rows, the same logits as one whole
+    prefill), so a row's value does not depend on the caller's blocks; past that, a long
+    text's logits are never held at once (one block is kept)."""
 
     def __init__(self, config, hidden: np.ndarray, head: np.ndarray):
         self.config = config
@@ -170,12 +150,7 @@ _UNEDITED: dict[tuple, Quality] = {}
 def _model_key(src: ModelSource, seed: int) -> tuple:
     """What a model's results depend on: its name and config, its weight files with their
     size and modification time (a file rewritten in place is another model), the seed."""
-    spec = src.weight_spec(seed)
-    files = [spec["path"]] if "path" in spec else list(spec.get("paths", ()))
-    stamps = tuple((str(f), Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
-                   for f in files)
-    return (src.name, src.config.model_dump_json(),
-            json.dumps(spec, sort_keys=True, default=str), stamps, seed)
+    return (src.name, src.config.model_dump_json(), weights_key(src.weight_spec(seed)), seed)
 
 
 def reference_rows(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) -> ReferenceRows:
@@ -202,7 +177,7 @@ def reference_rows(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) ->
 
 def reference_logits(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) -> np.ndarray:
     """The float reference's teacher-forced logits ``(n, vocab)`` (float weights): every
-    row of :func:`reference_rows` at once (``n x vocab`` float32; a long text is better
+    row of :func:`reference_rows` at once (``n x vocab`` float64; a long text is better
     read a block at a time). The array returned is read-only."""
     rows = reference_rows(src, tokens, seed=seed)
     return rows.rows(0, rows.n)
@@ -213,38 +188,33 @@ def reference_logits(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) 
 OnRows = Callable[[int, np.ndarray], None]
 
 
-def stream_npu_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int],
-                      on_rows: OnRows) -> float:
-    """Teacher-force ``tokens`` through the simulated NPU in calls of ``cm.max_seq``
-    tokens, passing each call's logits ``(tokens, vocab)`` to ``on_rows`` as it returns
-    (they are not kept); returns the simulated seconds of the prefill calls (the host
-    embeds the tokens: float32 rows of the embedding)."""
-    _, time_s, _ = _teacher_force(cm, hw, tokens, on_rows, at=0, apply=None)
+def stream_npu_logits(ready: ReadyModel, tokens: Sequence[int], on_rows: OnRows) -> float:
+    """Teacher-force ``tokens`` through the simulated NPU in calls of
+    ``ready.compiled.max_seq`` tokens, passing each call's logits ``(tokens, vocab)`` to
+    ``on_rows`` as it returns (they are not kept); returns the simulated seconds of the
+    prefill calls (the host embeds the tokens: :meth:`ReadyModel.embed`)."""
+    time_s, _ = _teacher_force(ready, tokens, on_rows, at=0, apply=None)
     return time_s
 
 
-def npu_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int], *,
-               seed: int = 0) -> tuple[np.ndarray, float]:
+def npu_logits(ready: ReadyModel, tokens: Sequence[int]) -> tuple[np.ndarray, float]:
     """The simulated NPU's teacher-forced logits ``(n, vocab)`` and the simulated seconds
     of the prefill calls (:func:`stream_npu_logits`, every block kept)."""
     blocks: list[np.ndarray] = []
-    time_s = stream_npu_logits(cm, hw, tokens, lambda _t0, rows: blocks.append(rows))
+    time_s = stream_npu_logits(ready, tokens, lambda _t0, rows: blocks.append(rows))
     return np.concatenate(blocks), time_s
 
 
-def _teacher_force(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int],
-                   on_rows: OnRows, *, at: int,
+def _teacher_force(ready: ReadyModel, tokens: Sequence[int], on_rows: OnRows, *, at: int,
                    apply: Callable[[Model, int], EditResult] | None
-                   ) -> tuple[None, float, EditResult | None]:
-    """Teacher-force ``tokens`` in calls of ``cm.max_seq`` tokens, with ``apply(model,
-    at)`` run on the cache after the first ``at`` tokens (None: no edit), the later tokens
-    placed after the edit's new cache size; each call's logits go to ``on_rows(first
-    position, logits)``. Returns (None, the simulated seconds of the prefill calls, the
-    edit's result)."""
-    acc = Accelerator(hw=hw, functional=True)
-    model = Model(cm, ModelConfig(all_logits=True))
-    model.launch(acc)
-    embed = cm.weight_source().tensor("embed")
+                   ) -> tuple[float, EditResult | None]:
+    """Teacher-force ``tokens`` in calls of ``ready.compiled.max_seq`` tokens, with
+    ``apply(model, at)`` run on the cache after the first ``at`` tokens (None: no edit),
+    the later tokens placed after the edit's new cache size; each call's logits go to
+    ``on_rows(first position, logits)``. Returns the simulated seconds of the prefill
+    calls and the edit's result."""
+    model = ready.launch(ModelConfig(all_logits=True))
+    acc, cm = model.acc, ready.compiled
     ids = np.asarray(tokens, dtype=np.int64)
     time_s, res, base = 0.0, None, 0
     try:
@@ -254,13 +224,12 @@ def _teacher_force(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int],
                 base = res.new_cache_size - at
             for t0 in range(lo, hi, cm.max_seq):
                 chunk = ids[t0 : min(t0 + cm.max_seq, hi)]
-                [out] = model.infer(embed[chunk].astype(np.float32), cache_size=base + t0,
-                                    all_logits=True)
+                [out] = model.infer(ready.embed(chunk), cache_size=base + t0, all_logits=True)
                 time_s += acc.calls[-1].time_s
                 on_rows(t0, out)
     finally:
         model.dispose()
-    return None, time_s, res
+    return time_s, res
 
 
 def evaluate(source: str | Path | ModelSource, tokens: Sequence[int], *, bits: BitConfig,
@@ -290,8 +259,8 @@ def evaluate(source: str | Path | ModelSource, tokens: Sequence[int], *, bits: B
            kv, hwc.model_dump_json(), chunk_tokens, allow_degenerate)
     if reference is None and key in _QUALITIES:
         return copy.deepcopy(_QUALITIES[key])
-    cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
-                          chunk_tokens=chunk_tokens)
+    ready = ready_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
+                           chunk_tokens=chunk_tokens)
     if reference is not None and reference.shape != (len(ids), vocab):
         raise ConfigError(f"reference: logits of shape {reference.shape}, expected "
                           f"({len(ids)}, {vocab})")
@@ -299,7 +268,7 @@ def evaluate(source: str | Path | ModelSource, tokens: Sequence[int], *, bits: B
     # each call's logits compared as they arrive (the text's logits are never all held)
     stream = QualityStream(ids)
     time_s = stream_npu_logits(
-        cm, hwc, ids, lambda t0, rows: stream.add(ref.rows(t0, t0 + rows.shape[0]), rows, t0))
+        ready, ids, lambda t0, rows: stream.add(ref.rows(t0, t0 + rows.shape[0]), rows, t0))
     q = stream.result(allow_degenerate=allow_degenerate, model=src.name,
                       real_weights=src.real, bits=bits_label(bits),
                       numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
@@ -445,7 +414,7 @@ class EditQuality:
         return asdict(self)
 
 
-def edited_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int], *, at: int,
+def edited_logits(ready: ReadyModel, tokens: Sequence[int], *, at: int,
                   apply: Callable[[Model, int], EditResult] | None
                   ) -> tuple[np.ndarray, float, EditResult | None]:
     """Teacher-forced logits ``(n, vocab)`` of ``tokens`` with ``apply(model, at)`` run on
@@ -453,12 +422,12 @@ def edited_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int], 
     :func:`npu_logits`'s), the later tokens placed after the edit's new cache size; and
     the simulated seconds of the prefill calls."""
     blocks: list[np.ndarray] = []
-    _, time_s, res = _teacher_force(cm, hw, tokens, lambda _t0, rows: blocks.append(rows),
-                                    at=at, apply=apply)
+    time_s, res = _teacher_force(ready, tokens, lambda _t0, rows: blocks.append(rows),
+                                 at=at, apply=apply)
     return np.concatenate(blocks), time_s, res
 
 
-def edited_quality(cm: CompiledModel, hwc: HardwareConfig, tokens: Sequence[int],
+def edited_quality(ready: ReadyModel, tokens: Sequence[int],
                    ref: ReferenceRows | GivenRows, *, at: int,
                    apply: Callable[[Model, int], EditResult] | None,
                    allow_degenerate: bool = False, **config: Any
@@ -472,7 +441,7 @@ def edited_quality(cm: CompiledModel, hwc: HardwareConfig, tokens: Sequence[int]
             lo = max(t0, at)
             stream.add(ref.rows(lo, t0 + rows.shape[0]), rows[lo - t0:], lo)
 
-    _, time_s, res = _teacher_force(cm, hwc, tokens, on_rows, at=at, apply=apply)
+    time_s, res = _teacher_force(ready, tokens, on_rows, at=at, apply=apply)
     return stream.result(allow_degenerate=allow_degenerate, prefill_s=time_s, **config), res
 
 
@@ -499,10 +468,10 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
                           f"has {len(ids)} tokens; predictions must follow the edit)")
     at = int(at)
     hwc = hardware_of(hw)
-    cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
-                          chunk_tokens=chunk_tokens)
+    ready = ready_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
+                           chunk_tokens=chunk_tokens)
     if side == "device" and ce.device_check is not None:
-        ce.device_check(cm)
+        ce.device_check(ready.compiled)
     ref = reference_rows(src, ids, seed=seed)
     config = dict(model=src.name, real_weights=src.real, bits=bits_label(bits),
                   numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
@@ -510,13 +479,13 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
     apply = ((lambda m, n: m.edit_cache_on_host(ce.host, cache_size=n)) if side == "host"
              else ce.device)
     # the edited run first: an edit the device cannot do fails before the unedited run
-    q, res = edited_quality(cm, hwc, ids, ref, at=at, apply=apply, **config)
+    q, res = edited_quality(ready, ids, ref, at=at, apply=apply, **config)
     # the same predictions without the edit: deterministic, so kept per configuration
     # (host and device edits, and several edits, of one text share it)
     key = (_model_key(src, seed), np.asarray(ids, np.int64).tobytes(), bits.model_dump_json(),
            kv, hwc.model_dump_json(), chunk_tokens, allow_degenerate, at)
     if key not in _UNEDITED:
-        _UNEDITED[key], _ = edited_quality(cm, hwc, ids, ref, at=at, apply=None, **config)
+        _UNEDITED[key], _ = edited_quality(ready, ids, ref, at=at, apply=None, **config)
         while len(_UNEDITED) > QUALITIES_KEPT:
             del _UNEDITED[next(iter(_UNEDITED))]
     return EditQuality(ce.label, side, at, q, copy.deepcopy(_UNEDITED[key]), res.time_s,
@@ -525,7 +494,7 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
 
 __all__ = ["CHUNK_TOKENS", "EDIT_HELP", "EDIT_SIDES", "QUALITIES_KEPT", "READ_PATHS",
            "REFERENCES_KEPT", "TABLE_FORMATS", "CacheEdit", "EditQuality", "bit_config",
-           "GivenRows", "ReferenceRows", "bits_label", "compile_for_text", "edited_logits",
-           "edited_quality", "evaluate", "evaluate_edit", "npu_logits", "parse_edit",
-           "quality_table", "reference_logits", "reference_rows", "stream_npu_logits",
-           "requantize_layout", "source_of", "widest_core_mode"]
+           "GivenRows", "ReferenceRows", "bits_label", "edited_logits", "edited_quality",
+           "evaluate", "evaluate_edit", "npu_logits", "parse_edit", "quality_table",
+           "ready_for_text", "reference_logits", "reference_rows", "requantize_layout",
+           "stream_npu_logits"]

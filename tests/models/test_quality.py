@@ -115,7 +115,7 @@ def _whole(ref, npu, tokens, first=0):
 def test_streamed_figures_equal_the_whole_arrays_bit_for_bit(n, first, blocks) -> None:
     from models.quality import QualityStream
     rng = np.random.default_rng(n + first)
-    ref = rng.normal(0, 3, (n, 97)).astype(np.float32)
+    ref = rng.normal(0, 3, (n, 97))  # the float reference's float64
     npu = (ref + rng.normal(0, 0.5, (n, 97))).astype(np.float32)
     tokens = rng.integers(0, 97, n).tolist()
     stream = QualityStream(tokens, first=first)

@@ -9,7 +9,7 @@ import pytest
 from kvsim.errors import ConfigError
 from models.bits import build_bit_config
 from sim.app.evict import SNAP_WINDOW, TappedRunner, edit_costs, keep_positions
-from sim.app.quality import hardware_of, source_of
+from sim.runtime.ready import hardware_of, source_of
 from sim.runtime.scores import SCORE_BYTES, read_scores
 
 IDS = np.random.default_rng(7).integers(0, 256, size=120).tolist()
@@ -76,7 +76,7 @@ def test_retrieval_forgets_what_the_policy_drops(monkeypatch) -> None:
     keeps a needle near the end and forgets one at the start; StreamingLLM's sinks do not
     save a needle in the middle."""
     from sim.app import evict
-    from sim.app.quality import source_of as src_of
+    from sim.runtime.ready import source_of as src_of
 
     pattern = src_of("smollm2-135m").tokenizer().encode(" The pass key is")
 

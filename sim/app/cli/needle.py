@@ -58,7 +58,7 @@ def configs_of(kvs: list[str], reads: list[str], float_ref: bool):
 def heatmap(cells, path: Path) -> None:
     """A self-contained page: one heatmap per configuration (context x depth, colour the
     share of trials retrieved, each cell's mean key log-probability written in it)."""
-    from traces.io import atomic_write_text
+    from kvsim.files import atomic_write_text
 
     names = list(dict.fromkeys(c.config for c in cells))
     cols = min(2, len(names))
@@ -104,9 +104,9 @@ def markdown(cells) -> str:
 
 
 def cmd_needle(args: argparse.Namespace, console: Console) -> int:
+    from kvsim.files import atomic_write_text
     from sim.app.needle import run_grid
     from sim.app.quality import bit_config
-    from traces.io import atomic_write_text
 
     reads = ["integer", "dequant"] if args.kv_read == "both" else [args.kv_read]
     kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
