@@ -108,6 +108,20 @@ def attn(a: Attn, mem: Memory, kf: KVFormat, vf: KVFormat) -> None:
                          score_shift=a.score_shift, out_mult=a.out_mult,
                          out_shift=a.out_shift)
     mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
+    _tap(a, mem, kf, lambda lo: katt.key_weights(q, k, pos=a.pos, score_mult=a.score_mult,
+                                                 score_shift=a.score_shift, from_pos=lo))
+
+
+def _tap(a: Attn, mem: Memory, kf: KVFormat, weights) -> None:
+    """A memory carrying a ``score_tap`` (the device's attention-score readout, armed by
+    the runtime for an eviction) gets ``tap.add(k_base, weights)``: ``weights(from_pos)``
+    is each key's attention weight from the queries at positions ``>= from_pos``."""
+    tap = getattr(mem, "score_tap", None)
+    if tap is None:
+        return
+    if kf.slide:
+        raise IsaError("attn: the score readout does not cover sliding-window caches")
+    tap.add(a.k, weights)
 
 
 def fp16_values(x: np.ndarray, scale: float) -> np.ndarray:
@@ -128,6 +142,9 @@ def attn_dq(a: AttnDq, mem: Memory, kf: KVFormat, vf: KVFormat) -> None:
     except ValueError as err:
         raise IsaError(str(err)) from None
     mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
+    _tap(a, mem, kf, lambda lo: katf.key_weights_fp(qf, kf16, pos=a.pos,
+                                                    scale=f32_value(a.softmax_scale_f32),
+                                                    from_pos=lo))
 
 
 _FORMATS: dict[str, KVFormat] = {}

@@ -20,19 +20,11 @@ documented rounding, not the library's.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-#: Bits of a float64 significand: integers up to 2**53 are exact.
-EXACT_BITS = 53
-
-
-def _budget(k: int) -> int:
-    """Bits the two factors of a product may share when ``k`` of them are summed: every
-    partial sum stays within ``k * 2**bits <= 2**52`` (one bit to spare for ``rint``'s
-    ``2**bits`` itself)."""
-    return EXACT_BITS - 1 - max(1, math.ceil(math.log2(max(k, 1))))
+# when a float product of integers is exact (isa.kernels.exact: the same bounds the
+# integer attention on float BLAS rests on)
+from isa.kernels.exact import EXACT_BITS, int_bits, product_bits
 
 
 def split(a: np.ndarray, axis: int, bits: int, pieces: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -54,14 +46,6 @@ def split(a: np.ndarray, axis: int, bits: int, pieces: int) -> list[tuple[np.nda
     return out
 
 
-def int_bits(a: np.ndarray) -> int:
-    """Bits of the largest magnitude of the integer-valued ``a`` (``|a| <= 2**bits``)."""
-    top = float(np.max(np.abs(a))) if a.size else 0.0
-    if top != math.floor(top):
-        raise ValueError("int_bits: the array holds non-integer values")
-    return max(0, math.ceil(math.log2(top))) if top >= 1 else 0
-
-
 def matmul(a: np.ndarray, b: np.ndarray, *, b_integer: bool = False,
            pieces: int = 2) -> np.ndarray:
     """``a @ b`` in float64 (``a`` ``(..., n, k)``, ``b`` ``(..., k, m)``, batch axes as
@@ -76,7 +60,7 @@ def matmul(a: np.ndarray, b: np.ndarray, *, b_integer: bool = False,
     k = a.shape[-1]
     if b.shape[-2] != k:
         raise ValueError(f"exact.matmul: shapes {a.shape} and {b.shape} do not chain")
-    budget = _budget(k)
+    budget = product_bits(k)
     if b_integer:
         bb = int_bits(b)
         ba = budget - bb
@@ -105,3 +89,6 @@ def weight_product(x: np.ndarray, qw) -> np.ndarray:
     same on every machine: :func:`matmul` over the integers, then the row scales."""
     y = matmul(x, qw.integer_weights().T.astype(np.float64), b_integer=True)
     return (y * np.asarray(qw.scales, np.float64)[None, :]).astype(np.float32)
+
+
+__all__ = ["EXACT_BITS", "int_bits", "matmul", "product_bits", "split", "weight_product"]

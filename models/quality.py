@@ -127,8 +127,10 @@ def collapsed(tokens: Sequence[int], reference: Sequence[int]) -> str | None:
 
 #: Where the position buckets of :class:`Quality` start (prediction positions; the last
 #: bucket runs to the end of the text). An assumption: 128 is KIVI's fp16 window, so the
-#: first bucket is what a KIVI format holds unquantized on a short text.
-BUCKET_STARTS: tuple[int, ...] = (0, 128, 256)
+#: first bucket is what a KIVI format holds unquantized on a short text; from 1,024 on
+#: the buckets double, so a long text's figures show the damage out to its end (a text
+#: of up to 1,024 tokens keeps the three buckets it always had).
+BUCKET_STARTS: tuple[int, ...] = (0, 128, 256, 1024, 2048, 4096)
 
 
 @dataclass(frozen=True)
@@ -199,38 +201,133 @@ class Quality:
         return asdict(self)
 
 
+class QualityStream:
+    """:func:`compare` over logits that arrive a block of positions at a time: a long
+    text's ``n x vocab`` logits (1.6 GB per side at 8,192 tokens of a 49,152-token
+    vocabulary) are never held at once. Each :meth:`add` keeps the per-position figures
+    of its rows (KL, top-1 hit, both NLLs: a few floats per position) and the degenerate
+    checks' counts; :meth:`result` reduces them exactly as :func:`compare` reduces its
+    whole arrays, so the figures are the same to the last bit (every per-position figure
+    is computed row by row; the means run once over all positions)."""
+
+    def __init__(self, tokens: Sequence[int], *, first: int = 0):
+        self.tokens = np.asarray(list(tokens), dtype=np.int64)
+        n = self.tokens.size
+        if not 0 <= first <= n - 2:
+            raise ValueError(f"first: {first} must lie in 0..{n - 2} (the text's predictions)")
+        self.first = first
+        self._next = first  # the next position a block must start at
+        self._kl: list[np.ndarray] = []
+        self._agree: list[np.ndarray] = []
+        self._nll_q: list[np.ndarray] = []
+        self._nll_p: list[np.ndarray] = []
+        # degenerate_logits(npu[first:]) as counts: NaN/inf values, any nonzero value,
+        # constant rows and the first of them, values seen
+        self._nonfinite = 0
+        self._nonzero = False
+        self._const_rows = 0
+        self._first_const: int | None = None
+        self._values = 0
+        self._rows = 0
+
+    def add(self, ref: np.ndarray, npu: np.ndarray, start: int) -> None:
+        """The logits ``(rows, vocab)`` of positions ``start .. start + rows - 1`` from
+        both sides. Blocks come in order and cover every position from ``first`` to the
+        text's last (rows before ``first`` are skipped)."""
+        _check_pair(ref, npu)
+        n = self.tokens.size
+        end = start + npu.shape[0]
+        if start > self._next or end > n:
+            raise ValueError(f"QualityStream: block {start}..{end - 1} does not continue "
+                             f"at position {self._next} within the text's {n} positions")
+        lo = max(self._next, start)
+        if lo >= end:
+            return
+        q_all = npu[lo - start:]
+        self._degenerate_counts(q_all)
+        hi = min(end, n - 1)  # the last position predicts nothing
+        if lo < hi:
+            r, q = ref[lo - start : hi - start], npu[lo - start : hi - start]
+            lp, lq = log_softmax(r), log_softmax(q)
+            self._kl.append(_kl(lp, lq))
+            self._agree.append(r.argmax(axis=-1) == q.argmax(axis=-1))
+            tail = self.tokens[lo : hi + 1]
+            self._nll_q.append(_nll(lq, tail))
+            self._nll_p.append(_nll(lp, tail))
+        self._next = end
+
+    def _degenerate_counts(self, a: np.ndarray) -> None:
+        finite = np.isfinite(a)
+        self._nonfinite += int((~finite).sum())
+        self._nonzero = self._nonzero or bool(a.any())
+        flat = np.flatnonzero(a.max(axis=-1) == a.min(axis=-1))
+        if flat.size and self._first_const is None:
+            self._first_const = self._rows + int(flat[0])
+        self._const_rows += int(flat.size)
+        self._values += a.size
+        self._rows += a.shape[0]
+
+    def degenerate(self) -> str | None:
+        """:func:`degenerate_logits` of the NPU's rows from ``first`` on, from the counts."""
+        if self._values == 0:
+            return "no logits"
+        if self._nonfinite:
+            return f"{self._nonfinite} of {self._values} logits are NaN or inf"
+        if not self._nonzero:
+            return f"all {self._values} logits are zero"
+        if self._const_rows:
+            return (f"{self._const_rows} of {self._rows} logits rows are constant (first: "
+                    f"row {self._first_const})")
+        return None
+
+    def result(self, *, allow_degenerate: bool = False, **config: Any) -> Quality:
+        """The :class:`Quality` once every position has arrived (``config``: the other
+        fields). Degenerate NPU logits raise :class:`DegenerateOutput`, or with
+        ``allow_degenerate`` are measured anyway and named in ``degenerate``."""
+        n = self.tokens.size
+        if self._next != n:
+            raise ValueError(f"QualityStream: positions {self._next}..{n - 1} never arrived")
+        why = self.degenerate()
+        if why is not None and not allow_degenerate:
+            raise DegenerateOutput(f"NPU logits: {why} (the integer pipeline's output cannot "
+                                   f"be right; allow_degenerate measures it anyway)")
+        kl = np.concatenate(self._kl)
+        agree = np.concatenate(self._agree)
+        return Quality(tokens=n, perplexity=float(np.exp(np.concatenate(self._nll_q).mean())),
+                       reference_perplexity=float(np.exp(np.concatenate(self._nll_p).mean())),
+                       kl_mean=float(kl.mean()), kl_max=float(kl.max()),
+                       top1_agreement=float(agree.mean()), degenerate=why,
+                       buckets=position_buckets(kl, agree, first=self.first),
+                       first_position=self.first, **config)
+
+
+#: Rows :func:`compare` works on at a time (``rows x vocab`` float64 temporaries).
+COMPARE_ROWS = 256
+
+
 def compare(ref: np.ndarray, npu: np.ndarray, tokens: Sequence[int], *,
             allow_degenerate: bool = False, first: int = 0, **config: Any) -> Quality:
     """The :class:`Quality` of ``npu`` logits against ``ref`` logits, both ``(n, vocab)``
     for the text ``tokens``, over the predictions at positions ``first .. n - 2`` (0: all
     of them); ``config`` gives the other fields. Degenerate NPU logits raise
     :class:`DegenerateOutput`, or with ``allow_degenerate`` are measured anyway and named
-    in ``degenerate``."""
+    in ``degenerate``. Works :data:`COMPARE_ROWS` positions at a time
+    (:class:`QualityStream`: the same figures as over the whole arrays at once)."""
     _check_pair(ref, npu)
     n = len(tokens)
     if not 0 <= first <= n - 2:
         raise ValueError(f"first: {first} must lie in 0..{n - 2} (the text's predictions)")
-    why = degenerate_logits(npu[first:])
-    if why is not None and not allow_degenerate:
-        raise DegenerateOutput(f"NPU logits: {why} (the integer pipeline's output cannot be "
-                               f"right; allow_degenerate measures it anyway)")
-    r, q = ref[first:-1], npu[first:-1]
-    # each side's log-softmax once, for its KL and its perplexity (the rows that predict
-    # the text are the rows the KL compares; log_softmax works row by row, so the figures
-    # are those of kl_per_position and perplexity, bit for bit)
-    lp, lq = log_softmax(r), log_softmax(q)
-    kl = _kl(lp, lq)
-    agree = r.argmax(axis=-1) == q.argmax(axis=-1)
-    tail = np.asarray(list(tokens)[first:], dtype=np.int64)
-    return Quality(tokens=n, perplexity=float(np.exp(_nll(lq, tail).mean())),
-                   reference_perplexity=float(np.exp(_nll(lp, tail).mean())),
-                   kl_mean=float(kl.mean()), kl_max=float(kl.max()),
-                   top1_agreement=float(agree.mean()), degenerate=why,
-                   buckets=position_buckets(kl, agree, first=first), first_position=first,
-                   **config)
+    if ref.shape[0] != n:
+        raise ValueError(f"logits: {ref.shape[0]} rows for a text of {n} tokens")
+    stream = QualityStream(tokens, first=first)
+    for lo in range(first, n, COMPARE_ROWS):
+        hi = min(lo + COMPARE_ROWS, n)
+        stream.add(ref[lo:hi], npu[lo:hi], lo)
+    return stream.result(allow_degenerate=allow_degenerate, **config)
 
 
-__all__ = ["BUCKET_STARTS", "COLLAPSE_SHARE", "DegenerateOutput", "PositionBucket", "Quality",
+__all__ = ["BUCKET_STARTS", "COLLAPSE_SHARE", "COMPARE_ROWS", "DegenerateOutput",
+           "PositionBucket", "Quality", "QualityStream",
            "collapsed", "compare", "degenerate_logits", "kl_per_position", "log_softmax",
            "next_token_nll", "perplexity", "position_buckets", "repeat_share",
            "top1_agreement"]

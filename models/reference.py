@@ -36,7 +36,8 @@ summation order and FMA use differ between CPU generations), and those bits reac
 figure measured against the reference (KL, perplexity); in float64 the kernels differ by
 ~1e-16 relative, far below any figure kvsim reports. The small ops below keep their
 input's dtype: the compiler's calibration passes call them in float32 (with the exact
-products of :mod:`models.exact`).
+products of :mod:`models.exact`). Past 2,048 rows, attention and the LM head run in blocks
+of rows (:mod:`models.reference_blocks`), so a long text needs bounded memory.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from kvsim.errors import ConfigError
 
 from .bits import WeightBits
 from .config import LinearRopeScaling, Llama3RopeScaling, ModelConfig, YarnRopeScaling
+from .reference_blocks import attend, head_logits, tail_rows
 from .weights import SyntheticWeights, WeightSource, quantize_weight
 
 #: The float passes' dtype (the reference model and the calibration passes of
@@ -319,14 +321,26 @@ class ReferenceModel:
         return embed_rows(self.config, self._w("embed", quantized=False), t)
 
     def forward_embeddings(
-        self, x: np.ndarray, *, return_hidden: bool = False
+        self, x: np.ndarray, *, return_hidden: bool = False, last_only: bool = False,
+        last_rows: int = 0,
     ) -> np.ndarray | tuple[np.ndarray, list[np.ndarray]]:
         """Run ``n`` input embeddings (float ``(n, hidden)``) at positions
         ``num_cached .. num_cached+n-1``, appending their K/V to the cache.
 
-        Returns the logits, :data:`FLOAT` ``(n, vocab_size)``; with ``return_hidden`` also the
-        residual stream entering each block and after the last (``num_layers + 1`` arrays).
-        """
+        Returns the logits, :data:`FLOAT` ``(n, vocab_size)`` (``last_only``: the last
+        position's, ``last_rows``: the last that many, the same values); with
+        ``return_hidden`` also the residual stream entering each block and after the last
+        (``num_layers + 1`` arrays)."""
+        hidden = self._blocks(x, keep=return_hidden)
+        h = self._norm(hidden[-1], "final_norm")
+        rows = 1 if last_only else last_rows
+        logits = self.head_logits(tail_rows(h, rows) if rows else h)
+        logits = logits[-rows:] if rows else logits
+        return (logits, hidden) if return_hidden else logits
+
+    def _blocks(self, x: np.ndarray, *, keep: bool = False) -> list[np.ndarray]:
+        """The residual stream of embeddings ``x`` entering each block and after the last
+        (only the last without ``keep``), their K/V appended to the cache."""
         c = self.config
         x = np.asarray(x, dtype=FLOAT)
         if x.ndim != 2 or x.shape[1] != c.hidden_size:
@@ -354,12 +368,18 @@ class ReferenceModel:
                 h = self._norm(x, p + "mlp_norm")
                 mlp = self._moe(i, h) if c.layer_is_moe(i) else self._swiglu(p, h)
                 x = (x + mlp).astype(FLOAT)
-            hidden.append(x)
-        h = self._norm(x, "final_norm")
-        logits = (h @ self._w(c.lm_head_tensor).T).astype(FLOAT)
-        if c.logit_scale != 1.0:
-            logits = (logits * FLOAT(c.logit_scale)).astype(FLOAT)
-        return (logits, hidden) if return_hidden else logits
+            if keep:
+                hidden.append(x)
+        return hidden if keep else [x]
+
+    def final_hidden(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`forward_embeddings`' final-normed hidden states, :data:`FLOAT` ``(n,
+        hidden)``: their :meth:`head_logits` are its logits, read a block at a time."""
+        return self._norm(self._blocks(x)[-1], "final_norm")
+
+    def head_logits(self, h: np.ndarray) -> np.ndarray:
+        """The LM head over final-normed ``h`` ``(n, hidden)``: :data:`FLOAT` logits."""
+        return head_logits(self.config, self._w(self.config.lm_head_tensor), h)
 
     def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
         """The model's norm (RMSNorm, or LayerNorm for ``norm_kind = "layer"``)."""
@@ -382,22 +402,6 @@ class ReferenceModel:
         return self.forward([token])[0]
 
     # --- blocks -----------------------------------------------------------------------------
-
-    def _attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                window: int | None = None) -> np.ndarray:
-        """``q`` (n, H, dq), ``k`` (T, H, dq), ``v`` (T, H, dv), causal over the cache:
-        query ``i`` sits at position ``T - n + i`` (and sees only the last ``window``
-        positions up to its own, if given). Returns (n, H*dv)."""
-        n, t = q.shape[0], k.shape[0]
-        scores = np.matmul(q.transpose(1, 0, 2), k.transpose(1, 2, 0)) * self._scale  # (H,n,T)
-        qpos = (t - n + np.arange(n))[:, None]
-        future = np.arange(t)[None, :] > qpos
-        if window is not None:
-            future |= np.arange(t)[None, :] <= qpos - window
-        scores = np.where(future[None], FLOAT(-np.inf), scores)
-        probs = softmax(scores, axis=-1)
-        out = np.matmul(probs, v.transpose(1, 0, 2))  # (H, n, dv)
-        return out.transpose(1, 0, 2).reshape(n, -1).astype(FLOAT)
 
     def _append(self, layer: int, **parts: np.ndarray) -> dict[str, np.ndarray]:
         cache = self._kv[layer]
@@ -424,7 +428,8 @@ class ReferenceModel:
         group = c.num_heads // c.num_kv_heads
         keys = np.repeat(cache["key"].reshape(t, c.num_kv_heads, d), group, axis=1)
         values = np.repeat(cache["value"].reshape(t, c.num_kv_heads, d), group, axis=1)
-        out = self._attend(q, keys, values, c.layer_window(layer))
+        # causal over the cache (reference_blocks.attend: whole up to 2,048 queries)
+        out = attend(q, keys, values, self._scale, c.layer_window(layer))
         return self._linear(out, p + "o_proj", p + "o_bias" if c.o_bias else None)
 
     def _mla(self, layer: int, h: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -449,7 +454,7 @@ class ReferenceModel:
         values = self._linear(cache["content"], p + "v_b_proj").reshape(t, heads, c.v_head_dim)
         k_pe_all = np.broadcast_to(cache["rope"][:, None, :], (t, heads, c.qk_rope_head_dim))
         keys = np.concatenate([k_nope, k_pe_all], axis=-1)
-        out = self._attend(np.concatenate([q_nope, q_pe], axis=-1), keys, values)
+        out = attend(np.concatenate([q_nope, q_pe], axis=-1), keys, values, self._scale)
         return self._linear(out, p + "o_proj")
 
     def _swiglu(self, prefix: str, h: np.ndarray) -> np.ndarray:

@@ -235,7 +235,7 @@ def device_weights(cfg: ModelConfig, spec: dict[str, Any], bits: BitConfig) -> W
     key = (cfg.model_dump_json(), json.dumps(spec, sort_keys=True, default=repr), rotated)
     if _LAST_WEIGHTS and _LAST_WEIGHTS[0] == key:
         return _LAST_WEIGHTS[1]
-    source: WeightSource = CachedWeights(open_weights(cfg, spec))
+    source = float_weights(cfg, spec)
     if rotated:
         source = CachedWeights(RotatedWeights(source))
     _LAST_WEIGHTS[:] = [key, source]
@@ -244,6 +244,22 @@ def device_weights(cfg: ModelConfig, spec: dict[str, Any], bits: BitConfig) -> W
 
 #: ``[key, source]`` of the last :func:`device_weights` call (one model's weights kept).
 _LAST_WEIGHTS: list = []
+
+
+def float_weights(cfg: ModelConfig, spec: dict[str, Any]) -> WeightSource:
+    """The model's float weights, the last model's kept (:class:`CachedWeights`): the
+    device's weights are computed from them and the float reference reads them, so one
+    copy serves both (540 MB of float32 for SmolLM2-135M)."""
+    key = (cfg.model_dump_json(), json.dumps(spec, sort_keys=True, default=repr))
+    if _LAST_FLOAT and _LAST_FLOAT[0] == key:
+        return _LAST_FLOAT[1]
+    source: WeightSource = CachedWeights(open_weights(cfg, spec))
+    _LAST_FLOAT[:] = [key, source]
+    return source
+
+
+#: ``[key, source]`` of the last :func:`float_weights` call.
+_LAST_FLOAT: list = []
 
 
 def calibration_ids(cfg: ModelConfig, spec: dict[str, Any], bits: BitConfig,

@@ -21,9 +21,11 @@ from models.bits import (
     default_numerics,
     weight_bits_preset,
 )
+from models.compiler.calibrate_wide import float_weights
 from models.compiler.compiled import CompiledModel
-from models.quality import Quality, compare
+from models.quality import Quality, QualityStream
 from models.reference import ReferenceModel
+from models.reference_blocks import HEAD_ROWS, head_logits, row_blocks
 from models.source import ModelSource
 from sim.device.hw import HardwareConfig
 from sim.runtime import Model, ModelConfig
@@ -79,11 +81,64 @@ def ready_for_text(src: ModelSource, bits: BitConfig, *, kv: str, hw: HardwareCo
                        functional=functional, seed=seed)
 
 
-#: How many float references :func:`reference_logits` keeps (each ``n x vocab`` float32:
-#: 50 MB for 257 tokens of SmolLM2's 49,152-token vocabulary).
+#: How many float references :func:`reference_rows` keeps (each the text's final hidden
+#: states, ``n x hidden`` float64: 38 MB for 8,192 tokens of SmolLM2, and its LM head).
 REFERENCES_KEPT = 2
-#: ``(key, logits)`` of the last :data:`REFERENCES_KEPT` references, newest last.
-_REFERENCES: list[tuple[tuple, np.ndarray]] = []
+
+
+class ReferenceRows:
+    """The float reference's teacher-forced logits of one text, read a block of rows at a
+    time (``rows(lo, hi)``: rows ``lo .. hi-1`` of the ``(n, vocab)`` logits) from its
+    final hidden states. The LM head runs over the blocks of
+    :func:`models.reference_blocks.row_blocks` whatever blocks are asked for (one product
+    up to :data:`models.reference_blocks.WHOLE_ROWS` rows, the same logits as one whole
+    prefill), so a row's value does not depend on the caller's blocks; past that, a long
+    text's logits are never held at once (one block is kept)."""
+
+    def __init__(self, config, hidden: np.ndarray, head: np.ndarray):
+        self.config = config
+        self.hidden = hidden
+        self.head = head
+        hidden.setflags(write=False)
+        self._blocks = row_blocks(self.n, HEAD_ROWS)
+        self._kept: tuple[int, int, np.ndarray] | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.hidden.shape[0])
+
+    def _block(self, i: int) -> tuple[int, int, np.ndarray]:
+        lo, hi = self._blocks[i]
+        if self._kept is None or self._kept[0] != lo:
+            self._kept = (lo, hi, head_logits(self.config, self.head, self.hidden[lo:hi]))
+        return self._kept
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        if not 0 <= lo <= hi <= self.n:
+            raise ValueError(f"rows {lo}..{hi}: outside the text's {self.n} positions")
+        parts = []
+        for i, (blo, bhi) in enumerate(self._blocks):
+            if blo < hi and lo < bhi:
+                b0, _, logits = self._block(i)
+                parts.append(logits[max(lo, blo) - b0 : min(hi, bhi) - b0])
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        out = out.view()
+        out.setflags(write=False)
+        return out
+
+
+class GivenRows:
+    """:class:`ReferenceRows`' interface over logits already computed."""
+
+    def __init__(self, logits: np.ndarray):
+        self.logits = logits
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        return self.logits[lo:hi]
+
+
+#: ``(key, rows)`` of the last :data:`REFERENCES_KEPT` references, newest last.
+_REFERENCES: list[tuple[tuple, ReferenceRows]] = []
 #: How many :class:`Quality` results :func:`evaluate` keeps (a few hundred bytes each).
 QUALITIES_KEPT = 64
 #: key -> quality of the last :data:`QUALITIES_KEPT` evaluations, oldest first.
@@ -98,37 +153,83 @@ def _model_key(src: ModelSource, seed: int) -> tuple:
     return (src.name, src.config.model_dump_json(), weights_key(src.weight_spec(seed)), seed)
 
 
-def reference_logits(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) -> np.ndarray:
-    """The float reference's teacher-forced logits ``(n, vocab)`` (float weights).
+def reference_rows(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) -> ReferenceRows:
+    """The float reference's teacher-forced logits of ``tokens`` (float weights), as
+    :class:`ReferenceRows`: one forward pass keeps the final hidden states, and each block
+    of logits rows is computed when asked for.
 
     The last few are kept in memory, keyed on the model (:func:`_model_key`) and the token
     ids: the same text compared with several KV formats, read paths or bit configs runs
-    the float model once. The array returned is read-only (it is shared)."""
+    the float model once."""
     ids = np.asarray([int(t) for t in tokens], dtype=np.int64)
     key = (_model_key(src, seed), ids.tobytes())
-    for k, logits in _REFERENCES:
+    for k, rows in _REFERENCES:
         if k == key:
-            return logits
-    logits = ReferenceModel(src.config, src.open_weights(seed)).prefill(ids.tolist())
-    logits.setflags(write=False)
-    _REFERENCES[:] = [*_REFERENCES[-(REFERENCES_KEPT - 1):], (key, logits)]
-    return logits
+            return rows
+    # the float weights the compiled model was made from (models.compiler.calibrate_wide.
+    # float_weights): held once for both
+    ref = ReferenceModel(src.config, float_weights(src.config, src.weight_spec(seed)))
+    hidden = ref.final_hidden(ref.embed(ids.tolist()))
+    rows = ReferenceRows(src.config, hidden, ref._w(src.config.lm_head_tensor))
+    _REFERENCES[:] = [*_REFERENCES[-(REFERENCES_KEPT - 1):], (key, rows)]
+    return rows
+
+
+def reference_logits(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) -> np.ndarray:
+    """The float reference's teacher-forced logits ``(n, vocab)`` (float weights): every
+    row of :func:`reference_rows` at once (``n x vocab`` float64; a long text is better
+    read a block at a time). The array returned is read-only."""
+    rows = reference_rows(src, tokens, seed=seed)
+    return rows.rows(0, rows.n)
+
+
+#: What a teacher-forced run passes each block of logits to: ``(first position, logits
+#: (rows, vocab))``.
+OnRows = Callable[[int, np.ndarray], None]
+
+
+def stream_npu_logits(ready: ReadyModel, tokens: Sequence[int], on_rows: OnRows) -> float:
+    """Teacher-force ``tokens`` through the simulated NPU in calls of
+    ``ready.compiled.max_seq`` tokens, passing each call's logits ``(tokens, vocab)`` to
+    ``on_rows`` as it returns (they are not kept); returns the simulated seconds of the
+    prefill calls (the host embeds the tokens: :meth:`ReadyModel.embed`)."""
+    time_s, _ = _teacher_force(ready, tokens, on_rows, at=0, apply=None)
+    return time_s
 
 
 def npu_logits(ready: ReadyModel, tokens: Sequence[int]) -> tuple[np.ndarray, float]:
     """The simulated NPU's teacher-forced logits ``(n, vocab)`` and the simulated seconds
-    of the prefill calls (the host embeds the tokens: :meth:`ReadyModel.embed`)."""
+    of the prefill calls (:func:`stream_npu_logits`, every block kept)."""
+    blocks: list[np.ndarray] = []
+    time_s = stream_npu_logits(ready, tokens, lambda _t0, rows: blocks.append(rows))
+    return np.concatenate(blocks), time_s
+
+
+def _teacher_force(ready: ReadyModel, tokens: Sequence[int], on_rows: OnRows, *, at: int,
+                   apply: Callable[[Model, int], EditResult] | None
+                   ) -> tuple[float, EditResult | None]:
+    """Teacher-force ``tokens`` in calls of ``ready.compiled.max_seq`` tokens, with
+    ``apply(model, at)`` run on the cache after the first ``at`` tokens (None: no edit),
+    the later tokens placed after the edit's new cache size; each call's logits go to
+    ``on_rows(first position, logits)``. Returns the simulated seconds of the prefill
+    calls and the edit's result."""
     model = ready.launch(ModelConfig(all_logits=True))
     acc, cm = model.acc, ready.compiled
     ids = np.asarray(tokens, dtype=np.int64)
-    rows, time_s = [], 0.0
-    for t0 in range(0, ids.size, cm.max_seq):
-        chunk = ids[t0 : t0 + cm.max_seq]
-        [out] = model.infer(ready.embed(chunk), cache_size=t0, all_logits=True)
-        rows.append(out)
-        time_s += acc.calls[-1].time_s
-    model.dispose()
-    return np.concatenate(rows), time_s
+    time_s, res, base = 0.0, None, 0
+    try:
+        for lo, hi in ((0, at), (at, ids.size)):
+            if lo == at and apply is not None:
+                res = apply(model, at)
+                base = res.new_cache_size - at
+            for t0 in range(lo, hi, cm.max_seq):
+                chunk = ids[t0 : min(t0 + cm.max_seq, hi)]
+                [out] = model.infer(ready.embed(chunk), cache_size=base + t0, all_logits=True)
+                time_s += acc.calls[-1].time_s
+                on_rows(t0, out)
+    finally:
+        model.dispose()
+    return time_s, res
 
 
 def evaluate(source: str | Path | ModelSource, tokens: Sequence[int], *, bits: BitConfig,
@@ -160,12 +261,18 @@ def evaluate(source: str | Path | ModelSource, tokens: Sequence[int], *, bits: B
         return copy.deepcopy(_QUALITIES[key])
     ready = ready_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
                            chunk_tokens=chunk_tokens)
-    npu, time_s = npu_logits(ready, ids)
-    ref = reference_logits(src, ids, seed=seed) if reference is None else reference
-    q = compare(ref, npu, ids, allow_degenerate=allow_degenerate, model=src.name,
-                real_weights=src.real, bits=bits_label(bits),
-                numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
-                hw=hwc.name, prefill_s=time_s)
+    if reference is not None and reference.shape != (len(ids), vocab):
+        raise ConfigError(f"reference: logits of shape {reference.shape}, expected "
+                          f"({len(ids)}, {vocab})")
+    ref = reference_rows(src, ids, seed=seed) if reference is None else GivenRows(reference)
+    # each call's logits compared as they arrive (the text's logits are never all held)
+    stream = QualityStream(ids)
+    time_s = stream_npu_logits(
+        ready, ids, lambda t0, rows: stream.add(ref.rows(t0, t0 + rows.shape[0]), rows, t0))
+    q = stream.result(allow_degenerate=allow_degenerate, model=src.name,
+                      real_weights=src.real, bits=bits_label(bits),
+                      numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
+                      hw=hwc.name, prefill_s=time_s)
     if reference is None:
         _QUALITIES[key] = copy.deepcopy(q)
         while len(_QUALITIES) > QUALITIES_KEPT:
@@ -314,21 +421,28 @@ def edited_logits(ready: ReadyModel, tokens: Sequence[int], *, at: int,
     the cache after the first ``at`` tokens (None: no edit; the logits equal
     :func:`npu_logits`'s), the later tokens placed after the edit's new cache size; and
     the simulated seconds of the prefill calls."""
-    model = ready.launch(ModelConfig(all_logits=True))
-    acc, cm = model.acc, ready.compiled
-    ids = np.asarray(tokens, dtype=np.int64)
-    rows, time_s, res, base = [], 0.0, None, 0
-    for lo, hi in ((0, at), (at, ids.size)):
-        if lo == at and apply is not None:
-            res = apply(model, at)
-            base = res.new_cache_size - at
-        for t0 in range(lo, hi, cm.max_seq):
-            chunk = ids[t0 : min(t0 + cm.max_seq, hi)]
-            [out] = model.infer(ready.embed(chunk), cache_size=base + t0, all_logits=True)
-            rows.append(out)
-            time_s += acc.calls[-1].time_s
-    model.dispose()
-    return np.concatenate(rows), time_s, res
+    blocks: list[np.ndarray] = []
+    time_s, res = _teacher_force(ready, tokens, lambda _t0, rows: blocks.append(rows),
+                                 at=at, apply=apply)
+    return np.concatenate(blocks), time_s, res
+
+
+def edited_quality(ready: ReadyModel, tokens: Sequence[int],
+                   ref: ReferenceRows | GivenRows, *, at: int,
+                   apply: Callable[[Model, int], EditResult] | None,
+                   allow_degenerate: bool = False, **config: Any
+                   ) -> tuple[Quality, EditResult | None]:
+    """:func:`edited_logits` compared with the float reference's rows as they arrive
+    (predictions ``at ..``; ``config``: the :class:`Quality`'s other fields)."""
+    stream = QualityStream(tokens, first=at)
+
+    def on_rows(t0: int, rows: np.ndarray) -> None:
+        if t0 + rows.shape[0] > at:
+            lo = max(t0, at)
+            stream.add(ref.rows(lo, t0 + rows.shape[0]), rows[lo - t0:], lo)
+
+    time_s, res = _teacher_force(ready, tokens, on_rows, at=at, apply=apply)
+    return stream.result(allow_degenerate=allow_degenerate, prefill_s=time_s, **config), res
 
 
 def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
@@ -358,22 +472,20 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
                            chunk_tokens=chunk_tokens)
     if side == "device" and ce.device_check is not None:
         ce.device_check(ready.compiled)
-    ref = reference_logits(src, ids, seed=seed)
+    ref = reference_rows(src, ids, seed=seed)
     config = dict(model=src.name, real_weights=src.real, bits=bits_label(bits),
                   numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
-                  hw=hwc.name, allow_degenerate=allow_degenerate, first=at)
+                  hw=hwc.name, allow_degenerate=allow_degenerate)
     apply = ((lambda m, n: m.edit_cache_on_host(ce.host, cache_size=n)) if side == "host"
              else ce.device)
     # the edited run first: an edit the device cannot do fails before the unedited run
-    npu, time_s, res = edited_logits(ready, ids, at=at, apply=apply)
-    q = compare(ref, npu, ids, prefill_s=time_s, **config)
+    q, res = edited_quality(ready, ids, ref, at=at, apply=apply, **config)
     # the same predictions without the edit: deterministic, so kept per configuration
     # (host and device edits, and several edits, of one text share it)
     key = (_model_key(src, seed), np.asarray(ids, np.int64).tobytes(), bits.model_dump_json(),
            kv, hwc.model_dump_json(), chunk_tokens, allow_degenerate, at)
     if key not in _UNEDITED:
-        plain, plain_s, _ = edited_logits(ready, ids, at=at, apply=None)
-        _UNEDITED[key] = compare(ref, plain, ids, prefill_s=plain_s, **config)
+        _UNEDITED[key], _ = edited_quality(ready, ids, ref, at=at, apply=None, **config)
         while len(_UNEDITED) > QUALITIES_KEPT:
             del _UNEDITED[next(iter(_UNEDITED))]
     return EditQuality(ce.label, side, at, q, copy.deepcopy(_UNEDITED[key]), res.time_s,
@@ -382,6 +494,7 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
 
 __all__ = ["CHUNK_TOKENS", "EDIT_HELP", "EDIT_SIDES", "QUALITIES_KEPT", "READ_PATHS",
            "REFERENCES_KEPT", "TABLE_FORMATS", "CacheEdit", "EditQuality", "bit_config",
-           "bits_label", "edited_logits", "evaluate", "evaluate_edit", "npu_logits",
-           "parse_edit", "quality_table", "ready_for_text", "reference_logits",
-           "requantize_layout"]
+           "GivenRows", "ReferenceRows", "bits_label", "edited_logits", "edited_quality",
+           "evaluate", "evaluate_edit", "npu_logits", "parse_edit", "quality_table",
+           "ready_for_text", "reference_logits", "reference_rows", "requantize_layout",
+           "stream_npu_logits"]

@@ -215,7 +215,8 @@ def reference_continuation(src: ModelSource, ids: Sequence[int], max_new_tokens:
                            seed: int = 0) -> list[int]:
     """The float reference's continuation of ``ids`` (same sampling rule and seed)."""
     ref = ReferenceModel(src.config, src.open_weights(seed))
-    logits = ref.prefill(ids)[-1]
+    ref.reset()
+    logits = ref.forward_embeddings(ref.embed(ids), last_only=True)[-1]
     pick, out = sampler.picker(), []
     while True:
         t = pick(logits)

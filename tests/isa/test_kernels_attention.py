@@ -132,3 +132,37 @@ def test_wrapper_checks_shapes() -> None:
     with pytest.raises(ValueError):
         at.attention_mla(q, np.zeros((5, 4), np.int8), v_dim=5, pos=0, score_mult=1,
                          score_shift=0, out_mult=1, out_shift=0)
+
+
+@SETTINGS
+@given(cases())
+def test_blas_path_equals_the_integer_kernel(case) -> None:
+    """The float-BLAS path computes the integer kernel's output bit for bit (its sums are
+    exact: blas_bounds), whatever the shapes, the positions and the multipliers."""
+    q, k, v, pos, sm, ss, om, osh = case
+    want = np.empty((q.shape[0], q.shape[1], v.shape[2]), np.int8)
+    at.attention(q, k, v, pos, sm, ss, om, osh, want)
+    score_type = at.blas_bounds(q, k, v)
+    assert score_type == np.float32  # |q.k| <= 9 * 2**14 < 2**24
+    got = np.empty_like(want)
+    at.attention_blas(q, k, v, pos, sm, ss, om, osh, got, score_type)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize(("L", "T", "pos", "dk", "score_type"), [
+    (300, 300, 0, 64, np.float32),  # a prefill over several query blocks
+    (130, 700, 570, 64, np.float32),  # a later call: keys before the block
+    (5, 40, 2, 2048, np.float64),  # 2048 * 2**14 = 2**25: float32 would not be exact
+])
+def test_blas_path_on_long_calls(L, T, pos, dk, score_type) -> None:
+    rng = np.random.default_rng(L + T)
+    q = rng.integers(-128, 128, (L, 6, dk), dtype=np.int8)
+    k = rng.integers(-128, 128, (T, 2, dk), dtype=np.int8)
+    v = rng.integers(-128, 128, (T, 2, 32), dtype=np.int8)
+    kw = dict(score_mult=1 << 20, score_shift=27 if dk > 64 else 24, out_mult=1 << 20,
+              out_shift=27)
+    want = np.empty((L, 6, 32), np.int8)
+    at.attention(q, k, v, pos, kw["score_mult"], kw["score_shift"], kw["out_mult"],
+                 kw["out_shift"], want)
+    assert at.blas_bounds(q, k, v) == score_type
+    assert np.array_equal(at.attend(q, k, v, pos=pos, **kw), want)

@@ -97,3 +97,44 @@ def test_compare_refuses_degenerate_logits_unless_asked() -> None:
     same = compare(ref, ref, tokens, **CONFIG)
     assert (same.kl_mean, same.top1_agreement, same.degenerate) == (0.0, 1.0, None)
     assert same.perplexity == same.reference_perplexity
+
+
+def _whole(ref, npu, tokens, first=0):
+    """The figures over the whole arrays at once (the computation before streaming)."""
+    from models.quality import _kl, _nll, log_softmax
+    r, q = ref[first:-1], npu[first:-1]
+    lp, lq = log_softmax(r), log_softmax(q)
+    tail = np.asarray(tokens[first:], np.int64)
+    kl = _kl(lp, lq)
+    return (float(np.exp(_nll(lq, tail).mean())), float(np.exp(_nll(lp, tail).mean())),
+            float(kl.mean()), float(kl.max()),
+            float((r.argmax(axis=-1) == q.argmax(axis=-1)).mean()))
+
+
+@pytest.mark.parametrize(("n", "first", "blocks"), [(300, 0, 7), (300, 41, 256), (40, 3, 1)])
+def test_streamed_figures_equal_the_whole_arrays_bit_for_bit(n, first, blocks) -> None:
+    from models.quality import QualityStream
+    rng = np.random.default_rng(n + first)
+    ref = rng.normal(0, 3, (n, 97))  # the float reference's float64
+    npu = (ref + rng.normal(0, 0.5, (n, 97))).astype(np.float32)
+    tokens = rng.integers(0, 97, n).tolist()
+    stream = QualityStream(tokens, first=first)
+    for lo in range(0, n, blocks):  # rows before ``first`` are skipped
+        stream.add(ref[lo:lo + blocks], npu[lo:lo + blocks], lo)
+    q = stream.result(**CONFIG)
+    got = (q.perplexity, q.reference_perplexity, q.kl_mean, q.kl_max, q.top1_agreement)
+    assert got == _whole(ref, npu, tokens, first)
+    assert compare(ref, npu, tokens, first=first, **CONFIG) == q
+
+
+def test_streamed_degenerate_check_names_what_the_whole_check_names() -> None:
+    from models.quality import QualityStream
+    npu = np.ones((6, 5), np.float32)
+    npu[4] = np.arange(5)
+    tokens = [0, 1, 2, 3, 4, 0]
+    stream = QualityStream(tokens, first=1)
+    stream.add(npu[:3], npu[:3], 0)
+    stream.add(npu[3:], npu[3:], 3)
+    assert stream.degenerate() == degenerate_logits(npu[1:])
+    with pytest.raises(ValueError, match="does not continue"):
+        QualityStream(tokens).add(npu[2:], npu[2:], 2)

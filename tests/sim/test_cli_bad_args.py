@@ -47,6 +47,12 @@ CASES = [
                                        "serving.workload.arrival='poisson'", "--set",
                                        "serving.workload.rate_per_s=1e-300"],
      "serving.workload.rate_per_s: the last request arrives at"),
+    ("needle contexts text", ["needle", "--contexts", "1k", "--out", "{d}/n"],
+     "--contexts: '1k' is not a comma-separated list of integers"),
+    ("needle depth past 100", ["needle", "--depths", "0,150", "--out", "{d}/n"],
+     "--depths: '0,150' must list percentages in 0..100"),
+    ("needle no trials", ["needle", "--trials", "0", "--out", "{d}/n"],
+     "--trials: must be >= 1, got 0"),
 ]
 
 

@@ -447,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     he.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     he.set_defaults(func=cmd_hw_sensitivity)
 
+    from sim.app.cli.needle import add_needle_parser
     from sim.app.cli.serve import add_serve_parser
     from sim.app.cli.text import add_text_parsers
     from sim.app.regress.regress import add_parser as add_regress_parser
@@ -456,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_text_parsers(sub)
     add_vendor_parsers(sub)  # kvsim exec, kvsim vendor (the vendor's Python stack on kvsim)
+    add_needle_parser(sub)  # kvsim needle (pass-key retrieval by depth and context)
     return p
 
 

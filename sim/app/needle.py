@@ -1,0 +1,367 @@
+"""Pass-key retrieval through the integer pipeline (``kvsim needle``).
+
+A five-digit pass key is hidden in filler text at a depth of the context (0 %: right
+after the instruction, 100 %: right before the question), the task of Mohtashami and
+Jaggi ("Landmark Attention", 2023), in kvsim's own words. Per cell (context length,
+depth) and seeded trial (one key per trial, the same keys in every cell), the text
+``instruction + filler + needle + filler + question + answer`` is teacher-forced:
+
+- **retrieved**: greedy decoding after the question writes the answer (a space, then the
+  key's five digits): the argmax at each of the answer's positions is the answer's token
+  (a greedy decode writes the key exactly when every one of these holds);
+- **log-probability**: the mean natural log-probability of the key's digits.
+
+Every trial of a cell shares the text before its needle, and a shallower cell's text is
+the start of a deeper one's: the prefix runs once per context, its cache is dumped at
+each depth's needle and loaded back before each trial (the bytes the device holds: the
+same cache as a run from the start).
+
+The float reference runs the same texts on the float model (its own cache snapshots).
+Results are cached on disk per cell (``cells/*.json`` in the output folder), so a long
+grid resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvsim.errors import ConfigError
+from kvsim.files import atomic_write_text
+from models.bits import BitConfig
+from models.compiler.calibrate_wide import float_weights
+from models.quality import log_softmax
+from models.reference import ReferenceModel
+from models.source import ModelSource
+from sim.app.quality import bits_label, ready_for_text
+from sim.device.hw import HardwareConfig
+from sim.runtime import ModelConfig
+from sim.runtime.ready import hardware_of, source_of
+
+#: The text around the key (kvsim's own wording of the pass-key task).
+INSTRUCTION = ("A pass key is hidden somewhere in the long text below. Find it and keep it "
+               "in mind: at the end you will be asked what it is.")
+FILLER = (" The day was warm and still. The river ran slowly past the old mill. A cart "
+          "went by on the road to the town. Nothing else happened for a long time.")
+NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = " What is the pass key? The pass key is"
+ANSWER = " {key}"
+#: Bumped whenever the text above or the measure changes (cached cells of another
+#: version are not reused).
+PROMPT_VERSION = 1
+KEY_DIGITS = 5
+DEFAULT_CONTEXTS = (1024, 2048, 4096, 8192)
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+DEFAULT_TRIALS = 5
+
+
+def trial_keys(trials: int, seed: int = 0) -> list[int]:
+    """The pass key of each trial: five digits, seeded (``seed + trial``)."""
+    return [int(np.random.default_rng(seed + t).integers(10 ** (KEY_DIGITS - 1),
+                                                         10 ** KEY_DIGITS))
+            for t in range(trials)]
+
+
+@dataclass(frozen=True)
+class NeedleText:
+    """One trial's text: ``ids`` (fed, the answer's last token left out: nothing after it
+    is predicted), the answer's tokens, where the needle starts and which answer tokens
+    are the key's digits."""
+
+    ids: list[int]
+    answer: list[int]
+    needle_at: int
+    digits: list[int]  # indices into ``answer``
+
+    @property
+    def context(self) -> int:
+        return len(self.ids) + 1
+
+
+class NeedleBuilder:
+    """Texts of a given total length (instruction, filler, needle, question, answer)."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.instruction = tok.encode(INSTRUCTION)
+        self.question = tok.encode(QUESTION)
+        self.unit = tok.encode(FILLER)
+        # a sentence ends after each "." token of the filler: the needle goes there
+        dot = tok.encode(".")[-1]
+        self.ends = [i + 1 for i, t in enumerate(self.unit) if t == dot]
+        probe = tok.encode(NEEDLE.format(key="1" * KEY_DIGITS))
+        self.needle_len = len(probe)
+        self.answer_len = len(tok.encode(ANSWER.format(key="1" * KEY_DIGITS)))
+
+    def filler_len(self, context: int) -> int:
+        n = context - len(self.instruction) - self.needle_len - len(self.question) \
+            - self.answer_len
+        if n < len(self.unit):
+            raise ConfigError(f"context: {context} tokens leave {n} of filler; the task "
+                              f"needs at least {len(self.unit)} (one filler passage)")
+        return n
+
+    def needle_offset(self, context: int, depth: float) -> int:
+        """Filler tokens before the needle: ``depth`` of the filler, moved back to the end
+        of a sentence."""
+        n = self.filler_len(context)
+        want = int(round(depth * n))
+        u = len(self.unit)
+        ends = [r * u + e for r in range(n // u + 1) for e in [0, *self.ends]
+                if r * u + e <= min(want, n)]
+        return max(ends)
+
+    def filler(self, n: int) -> list[int]:
+        reps = -(-n // len(self.unit))
+        return (self.unit * reps)[:n]
+
+    def text(self, context: int, depth: float, key: int) -> NeedleText:
+        n = self.filler_len(context)
+        at = self.needle_offset(context, depth)
+        fill = self.filler(n)
+        needle = self.tok.encode(NEEDLE.format(key=key))
+        answer = self.tok.encode(ANSWER.format(key=key))
+        if len(needle) != self.needle_len or len(answer) != self.answer_len:
+            raise ConfigError(f"key {key}: its text tokenizes to another length")
+        ids = [*self.instruction, *fill[:at], *needle, *fill[at:], *self.question,
+               *answer[:-1]]
+        digits = [i for i, t in enumerate(answer) if self.tok.decode([t]).strip().isdigit()]
+        if len(digits) != KEY_DIGITS:
+            raise ConfigError(f"key {key}: the answer's digits are not {KEY_DIGITS} tokens")
+        return NeedleText(ids, answer, len(self.instruction) + at, digits)
+
+
+@dataclass(frozen=True)
+class Trial:
+    key: int
+    retrieved: bool
+    logprob_mean: float  # nats, mean over the key's digits, teacher-forced
+    greedy: str  # the argmax tokens at the answer's positions, decoded
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (configuration, context, depth) cell."""
+
+    config: str  # "float" or "<kv label> <read path>"
+    kv: str | None
+    kv_read: str | None
+    context: int
+    depth: float
+    needle_at: int  # token position of the needle
+    trials: list[Trial]
+    wall_s: float  # host seconds the cell's trials took (its share of the prefix too)
+
+    @property
+    def retrieved(self) -> float:
+        return float(np.mean([t.retrieved for t in self.trials]))
+
+    @property
+    def logprob_mean(self) -> float:
+        return float(np.mean([t.logprob_mean for t in self.trials]))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "retrieved": self.retrieved,
+                "logprob_mean": self.logprob_mean}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Cell:
+        trials = [Trial(**t) for t in d["trials"]]
+        return Cell(d["config"], d["kv"], d["kv_read"], d["context"], d["depth"],
+                    d["needle_at"], trials, d["wall_s"])
+
+
+def score(tok, text: NeedleText, logits: np.ndarray, key: int) -> Trial:
+    """A trial's figures from the logits ``(answer tokens, vocab)`` of the positions that
+    predict the answer."""
+    lp = log_softmax(logits)
+    ans = np.asarray(text.answer)
+    greedy = lp.argmax(axis=-1)
+    return Trial(key=key, retrieved=bool((greedy == ans).all()),
+                 logprob_mean=float(np.mean([lp[i, ans[i]] for i in text.digits])),
+                 greedy=tok.decode([int(t) for t in greedy]))
+
+
+# --- runners: the prefix once per context, a snapshot per depth ------------------------
+
+
+class NpuRunner:
+    """The simulated NPU (functional): a model ready for ``context`` tokens, prefill in
+    calls of ``cm.max_seq`` tokens, the answer's rows read with all-position logits."""
+
+    def __init__(self, src: ModelSource, bits: BitConfig, kv: str, hw: HardwareConfig,
+                 context: int):
+        self.ready = ready_for_text(src, bits, kv=kv, hw=hw, tokens=context)
+        self.cm = self.ready.compiled
+        self.model = self.ready.launch(ModelConfig(all_logits=True))
+        self.acc = self.model.acc
+        self.embed = self.ready.embed  # the host's float32 embeddings of token ids
+        self.size = 0
+
+    def feed(self, ids: Sequence[int], *, rows: int = 0) -> np.ndarray | None:
+        """Append ``ids`` to the cache; the logits of the last ``rows`` of them (0: none)."""
+        ids = np.asarray(ids, np.int64)
+        end = ids.size - rows
+        for t0 in range(0, end, self.cm.max_seq):
+            chunk = ids[t0:min(t0 + self.cm.max_seq, end)]
+            self.model.infer(self.embed(chunk), cache_size=self.size)
+            self.size += chunk.size
+        if not rows:
+            return None
+        chunk = ids[end:]
+        [out] = self.model.infer(self.embed(chunk), cache_size=self.size, all_logits=True)
+        self.size += chunk.size
+        return out
+
+    def snapshot(self) -> tuple[int, list[bytes]]:
+        return self.size, self.model.dump_cache_memory()
+
+    def restore(self, snap: tuple[int, list[bytes]]) -> None:
+        self.size = snap[0]
+        self.model.load_cache_memory(snap[1])
+
+    def close(self) -> None:
+        self.model.dispose()
+
+
+class FloatRunner:
+    """The float reference with the same interface (its own cache snapshots)."""
+
+    def __init__(self, src: ModelSource, seed: int = 0):
+        self.ref = ReferenceModel(src.config, float_weights(src.config, src.weight_spec(seed)))
+
+    def feed(self, ids: Sequence[int], *, rows: int = 0) -> np.ndarray | None:
+        if not rows:
+            self.ref.final_hidden(self.ref.embed(ids))
+            return None
+        return self.ref.forward_embeddings(self.ref.embed(ids), last_rows=rows)
+
+    def snapshot(self):
+        return self.ref.kv_cache()
+
+    def restore(self, snap) -> None:
+        self.ref.set_kv_cache(snap)
+
+    def close(self) -> None:
+        pass
+
+
+# --- the grid, cached per cell ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NeedleConfig:
+    """One row of the grid: the float reference (``kv`` None) or a KV format and read
+    path."""
+
+    label: str  # e.g. "int8", "kivi-2"
+    kv: str | None  # the format's name or spec
+    kv_read: str | None
+
+    @property
+    def name(self) -> str:
+        return "float" if self.kv is None else f"{self.label} {self.kv_read}"
+
+
+def cell_path(out: Path, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    slug = f"{key['config'].replace(' ', '-')}-{key['context']}-{key['depth']:.2f}"
+    return out / "cells" / f"{slug}-{digest}.json"
+
+
+def run_grid(source: str | Path | ModelSource, configs: Sequence[NeedleConfig], *,
+             bits: Callable[[str], BitConfig], contexts: Sequence[int] = DEFAULT_CONTEXTS,
+             depths: Sequence[float] = DEFAULT_DEPTHS, trials: int = DEFAULT_TRIALS,
+             seed: int = 0, hw: str | HardwareConfig = "aries", out: Path | None = None,
+             progress: Callable[[str], None] | None = None) -> list[Cell]:
+    """Every cell of ``configs x contexts x depths`` (``bits(read path)``: the bit config
+    of a read path). With ``out``, each cell is read from / written to ``out/cells``
+    (resumable)."""
+    src = source_of(source)
+    tok = src.tokenizer()
+    hwc = hardware_of(hw)
+    builder = NeedleBuilder(tok)
+    keys = trial_keys(trials, seed)
+    for d in depths:
+        if not 0.0 <= d <= 1.0:
+            raise ConfigError(f"depths: {d} is not a fraction in 0..1")
+    cells: list[Cell] = []
+    for cfg in configs:
+        for ctx in sorted(contexts):
+            builder.filler_len(ctx)  # a context too short fails before any run
+            cells.extend(_context_cells(src, tok, builder, cfg, bits, hwc, ctx,
+                                        sorted(depths), keys, seed, out, progress))
+    return cells
+
+
+def _cell_key(src: ModelSource, cfg: NeedleConfig, bits: BitConfig | None, hw: str,
+              ctx: int, depth: float, keys: list[int]) -> dict[str, Any]:
+    return {"version": PROMPT_VERSION, "model": src.name, "config": cfg.name, "kv": cfg.kv,
+            "bits": None if bits is None else bits.model_dump_json(), "hw": hw,
+            "context": ctx, "depth": depth, "keys": keys}
+
+
+def _context_cells(src, tok, builder: NeedleBuilder, cfg: NeedleConfig, bits, hwc, ctx: int,
+                   depths: list[float], keys: list[int], seed: int, out: Path | None,
+                   progress) -> list[Cell]:
+    bc = None if cfg.kv is None else bits(cfg.kv_read)
+    found: dict[float, Cell] = {}
+    paths: dict[float, Path] = {}
+    for d in depths:
+        if out is not None:
+            paths[d] = cell_path(out, _cell_key(src, cfg, bc, hwc.name, ctx, d, keys))
+            if paths[d].exists():
+                found[d] = Cell.from_dict(json.loads(paths[d].read_text()))
+    if len(found) == len(depths):
+        return [found[d] for d in depths]
+    t_start = time.perf_counter()
+    runner = (FloatRunner(src, seed) if cfg.kv is None
+              else NpuRunner(src, bc, cfg.kv, hwc, ctx))
+    cells = []
+    try:
+        prefix = builder.text(ctx, 1.0, keys[0]).ids  # the shared text: any key's
+        done = 0
+        for d in depths:
+            if d in found:
+                cells.append(found[d])
+                continue
+            t0 = time.perf_counter()
+            first = builder.text(ctx, d, keys[0])
+            runner.feed(prefix[done:first.needle_at])
+            done = first.needle_at
+            snap = runner.snapshot()
+            trials = []
+            for key in keys:
+                text = builder.text(ctx, d, key)
+                rows = runner.feed(text.ids[done:], rows=len(text.answer))
+                trials.append(score(tok, text, rows, key))
+                runner.restore(snap)
+            wall = time.perf_counter() - t0
+            if not found and not cells:
+                wall += t0 - t_start  # the first cell carries the set-up
+            cell = Cell(cfg.name, cfg.label if cfg.kv else None, cfg.kv_read, ctx, d,
+                        first.needle_at, trials, round(wall, 3))
+            if out is not None:
+                paths[d].parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(paths[d], json.dumps(cell.as_dict()))
+            if progress is not None:
+                progress(f"{cfg.name} {ctx} tokens depth {d:.0%}: retrieved "
+                         f"{cell.retrieved:.0%}, log-prob {cell.logprob_mean:.3f} "
+                         f"({wall:.0f} s)")
+            cells.append(cell)
+    finally:
+        runner.close()
+    return cells
+
+
+__all__ = ["ANSWER", "DEFAULT_CONTEXTS", "DEFAULT_DEPTHS", "DEFAULT_TRIALS", "FILLER",
+           "INSTRUCTION", "NEEDLE", "QUESTION", "Cell", "FloatRunner", "NeedleBuilder",
+           "NeedleConfig", "NeedleText", "NpuRunner", "Trial", "bits_label", "cell_path",
+           "run_grid", "score", "trial_keys"]

@@ -1,0 +1,135 @@
+"""Evictions: the positions each policy keeps, the device's attention-score readout (its
+bytes and what it sums), and host and device edits that leave the same cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvsim.errors import ConfigError
+from models.bits import build_bit_config
+from sim.app.evict import SNAP_WINDOW, TappedRunner, edit_costs, keep_positions
+from sim.runtime.ready import hardware_of, source_of
+from sim.runtime.scores import SCORE_BYTES, read_scores
+
+IDS = np.random.default_rng(7).integers(0, 256, size=120).tolist()
+
+
+def test_positional_policies() -> None:
+    assert keep_positions("recent", 10, 3) == [7, 8, 9]
+    assert keep_positions("streaming", 10, 6) == [0, 1, 2, 3, 8, 9]
+    assert keep_positions("streaming", 10, 2) == [0, 1]
+    assert keep_positions("recent", 4, 9) == [0, 1, 2, 3]  # within budget: all kept
+
+
+def test_score_policies() -> None:
+    scores = np.array([9.0, 0, 0, 5, 0, 0, 0, 7, 0, 0])
+    # h2o: 2 recent, the 2 heaviest older ones (0, then 7 over 3)
+    assert keep_positions("h2o", 10, 4, scores) == [0, 7, 8, 9]
+    many = np.zeros(80)
+    many[5] = 1.0
+    keep = keep_positions("snapkv", 80, SNAP_WINDOW + 7, many)
+    # the window, plus position 5 and the neighbours its pooled weight spreads to
+    assert keep == [*range(2, 9), *range(80 - SNAP_WINDOW, 80)]
+    with pytest.raises(ConfigError, match="one attention score per position"):
+        keep_positions("h2o", 10, 4)
+    with pytest.raises(ConfigError, match="not one of"):
+        keep_positions("lru", 10, 4)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    r = TappedRunner(source_of("tiny"), build_bit_config({}), "int8", hardware_of("tiny"),
+                     len(IDS), window_from=100)
+    r.feed(IDS[:110])
+    yield r
+    r.close()
+
+
+def test_score_readout_sums_each_querys_weights(runner) -> None:
+    cm = runner.cm
+    layers, kvh = cm.model.num_layers, cm.model.num_kv_heads
+    group = cm.model.num_heads // cm.model.num_kv_heads
+    sums, cost = read_scores(runner.model, runner.taps["all"], 110)
+    assert sums.shape == (layers, kvh, 110)
+    assert cost.pcie_bytes == layers * kvh * 110 * SCORE_BYTES
+    assert cost.time_s > 0
+    # every query's probabilities sum to 1 (Q24, rounded per key): 110 queries x group
+    assert np.allclose(sums.sum(axis=2), 110 * group, rtol=1e-4)
+    window, _ = read_scores(runner.model, runner.taps["window"], 110)
+    assert np.allclose(window.sum(axis=2), 10 * group, rtol=1e-4)  # queries 100..109
+
+
+def test_host_and_device_evictions_agree() -> None:
+    costs = edit_costs(source_of("tiny"), build_bit_config({}), "int8", hardware_of("tiny"),
+                       IDS, at=100, budgets=[48], policies=["streaming", "h2o"])
+    host, dev = costs[("h2o", 48, "host")], costs[("h2o", 48, "device")]
+    assert host.new_cache_size == dev.new_cache_size == 48
+    assert host.pcie_bytes > dev.pcie_bytes > 0  # the dump and load cross the link
+    # the readout's bytes are the device edit's only link traffic
+    cm_layers = costs[("streaming", 48, "device")].pcie_bytes
+    assert cm_layers == 0
+
+
+def test_retrieval_forgets_what_the_policy_drops(monkeypatch) -> None:
+    """With a stand-in model that repeats the key it still holds: a recent-only budget
+    keeps a needle near the end and forgets one at the start; StreamingLLM's sinks do not
+    save a needle in the middle."""
+    from sim.app import evict
+    from sim.runtime.ready import source_of as src_of
+
+    pattern = src_of("smollm2-135m").tokenizer().encode(" The pass key is")
+
+    class Echo:
+        def __init__(self, *a, **k):
+            self.ids: list[int] = []
+            self.size = 0
+
+        def feed(self, ids, *, rows=0):
+            self.ids = [*self.ids, *ids]
+            if not rows:
+                return None
+            p = pattern
+            at = next((i + len(p) for i in range(len(self.ids))
+                       if self.ids[i:i + len(p)] == p), None)
+            logits = np.zeros((rows, 49152), np.float32)
+            if at is not None and len(self.ids) - at > rows:  # not the question's own
+                logits[np.arange(rows), self.ids[at:at + rows]] = 5.0
+            return logits
+
+        def snapshot(self):
+            return list(self.ids)
+
+        def restore(self, snap):
+            self.ids = list(snap)
+
+        def evict(self, policy, budget, side):
+            keep = keep_positions(policy, len(self.ids), budget, np.ones(len(self.ids)))
+            self.ids = [self.ids[i] for i in keep]
+            return None, keep
+
+        def disarm(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(evict, "TappedRunner", Echo)
+    got = evict.retrieval(src_of("smollm2-135m"), None, "int8", None, context=400,
+                          budgets=[64], policies=["recent", "streaming"],
+                          depths=[0.0, 1.0], trials=1)
+    assert [h for h, _ in got[("recent", 64)]] == [False, True]
+    assert [h for h, _ in got[("streaming", 64)]] == [False, True]
+
+
+def test_divergence_without_an_edit_is_the_unedited_quality() -> None:
+    from sim.app.evict import divergence
+    from sim.app.quality import evaluate_edit
+
+    bits, hw = build_bit_config({}), hardware_of("tiny")
+    got = divergence(source_of("tiny"), bits, "int8", hw, IDS, at=100, budgets=[48],
+                     policies=["recent"])
+    plain = evaluate_edit("tiny", IDS, bits=bits, edit="drop:0-51", at=100, hw="tiny")
+    assert got["none"] == (plain.unedited.kl_mean, plain.unedited.top1_agreement)
+    # dropping the 52 oldest positions is the recent-48 policy: the same predictions
+    assert got[("recent", 48)] == (plain.quality.kl_mean, plain.quality.top1_agreement)

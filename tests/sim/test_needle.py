@@ -1,0 +1,111 @@
+"""``kvsim needle``: the texts (lengths, where the needle sits, the key's digits), the
+measure (greedy retrieval from teacher-forced logits, the digits' log-probability), and a
+grid that resumes from its cells on disk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvsim.errors import ConfigError
+from models.source import resolve_model
+from sim.app import needle
+from sim.app.needle import NeedleBuilder, NeedleConfig, run_grid, score, trial_keys
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return resolve_model("smollm2-135m").tokenizer()
+
+
+def test_texts_have_the_length_and_the_needle_where_asked(tok) -> None:
+    b = NeedleBuilder(tok)
+    keys = trial_keys(3)
+    assert keys == trial_keys(3) and all(10_000 <= k <= 99_999 for k in keys)
+    for depth in (0.0, 0.5, 1.0):
+        t = b.text(512, depth, keys[0])
+        assert t.context == 512 and len(t.ids) == 511
+        assert tok.decode(t.ids[t.needle_at:t.needle_at + b.needle_len]) == \
+            needle.NEEDLE.format(key=keys[0])
+        assert [tok.decode([t.answer[i]]) for i in t.digits] == list(str(keys[0]))
+    assert b.text(512, 0.0, keys[0]).needle_at == len(b.instruction)
+    end = b.text(512, 1.0, keys[0])
+    filler_after = len(end.ids) + 1 - end.needle_at - b.needle_len - len(b.question) \
+        - b.answer_len
+    assert 0 <= filler_after < len(b.unit)  # at most the unfinished last sentence
+    with pytest.raises(ConfigError, match="context"):
+        b.text(60, 0.5, keys[0])
+
+
+def test_score_is_greedy_retrieval_and_the_digits_log_probability(tok) -> None:
+    b = NeedleBuilder(tok)
+    t = b.text(256, 0.5, 12345)
+    logits = np.zeros((len(t.answer), 49152), np.float32)
+    logits[np.arange(len(t.answer)), t.answer] = np.log(3.0)  # p = 3 / (3 + 49151)
+    tr = score(tok, t, logits, 12345)
+    assert tr.retrieved and tr.greedy == " 12345"
+    lg = float(np.float32(np.log(3.0)))
+    assert tr.logprob_mean == pytest.approx(lg - np.log(np.exp(lg) + 49151), rel=1e-12)
+    logits[3, t.answer[3]] = -1.0  # one digit no longer the argmax
+    assert not score(tok, t, logits, 12345).retrieved
+
+
+class EchoRunner:
+    """A stand-in model that writes the pass key it was shown: at each answer position its
+    logits favour the token that followed " The pass key is" the first time (the needle),
+    counting the tokens it is fed."""
+
+    fed = 0
+    pattern: list[int] = []
+
+    def __init__(self, *args, **kw):
+        self.ids: list[int] = []
+
+    def feed(self, ids, *, rows=0):
+        EchoRunner.fed += len(ids)
+        self.ids = [*self.ids, *ids]
+        if not rows:
+            return None
+        p = self.pattern
+        at = next(i for i in range(len(self.ids)) if self.ids[i:i + len(p)] == p) + len(p)
+        logits = np.zeros((rows, 49152), np.float32)
+        logits[np.arange(rows), self.ids[at:at + rows]] = 5.0
+        return logits
+
+    def snapshot(self):
+        return list(self.ids)
+
+    def restore(self, snap):
+        self.ids = list(snap)
+
+    def close(self):
+        pass
+
+
+def test_grid_shares_the_prefix_and_resumes_from_its_cells(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(needle, "FloatRunner", EchoRunner)
+    EchoRunner.pattern = resolve_model("smollm2-135m").tokenizer().encode(" The pass key is")
+    cfg = [NeedleConfig("float", None, None)]
+    kw = dict(bits=lambda r: None, contexts=[300], depths=[0.0, 1.0], trials=2, out=tmp_path)
+    cells = run_grid("smollm2-135m", cfg, **kw)
+    assert [c.retrieved for c in cells] == [1.0, 1.0]
+    # the prefix once, then each trial from its depth's needle: fewer tokens than 4 texts
+    assert EchoRunner.fed < 4 * 299
+    assert len(list((tmp_path / "cells").glob("*.json"))) == 2
+    EchoRunner.fed = 0
+    assert run_grid("smollm2-135m", cfg, **kw) == cells
+    assert EchoRunner.fed == 0  # every cell read from disk
+
+
+def test_report_table_and_heatmap(tmp_path) -> None:
+    from sim.app.cli.needle import heatmap, markdown
+    from sim.app.needle import Cell, Trial
+
+    cells = [Cell("kivi-2 integer", "kivi-2", "integer", ctx, d, 10,
+                  [Trial(1, ok, -0.5, " 1"), Trial(2, True, -0.25, " 2")], 1.0)
+             for ctx in (512, 1024) for d, ok in ((0.0, True), (1.0, False))]
+    md = markdown(cells)
+    assert "| kivi-2 integer | 1024 | 100% / -0.38 | 50% / -0.38 |" in md
+    heatmap(cells, tmp_path / "n.html")
+    page = (tmp_path / "n.html").read_text()
+    assert "kivi-2 integer" in page and "plotly" in page
