@@ -89,6 +89,7 @@ class Case:
     costs_time: bool = False  # runtime: the call did work (a dump) before refusing
     xfail: tuple[type[BaseException], str] | None = None  # (what it raises now, the bug)
     extra: dict = field(default_factory=dict)
+    absent: tuple[str, ...] = ()  # substrings the message must not hold (a wrong wording)
 
 
 CASES: list[Case] = []
@@ -120,14 +121,15 @@ trace = "ops"
 
 
 def _cfg(id: str, needle: str, *sets: str, toml: str | bytes | None = None,
-         files: dict[str, bytes] | None = None, exc=ConfigError, xfail=None) -> None:
+         files: dict[str, bytes] | None = None, exc=ConfigError, xfail=None,
+         absent: tuple[str, ...] = ()) -> None:
     """A run config case: the config file (``BASE_TOML`` or ``toml``), ``--set`` overrides
     (``{dir}`` stands for the case's folder), extra ``files`` in that folder."""
     def act(ctx):
         return run(load_run_config(ctx.config, ctx.sets))
 
     case("config", id, act, exc, needle, sets=sets, xfail=xfail,
-         extra={"toml": toml, "files": files or {}})
+         extra={"toml": toml, "files": files or {}}, absent=absent)
 
 
 _cfg("unknown section", "modle: unknown key", toml=BASE_TOML + "[modle]\nx = 1\n")
@@ -227,6 +229,13 @@ def _model_files() -> dict[str, dict[str, bytes]]:
 
         good = gg("good")
         out["truncated"] = {"m.gguf": good[: len(good) // 2]}
+        # cut in the header: numpy's own words came through ("index 0 is out of bounds",
+        # "When changing to a larger dtype", "not enough values to unpack")
+        for n in (4, 5, 8):
+            out[f"cut at {n}"] = {"m.gguf": good[:n]}
+        out["string hidden_size"] = {"hf/config.json": json.dumps(
+            {**{k: v for k, v in hf_config_json(TINY_LLAMA).items() if k != "head_dim"},
+             "hidden_size": "64"}).encode()}
         out["magic"] = {"m.gguf": b"GGML" + good[4:]}
         out["arch"] = {"m.gguf": gg("arch", arch="falcon")}
         out["type"] = {"m.gguf": gg("type", types={"blk.0.attn_v.weight": q.I32})}
@@ -256,11 +265,18 @@ def _model_files() -> dict[str, dict[str, bytes]]:
 _MODEL_FILES = _model_files()
 
 
-def _model(id: str, needle: str, key: str, name: str = "m.gguf") -> None:
-    _cfg(id, needle, f"model.preset='{{dir}}/{name}'", files=_MODEL_FILES[key])
+def _model(id: str, needle: str, key: str, name: str = "m.gguf",
+           absent: tuple[str, ...] = ()) -> None:
+    _cfg(id, needle, f"model.preset='{{dir}}/{name}'", files=_MODEL_FILES[key], absent=absent)
 
 
 _model("GGUF truncated", "m.gguf: unreadable GGUF file (truncated or corrupt)", "truncated")
+for _n in (4, 5, 8):
+    _model(f"GGUF cut after {_n} bytes", f"m.gguf: unreadable GGUF file (truncated or corrupt): "
+           f"it ends or breaks inside its header, metadata or tensor index (the file has {_n} "
+           f"bytes)", f"cut at {_n}", absent=("index 0", "dtype", "unpack"))
+_model("HF hidden_size a string", "config.json: hidden_size must be a positive integer, got "
+       "'64'", "string hidden_size", "hf", absent=("not a multiple",))
 _model("GGUF wrong magic", "m.gguf: not a GGUF file (magic b'GGML'", "magic")
 _model("GGUF unsupported architecture", "m.gguf: unsupported architecture 'falcon'", "arch")
 _model("GGUF unsupported tensor type", "m.gguf: tensor 'blk.0.attn_v.weight' has unsupported "
@@ -380,13 +396,14 @@ def _compression_method(method: int) -> Callable[[bytes], bytes]:
 
 
 def _kvm(id: str, needle: str, mutate: Callable[[bytes], bytes] | None, *, path: str = "m.kvm",
-         exc=CompileError, xfail=None) -> None:
+         exc=CompileError, xfail=None, absent: tuple[str, ...] = ()) -> None:
     """A compiled-model case: the valid tiny model's file, changed by ``mutate`` (None: the
     file is not written), loaded from ``path``."""
     def act(ctx):
         return CompiledModel.load(ctx.dir / path)
 
-    case("compiled", id, act, exc, needle, xfail=xfail, extra={"mutate": mutate, "path": path})
+    case("compiled", id, act, exc, needle, xfail=xfail, extra={"mutate": mutate, "path": path},
+         absent=absent)
 
 
 _kvm("not a zip", "not a kvsim compiled model",
@@ -445,6 +462,9 @@ _kvm("shift beyond 32 bits", "numerics.layers[0].q.shift = 1099511627776 is not 
      _header(lambda h: h["numerics"]["layers"][0]["q"].update(shift=2**40)))
 _kvm("norm gains of the wrong length", "numerics.0.attn_norm.gamma must be int16[64], got "
      "int16[63]", _arrays(lambda a: a.update({"0.attn_norm.gamma": a["0.attn_norm.gamma"][:63]})))
+_kvm("a model too big for the header's DRAM", "compiled model header: the model 'tiny' needs",
+     _header(lambda h: h["hw"].update(dram_bytes=4096)),
+     absent=("compiled model header: compiled model header",))
 _kvm("requantization multipliers missing", "numerics.1.down.mult must be int32[64], got missing",
      _arrays(lambda a: a.pop("1.down.mult")))
 
@@ -643,8 +663,9 @@ def _swap(a: Path, b: Path) -> None:
 
 
 def _rt(id: str, needle: str, act, prepare=None, *, exc=RuntimeApiError, costs_time=False,
-        xfail=None) -> None:
-    case("runtime", id, act, exc, needle, prepare=prepare, costs_time=costs_time, xfail=xfail)
+        xfail=None, absent: tuple[str, ...] = ()) -> None:
+    case("runtime", id, act, exc, needle, prepare=prepare, costs_time=costs_time, xfail=xfail,
+         absent=absent)
 
 
 def _infer(x: Callable[[Any], Any], **kw) -> Callable[[Any], Any]:
@@ -661,7 +682,11 @@ def _dispose(ctx):
 
 _rt("cache_size beyond capacity", "cache_size 56 + 16 tokens exceed the cache capacity of 64",
     _infer(lambda ctx: ctx.emb[:16], cache_size=56))
-_rt("negative cache_size", "cache_size -1 + 1 tokens exceed", _infer(_one, cache_size=-1))
+_rt("negative cache_size", "cache_size must be an integer >= 0, got -1",
+    _infer(_one, cache_size=-1), absent=("+ 1 tokens",))
+_rt("a 4-D array of the wrong width in a list", "inputs[0]: shape (1, 1, 4, 65), expected "
+    "(1, 1, seq, 64)", _infer(lambda ctx: [np.zeros((1, 1, 4, 65), np.float32)],
+                              cache_size=FILLED), absent=("(1, 1, 1, 4, 65)",))
 _rt("inputs of the wrong width", "inputs: shape (1, 32), expected (seq, 64)",
     _infer(lambda ctx: ctx.emb[:1, :32], cache_size=FILLED))
 _rt("inputs 1-D", "inputs: shape (64,)", _infer(lambda ctx: ctx.emb[0], cache_size=FILLED))
@@ -892,6 +917,8 @@ def _raises(c: Case, call: Callable[[], Any]) -> KvsimError:
     assert isinstance(err, c.exc), f"{type(err).__name__} is not a {c.exc.__name__}: {err}"
     assert type(err) in DOCUMENTED, f"{type(err).__name__} is not a documented type"
     assert c.needle in str(err), f"{c.needle!r} not in {str(err)!r}"
+    for bad in c.absent:
+        assert bad not in str(err), f"{bad!r} in {str(err)!r}"
     return err
 
 
@@ -915,6 +942,7 @@ def _run_config(c: Case, world, tmp_path, capsys) -> None:
     assert cli_main(args) == 2
     err = capsys.readouterr().err.strip()
     assert c.needle in err and "\n" not in err and "Traceback" not in err
+    assert not any(bad in err for bad in c.absent), err
     assert _tree(tmp_path) == before  # the earlier run's outputs are untouched
 
 

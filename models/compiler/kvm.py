@@ -239,14 +239,15 @@ def check_consistent(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
         raise CompileError(f"compiled model header: core_mode {cm.core_mode!r} needs "
                            f"{CORE_MODES[cm.core_mode]} cores; hw has {hw.num_cores}")
     try:
-        if (why := dram_problem(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
-                                max_seq=cm.max_seq, dram_bytes=hw.dram_bytes,
-                                hw_name=hw.name)) is not None:
-            raise CompileError(f"compiled model header: the model {why}")
-        expect = build_memory_map(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
-                                  max_seq=cm.max_seq, m_tile=cm.m_tile)
+        why = dram_problem(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
+                           max_seq=cm.max_seq, dram_bytes=hw.dram_bytes, hw_name=hw.name)
+        expect = None if why is not None else build_memory_map(
+            cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots, max_seq=cm.max_seq,
+            m_tile=cm.m_tile)
     except KvsimError as err:
         raise CompileError(f"compiled model header: {err}") from None
+    if why is not None or expect is None:  # raised here: the prefix once
+        raise CompileError(f"compiled model header: the model {cm.model.name!r} {why}")
     if cm.mm.to_json() != expect.to_json():
         raise CompileError("compiled model header: memory_map is not the one model, bits, kv, "
                            "cap, slots, max_seq and m_tile give (the file was edited)")
