@@ -228,6 +228,7 @@ def _model_files() -> dict[str, dict[str, bytes]]:
             return {f"hf/{f.name}": f.read_bytes() for f in sorted(d.iterdir())}
 
         good = gg("good")
+        out["good"] = {"m.gguf": good}
         out["truncated"] = {"m.gguf": good[: len(good) // 2]}
         # cut in the header: numpy's own words came through ("index 0 is out of bounds",
         # "When changing to a larger dtype", "not enough values to unpack")
@@ -302,6 +303,18 @@ _model("HF tokenizer.json invalid", "tokenizer.json: not a valid tokenizer.json"
        "hf")
 _model("not a model file", "model.bin: not a model (expected a .gguf file", "not a model",
        "model.bin")
+
+
+# a prompt text is checked at its real token count (the tiny GGUF's byte vocabulary: one
+# token per character; its context is 512 positions), before anything is compiled
+_LONG = "a" * 600
+_cfg("prompt text past the model's context", "workload.prompt: the prompt text's 600 tokens "
+     "+ output_tokens 2 - 1 = 601 tokens exceed the max_position_embeddings (512) of model 'm'",
+     "model.preset='{dir}/m.gguf'", f"workload.prompt='{_LONG}'", files=_MODEL_FILES["good"])
+_cfg("prompt text longer than the cache", "compile.cache_length: 64 tokens cannot hold the 101 "
+     "tokens the workload feeds (the prompt text's 100 tokens + output_tokens 2 - 1)",
+     "model.preset='{dir}/m.gguf'", f"workload.prompt='{_LONG[:100]}'",
+     "compile.cache_length=64", files=_MODEL_FILES["good"])
 
 
 # --- compiled-model files ----------------------------------------------------------------------
@@ -852,6 +865,32 @@ _rt("score_eviction None budget", "score_eviction: budget must be an integer >= 
     lambda ctx: _score_eviction(2, 4, None), exc=CacheOpError)
 
 
+# --- commands: kvsim as a user runs it (exit 2, one line, the earlier outputs untouched) -------
+
+
+def _cli(id: str, needle: str, *argv: str, files: dict[str, bytes] | None = None,
+         patch: Callable[[Any, Path], None] | None = None, absent: tuple[str, ...] = (),
+         xfail=None) -> None:
+    """A command case: ``argv`` (``{dir}`` is the case's folder, which holds ``files``, the
+    config ``base.toml`` and an earlier run's outputs in ``out/``); ``patch(monkeypatch,
+    folder)`` sets up a failure the command meets (a full disk) before it runs."""
+    case("cli", id, None, KvsimError, needle, xfail=xfail, absent=absent,
+         extra={"argv": argv, "files": files or {}, "patch": patch})
+
+
+_cli("check: a prompt text past the context", "workload.prompt: the prompt text's 600 tokens",
+     "check", "{dir}/base.toml", "--set", "model.preset='{dir}/m.gguf'", "--set",
+     f"workload.prompt='{_LONG}'", files=_MODEL_FILES["good"])
+_cli("generate: a prompt past the context", "--prompt: 600 tokens + --max-new-tokens 4 - 1 = 603 "
+     "tokens exceed the 512-token context of model 'm' (max_position_embeddings)",
+     "generate", "--model", "{dir}/m.gguf", "--prompt", _LONG, "--max-new-tokens", "4",
+     files=_MODEL_FILES["good"])
+_cli("eval: a text past the context", "long.txt: 600 tokens exceed the 512-token context of "
+     "model 'm' (max_position_embeddings); --max-tokens 512 uses its first 512",
+     "eval", "--model", "{dir}/m.gguf", "--text", "{dir}/long.txt",
+     files={**_MODEL_FILES["good"], "long.txt": _LONG.encode()})
+
+
 # --- fixtures: one compiled tiny model and an earlier run's outputs ------------------------------
 
 
@@ -989,8 +1028,31 @@ def _run_device(c: Case, world, tmp_path, capsys) -> None:
         assert acc.device.env.now == now and len(acc.calls) == calls
 
 
+def _run_cli(c: Case, world, tmp_path, capsys, monkeypatch) -> None:
+    for name, data in c.extra["files"].items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "base.toml").write_text(BASE_TOML)
+    shutil.copytree(world.prior, tmp_path / "out")
+    if c.extra["patch"] is not None:
+        c.extra["patch"](monkeypatch, tmp_path)
+    before = _tree(tmp_path)
+    capsys.readouterr()
+    try:
+        rc = cli_main([a.replace("{dir}", str(tmp_path)) for a in c.extra["argv"]])
+    except SystemExit as e:  # argparse's own usage errors
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert "Traceback" not in err and err.startswith("kvsim: error: "), err
+    last = err.splitlines()[-1].replace(str(tmp_path), "{dir}")
+    assert c.needle in last, f"{c.needle!r} not in {last!r}"
+    assert not any(bad in err for bad in c.absent), err
+    assert _tree(tmp_path) == before  # no file made, changed or removed
+
+
 HARNESS = {"config": _run_config, "compiled": _run_compiled, "isa": _run_isa,
-           "cache": _run_device, "runtime": _run_device}
+           "cache": _run_device, "runtime": _run_device, "cli": _run_cli}
 
 
 def _param(c: Case):
@@ -1003,8 +1065,11 @@ def _param(c: Case):
 
 @pytest.mark.parametrize("c", [_param(c) for c in CASES])
 def test_bad_input_is_refused_with_a_documented_error_and_changes_nothing(c, world, tmp_path,
-                                                                         capsys):
-    HARNESS[c.kind](c, world, tmp_path, capsys)
+                                                                         capsys, monkeypatch):
+    if c.kind == "cli":
+        _run_cli(c, world, tmp_path, capsys, monkeypatch)
+    else:
+        HARNESS[c.kind](c, world, tmp_path, capsys)
 
 
 def test_the_table_covers_every_kind():

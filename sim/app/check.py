@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from isa import kvformats
 from kvsim.errors import ConfigError, KvsimError
@@ -32,6 +33,10 @@ class Checked:
     summary: str
     dram_bytes: int = 0
     cache_length: int = 0
+    #: the config as checked: a prompt text's real token count in ``workload.prompt_tokens``
+    config: RunConfig | None = None
+    prompt_ids: list[int] | None = None  # the prompt text's tokens (None without a text)
+    tokenizer: Any = None  # the model's tokenizer, when a prompt text was tokenized
 
 
 def _name(model: ModelConfig) -> str:
@@ -69,17 +74,20 @@ def _check_generate(cfg: RunConfig) -> Checked:
     # the last token is not fed back
     fed = w.context_tokens + w.prompt_tokens + max(w.output_tokens - 1, 0)
     ctx = f"context_tokens {w.context_tokens} + " if w.context_tokens else ""
+    # a prompt text has been tokenized (check_run): prompt_tokens is its real count
+    prompt = (f"the prompt text's {w.prompt_tokens} tokens" if w.prompt is not None
+              else f"prompt_tokens {w.prompt_tokens}")
+    feeds = f"{ctx}{prompt} + output_tokens {w.output_tokens} - 1"
     if fed > model.max_position_embeddings:
-        field = "context_tokens" if w.context_tokens else "prompt_tokens"
-        raise ConfigError(f"workload.{field}: {ctx}prompt_tokens {w.prompt_tokens} + "
-                          f"output_tokens {w.output_tokens} - 1 = {fed} tokens exceed the "
+        field = ("context_tokens" if w.context_tokens else
+                 "prompt" if w.prompt is not None else "prompt_tokens")
+        raise ConfigError(f"workload.{field}: {feeds} = {fed} tokens exceed the "
                           f"max_position_embeddings ({model.max_position_embeddings}) of "
                           f"model {_name(model)!r}")
     cap = cache_length(cfg)
     if cap < fed:
         raise ConfigError(f"compile.cache_length: {cap} tokens cannot hold the {fed} tokens "
-                          f"the workload feeds ({ctx}prompt_tokens {w.prompt_tokens} + "
-                          f"output_tokens {w.output_tokens} - 1)")
+                          f"the workload feeds ({feeds})")
     try:
         pair = kvformats.pair(cfg.kv.format)
     except KvsimError as err:
@@ -139,7 +147,15 @@ def _check_gemv(cfg: RunConfig) -> Checked:
 
 
 def check_run(cfg: RunConfig) -> Checked:
-    """Everything about ``cfg`` that can be known without compiling or running it."""
+    """Everything about ``cfg`` that can be known without compiling or running it. A
+    prompt text (``workload.prompt``) is tokenized first, so the context, cache and DRAM
+    checks see its real token count; :attr:`Checked.config` is the config so resolved."""
     if cfg.workload.kind == "gemv":
         return _check_gemv(cfg)
-    return _check_generate(cfg)
+    from sim.app.run_text import with_prompt
+
+    if cfg.workload.prompt is not None:
+        _model(cfg)  # an unknown or bad model is named before its tokenizer is asked for
+    cfg, ids, tok = with_prompt(cfg)
+    checked = _check_generate(cfg)
+    return Checked(checked.summary, checked.dram_bytes, checked.cache_length, cfg, ids, tok)

@@ -119,10 +119,15 @@ def kv_metrics(cm: CompiledModel, tokens: int, hw) -> dict[str, Any]:
     }
 
 
-def run_generate(cfg: RunConfig) -> RunResult:
+def run_generate(cfg: RunConfig, checked: Any = None) -> RunResult:
+    """A generate run; ``checked`` (a :class:`sim.app.check.Checked` of ``cfg``) carries a
+    prompt text already tokenized by the check."""
     from sim.app.run_text import Guard, text_metrics, with_prompt
 
-    cfg, prompt_ids, tok = with_prompt(cfg)
+    if checked is not None and checked.config is not None:
+        cfg, prompt_ids, tok = checked.config, checked.prompt_ids, checked.tokenizer
+    else:
+        cfg, prompt_ids, tok = with_prompt(cfg)
     hw = cfg.hardware
     w = cfg.workload
     functional = cfg.sim.fidelity == "functional"
@@ -385,10 +390,10 @@ def run(cfg: RunConfig) -> RunResult:
     ``ConfigError`` naming the field, before anything is compiled or simulated."""
     from sim.app.check import check_run
 
-    check_run(cfg)
+    checked = check_run(cfg)  # a prompt text is checked at its real token count
     if cfg.workload.kind == "gemv":
         return run_gemv(cfg)
-    return run_generate(cfg)
+    return run_generate(cfg, checked)
 
 
 def render_outputs(result: RunResult) -> dict[str, str]:

@@ -16,7 +16,7 @@ from models.bits import BitConfig
 from models.quality import DegenerateOutput, collapsed, degenerate_logits
 from models.reference import ReferenceModel
 from models.source import ModelSource
-from sim.app.quality import bits_label, compile_for_text, hardware_of, source_of
+from sim.app.quality import bits_label, check_context, compile_for_text, hardware_of, source_of
 from sim.device.hw import HardwareConfig
 from sim.runtime import Accelerator, Model
 
@@ -113,6 +113,10 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
     ids = tok.encode(text)
     if not ids:
         raise ConfigError("prompt: no tokens")
+    # the last new token is not fed back: the cache holds the prompt and max_new_tokens - 1
+    check_context(src, len(ids) + max_new_tokens - 1,
+                  f"--prompt: {len(ids):,} tokens + --max-new-tokens {max_new_tokens} - 1 = "
+                  f"{len(ids) + max_new_tokens - 1:,}")
     sampler = sampler or Sampler()
     hwc = hardware_of(hw)
     cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids) + max_new_tokens,
