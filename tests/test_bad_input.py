@@ -891,6 +891,37 @@ _cli("eval: a text past the context", "long.txt: 600 tokens exceed the 512-token
      files={**_MODEL_FILES["good"], "long.txt": _LONG.encode()})
 
 
+# kvsim serve with a workload trace (JSONL: arrival_s, prompt_tokens, output_tokens a line)
+_SERVE = ("serve", "--set", "hardware.preset=tiny", "--set", "model.preset=tiny", "--set",
+          "compile.core_mode=single", "--set", "serving.max_num_seqs=2", "--set",
+          "serving.max_num_batched_tokens=16", "--set", "serving.workload.requests=2",
+          "--set", "serving.workload.trace='{dir}/t.jsonl'", "--out", "{dir}/out")
+
+
+def _trace(*lines: str) -> dict[str, bytes]:
+    return {"t.jsonl": "".join(f"{x}\n" for x in lines).encode()}
+
+
+_OK_LINE = '{"arrival_s": 0, "prompt_tokens": 4, "output_tokens": 2}'
+_cli("serve: a binary workload trace", "serving.workload.trace: '{dir}/t.jsonl' is not a UTF-8 "
+     "text file (byte 0xff at offset 0)", *_SERVE, files={"t.jsonl": b"\xff\xfe\x00\x01"})
+_cli("serve: a NaN arrival", "t.jsonl:2: arrival_s must be a finite number >= 0, got NaN",
+     *_SERVE, files=_trace(_OK_LINE, '{"arrival_s": NaN, "prompt_tokens": 4, '
+                                     '"output_tokens": 2}'), absent=("arrives at nan",))
+_cli("serve: an infinite arrival", "t.jsonl:1: arrival_s must be a finite number >= 0, got "
+     "Infinity", *_SERVE, files=_trace('{"arrival_s": Infinity, "prompt_tokens": 4, '
+                                       '"output_tokens": 2}'))
+_cli("serve: a fractional prompt length", "t.jsonl:1: prompt_tokens must be an integer >= 1, "
+     "got 16.9", *_SERVE, files=_trace('{"arrival_s": 0, "prompt_tokens": 16.9, '
+                                       '"output_tokens": 2}'))
+_cli("serve: a prompt length as text", "t.jsonl:1: prompt_tokens must be an integer >= 1, got "
+     "'16'", *_SERVE, files=_trace('{"arrival_s": 0, "prompt_tokens": "16", '
+                                   '"output_tokens": 2}'))
+_cli("serve: a boolean output length", "t.jsonl:1: output_tokens must be an integer >= 1, got "
+     "true", *_SERVE, files=_trace('{"arrival_s": 0, "prompt_tokens": 4, '
+                                   '"output_tokens": true}'))
+
+
 # --- fixtures: one compiled tiny model and an earlier run's outputs ------------------------------
 
 
