@@ -658,6 +658,9 @@ _cache("files swapped (K and V)", "holds cache 'l0.v', expected 'l0.k'",
        _load_from, lambda ctx: _swap(_files(ctx)[0], _files(ctx)[1]))
 _cache("files of another model", "dumped from another model or KV format",
        lambda ctx: ctx.model.load_cache_memory_from(ctx.other_snap))
+_cache("files of the same shape with other weights", "dumped from another model or KV format: "
+       "its weights differ ('tiny|L2|H64|kv2x16|synthetic:seed=1|",
+       lambda ctx: ctx.model.load_cache_memory_from(ctx.reseeded_snap))
 _cache("a folder named like a cache file", "cache_0000k.bin is missing", _load_from,
        lambda ctx: (_files(ctx)[0].unlink(), (ctx.snap / "cache_0000k.bin").mkdir()))
 _cache("a file, not a folder", "is not a directory",
@@ -950,9 +953,13 @@ def world(tmp_path_factory):
     _, o = _launched(other, emb)
     other_snap = root / "other"
     o.dump_cache_memory_to(other_snap)
+    # the same model, bits, format and sizes, other weights (synthetic seed 1)
+    _, r = _launched(_compile(weights={"kind": "synthetic", "seed": 1}), emb)
+    reseeded_snap = root / "reseeded"
+    r.dump_cache_memory_to(reseeded_snap)
     return SimpleNamespace(cm=cm, other=other, emb=emb, kvm=kvm.read_bytes(), prior=prior,
                            aries_cm=aries_cm, other_bufs=o.dump_cache_memory(),
-                           other_snap=other_snap)
+                           other_snap=other_snap, reseeded_snap=reseeded_snap)
 
 
 def _launched(cm, emb):
@@ -1047,7 +1054,8 @@ def _run_device(c: Case, world, tmp_path, capsys) -> None:
     model.dump_cache_memory_to(snap)
     ctx = SimpleNamespace(acc=acc, model=model, cm=world.cm, emb=world.emb, snap=snap,
                           bufs=model.dump_cache_memory(), other_bufs=world.other_bufs,
-                          other_snap=world.other_snap, aries_cm=world.aries_cm)
+                          other_snap=world.other_snap, aries_cm=world.aries_cm,
+                          reseeded_snap=world.reseeded_snap)
     if c.prepare is not None:
         c.prepare(ctx)
     cache, files, now = _device_cache(acc, world.cm), _tree(tmp_path), acc.device.env.now

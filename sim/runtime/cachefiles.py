@@ -56,6 +56,22 @@ def dump_to(model: Model, directory: Any, slot: int | None) -> list[Path]:
     return paths
 
 
+#: The parts of :func:`sim.runtime.cacheops.model_identity`, in order.
+IDENTITY_PARTS = ("model", "layers", "hidden size", "KV heads", "weights", "weight bits",
+                  "K format", "V format", "capacity", "slots")
+
+
+def _which_differs(dumped: Any, ident: str) -> str:
+    """``: its weights differ`` (the first part of the identities that differs), or ''."""
+    if not isinstance(dumped, str):
+        return ""
+    a, b = dumped.split("|"), ident.split("|")
+    if len(a) != len(b) or len(b) != len(IDENTITY_PARTS):
+        return ""
+    return next((f": its {name} differ" + ("s" if not name.endswith("s") else "")
+                 for name, x, y in zip(IDENTITY_PARTS, a, b, strict=True) if x != y), "")
+
+
 def load_from(model: Model, directory: Any, slot: int | None) -> None:
     """Load the files :func:`dump_to` wrote into the caches (of ``slot``; None: every
     slot). Every file is checked first (present, header, model and format identity, name,
@@ -74,7 +90,8 @@ def load_from(model: Model, directory: Any, slot: int | None) -> None:
         meta, payload = unpack_file(p.read_bytes(), p.name)
         check_dump_window(group[0], meta, p.name)
         if meta.get("model") != ident:
-            raise CacheOpError(f"{p.name}: dumped from another model or KV format "
+            raise CacheOpError(f"{p.name}: dumped from another model or KV format"
+                               f"{_which_differs(meta.get('model'), ident)} "
                                f"({meta.get('model')!r}; this model is {ident!r})")
         if meta.get("name") != info.name:
             raise CacheOpError(f"{p.name}: holds cache {meta.get('name')!r}, expected "
