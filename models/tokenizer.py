@@ -10,7 +10,8 @@ decoder; control tokens (token type 3) and user-defined ones (4) become special 
 before the GPT-2 split (llama.cpp ``llama-vocab.cpp``, ``LLAMA_VOCAB_PRE_TYPE_SMOLLM``).
 
 Chat templates are Jinja templates (``tokenizer.chat_template`` in GGUF,
-``chat_template`` in ``tokenizer_config.json``), rendered in Jinja's sandbox.
+``chat_template`` in ``tokenizer_config.json``), rendered in a Jinja sandbox bounded in
+size and time (:mod:`models.chat_template`: a template is input, and may be hostile).
 """
 
 from __future__ import annotations
@@ -60,17 +61,21 @@ class Tokenizer:
         if not self.chat_template:
             raise ConfigError(f"{self.source}: the model has no chat template")
         from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        try:
-            template = env.from_string(self.chat_template)
-            return template.render(messages=list(messages),
-                                   add_generation_prompt=add_generation_prompt,
-                                   bos_token=self._token(self.bos_id),
-                                   eos_token=self._token(self.eos_id))
+        from .chat_template import render_chat_template
+
+        try:  # a bounded sandbox: the template is input (models.chat_template)
+            return render_chat_template(self.chat_template, messages,
+                                        add_generation_prompt=add_generation_prompt,
+                                        bos_token=self._token(self.bos_id),
+                                        eos_token=self._token(self.eos_id))
         except TemplateError as err:
             raise ConfigError(f"{self.source}: chat template fails: {err}") from None
+        except RecursionError:
+            raise ConfigError(f"{self.source}: chat template fails: it recurses too "
+                              f"deeply") from None
+        except MemoryError:  # a bound not foreseen: still one line naming the file
+            raise ConfigError(f"{self.source}: chat template fails: out of memory") from None
 
     def _token(self, i: int | None) -> str:
         return "" if i is None else str(self.backend.id_to_token(i) or "")

@@ -229,6 +229,8 @@ def _model_files() -> dict[str, dict[str, bytes]]:
 
         good = gg("good")
         out["good"] = {"m.gguf": good}
+        out["chat bomb"] = {"m.gguf": gg("chat bomb", edit=lambda g: g.add_chat_template(
+            "{{ 'x' * 3000000000 }}"))}
         out["truncated"] = {"m.gguf": good[: len(good) // 2]}
         # cut in the header: numpy's own words came through ("index 0 is out of bounds",
         # "When changing to a larger dtype", "not enough values to unpack")
@@ -311,6 +313,9 @@ _LONG = "a" * 600
 _cfg("prompt text past the model's context", "workload.prompt: the prompt text's 600 tokens "
      "+ output_tokens 2 - 1 = 601 tokens exceed the max_position_embeddings (512) of model 'm'",
      "model.preset='{dir}/m.gguf'", f"workload.prompt='{_LONG}'", files=_MODEL_FILES["good"])
+_cfg("GGUF chat template asking for 3 GB", "m.gguf: chat template fails: '*' would make "
+     "3,000,000,000 characters or items, more than the", "model.preset='{dir}/m.gguf'",
+     "workload.prompt='hi'", "workload.chat=true", files=_MODEL_FILES["chat bomb"])
 _cfg("prompt text longer than the cache", "compile.cache_length: 64 tokens cannot hold the 101 "
      "tokens the workload feeds (the prompt text's 100 tokens + output_tokens 2 - 1)",
      "model.preset='{dir}/m.gguf'", f"workload.prompt='{_LONG[:100]}'",
