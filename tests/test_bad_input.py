@@ -52,7 +52,7 @@ from isa.instructions import (
     f32_bits,
 )
 from isa.validate import validate_program
-from kvsim.errors import ConfigError, DeviceError, KvsimError
+from kvsim.errors import ConfigError, DeviceError, KvsimError, OutputError
 from models.bits import build_bit_config
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.config import load_preset
@@ -70,7 +70,7 @@ from sim.runtime.cacheops import score_eviction as _score_eviction
 #: The documented exception types (README, isa/errors.py, and the modules that define them).
 DOCUMENTED = (KvsimError, ConfigError, IsaError, DecodeError, AssembleError, ProgramError,
               FormatError, DeviceError, CompileError, CacheOpError, RuntimeApiError,
-              RegressError)
+              RegressError, OutputError)
 
 TINY_HW = load_hardware("tiny")
 TINY = load_preset("tiny")
@@ -900,10 +900,10 @@ _cli("eval: a text past the context", "long.txt: 600 tokens exceed the 512-token
 
 
 # kvsim serve with a workload trace (JSONL: arrival_s, prompt_tokens, output_tokens a line)
-_SERVE = ("serve", "--set", "hardware.preset=tiny", "--set", "model.preset=tiny", "--set",
-          "compile.core_mode=single", "--set", "serving.max_num_seqs=2", "--set",
-          "serving.max_num_batched_tokens=16", "--set", "serving.workload.requests=2",
-          "--set", "serving.workload.trace='{dir}/t.jsonl'", "--out", "{dir}/out")
+_SERVE_BASE = ("serve", "--set", "hardware.preset=tiny", "--set", "model.preset=tiny", "--set",
+               "compile.core_mode=single", "--set", "serving.max_num_seqs=2", "--set",
+               "serving.max_num_batched_tokens=16", "--set", "serving.workload.requests=2")
+_SERVE = (*_SERVE_BASE, "--set", "serving.workload.trace='{dir}/t.jsonl'", "--out", "{dir}/out")
 
 
 def _trace(*lines: str) -> dict[str, bytes]:
@@ -928,6 +928,42 @@ _cli("serve: a prompt length as text", "t.jsonl:1: prompt_tokens must be an inte
 _cli("serve: a boolean output length", "t.jsonl:1: output_tokens must be an integer >= 1, got "
      "true", *_SERVE, files=_trace('{"arrival_s": 0, "prompt_tokens": 4, '
                                    '"output_tokens": true}'))
+
+
+# outputs that cannot be written: a folder nothing can be made in (``/proc``: refused before
+# any work, whoever runs it, root too), and a disk that fills while the outputs are written
+# (after the work: the command says where they could not go, exit 2, the earlier outputs
+# and the folders as they were)
+_SWEEP = ("base = \"base.toml\"\n[axes]\n\"kv.format\" = [\"int8\", \"kivi-4\"]\n"
+          "[outputs]\nsave_points = true\n").encode()
+_COMPILE = ("compile", "--model", "tiny", "--hw", "tiny", "--core-mode", "single")
+_SERVE_OUT = (*_SERVE_BASE, "--set", "serving.workload.prompt_tokens=4", "--set",
+              "serving.workload.output_tokens=2")
+
+
+def _full_disk(monkeypatch, folder: Path) -> None:
+    import traces.io as tio
+
+    def enospc(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tio, "_write_all", enospc)
+
+
+for _cmd, _argv in (("run", ("run", "{dir}/base.toml")), ("sweep", ("sweep", "{dir}/sweep.toml")),
+                    ("serve", _SERVE_OUT)):
+    _cli(f"{_cmd} --out a folder that cannot be made", "--out: cannot make the folder "
+         "'/proc/kvsim' in '/proc' (", *_argv, "--out", "/proc/kvsim",
+         files={"sweep.toml": _SWEEP})
+    _cli(f"{_cmd} onto a full disk", "--out: could not write", *_argv, "--out", "{dir}/out",
+         files={"sweep.toml": _SWEEP}, patch=_full_disk)
+    _cli(f"{_cmd} onto a full disk, into a new folder", "into '{dir}/new/deeper' (No space left "
+         "on device); nothing was written", *_argv, "--out", "{dir}/new/deeper",
+         files={"sweep.toml": _SWEEP}, patch=_full_disk)
+_cli("compile -o a file that cannot be made", "-o/--output: cannot write in the folder '/proc'",
+     *_COMPILE, "-o", "/proc/kvsim.kvm")
+_cli("compile onto a full disk", "-o/--output: could not write '{dir}/m.kvm' (No space left on "
+     "device)", *_COMPILE, "-o", "{dir}/m.kvm", patch=_full_disk)
 
 
 # --- fixtures: one compiled tiny model and an earlier run's outputs ------------------------------

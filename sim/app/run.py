@@ -30,7 +30,6 @@ from sim.device.stats import LINKS
 from sim.runtime import Accelerator, CallRecord, Model
 from sim.units import PS_PER_S, ps_to_s
 from traces.chrome import chrome_trace_json
-from traces.io import atomic_write_text
 from traces.recorder import Recorder
 from traces.report import run_report
 
@@ -409,17 +408,22 @@ def render_outputs(result: RunResult) -> dict[str, str]:
     return texts
 
 
-def write_outputs(result: RunResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``metrics.json``, ``trace.json`` and ``report.html`` (each atomically) into
-    ``out_dir``."""
-    out = Path(out_dir)
+#: Every file a run's output set may hold (an earlier run's that this one lacks goes).
+RUN_OUTPUTS = ("report.html", "trace.json", "metrics.json")
+
+
+def write_outputs(result: RunResult, out_dir: str | Path, *,
+                  flag: str = "--out") -> dict[str, Path]:
+    """Write ``metrics.json``, ``trace.json`` and ``report.html`` into ``out_dir`` as one
+    set (:func:`traces.io.write_output_set`: whole or not at all; a failure is a
+    :class:`kvsim.errors.OutputError` naming ``flag``, the file and the folder)."""
+    from traces.io import write_output_set
+
     # Serialise everything before touching the disk, so an error leaves no files.
     texts = render_outputs(result)
-    paths = {"metrics": out / "metrics.json", "report": out / "report.html"}
-    if "trace.json" in texts:
-        paths["trace"] = out / "trace.json"
-    out.mkdir(parents=True, exist_ok=True)
-    for key in ("report", "trace", "metrics"):  # metrics.json last: the run is complete
-        if key in paths:
-            atomic_write_text(paths[key], texts[paths[key].name])
+    ordered = {n: texts[n] for n in RUN_OUTPUTS if n in texts}  # metrics.json last
+    written = write_output_set(out_dir, ordered, flag=flag, members=RUN_OUTPUTS)
+    paths = {"metrics": written["metrics.json"], "report": written["report.html"]}
+    if "trace.json" in written:
+        paths["trace"] = written["trace.json"]
     return paths

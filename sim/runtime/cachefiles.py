@@ -7,7 +7,6 @@ it changes anything (a ring dump of another window is refused by its ``window``)
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 def dump_to(model: Model, directory: Any, slot: int | None) -> list[Path]:
     """Dump the caches (of ``slot``; None: every slot) into ``directory``. Files are
     written atomically; a folder that cannot be made or written costs no device time."""
-    from traces.io import atomic_write_bytes
+    from traces.io import atomic_write_bytes, probe_writable
 
     d = folder(directory, "dump_cache_memory_to")
     try:
@@ -31,9 +30,11 @@ def dump_to(model: Model, directory: Any, slot: int | None) -> list[Path]:
     except OSError as err:
         raise CacheOpError(f"dump_cache_memory_to: cannot make the folder {str(d)!r} "
                            f"({err.strerror or err})") from None
-    if not os.access(d, os.W_OK | os.X_OK):
+    try:  # for real: os.access says yes to root on a read-only file system
+        probe_writable(d, make=False)
+    except OSError as err:
         raise CacheOpError(f"dump_cache_memory_to: cannot write into the folder "
-                           f"{str(d)!r} (permission denied)")
+                           f"{str(d)!r} ({err.strerror or err})") from None
     bufs = deviceops.dump(model, slot)
     ident = model_identity(model.compiled)
     paths = []

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvsim.errors import ConfigError, KvsimError
+from kvsim.errors import ConfigError, KvsimError, OutputError
 from sim.app.cli.run import DEFAULT_OUT, cmd_run, config_kind, run_help_epilog, run_phases
 from sim.app.console import make_console
 from sim.progress import Phases, progress_enabled
@@ -290,23 +290,17 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
                  "a dask LocalCluster" if args.executor == "dask" else "local processes")
         console.print(f"[bold]kvsim sweep[/bold] {args.sweep}: {len(sweep.points)} points "
                       f"on {where}")
-    result = run_sweep(sweep, args.out, executor=args.executor, workers=args.workers,
-                       scheduler=args.scheduler,
-                       progress=not args.quiet and progress_enabled())
+    try:
+        result = run_sweep(sweep, args.out, executor=args.executor, workers=args.workers,
+                           scheduler=args.scheduler,
+                           progress=not args.quiet and progress_enabled())
+    except OutputError as err:  # the table still reaches the user; then where it could not go
+        if err.result is not None and not args.quiet:
+            _print_sweep_table(sweep, err.result, console)
+        raise
     failed = result.failed
     if not args.quiet:
-        t = Table(title=f"{len(result.rows)} points in {result.wall_s:,.1f} s "
-                        f"({result.executor}, {result.workers} workers)")
-        shown = [_metric_column(m, [r.get(m) for r in result.rows])
-                 for m in sweep.metrics if m in result.columns]
-        for col in ("#", *sweep.axes, "status", *(label for label, _ in shown)):
-            t.add_column(col, justify="right", overflow="fold")
-        for i, r in enumerate(result.rows):
-            t.add_row(str(r["index"]), *(str(r[a]) for a in sweep.axes), r["status"],
-                      *(cells[i] for _, cells in shown))
-        console.print(t)
-        for name, p in result.paths.items():
-            console.print(f"{name}: {p}")
+        _print_sweep_table(sweep, result, console)
     for r in failed:
         point = sweep.points[r["index"]]
         print(f"kvsim: point {r['index']} ({point.label}) failed: {r['error']}\n"
@@ -316,6 +310,22 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
               f"results are in {args.out}", file=sys.stderr)
         return 1
     return 0
+
+
+def _print_sweep_table(sweep, result, console: Console) -> None:
+    """The sweep's results as a table, then the files written."""
+    t = Table(title=f"{len(result.rows)} points in {result.wall_s:,.1f} s "
+                    f"({result.executor}, {result.workers} workers)")
+    shown = [_metric_column(m, [r.get(m) for r in result.rows])
+             for m in sweep.metrics if m in result.columns]
+    for col in ("#", *sweep.axes, "status", *(label for label, _ in shown)):
+        t.add_column(col, justify="right", overflow="fold")
+    for i, r in enumerate(result.rows):
+        t.add_row(str(r["index"]), *(str(r[a]) for a in sweep.axes), r["status"],
+                  *(cells[i] for _, cells in shown))
+    console.print(t)
+    for name, p in result.paths.items():
+        console.print(f"{name}: {p}")
 
 
 def _model_and_bits(args: argparse.Namespace):
@@ -346,8 +356,15 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
                            weights=resolve_model(args.model, where="--model")
                            .weight_spec(args.seed))
         ph.start(f"write {args.output}")
-        cm.save(args.output)
-    t = Table(title=f"compiled {model.name} -> {args.output}")
+        try:
+            cm.save(args.output)
+            saved = None
+        except OSError as err:  # after the work: the table still reaches the user
+            saved = OutputError(f"-o/--output: could not write {args.output!r} "
+                                f"({err.strerror or err}); it was not written, an earlier "
+                                f"file there is as it was")
+    t = Table(title=f"compiled {model.name} -> {args.output}"
+                    + (" (NOT WRITTEN)" if saved else ""))
     t.add_column("item")
     t.add_column("value", justify="right")
     t.add_row("hardware / core mode", f"{hw.name} / {cm.core_mode}")
@@ -363,6 +380,8 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
         t.add_row(f"program {name}", f"{len(prog):,} instructions, roofline "
                   f"{_fmt_s(roof['bound_s'])} ({roof['dram_bytes']:,} DRAM bytes)")
     console.print(t)
+    if saved is not None:
+        raise saved
     if args.asm:
         from isa.asm import disassemble
 

@@ -33,7 +33,7 @@ from sim.serving.costs import StepCostModel
 from sim.serving.engine import ServingSim, StepRecord
 from sim.serving.scheduler import Request, SchedulerConfig
 from sim.serving.workload import make_requests
-from traces.io import atomic_write_text
+from traces.io import write_output_set
 
 #: Token count the compiler first fits its token tile under (grown while the tile fills it).
 FIRST_TILE_PROBE = 8
@@ -341,9 +341,15 @@ def step_shape(step: StepRecord, every: list[StepRecord],
                     r + 1) for r, n in dec + pre]
 
 
-def write_serving_outputs(result: ServeResult, out_dir: str | Path) -> dict[str, Path]:
-    """``metrics.json``, ``requests.csv``, ``trace.json``, ``report.html`` (each atomic;
-    everything is serialised before the first file is written)."""
+#: Every file a serving run's output set may hold.
+SERVE_OUTPUTS = ("metrics.json", "requests.csv", "trace.json", "report.html")
+
+
+def write_serving_outputs(result: ServeResult, out_dir: str | Path, *,
+                          flag: str = "--out") -> dict[str, Path]:
+    """``metrics.json``, ``requests.csv``, ``trace.json``, ``report.html`` as one set
+    (everything is serialised before the first file is written; the set is put in place
+    whole or not at all; a failure is a :class:`kvsim.errors.OutputError`)."""
     from traces.serving_report import serving_report_html, serving_trace
 
     out = Path(out_dir)
@@ -364,9 +370,7 @@ def write_serving_outputs(result: ServeResult, out_dir: str | Path) -> dict[str,
     if want is None or want.report:
         texts["report.html"] = serving_report_html(result.metrics, rows, result.steps,
                                                    result.geometry)
-    paths = {name.split(".")[0]: out / name for name in texts}
-    out.mkdir(parents=True, exist_ok=True)
-    # metrics last: its presence says the others are complete
-    for name in sorted(texts, key=lambda n: n == "metrics.json"):
-        atomic_write_text(out / name, texts[name])
-    return paths
+    # one set, whole or not at all (traces.io.write_output_set); metrics.json last
+    ordered = {n: texts[n] for n in sorted(texts, key=lambda n: n == "metrics.json")}
+    written = write_output_set(out, ordered, flag=flag, members=SERVE_OUTPUTS)
+    return {name.split(".")[0]: p for name, p in written.items()}
