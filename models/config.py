@@ -630,8 +630,10 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name: str, *, where: str = "model") -> ModelConfig:
-    """The model preset ``name``; :class:`ConfigError` listing the valid names if unknown."""
+    """The model preset ``name`` (in any case); :class:`ConfigError` listing the valid names
+    if unknown."""
     names = preset_names()
+    name = name.lower() if name.lower() in names else name
     if name not in names:
         raise ConfigError(
             f"{where}.preset: unknown model preset {name!r}; valid: {', '.join(names)}"
@@ -659,14 +661,23 @@ def load_model(
     ``overrides`` replaces top-level fields, e.g. ``{"num_layers": 2}``; the result is
     validated again, so an override that breaks a constraint raises :class:`ConfigError`.
     """
-    from .source import EMBEDDED_MODEL, looks_like_path, resolve_model
+    from .source import (
+        EMBEDDED_MODEL,
+        canonical_name,
+        hub_id_hint,
+        looks_like_path,
+        resolve_model,
+    )
 
-    text = str(name_or_path)
+    text = str(name_or_path) if isinstance(name_or_path, Path) else canonical_name(
+        str(name_or_path))
     if text == EMBEDDED_MODEL or text.endswith(".gguf"):
-        cfg = resolve_model(name_or_path, where=where).config
+        cfg = resolve_model(text, where=where).config
     elif looks_like_path(name_or_path):
         from .hf import load_hf_config
 
+        if not Path(name_or_path).exists() and (hint := hub_id_hint(text)):
+            raise ConfigError(f"{where}: {hint}")
         cfg = load_hf_config(name_or_path)
     else:
         cfg = load_preset(text, where=where)

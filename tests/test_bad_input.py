@@ -155,6 +155,11 @@ _cfg("unknown KV format", "kv.format: unknown KV format 'int7'", "kv.format='int
 _cfg("unknown core mode", "compile.core_mode: Input should be", "compile.core_mode='global16'")
 _cfg("unknown trace level", "outputs.trace: Input should be", "outputs.trace='all'")
 _cfg("unknown workload", "workload.kind: Input should be", "workload.kind='train'")
+_cfg("a Hugging Face Hub id", "model: 'HuggingFaceTB/SmolLM2-135M-Instruct' is not a local file "
+     "or folder; it looks like a Hugging Face Hub id, and kvsim is offline",
+     "model.preset='HuggingFaceTB/SmolLM2-135M-Instruct'", absent=("does not exist",))
+_cfg("a Hub id as hf_config", "model.hf_config: 'Qwen/Qwen2.5-0.5B' is not a local file or "
+     "folder; it looks like a Hugging Face Hub id", "model.hf_config='Qwen/Qwen2.5-0.5B'")
 _cfg("missing hf_config", "missing.json",
      "model.hf_config='{dir}/missing.json'")
 _cfg("hf_config not JSON", "bad.json: not valid JSON", "model.hf_config='{dir}/bad.json'",
@@ -934,8 +939,8 @@ _cli("serve: a boolean output length", "t.jsonl:1: output_tokens must be an inte
 # any work, whoever runs it, root too), and a disk that fills while the outputs are written
 # (after the work: the command says where they could not go, exit 2, the earlier outputs
 # and the folders as they were)
-_SWEEP = ("base = \"base.toml\"\n[axes]\n\"kv.format\" = [\"int8\", \"kivi-4\"]\n"
-          "[outputs]\nsave_points = true\n").encode()
+_SWEEP = (b"base = \"base.toml\"\n[axes]\n\"kv.format\" = [\"int8\", \"kivi-4\"]\n"
+          b"[outputs]\nsave_points = true\n")
 _COMPILE = ("compile", "--model", "tiny", "--hw", "tiny", "--core-mode", "single")
 _SERVE_OUT = (*_SERVE_BASE, "--set", "serving.workload.prompt_tokens=4", "--set",
               "serving.workload.output_tokens=2")

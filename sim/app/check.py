@@ -48,7 +48,10 @@ def _model(cfg: RunConfig) -> ModelConfig:
     if m.hf_config is not None:
         p = Path(m.hf_config)
         if not (p / "config.json" if p.is_dir() else p).is_file():
-            raise ConfigError(f"model.hf_config: file {m.hf_config!r} does not exist")
+            from models.source import hub_id_hint
+
+            missing = f"file {m.hf_config!r} does not exist"
+            raise ConfigError(f"model.hf_config: {hub_id_hint(m.hf_config) or missing}")
         try:
             return load_model(p, where="model.hf_config")
         except ConfigError as err:
