@@ -86,13 +86,14 @@ def text_metrics(cfg: RunConfig, ids: list[int] | None, tok: Any, generated: lis
             tok = src.tokenizer()
         except KvsimError:  # real weights without a tokenizer (e.g. a bare GGUF): no text
             tok = None
+    # the texts end at the first end-of-sequence or end-of-turn token (not shown)
     out: dict[str, Any] = {"prompt": cfg.workload.prompt,
-                           "generated_text": tok.decode(generated) if tok else None}
+                           "generated_text": tok.continuation_text(generated) if tok else None}
     if guard.active and src is not None and ids is not None and tok is not None and generated:
-        ref = reference_continuation(src, ids, len(generated), Sampler(), tok.eos_id,
+        ref = reference_continuation(src, ids, len(generated), Sampler(), tok.stop_ids,
                                      seed=cfg.model.weights_seed)
         if ref:
-            out["reference_text"] = tok.decode(ref)
+            out["reference_text"] = tok.continuation_text(ref)
             out["first_difference"] = first_difference(generated, ref)
             guard.text(generated, ref)
     out["degenerate"] = "; ".join(guard.found) or None

@@ -4,7 +4,7 @@ same prompt, with the simulated time to first token and time per output token.""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,7 @@ def _stream(tok, on_text: Callable[[str], None] | None):
     def push(ids: list[int]) -> None:
         if on_text is None:
             return
-        text = tok.decode(ids)
+        text = tok.continuation_text(ids)  # up to a stop token, which is not shown
         if text.startswith(shown[0]) and not text.endswith("\ufffd"):
             on_text(text[len(shown[0]):])
             shown[0] = text
@@ -101,10 +101,11 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
              allow_degenerate: bool = False,
              on_text: Callable[[str], None] | None = None) -> Generation:
     """Prefill ``prompt`` (with the model's chat template if ``chat``) and continue it by up
-    to ``max_new_tokens`` tokens on the NPU (stopping at the end-of-sequence token), passing
-    the text to ``on_text`` as it is produced; the float reference continues the same
-    prompt. Degenerate logits, or a continuation that collapses to one repeated token while
-    the reference's does not, raise :class:`DegenerateOutput` unless ``allow_degenerate``."""
+    to ``max_new_tokens`` tokens on the NPU (stopping at the end-of-sequence token or the
+    end of the chat turn), passing the text to ``on_text`` as it is produced; the float
+    reference continues the same prompt. Degenerate logits, or a continuation that collapses
+    to one repeated token while the reference's does not, raise :class:`DegenerateOutput`
+    unless ``allow_degenerate``."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
     src = source_of(source)
@@ -149,14 +150,14 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
         t = pick(logits)
         out.append(t)
         push(out)
-        if t == tok.eos_id or len(out) == max_new_tokens:
+        if t in tok.stop_ids or len(out) == max_new_tokens:  # EOS or the end of a turn
             break
         [logits] = model.infer(embed[[t]].astype(np.float32), cache_size=cache)
         decode_s.append(acc.calls[-1].time_s)
         cache += 1
         check(logits, f"output token {len(out)}")
     model.dispose()
-    ref_out = reference_continuation(src, ids, max_new_tokens, sampler, tok.eos_id,
+    ref_out = reference_continuation(src, ids, max_new_tokens, sampler, tok.stop_ids,
                                      seed=seed)
     if (why := collapsed(out, ref_out)) is not None:
         if not allow_degenerate:
@@ -164,24 +165,27 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
         degenerate.append(why)
     return Generation(model=src.name, real_weights=src.real, bits=bits_label(bits), kv=kv,
                       kv_read=bits.kv_read, hw=hwc.name, prompt_tokens=len(ids), tokens=out,
-                      text=tok.decode(out), reference_tokens=ref_out,
-                      reference_text=tok.decode(ref_out),
+                      text=tok.continuation_text(out), reference_tokens=ref_out,
+                      reference_text=tok.continuation_text(ref_out),
                       first_difference=first_difference(out, ref_out), ttft_s=ttft_s,
                       time_per_token_s=float(np.mean(decode_s)) if decode_s else 0.0,
                       degenerate="; ".join(degenerate) or None)
 
 
 def reference_continuation(src: ModelSource, ids: Sequence[int], max_new_tokens: int,
-                           sampler: Sampler, eos_id: int | None, *,
+                           sampler: Sampler, stop_ids: Collection[int] | int | None, *,
                            seed: int = 0) -> list[int]:
-    """The float reference's continuation of ``ids`` (same sampling rule and seed)."""
+    """The float reference's continuation of ``ids`` (same sampling rule and seed), up to
+    and with the first of ``stop_ids`` (EOS and the end-of-turn tokens:
+    :attr:`models.tokenizer.Tokenizer.stop_ids`; one id or None are taken too)."""
+    stops = {stop_ids} if isinstance(stop_ids, int) else set(stop_ids or ())
     ref = ReferenceModel(src.config, src.open_weights(seed))
     logits = ref.prefill(ids)[-1]
     pick, out = sampler.picker(), []
     while True:
         t = pick(logits)
         out.append(t)
-        if t == eos_id or len(out) == max_new_tokens:
+        if t in stops or len(out) == max_new_tokens:
             return out
         logits = ref.decode(t)
 
