@@ -154,7 +154,7 @@ def cmd_hw_sensitivity(args: argparse.Namespace, console: Console) -> int:
     apply_sets(tree, args.set or [])
     res = run_sensitivity(tree, fraction=args.fraction, only=args.param, workers=args.workers,
                           executor=args.executor, scheduler=args.scheduler,
-                          progress=not (args.quiet or args.json))
+                          progress=not (args.quiet or args.json) and progress_enabled())
     if args.json:
         print(json.dumps(res.to_json(), indent=1))
         return 0
@@ -558,7 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
     he.add_argument("--param", action="append", metavar="FIELD",
                     help="only this hardware field or table (repeatable), e.g. dram")
     he.add_argument("--fraction", type=float, default=0.1, help="relative step (default 0.1)")
-    he.add_argument("--workers", type=_positive, default=1, help="processes (default 1)")
+    he.add_argument("--workers", type=_positive, default=None,
+                    help="processes (default: one per CPU; 1 runs in this process)")
     he.add_argument("--executor", choices=["local", "dask"], default="local")
     he.add_argument("--scheduler", help="dask: scheduler address")
     he.add_argument("--json", action="store_true", help="print JSON")
