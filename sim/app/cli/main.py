@@ -71,7 +71,7 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
             out["dram_protocol"] = protocol.to_json()
         print(json.dumps(out, indent=1))
         return 0
-    console.print(f"[bold]{hw.name}[/bold]: {hw.description}")
+    console.print(f"[bold]{escape(hw.name)}[/bold]: {escape(hw.description)}")
     table = Table(title="parameters")
     for col in ("field", "value", "source / assumption"):
         table.add_column(col, overflow="fold")
@@ -84,9 +84,9 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
             elif isinstance(v, dict):
                 for kk, vv in v.items():
                     p2 = f"{path}.{kk}"
-                    table.add_row(p2, str(vv), _note(p2))
-            else:
-                table.add_row(path, str(v), _note(path))
+                    table.add_row(p2, escape(str(vv)), escape(_note(p2)))
+            else:  # escaped: a note naming a table ("[dram.timing]") is not console markup
+                table.add_row(path, escape(str(v)), escape(_note(path)))
 
     def _note(path: str) -> str:
         if path in hw.sources:
