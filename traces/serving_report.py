@@ -21,7 +21,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .breakdown_chart import serving_breakdown
-from .page import Card, Figure, fmt_time, render_page
+from .page import Card, Figure, fmt_time, render_page, time_unit
 from .page import layout as _layout
 
 PS_PER_US = 1e6
@@ -104,18 +104,22 @@ def occupancy_figure(steps: Sequence[Sequence[Any]], geometry: Any) -> go.Figure
 
 def latency_figures(rows: Sequence[dict[str, Any]]) -> list[go.Figure]:
     """Cumulative distributions of TTFT and of time per output token: one chart each
-    (their scales differ by orders of magnitude), in ms."""
+    (their scales differ by orders of magnitude), each in the unit of its largest value
+    (s for waits of seconds, ms, µs), the axis from 0 to that value."""
     figs = []
     for key, name in (("ttft_s", "time to first token"), ("tpot_s", "time per output token")):
-        v = np.sort([r[key] * 1e3 for r in rows if r.get(key) is not None])
+        secs = np.sort([r[key] for r in rows if r.get(key) is not None])
+        unit, per = time_unit(float(secs[-1]) if len(secs) else 0.0)
+        v = secs / per
         fig = go.Figure()
         if len(v):
             fig.add_trace(go.Scatter(x=v, y=np.arange(1, len(v) + 1) / len(v) * 100,
                                      mode="lines", line_shape="hv", name=name,
                                      hovertemplate="%{y:.1f} % of requests within "
-                                                   "%{x:,.3f} ms<extra></extra>"))
+                                                   f"%{{x:,.3f}} {unit}<extra></extra>"))
+            fig.update_xaxes(range=[0, float(v[-1])])
         fig.update_yaxes(range=[0, 100])
-        figs.append(_layout(fig, f"Distribution of {name} over requests", f"{name} (ms)",
+        figs.append(_layout(fig, f"Distribution of {name} over requests", f"{name} ({unit})",
                             "requests (%)", height=340))
     return figs
 
@@ -147,18 +151,21 @@ def serving_report_html(metrics: dict[str, Any], rows: Sequence[dict[str, Any]],
     batch composition, and the latency distributions."""
     s = metrics.get("serving", {})
 
-    def pct(key: str) -> str:
-        return " / ".join(f"{s.get(f'{key}_p{q}', 0) * 1e3:,.2f}" for q in (50, 90, 99))
+    def pct(key: str) -> tuple[str, str]:
+        """The median in the unit of the median, and the percentiles in that unit."""
+        unit, per = time_unit(s.get(f"{key}_p50", 0))
+        return unit, " / ".join(f"{s.get(f'{key}_p{q}', 0) / per:,.2f}" for q in (50, 90, 99))
 
+    (ttft_unit, ttft), (tpot_unit, tpot) = pct("ttft_s"), pct("tpot_s")
     cards = [
         Card("output throughput", f"{s.get('output_tokens_per_s', 0):,.1f} tokens/s",
              note=f"{s.get('requests_per_s', 0):,.2f} requests/s",
              metric="serving.output_tokens_per_s", value=s.get("output_tokens_per_s")),
-        Card("time to first token, median", fmt_time(s.get("ttft_s_p50", 0), "ms"),
-             note=f"p50 / p90 / p99: {pct('ttft_s')} ms", metric="serving.ttft_s_p50",
+        Card("time to first token, median", fmt_time(s.get("ttft_s_p50", 0), ttft_unit),
+             note=f"p50 / p90 / p99: {ttft} {ttft_unit}", metric="serving.ttft_s_p50",
              value=s.get("ttft_s_p50")),
-        Card("time per output token, median", fmt_time(s.get("tpot_s_p50", 0), "ms"),
-             note=f"p50 / p90 / p99: {pct('tpot_s')} ms", metric="serving.tpot_s_p50",
+        Card("time per output token, median", fmt_time(s.get("tpot_s_p50", 0), tpot_unit),
+             note=f"p50 / p90 / p99: {tpot} {tpot_unit}", metric="serving.tpot_s_p50",
              value=s.get("tpot_s_p50")),
         Card("preemptions", f"{s.get('num_preemptions', 0):,}",
              note=f"{s.get('recomputed_tokens', 0):,} tokens recomputed, "
