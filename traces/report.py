@@ -24,7 +24,17 @@ import plotly.graph_objects as go
 
 from .breakdown_chart import run_breakdown
 from .chrome import _block_key, bandwidth_series
-from .page import Card, Figure, byte_unit, fmt_bytes, fmt_time, layout, render_page, time_unit
+from .page import (
+    Card,
+    Figure,
+    byte_unit,
+    fmt_bytes,
+    fmt_time,
+    layout,
+    render_page,
+    table,
+    time_unit,
+)
 from .recorder import Recorder, span_times
 from .sweep_report import NAMES, fmt_number, quantity, sweep_report
 
@@ -378,6 +388,33 @@ def _vs_bound(t: float, bound: float | None) -> str:
     return f"roofline bound {fmt_time(bound, time_unit(t)[0])} ({t / bound:.2f}× the bound)"
 
 
+def _weights(m: dict[str, Any]) -> str:
+    """Real or synthetic, as the run recorded it (``weights``: the kind of the compiled
+    model's weights: gguf, safetensors, synthetic)."""
+    w = m.get("weights") or {}
+    if w.get("real"):
+        return f"real ({w.get('kind')})"
+    seed = ((m.get("config") or {}).get("model") or {}).get("weights_seed")
+    return "synthetic" + (f" (seed {seed})" if seed is not None else "")
+
+
+def _texts(m: dict[str, Any]) -> str:
+    """A run of a prompt text: the prompt, what the NPU wrote, the float reference's
+    continuation and where they first differ (HTML; empty for a run without text)."""
+    t = m.get("text") or {}
+    if not t or t.get("generated_text") is None:
+        return ""
+    diff = t.get("first_difference")
+    rows = [("prompt", str(t.get("prompt") or "")), ("NPU", str(t.get("generated_text")))]
+    if t.get("reference_text") is not None:
+        rows += [("float reference", str(t["reference_text"])),
+                 ("first difference", "none: the same tokens" if diff is None
+                  else f"at generated token {diff}")]
+    if t.get("degenerate"):
+        rows.append(("degenerate output", str(t["degenerate"])))
+    return f"<h2>Text</h2>{table(rows)}"
+
+
 def _details(m: dict[str, Any], recorder: Recorder) -> list[tuple[str, str]]:
     rows = [("scenario", str(m.get("scenario", ""))),
             ("simulated time (prefill + decode)", fmt_time(m.get("sim_time_s", 0.0)))]
@@ -385,8 +422,7 @@ def _details(m: dict[str, Any], recorder: Recorder) -> list[tuple[str, str]]:
         rows.append(("prefill throughput", f"{m['prefill']['tokens_per_s']:,.1f} tokens/s"))
     if "instructions" in m:
         rows.append(("instructions executed", f"{m['instructions']:,}"))
-    weights = (m.get("config") or {}).get("model", {}).get("safetensors")
-    rows.append(("weights", "real (safetensors)" if weights else "synthetic"))
+    rows.append(("weights", _weights(m)))
     for k, v in (m.get("traffic_bytes") or {}).items():
         rows.append((f"traffic {k}", fmt_bytes(v)))
     if recorder.dropped:
@@ -419,4 +455,4 @@ def run_report(metrics: dict[str, Any], recorder: Recorder, *, bins: int = 200) 
                        subtitle="" if not subtitle else
                        "simulated times; hover any chart for its values",
                        cards=_cards(metrics), details=_details(metrics, recorder),
-                       figures=figs)
+                       figures=figs, before=_texts(metrics))

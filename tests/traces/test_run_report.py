@@ -222,3 +222,20 @@ def test_a_series_that_never_pays_says_so():
                                            ("bf16", 512, 1.0), ("bf16", 1024, 1.2)))]
     cards = _cards_of(sweep_report("s", axes, rows, ["decode.time_per_token_s"]))
     assert cards["bf16 vs int8"][0] == "does not pay up to 1,024 tokens"
+
+
+def test_a_real_model_run_reports_real_weights_and_its_texts(tiny):
+    metrics = {**tiny.metrics, "weights": {"kind": "gguf", "real": True},
+               "text": {"prompt": "The capital of France is", "generated_text": " Paris <b>",
+                        "reference_text": " Paris.", "first_difference": 1,
+                        "degenerate": None}}
+    page = run_report(metrics, tiny.recorder)
+    assert "<th>weights</th><td>real (gguf)</td>" in page
+    text = page[page.index("<h2>Text</h2>"):page.index('<div class="grid">')]
+    for label, value in (("prompt", "The capital of France is"), ("NPU", " Paris &lt;b&gt;"),
+                         ("float reference", " Paris."),
+                         ("first difference", "at generated token 1")):
+        assert f"<th>{label}</th><td>{value}</td>" in text, label
+    synthetic = run_report(tiny.metrics, tiny.recorder)
+    assert "<th>weights</th><td>synthetic (seed 0)</td>" in synthetic
+    assert "<h2>Text</h2>" not in synthetic
