@@ -266,18 +266,6 @@ def check_out_file(path: str | os.PathLike, flag: str) -> None:
                           f"({_why(err)})") from None
 
 
-def write_output_file(path: str | os.PathLike, data: bytes, flag: str) -> None:
-    """:func:`atomic_write_bytes`, with a failure (a full disk) as one
-    :class:`kvsim.errors.OutputError` naming ``flag`` and the file."""
-    from kvsim.errors import OutputError
-
-    try:
-        atomic_write_bytes(path, data)
-    except OSError as err:
-        raise OutputError(f"{flag}: could not write {str(path)!r} ({_why(err)}); it was not "
-                          f"written, an earlier file there is as it was") from None
-
-
 # --- a command's output set, whole or not at all ----------------------------------------
 
 
