@@ -389,13 +389,13 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
         ph.start(f"write {args.output}")
         try:
             cm.save(args.output)
-            saved = None
+            unwritten = None
         except OSError as err:  # after the work: the table still reaches the user
-            saved = OutputError(f"-o/--output: could not write {args.output!r} "
-                                f"({err.strerror or err}); it was not written, an earlier "
-                                f"file there is as it was")
+            unwritten = OutputError(f"-o/--output: could not write {args.output!r} "
+                                    f"({err.strerror or err}); it was not written, an "
+                                    f"earlier file there is as it was")
     t = Table(title=f"compiled {model.name} -> {args.output}"
-                    + (" (NOT WRITTEN)" if saved else ""))
+                    + (" (NOT WRITTEN)" if unwritten else ""))
     t.add_column("item")
     t.add_column("value", justify="right")
     t.add_row("hardware / core mode", f"{hw.name} / {cm.core_mode}")
@@ -411,8 +411,8 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
         t.add_row(f"program {name}", f"{len(prog):,} instructions, roofline "
                   f"{_fmt_s(roof['bound_s'])} ({roof['dram_bytes']:,} DRAM bytes)")
     console.print(t)
-    if saved is not None:
-        raise saved
+    if unwritten is not None:
+        raise unwritten
     if args.asm:
         from isa.asm import disassemble
 
