@@ -28,6 +28,7 @@ details{margin:.5em 0 1em} summary{cursor:pointer;color:#345}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(620px,1fr));gap:0 16px}
 .fig{margin:.4em 0;min-width:0}
 .wide{grid-column:1/-1}
+.texts td{white-space:pre-wrap;font-family:ui-monospace,monospace}
 """
 
 

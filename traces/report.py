@@ -412,7 +412,7 @@ def _texts(m: dict[str, Any]) -> str:
                   else f"at generated token {diff}")]
     if t.get("degenerate"):
         rows.append(("degenerate output", str(t["degenerate"])))
-    return f"<h2>Text</h2>{table(rows)}"
+    return f'<h2>Text</h2><div class="texts">{table(rows)}</div>'  # line breaks kept
 
 
 def _details(m: dict[str, Any], recorder: Recorder) -> list[tuple[str, str]]:
