@@ -224,12 +224,12 @@ def hub_id_hint(text: str) -> str | None:
     if not _HUB_ID.match(text) or text.endswith((".json", ".gguf")):
         return None
     local = text.split("/")[1]
-    embedded = (" (or use smollm2-135m, the embedded SmolLM2-135M-Instruct)"
+    embedded = ("; smollm2-135m is the embedded SmolLM2-135M-Instruct, no download needed"
                 if text.lower().split("/")[1].startswith("smollm2-135m") else "")
     return (f"{text!r} is not a local file or folder; it looks like a Hugging Face Hub id, "
-            f"and kvsim is offline (it downloads nothing). Download the model yourself, e.g. "
-            f"huggingface-cli download {text} --local-dir {local}, and name the folder "
-            f"({local}){embedded}")
+            f"and kvsim is offline (it downloads nothing): download the model yourself, e.g. "
+            f"huggingface-cli download {text} --local-dir {local}, then name the folder "
+            f"{local} instead{embedded}")
 
 
 def looks_like_path(name: str | Path) -> bool:
