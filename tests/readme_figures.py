@@ -14,9 +14,8 @@ runs, the sweeps, the serving scenarios, the quality tables) run when asked:
     KVSIM_README_FIGURES=all python -m pytest -q tests/test_readme_figures.py
     python -m tests.readme_figures SOURCE...       # one source's fresh figures and misses
 
-Figures a test of the suite already asserts from a fresh run (the tiny models' accuracy,
-the MoE and MLA cosines, the w4g32 quality) are tied to that test: the quote's figures must
-be the literals that test asserts.
+Figures a test of the suite already asserts from a fresh run (the MoE and MLA cosines, the
+w4g32 quality) are tied to that test: the quote's figures are the literals it asserts.
 """
 
 from __future__ import annotations

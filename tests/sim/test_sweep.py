@@ -244,7 +244,7 @@ def test_the_sweep_table_keeps_every_figure_whole_at_80_columns():
 
     from rich.console import Console
 
-    from sim.app.cli.main import _metric_column, _print_sweep_table
+    from sim.app.cli.tables import metric_column, print_sweep_table
     from sim.app.sweep.sweep import SweepResult
 
     sweep = load_sweep(Path(__file__).resolve().parents[2] / "configs" / "kv-bits-sweep.toml")
@@ -259,12 +259,12 @@ def test_the_sweep_table_keeps_every_figure_whole_at_80_columns():
             for i, n in enumerate((512, 32764))]
     result = SweepResult(sweep, list(rows[0]), rows, {}, 12.3, "local", 2)
     screen = io.StringIO()
-    _print_sweep_table(sweep, result, Console(file=screen, width=80, emoji=False))
+    print_sweep_table(sweep, result, Console(file=screen, width=80, emoji=False))
     lines = screen.getvalue().splitlines()
     table = [line for line in lines if line[:1] in "┏┃┡│└"]
     assert len(table) > 6 and max(len(line) for line in lines) <= 80
     assert all(line[-1] in "┓┃┩│┘" for line in table)  # every table whole, none cut
     for m in sweep.metrics:
-        label, cells = _metric_column(m, [r[m] for r in rows])
+        label, cells = metric_column(m, [r[m] for r in rows])
         for cell in cells:  # each figure whole on one line
             assert any(cell in line for line in lines), (m, cell, screen.getvalue())
