@@ -88,8 +88,8 @@ def run_mla(prompt: int) -> list[dict]:
     """Logit cosines of functional MLA per latent-cache format (see the module docstring)."""
     from models.bits import build_bit_config
     from models.compiler import HardwareTarget, compile_model
-    from models.config import load_preset
     from models.reference import ReferenceModel
+    from models.source import load_preset
     from sim.device.hw import load_hardware
     from sim.runtime import Accelerator, Model
 

@@ -34,10 +34,10 @@ from rich.console import Console
 from rich.table import Table
 
 from isa import kvformats
+from kvsim.files import atomic_write_text
 from sim.app.cli.text import eval_tokens
 from sim.app.quality import bit_config, evaluate_edit, parse_edit, quality_table
 from sim.runtime.cacheops import CacheOpError
-from traces.io import atomic_write_text
 
 
 def kv_bytes_per_token(cfg, fmt: str, tokens: int) -> float:

@@ -47,7 +47,7 @@ def decode_run(steps: int, trace: str, max_events: int) -> dict:
 
     from models.bits import build_bit_config
     from models.compiler import HardwareTarget, compile_model
-    from models.config import load_preset
+    from models.source import load_preset
     from sim.device.hw import load_hardware
     from sim.runtime import Accelerator, Model
     from traces.recorder import Recorder
@@ -107,8 +107,8 @@ def serving_run(requests: int) -> dict:
     cur, peak = _rss_bytes()
     return {"scenario": scenario, "wall_s": time.perf_counter() - t0,
             "rss_after_setup_bytes": start_rss, "rss_end_bytes": cur, "peak_rss_bytes": peak,
-            "simulated_s": result.metrics.get("serving", {}).get("duration_s", float("nan")),
-            "steps": result.metrics.get("serving", {}).get("steps")}
+            "simulated_s": result.metrics.serving.duration_s,
+            "steps": result.metrics.serving.steps}
 
 
 def _child(args: list[str]) -> dict:

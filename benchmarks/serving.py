@@ -57,7 +57,7 @@ def main() -> int:
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    m = result.metrics
+    m = result.metrics.to_metrics()  # the metrics.json tree
     s = m["serving"]
     sim_wall, sim_cpu = m["wall_s"]["simulation"], m["cpu_s"]["simulation"]
     out = {

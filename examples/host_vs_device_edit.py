@@ -18,11 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from models.bits import build_bit_config
-from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
 from sim.device.hw import load_hardware
-from sim.runtime import Accelerator, Model
 from sim.runtime.cacheops import evict_positions
+from sim.runtime.ready import ready_model
 
 
 def compare(hw_name: str, kv: str, tokens: list[int], model: str = "qwen2.5-0.5b") -> list:
@@ -30,14 +28,11 @@ def compare(hw_name: str, kv: str, tokens: list[int], model: str = "qwen2.5-0.5b
     rows = []
     for n in tokens:
         # a full cache: compiled with max_cache_length = n (dumps move the whole cache)
-        cm = compile_model(load_preset(model), build_bit_config({}),
-                           HardwareTarget.from_hw(hw), kv=kv, max_seq=16, cap=n,
-                           functional=False)
+        ready = ready_model(model, hw, bits=build_bit_config({}), kv=kv, max_seq=16, cap=n,
+                            functional=False)
         drop = list(range(4, n, 10))
         for where in ("host", "device"):
-            acc = Accelerator(hw=hw, functional=False)
-            m = Model(cm)
-            m.launch(acc)
+            m = ready.launch()  # a fresh card each time
             if where == "host":
                 r = m.edit_cache_on_host(evict_positions(drop), cache_size=n)
             else:

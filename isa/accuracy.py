@@ -21,7 +21,7 @@ import numpy as np
 from .kernels.attention import attend
 from .kernels.fixed import quantize_multiplier
 from .kernels.softmax import F, P
-from .kv import KVFormat, parse
+from .kvformats import KVFormat, parse
 
 
 def rel_l2(x: np.ndarray, ref: np.ndarray) -> float:

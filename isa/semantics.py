@@ -16,6 +16,7 @@ ADD        ``sat8(rs(src0*p0 + src1*p1, p2))``         ma, mb, shift
 RMSNORM    src0, gain int16[cols] at src1              eps_q, shift
 LAYERNORM  as RMSNORM, of the row minus its mean          eps_q, shift
 SILU_MUL   ``silu(src0) * src1``                       in_mult, in_shift, out_mult, out_shift
+GELU_MUL   ``gelu(src0) * src1`` (tanh form)           in_mult, in_shift, out_mult, out_shift
 ROPE       src0, cos then sin int16[rows, p1/2] at src1  head_dim, rot_dim
 SOFTMAX    row softmax, int8 probabilities (Q7)        mult, shift, out_shift
 REQUANT    int32 src0 -> int8                          mult, shift
@@ -39,6 +40,7 @@ ADD_WIDE      wide src0, int32 src1 -> wide              ma, shift, bits
 RMSNORM_WIDE  wide src0, gain int16[cols] at src1 -> i32 eps_q, shift, bits
 QUANT_ROW     int32 src0 -> int8, then (fa, p) per row   -
 SILU_MUL_WIDE int32 src0, src1 -> int32                  in_mult, in_shift, out_mult, out_shift
+GELU_MUL_WIDE as SILU_MUL_WIDE, with GELU's gate          in_mult, in_shift, out_mult, out_shift
 FROM_F32_WIDE float32 src0 -> wide                       mult, shift, bits
 RMSNORM_QUANT RMSNORM_WIDE then QUANT_ROW: wide -> int8  eps_q, shift, bits
 ROW_AMAX      int32 src0 -> u32 max(1, max|row|)         -
@@ -315,9 +317,10 @@ def _vec_wide(v: Vec, mem: Memory, f: VecFunc) -> np.ndarray:
         out = np.empty(r, np.int32)
         kwide.row_amax(i32(v.src0), out)
         return out
-    if f == VecFunc.SILU_MUL_WIDE:
+    if f in (VecFunc.SILU_MUL_WIDE, VecFunc.GELU_MUL_WIDE):
         out = np.empty((r, cols), np.int32)
-        kwide.silu_mul_wide(i32(v.src0), i32(v.src1), v.p0, v.p1, v.p2, v.p3, out)
+        fn = kwide.silu_mul_wide if f == VecFunc.SILU_MUL_WIDE else kwide.gelu_mul_wide
+        fn(i32(v.src0), i32(v.src1), v.p0, v.p1, v.p2, v.p3, out)
         return out
     if f == VecFunc.FROM_F32_WIDE:
         flat = np.empty(n, _wide_dtype(v.p2))
@@ -350,10 +353,11 @@ def _vec(v: Vec, mem: Memory) -> None:
         x = _sram(mem, c, v.src0, n).reshape(r, cols)
         g = _sram(mem, c, v.src1, 2 * cols, np.int16)
         kvec.layernorm(x, g, v.p0, v.p1, out)
-    elif f == VecFunc.SILU_MUL:
+    elif f in (VecFunc.SILU_MUL, VecFunc.GELU_MUL):
         a = _sram(mem, c, v.src0, n).reshape(r, cols)
         b = _sram(mem, c, v.src1, n).reshape(r, cols)
-        kvec.silu_mul(a, b, v.p0, v.p1, v.p2, v.p3, out)
+        fn = kvec.silu_mul if f == VecFunc.SILU_MUL else kvec.gelu_mul
+        fn(a, b, v.p0, v.p1, v.p2, v.p3, out)
     elif f == VecFunc.ROPE:
         half = v.p1 // 2
         x = _sram(mem, c, v.src0, n).reshape(r, cols)

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import kv
 from .errors import IsaError
 from .instructions import Attn, AttnDq, KvRead, KvWrite, Space, f32_value
 from .kernels import attention as katt
 from .kernels import attention_fp as katf
 from .kernels.fpbits import Q as Q24
+from .kv.format import KVFormat
+from .kv.grammar import parse
 
 if TYPE_CHECKING:
     from .semantics import Memory
@@ -24,7 +25,7 @@ def _sram(mem: Memory, core: int, addr: int, nbytes: int, dtype=np.int8) -> np.n
     return mem.read(Space.SRAM, core, addr, nbytes).view(dtype)
 
 
-def _region(mem: Memory, fmt: kv.KVFormat, base: int, cap: int, width: int,
+def _region(mem: Memory, fmt: KVFormat, base: int, cap: int, width: int,
             what: str) -> np.ndarray:
     """The bytes of the cache region of ``cap`` tokens at DRAM ``base`` (a copy)."""
     if cap <= 0:
@@ -32,7 +33,7 @@ def _region(mem: Memory, fmt: kv.KVFormat, base: int, cap: int, width: int,
     return mem.read(Space.DRAM, 0, base, fmt.region_bytes(cap, width))
 
 
-def _check_nbytes(what: str, fmt: kv.KVFormat, cap: int, width: int,
+def _check_nbytes(what: str, fmt: KVFormat, cap: int, width: int,
                   nbytes: int) -> None:
     need = fmt.region_bytes(cap, width)
     if nbytes != need:
@@ -40,7 +41,7 @@ def _check_nbytes(what: str, fmt: kv.KVFormat, cap: int, width: int,
                        f"bytes (KVFormat.region_bytes), the instruction says {nbytes}")
 
 
-def kv_write(ins: KvWrite, mem: Memory, fmt: kv.KVFormat) -> None:
+def kv_write(ins: KvWrite, mem: Memory, fmt: KVFormat) -> None:
     _check_nbytes("kv.write", fmt, ins.cap, ins.width, ins.nbytes)
     new = _sram(mem, ins.core, ins.src, ins.tokens * ins.width).reshape(ins.tokens, ins.width)
     region = _region(mem, fmt, ins.dst, ins.cap, ins.width, "kv.write")
@@ -55,14 +56,14 @@ def kv_write(ins: KvWrite, mem: Memory, fmt: kv.KVFormat) -> None:
         mem.write(Space.DRAM, 0, ins.dst + a, region[a:b])
 
 
-def kv_read(ins: KvRead, mem: Memory, fmt: kv.KVFormat) -> None:
+def kv_read(ins: KvRead, mem: Memory, fmt: KVFormat) -> None:
     _check_nbytes("kv.read", fmt, ins.cap, ins.width, ins.nbytes)
     region = _region(mem, fmt, ins.src, ins.cap, ins.width, "kv.read")
     vals = fmt.region_read(region, ins.cap, ins.width, ins.pos, ins.tokens)
     mem.write(Space.SRAM, ins.core, ins.dst, vals.reshape(-1).view(np.uint8))
 
 
-def _q_k_v(a: Attn | AttnDq, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat, what: str,
+def _q_k_v(a: Attn | AttnDq, mem: Memory, kf: KVFormat, vf: KVFormat, what: str,
            q24: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The query (int8, ``q_len x heads x head_dim``) and the ``ctx`` keys and values an
     attention instruction reads from its caches: stored values, or with ``q24`` their
@@ -101,7 +102,7 @@ def _attend_window(attend, q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: int
     return out
 
 
-def attn(a: Attn, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
+def attn(a: Attn, mem: Memory, kf: KVFormat, vf: KVFormat) -> None:
     q, k, v = _q_k_v(a, mem, kf, vf, "attn", q24=False)
     out = _attend_window(katt.attend, q, k, v, a.pos, kf.slide, score_mult=a.score_mult,
                          score_shift=a.score_shift, out_mult=a.out_mult,
@@ -114,7 +115,7 @@ def fp16_values(x: np.ndarray, scale: float) -> np.ndarray:
     return (np.asarray(x, np.float64) * scale).astype(np.float16).astype(np.float32)
 
 
-def attn_dq(a: AttnDq, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
+def attn_dq(a: AttnDq, mem: Memory, kf: KVFormat, vf: KVFormat) -> None:
     q, kq, vq = _q_k_v(a, mem, kf, vf, "attn.dq", q24=True)
     grid = 2.0 ** -Q24  # Q24 int8-grid units -> int8-grid units
     qf = fp16_values(q, f32_value(a.q_scale_f32))
@@ -129,17 +130,17 @@ def attn_dq(a: AttnDq, mem: Memory, kf: kv.KVFormat, vf: kv.KVFormat) -> None:
     mem.write(Space.SRAM, a.core, a.out, out.reshape(-1).view(np.uint8))
 
 
-_FORMATS: dict[str, kv.KVFormat] = {}
+_FORMATS: dict[str, KVFormat] = {}
 
 
-def format_of(formats: tuple[str, ...], index: int) -> kv.KVFormat:
+def format_of(formats: tuple[str, ...], index: int) -> KVFormat:
     if index >= len(formats):
         raise IsaError(f"format index {index} is not in the program's table of "
                        f"{len(formats)} formats")
     text = formats[index]
     fmt = _FORMATS.get(text)
     if fmt is None:
-        fmt = _FORMATS[text] = kv.parse(text)
+        fmt = _FORMATS[text] = parse(text)
     return fmt
 
 

@@ -11,7 +11,7 @@ instruction at fault and why; it returns None when the program is well-formed:
   Vec function's ``p2`` (its wide operand's bits) is 16 or 32; GemmGroup has 4-bit weights,
   an even ``group >= 2`` and ``k <= 2**15``; AttnDq's float fields hold finite values > 0;
 - KV-format fields (``fmt`` and ``*_fmt``) index into ``program.formats``, and the entries
-  they index name KV formats (:func:`isa.kv.parse`);
+  they index name KV formats (:func:`isa.kvformats.parse`);
 - KV instructions address whole cache regions: ``cap >= 1`` (KvWrite, KvRead, Attn), and a
   KvWrite's or KvRead's ``nbytes`` is its format's ``region_bytes(cap, width)`` (what
   functional runs require; a timing-only run would otherwise price a wrong-sized region);
@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from isa import kv
+from isa import kvformats as kv
 from isa.encoding import enum_choices, enum_values, field_enum
 from isa.errors import FormatError, ProgramError
 from isa.identity import object_array, object_ids

@@ -26,6 +26,7 @@ class VecFunc(IntEnum):
     TOPK_GATE = 9  # MoE router: int8 logits -> top-k (expert id, Q24 weight) int32 pairs
     GATE_ACC = 10  # MoE: int32 rows scaled by a Q24 gate per row (from SRAM), accumulated
     SIGMOID = 11  # int8 logits -> int32 Q24 sigmoid (Qwen2-MoE's shared-expert gate)
+    GELU_MUL = 12  # GeGLU: gelu(src0) * src1, GELU's tanh form (Gemma)
     # --- the wide pipeline (codes from 16 on) ----------------------------------------
     ADD_WIDE = 16  # wide residual + int32 projection output -> wide residual
     RMSNORM_WIDE = 17  # int16/int32 rows -> int32
@@ -40,6 +41,7 @@ class VecFunc(IntEnum):
     RMSNORM_QUANT = 23  # RMSNORM_WIDE then QUANT_ROW fused: int16/int32 rows -> int8 + meta
     ROW_AMAX = 24  # int32 rows -> int32 per-row max(1, max|x|) (one core's part of a row)
     QUANT_ROW_AMAX = 25  # QUANT_ROW on the maximum of p1 parts' ROW_AMAX results
+    GELU_MUL_WIDE = 26  # GeGLU of int32 gate/up -> int32
 
 
 #: Integer ops per element of each vector function, for the vector unit's timing
@@ -61,6 +63,8 @@ VEC_OPS_PER_ELEMENT = {
     VecFunc.GATE_ACC: 3,  # multiply, shift, add
     # SOFTMAX's exponential and one division per element
     VecFunc.SIGMOID: 10,
+    # SILU_MUL's 8 plus the cubic of the gate's argument (square, multiply, add, multiply)
+    VecFunc.GELU_MUL: 12,
     VecFunc.ADD_WIDE: 3,
     VecFunc.RMSNORM_WIDE: 8,
     VecFunc.QUANT_ROW: 4,
@@ -72,6 +76,7 @@ VEC_OPS_PER_ELEMENT = {
     VecFunc.RMSNORM_QUANT: 12,  # RMSNORM_WIDE's 8 + QUANT_ROW's 4, one pass over SRAM
     VecFunc.ROW_AMAX: 2,  # |x|, compare
     VecFunc.QUANT_ROW_AMAX: 3,  # QUANT_ROW without its own maximum search
+    VecFunc.GELU_MUL_WIDE: 13,  # SILU_MUL_WIDE's 9 plus GELU_MUL's cubic (4)
 }
 
 #: Bytes of row metadata :data:`VecFunc.QUANT_ROW` writes after its int8 output, per row:
@@ -102,7 +107,7 @@ def vec_operand_bytes(func: int, rows: int, cols: int, p1: int,
     n = rows * cols
     if f in (VecFunc.REQUANT, VecFunc.FROM_F32):
         return 4 * n, 0, n
-    if f in (VecFunc.ADD, VecFunc.SILU_MUL):
+    if f in (VecFunc.ADD, VecFunc.SILU_MUL, VecFunc.GELU_MUL):
         return n, n, n
     if f in (VecFunc.RMSNORM, VecFunc.LAYERNORM):
         return n, 2 * cols, n  # int16 gain per column
@@ -116,7 +121,7 @@ def vec_operand_bytes(func: int, rows: int, cols: int, p1: int,
         return 4 * n, 0, n + ROW_META_BYTES * rows
     if f == VecFunc.QUANT_ROW_WIDE:
         return wide_bytes(p2) * n, 0, n + ROW_META_BYTES * rows
-    if f == VecFunc.SILU_MUL_WIDE:
+    if f in (VecFunc.SILU_MUL_WIDE, VecFunc.GELU_MUL_WIDE):
         return 4 * n, 4 * n, 4 * n
     if f == VecFunc.RMSNORM_QUANT:
         return wide_bytes(p2) * n, 2 * cols, n + ROW_META_BYTES * rows

@@ -4,10 +4,17 @@ The names below are the public API other layers (the compiler, ``sim``) build on
 """
 
 from .bits import W4V8, W8, BitConfig, WeightBits, build_bit_config, weight_bits_preset
-from .config import ModelConfig, TensorSpec, build_model, load_model, load_preset, preset_names
+from .config import ModelConfig, TensorSpec, build_model
 from .hf import load_hf_config
 from .reference import ReferenceModel
-from .source import ModelSource, open_weights, resolve_model
+from .source import (
+    ModelSource,
+    load_model,
+    load_preset,
+    open_weights,
+    preset_names,
+    resolve_model,
+)
 from .weights import (
     QuantizedWeight,
     SafetensorsWeights,

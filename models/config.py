@@ -26,11 +26,8 @@ PyTorch ``nn.Linear`` layout and the layout of the ISA's ``Gemm`` ``w`` operand.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass
 from functools import cached_property
-from importlib import resources
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
@@ -41,16 +38,14 @@ from .layer_features import LayerType, check_layer_features
 from .schema import Frozen as _Frozen
 from .schema import validation_message
 
-PRESET_PACKAGE = "models.presets"
-
 #: Sanity bounds on a model's layer and routed-expert counts (see ModelConfig.num_layers).
 MAX_LAYERS = 1024
 MAX_EXPERTS = 4096
 
 Family = Literal["llama", "qwen2", "mistral", "deepseek_v2", "cohere2", "exaone4",
-                 "qwen2_moe", "mixtral"]
+                 "qwen2_moe", "mixtral", "gemma3"]
 FAMILIES: tuple[str, ...] = ("llama", "qwen2", "mistral", "deepseek_v2", "cohere2", "exaone4",
-                             "qwen2_moe", "mixtral")
+                             "qwen2_moe", "mixtral", "gemma3")
 #: Families with a mixture-of-experts MLP: DeepSeek-V2 (MLA attention), Qwen2-MoE and
 #: Mixtral (grouped-query attention).
 MOE_FAMILIES: tuple[str, ...] = ("deepseek_v2", "qwen2_moe", "mixtral")
@@ -231,14 +226,31 @@ class ModelConfig(_Frozen):
         "embedding (Cohere2; EXAONE-4.0 with sliding layers)")
     norm_kind: Literal["rms", "layer"] = Field(
         default="rms", description="'layer': LayerNorm (mean removed, gamma, no bias; Cohere)")
-    norm_position: Literal["pre", "post"] = Field(
+    norm_position: Literal["pre", "post", "sandwich"] = Field(
         default="pre", description="'post': norms after attention and after the MLP, "
-        "before each residual add (EXAONE-4.0)")
+        "before each residual add (EXAONE-4.0); 'sandwich': a norm before and one after "
+        "each (Gemma 2/3)")
     qk_norm: bool = Field(default=False, description="RMSNorm of each q and k head, "
                           "before RoPE (EXAONE-4.0)")
     parallel_block: bool = Field(default=False, description="attention and MLP read one "
                                  "norm of the layer input, both added to it (Cohere)")
     logit_scale: float = Field(default=1.0, gt=0, description="logits multiplied by it")
+    hidden_act: Literal["silu", "gelu_tanh"] = Field(
+        default="silu", description="the MLP's gate activation: SwiGLU's silu, or GeGLU's "
+        "GELU in its tanh form (Gemma: gelu_pytorch_tanh)")
+    embed_scale: float = Field(default=1.0, gt=0, description="the host multiplies the "
+                               "token embeddings by it (Gemma: sqrt(hidden_size))")
+    norm_unit_offset: bool = Field(
+        default=False, description="a checkpoint stores each norm's gain as w and applies "
+        "1 + w (Gemma's RMSNorm): loading its safetensors adds the 1, so kvsim's gains are "
+        "the applied ones")
+    query_pre_attn_scalar: float | None = Field(
+        default=None, gt=0, description="attention scores scaled by its -0.5 power instead "
+        "of head_dim's (Gemma)")
+    rope_local_theta: float | None = Field(
+        default=None, gt=0, description="RoPE base of the sliding layers when it is their "
+        "own (Gemma 3: rope_local_base_freq; rope_scaling then applies to the full layers "
+        "only). kvsim builds one RoPE table, so such a model compiles for timing only")
 
     @model_validator(mode="after")
     def _layer_features(self) -> ModelConfig:
@@ -468,7 +480,7 @@ class ModelConfig(_Frozen):
             o = next(i for i, s in enumerate(specs) if s.name == p + "o_proj")
             specs[o:o] = [_vec(p + "q_norm", self.head_dim, "norm"),
                           _vec(p + "k_norm", self.head_dim, "norm")]
-        if self.norm_position == "post":
+        if self.norm_position != "pre":
             specs.append(_vec(p + "post_attn_norm", h, "norm"))
         return specs
 
@@ -494,9 +506,10 @@ class ModelConfig(_Frozen):
         specs = [_vec(p + "mlp_norm", self.hidden_size, "norm")]
         if self.parallel_block:  # the MLP reads the attention's input norm
             specs = []
-        elif self.norm_position == "post":
-            return self._swiglu(p, self.intermediate_size) + [
-                _vec(p + "post_mlp_norm", self.hidden_size, "norm")]
+        elif self.norm_position != "pre":  # after the MLP (and, in a sandwich, before it)
+            return (specs if self.norm_position == "sandwich" else []) + self._swiglu(
+                p, self.intermediate_size) + [_vec(p + "post_mlp_norm", self.hidden_size,
+                                                   "norm")]
         if not self.layer_is_moe(layer):
             return specs + self._swiglu(p, self.intermediate_size)
         assert self.n_routed_experts is not None and self.moe_intermediate_size is not None
@@ -612,7 +625,7 @@ class ModelConfig(_Frozen):
         return self.num_layers * self.kv_values_per_token_per_layer
 
 
-# --- building and presets -------------------------------------------------------------------
+# --- building -------------------------------------------------------------------
 
 
 def build_model(data: dict[str, Any], *, where: str = "model") -> ModelConfig:
@@ -621,68 +634,3 @@ def build_model(data: dict[str, Any], *, where: str = "model") -> ModelConfig:
         return ModelConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(validation_message(err, where)) from None
-
-
-def preset_names() -> list[str]:
-    """Names of the model presets (file stems in ``models/presets/``)."""
-    files = resources.files(PRESET_PACKAGE).iterdir()
-    return sorted(f.name.rsplit(".", 1)[0] for f in files if f.name.endswith((".json", ".toml")))
-
-
-def load_preset(name: str, *, where: str = "model") -> ModelConfig:
-    """The model preset ``name`` (in any case); :class:`ConfigError` listing the valid names
-    if unknown."""
-    names = preset_names()
-    name = name.lower() if name.lower() in names else name
-    if name not in names:
-        raise ConfigError(
-            f"{where}.preset: unknown model preset {name!r}; valid: {', '.join(names)}"
-        )
-    root = resources.files(PRESET_PACKAGE)
-    json_file = root.joinpath(f"{name}.json")
-    if json_file.is_file():
-        from .hf import hf_config_to_model, parse_hf_json
-
-        data = parse_hf_json(json_file.read_text(), source=f"{where} preset {name!r}")
-        return hf_config_to_model(data, name=name, where=f"{where} preset {name!r}")
-    data = tomllib.loads(root.joinpath(f"{name}.toml").read_text())
-    data.setdefault("name", name)
-    return build_model(data, where=where)
-
-
-def load_model(
-    name_or_path: str | Path, overrides: dict[str, Any] | None = None, *, where: str = "model"
-) -> ModelConfig:
-    """A model's architecture by any name :func:`models.source.resolve_model` accepts: a
-    preset, the embedded real model, a GGUF file, a HF folder or a ``config.json``.
-
-    Only the architecture is read here (a folder's ``config.json``, a GGUF file's metadata
-    and tensor table); :func:`models.source.resolve_model` also checks the weights.
-    ``overrides`` replaces top-level fields, e.g. ``{"num_layers": 2}``; the result is
-    validated again, so an override that breaks a constraint raises :class:`ConfigError`.
-    """
-    from .source import (
-        EMBEDDED_MODEL,
-        canonical_name,
-        hub_id_hint,
-        looks_like_path,
-        resolve_model,
-    )
-
-    text = str(name_or_path) if isinstance(name_or_path, Path) else canonical_name(
-        str(name_or_path))
-    if text == EMBEDDED_MODEL or text.endswith(".gguf"):
-        cfg = resolve_model(text, where=where).config
-    elif looks_like_path(name_or_path):
-        from .hf import load_hf_config
-
-        if not Path(name_or_path).exists() and (hint := hub_id_hint(text)):
-            raise ConfigError(f"{where}: {hint}")
-        cfg = load_hf_config(name_or_path)
-    else:
-        cfg = load_preset(text, where=where)
-    if not overrides:
-        return cfg
-    data = cfg.model_dump(exclude_none=True)
-    data.update(overrides)
-    return build_model(data, where=where)

@@ -2,9 +2,10 @@
 
 Supported model types (``model_type``, or the first of ``architectures``): ``llama``,
 ``qwen2``, ``mistral``, ``deepseek_v2``, ``cohere2`` (Command-R7B), ``exaone4``
-(EXAONE-4.0), ``qwen2_moe`` (Qwen1.5-MoE, Qwen2-MoE) and ``mixtral``; Cohere2 and EXAONE-4.0
-bring per-layer features (:mod:`models.layer_features`), the last two a mixture-of-experts
-MLP beside grouped-query attention. Keys
+(EXAONE-4.0), ``qwen2_moe`` (Qwen1.5-MoE, Qwen2-MoE), ``mixtral`` and ``gemma3_text``
+(Gemma 3, :mod:`models.hf_gemma`); Cohere2, EXAONE-4.0 and Gemma 3 bring per-layer features
+(:mod:`models.layer_features`), Qwen2-MoE and Mixtral a mixture-of-experts MLP beside
+grouped-query attention. Keys
 that the HF configuration classes give a default (``num_key_value_heads``, ``rope_theta``,
 ...) take that default when absent, as ``transformers`` does; keys without a safe default
 are required, and a file that lacks some gets one :class:`~kvsim.errors.ConfigError` listing
@@ -32,8 +33,13 @@ from typing import Any
 from kvsim.errors import ConfigError
 
 from .config import ModelConfig, build_model
+from .hf_family import FamilyMapping
+from .hf_gemma import GEMMA3
 from .layer_features import LAYER_TYPES, pattern_layer_types
 
+#: The families whose mapping is a module of its own (``models/hf_<family>.py``), by model
+#: type: a new one is its module and one entry here.
+MAPPINGS: dict[str, FamilyMapping] = {m.model_type: m for m in (GEMMA3,)}
 #: ``architectures`` entries and the model type each one means.
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -44,9 +50,11 @@ ARCHITECTURES: dict[str, str] = {
     "Exaone4ForCausalLM": "exaone4",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "MixtralForCausalLM": "mixtral",
+    **{m.architecture: m.model_type for m in MAPPINGS.values()},
 }
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("cohere2", "deepseek_v2", "exaone4", "llama",
-                                          "mistral", "mixtral", "qwen2", "qwen2_moe")
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted((
+    "cohere2", "deepseek_v2", "exaone4", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe",
+    *MAPPINGS)))
 
 #: Keys every supported file must have (no safe default exists for them).
 REQUIRED_KEYS: tuple[str, ...] = (
@@ -153,6 +161,8 @@ def _rope_scaling(raw: Any, where: str) -> dict[str, Any] | None:
 
 def _unsupported(data: dict[str, Any], mtype: str) -> list[str]:
     """Features present in the file that kvsim's models do not implement."""
+    if mtype in MAPPINGS:
+        return MAPPINGS[mtype].unsupported(data)
     problems = []
     act = data.get("hidden_act", "silu")
     if act != "silu":
@@ -339,7 +349,7 @@ def hf_config_to_model(
         "rope_theta": data.get("rope_theta", mixtral.get("rope_theta", _ROPE_THETA_DEFAULT)),
         "rope_scaling": _rope_scaling(data.get("rope_scaling"), where),
         "max_position_embeddings": data.get(
-            "max_position_embeddings", _MAX_POSITIONS_DEFAULT[mtype]
+            "max_position_embeddings", _MAX_POSITIONS_DEFAULT.get(mtype)
         ),
         "rms_norm_eps": data.get("rms_norm_eps",
                                  mixtral.get("rms_norm_eps", _RMS_NORM_EPS_DEFAULT)),
@@ -362,7 +372,8 @@ def hf_config_to_model(
                 topk_group=data.get("topk_group") or 1,
             )
     else:
-        head_dim = data.get("head_dim")
+        head_dim = data.get("head_dim", MAPPINGS[mtype].defaults.get("head_dim")
+                            if mtype in MAPPINGS else None)
         if head_dim is None:
             if type(heads) is not int or heads < 1:
                 raise ConfigError(f"{where}: num_attention_heads must be a positive integer, "
@@ -387,6 +398,8 @@ def hf_config_to_model(
             out["qkv_bias"] = out["o_bias"] = mtype == "llama"
         if mtype in ("qwen2_moe", "mixtral"):
             out.update(_gqa_moe_fields(data, mtype))
+        if mtype in MAPPINGS:
+            out.update(MAPPINGS[mtype].fields(data, where))
     return build_model(out, where=f"{where}: model")
 
 

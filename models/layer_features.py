@@ -17,6 +17,14 @@ Two families bring them (sources: ``Cohere2Config``/``modeling_cohere2.py`` and
   query and key head before RoPE (EXAONE-4.0).
 - **Parallel block** (Cohere): ``x + attn(n(x)) + mlp(n(x))`` with one norm ``n``.
 - **Logit scale** (Cohere ``logit_scale``): logits are multiplied by it.
+
+Gemma 3 (``Gemma3TextConfig``/``modeling_gemma3.py``, ``transformers`` 4.57) brings more:
+``norm_position = "sandwich"`` (a norm before and one after attention and the MLP, each
+output norm before its residual add), a GeGLU MLP (``hidden_act = "gelu_tanh"``), token
+embeddings scaled by ``sqrt(hidden_size)`` on the host (``embed_scale``), norm gains
+stored as ``w`` for ``1 + w`` (``norm_unit_offset``, folded when the weights are read),
+the attention scale ``query_pre_attn_scalar ** -0.5`` and its own RoPE base for the
+sliding layers (``rope_local_theta``, timing only: one RoPE table per model here).
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ def has_layer_features(cfg: ModelConfig) -> bool:
     return bool(cfg.layer_types is not None and "sliding_attention" in cfg.layer_types
                 or cfg.rope_layers != "all" or cfg.norm_kind != "rms"
                 or cfg.norm_position != "pre" or cfg.qk_norm or cfg.parallel_block
-                or cfg.logit_scale != 1.0)
+                or cfg.logit_scale != 1.0 or cfg.hidden_act != "silu"
+                or cfg.embed_scale != 1.0 or cfg.norm_unit_offset
+                or cfg.query_pre_attn_scalar is not None or cfg.rope_local_theta is not None)
 
 
 def check_layer_features(cfg: ModelConfig) -> None:
@@ -60,9 +70,14 @@ def check_layer_features(cfg: ModelConfig) -> None:
     if cfg.rope_layers == "sliding" and not sliding:
         raise ValueError("rope_layers: 'sliding' needs sliding layers in layer_types "
                          "(else no layer would have a positional embedding)")
-    if cfg.parallel_block and cfg.norm_position == "post":
-        raise ValueError("parallel_block: a parallel block has one norm before attention "
-                         "and MLP, not norm_position 'post'")
+    if cfg.parallel_block and cfg.norm_position != "pre":
+        raise ValueError(f"parallel_block: a parallel block has one norm before attention "
+                         f"and MLP, not norm_position {cfg.norm_position!r}")
+    if cfg.rope_local_theta is not None and not sliding:
+        raise ValueError("rope_local_theta: the RoPE base of sliding layers needs sliding "
+                         "layers in layer_types")
     if has_layer_features(cfg) and (cfg.is_mla or cfg.is_moe):
         raise ValueError("layer_types/norm_kind/norm_position/qk_norm/parallel_block/"
-                         "logit_scale: supported for GQA models with a dense MLP only")
+                         "logit_scale/hidden_act/embed_scale/norm_unit_offset/"
+                         "query_pre_attn_scalar/rope_local_theta: supported for GQA models "
+                         "with a dense MLP only")

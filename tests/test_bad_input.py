@@ -55,7 +55,7 @@ from isa.validate import validate_program
 from kvsim.errors import ConfigError, DeviceError, KvsimError, OutputError
 from models.bits import build_bit_config
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import load_preset
 from sim.app.cli.main import main as cli_main
 from sim.app.config import load_run_config
 from sim.app.regress.regress import RegressError
@@ -947,7 +947,7 @@ _SERVE_OUT = (*_SERVE_BASE, "--set", "serving.workload.prompt_tokens=4", "--set"
 
 
 def _full_disk(monkeypatch, folder: Path) -> None:
-    import traces.io as tio
+    import kvsim.files as tio
 
     def enospc(fd, data):
         raise OSError(28, "No space left on device")

@@ -50,7 +50,7 @@ def _cache_ops_executed() -> bool:
         "hardware.preset=tiny", "model.preset=tiny", "compile.core_mode=single",
         "workload.prompt_tokens=8", "workload.output_tokens=2", "outputs.trace=off",
         'workload.cache_ops=[{at_token=8, op="dump_load"}]'])
-    return bool(run(cfg).metrics.get("cache_ops"))
+    return bool(run(cfg).metrics.cache_ops)
 
 
 def test_quickstart_is_the_embedded_default():

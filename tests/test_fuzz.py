@@ -301,7 +301,7 @@ def kvm(tmp_path_factory):
     """The members of a small compiled model's file, and a folder to write variants to."""
     from models.bits import build_bit_config
     from models.compiler import HardwareTarget, compile_model
-    from models.config import load_preset
+    from models.source import load_preset
     from sim.device.hw import load_hardware
 
     cm = compile_model(load_preset("tiny"), build_bit_config({}),

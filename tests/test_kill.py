@@ -1,4 +1,4 @@
-"""Outputs are written atomically (traces/io.py): a run killed at any moment leaves, in its
+"""Outputs are written atomically (kvsim/files.py): a run killed at any moment leaves, in its
 output folder, only complete files (each the earlier run's, or this run's) and no
 temporary file that the next write would not remove. Long runs keep the trace bounded.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-import traces.io as tio
+import kvsim.files as tio
 from sim.app.config import load_run_config
 from sim.app.run import run, write_outputs
 
@@ -47,7 +47,7 @@ trace = "tiles"
 #: The child of the white-box kills: writes half of its first file, says so, and waits.
 STALLING_CHILD = """\
 import os, sys, time
-import traces.io as tio
+import kvsim.files as tio
 mode, marker, cfg, out = sys.argv[1:5]
 if mode == "named":  # as where the platform has no O_TMPFILE
     tio._write_anonymous = lambda folder, tmp, data: False
@@ -299,6 +299,6 @@ def test_the_trace_of_a_long_run_is_bounded_by_max_trace_events(tmp_path):
     result = run(cfg)
     rec = result.recorder
     assert len(rec.spans) + len(rec.bytes) == 300
-    assert rec.dropped > 0 and result.metrics["trace"]["dropped_events"] == rec.dropped
+    assert rec.dropped > 0 and result.metrics.trace.dropped_events == rec.dropped
     paths = write_outputs(result, tmp_path)
     assert paths["trace"].stat().st_size < 200_000

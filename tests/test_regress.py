@@ -19,13 +19,13 @@ from sim.app.regress.regress import (
     RegressError,
     Row,
     create,
-    figures_of,
     load_baseline,
     main,
     run_figures,
     tolerance_for,
 )
 from sim.testing import assert_no_regression
+from traces.results import RunFigures
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "configs" / "regress" / "baseline.json"
@@ -183,7 +183,7 @@ def test_create_check_update(tmp_path, capsys):
     assert not list(baseline.parent.glob(".*.tmp"))
 
 
-def test_figures_of_reads_cache_op_times_and_bytes_not_wall_time():
+def test_the_figures_read_cache_op_times_and_bytes_not_wall_time():
     metrics = {
         "prefill": {"ttft_s": 1.0}, "decode": {"time_per_token_s": 0.5, "tokens_per_s": 2.0},
         "sim_time_s": 9.0, "traffic_bytes": {"dram_read": 10, "odd": "x"},
@@ -192,7 +192,7 @@ def test_figures_of_reads_cache_op_times_and_bytes_not_wall_time():
                       {"op": "host_evict", "time_s": 0.2, "host_model_s": 0.3,
                        "host_measured_s": 0.01, "new_cache_size": 5}],
     }
-    assert figures_of(metrics) == {
+    assert RunFigures.from_metrics(metrics).figures() == {
         "cache_ops[0].time_s": 0.1, "cache_ops[0].pcie_bytes": 7, "cache_ops[1].time_s": 0.2,
         "cache_ops[1].host_model_s": 0.3, "decode.time_per_token_s": 0.5,
         "decode.tokens_per_s": 2.0, "prefill.ttft_s": 1.0, "traffic_bytes.dram_read": 10,

@@ -11,6 +11,8 @@ import inspect
 import pkgutil
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 500
 #: the folders whose files must stay under MAX_LINES
@@ -158,3 +160,244 @@ def test_registry_keys_are_the_blocks_kinds():
     for table in (registry.ATTENTION, registry.MLP):
         for kind, cls in table.items():
             assert getattr(cls, "kind", kind) == kind, cls
+
+
+# --- imports: no cycle inside any package, and the layers ---------------------------------------
+
+#: The project's packages (the top-level folders that hold code the others import).
+PACKAGES = ("kvsim", "isa", "models", "traces", "sim")
+
+
+def _module_files() -> dict[str, Path]:
+    return {_module_name(p): p for top in PACKAGES for p in sorted((ROOT / top).rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return "TYPE_CHECKING" in ast.unparse(test)
+
+
+def _imports(tree: ast.AST):
+    """Every import node of ``tree``, at any depth (a function's imports count: they run
+    when it does), except those under ``if TYPE_CHECKING:`` (they never run)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            yield from (n for orelse in node.orelse for n in _imports_of(orelse))
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        yield from _imports(node)
+
+
+def _imports_of(node: ast.AST):
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        yield node
+    yield from _imports(node)
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """module -> the project modules it imports, from ``sources`` (module -> (its text,
+    whether it is a package's ``__init__``)). ``from P import x`` depends on ``P`` (its
+    ``__init__`` runs, and ``x`` is read from it) and on ``P.x`` when that is a module;
+    ``import P.x`` on ``P.x``."""
+    graph: dict[str, set[str]] = {m: set() for m in sources}
+
+    def known(name: str) -> str | None:
+        while name and name not in graph:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    for module, (text, is_package) in sources.items():
+        for node in _imports(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                source = _resolve(module, node, is_package)
+                targets = [source, *(f"{source}.{a.name}" for a in node.names)]
+            for target in targets:
+                found = known(target)
+                if found is not None and found != module:
+                    graph[module].add(found)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def package_of(modules: list[str], packages: set[str]) -> str:
+    """The innermost package holding every one of ``modules`` ("" if none does)."""
+    homes = [m if m in packages else m.rpartition(".")[0] for m in modules]
+    common = homes[0].split(".")
+    for home in homes[1:]:
+        parts = home.split(".")
+        n = 0
+        while n < min(len(common), len(parts)) and common[n] == parts[n]:
+            n += 1
+        common = common[:n]
+    return ".".join(common)
+
+
+def _project_graph() -> tuple[dict[str, set[str]], set[str]]:
+    files = _module_files()
+    sources = {m: (p.read_text(), p.name == "__init__.py") for m, p in files.items()}
+    packages = {m for m, p in files.items() if p.name == "__init__.py"}
+    return import_graph(sources), packages
+
+
+_GRAPH = _project_graph()
+#: every package of the project (a folder with an ``__init__.py``)
+ALL_PACKAGES = sorted(_GRAPH[1])
+
+
+def cycles_by_package() -> dict[str, list[list[str]]]:
+    graph, packages = _GRAPH
+    out: dict[str, list[list[str]]] = {p: [] for p in packages}
+    for cycle in import_cycles(graph):
+        out.setdefault(package_of(cycle, packages), []).append(cycle)
+    return out
+
+
+def test_import_cycles_per_package_are_counted_for_every_package():
+    found = cycles_by_package()
+    print("\nimport cycles inside each package (a cycle counts in the innermost package "
+          "that holds all its modules):")
+    for package in sorted(found):
+        print(f"  {package or '(across packages)'}: {len(found[package])}")
+        for cycle in found[package]:
+            print("     ", " <-> ".join(cycle))
+    assert {"sim", "sim.app", "sim.device", "sim.runtime", "sim.serving", "models",
+            "models.compiler", "isa", "isa.kv", "traces", "kvsim"} <= set(found)
+
+
+@pytest.mark.parametrize("package", ALL_PACKAGES)
+def test_no_import_cycle_inside(package):
+    assert cycles_by_package()[package] == []
+
+
+def test_no_import_cycle_across_packages():
+    assert cycles_by_package().get("", []) == []
+
+
+def test_the_cycle_check_finds_what_it_looks_for():
+    pkg = ("from .a import f\n", True)
+    sources = {
+        "p": pkg,
+        # p/__init__ imports a; a reaches back into the package: a cycle
+        "p.a": ("from . import b\ndef f():\n    from p import c\n", False),
+        "p.b": ("x = 1\n", False),
+        "p.c": ("import p.b as b\n", False),
+        # q.x and q.y import each other, one of them inside a function: still a cycle;
+        # q.z imports q.x only for type checking: no cycle
+        "q": ("", True),
+        "q.x": ("def g():\n    from .y import h\n", False),
+        "q.y": ("from q.x import g\n", False),
+        "q.z": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .x import g\n",
+                False),
+        "q.w": ("from .z import k\n", False),
+    }
+    graph = import_graph(sources)
+    assert graph["p.a"] == {"p", "p.b", "p.c"} and graph["p.c"] == {"p.b"}
+    assert graph["q.z"] == set()
+    cycles = import_cycles(graph)
+    assert sorted(cycles) == [["p", "p.a"], ["q.x", "q.y"]]
+    assert [package_of(c, {"p", "q"}) for c in sorted(cycles)] == ["p", "q"]
+    assert package_of(["p.a", "q.x"], {"p", "q"}) == ""
+
+
+# --- layers: which package may import which -----------------------------------------------------
+
+#: The layers, lowest first, each with the layers it may import (besides its own).
+#: ``sim.base`` is what every part of the simulator shares (units, progress display).
+LAYERS: dict[str, frozenset[str]] = {
+    "kvsim": frozenset(),
+    "isa": frozenset({"kvsim"}),
+    "models": frozenset({"isa", "kvsim"}),
+    "traces": frozenset({"kvsim"}),
+    "sim.base": frozenset({"kvsim"}),
+    "sim.device": frozenset({"sim.base", "isa", "models", "traces", "kvsim"}),
+    "sim.runtime": frozenset({"sim.device", "sim.base", "isa", "models", "traces", "kvsim"}),
+    "sim.serving": frozenset({"sim.runtime", "sim.device", "sim.base", "isa", "models",
+                              "traces", "kvsim"}),
+    "sim.app": frozenset({"sim.serving", "sim.runtime", "sim.device", "sim.base", "isa",
+                          "models", "traces", "kvsim"}),
+}
+#: sim's top-level modules and the layer each belongs to
+SIM_TOP = {"sim": "sim.app", "sim.__main__": "sim.app", "sim.testing": "sim.app",
+           "sim.units": "sim.base", "sim.progress": "sim.base"}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] != "sim":
+        return parts[0]
+    if module in SIM_TOP:
+        return SIM_TOP[module]
+    return ".".join(parts[:2])
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> imported`` of every import that goes up or sideways between layers."""
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                  if layer_of(t) != layer_of(m) and layer_of(t) not in LAYERS[layer_of(m)])
+
+
+def test_every_module_has_a_layer():
+    assert {layer_of(m) for m in _GRAPH[0]} == set(LAYERS)
+
+
+def test_imports_follow_the_layers():
+    # sim -> models -> isa, sim -> traces; the application imports the device, never the
+    # reverse; models never reaches into traces (nor isa into models)
+    assert layer_violations(_GRAPH[0]) == []
+
+
+def test_the_layer_check_finds_what_it_looks_for():
+    graph = {"models.config": {"traces.io"}, "isa.asm": {"sim.units"},
+             "sim.device.hw": {"sim.app.run", "sim.units", "models.config"},
+             "sim.app.run": {"sim.device.hw", "traces.report"}, "sim.units": set(),
+             "traces.io": set(), "sim.app.cli": {"sim.app.run"}}
+    assert layer_violations(graph) == ["isa.asm -> sim.units", "models.config -> traces.io",
+                                       "sim.device.hw -> sim.app.run"]
+
+
+def test_sims_top_level_is_a_handful_of_files():
+    top = sorted(p.name for p in (ROOT / "sim").glob("*.py") if p.name != "__init__.py")
+    assert set(top) <= {f"{m.rpartition('.')[2]}.py" for m in SIM_TOP} and len(top) <= 5

@@ -12,7 +12,7 @@ link and idle time. Time in ms (serving: in s for runs of 10 s or more).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 from .critical import GROUPS, path_columns, time_by_group
 from .page import is_number, layout
 from .recorder import Recorder
+from .results import PhaseTime, RunMetrics
 
 PS_PER_S = 1e12
 
@@ -50,12 +51,12 @@ _CRITICAL_ROW = {"dram": "DRAM", "compute": "compute", "host_link": "host link",
                  "dispatch": "fixed", "barrier_sync": "fixed"}
 
 
-def _phase_name(phase: str, row: dict[str, Any]) -> str:
+def _phase_name(phase: str, row: PhaseTime) -> str:
     if phase == "decode_per_token":
         return "decode, per token"
     if phase == "decode":
-        return f"decode, all {row['calls']} steps"
-    return phase.replace("_", " ") + (f" ({row['calls']} calls)" if row["calls"] > 1 else "")
+        return f"decode, all {row.calls} steps"
+    return phase.replace("_", " ") + (f" ({row.calls} calls)" if row.calls > 1 else "")
 
 
 #: Colours of the critical path's groups (traces.critical.GROUPS).
@@ -64,40 +65,40 @@ _PATH_COLORS = dict(zip(GROUPS, ("#08519c", "#4292c6", "#e6550d", "#fd8d3c", "#7
                             strict=True))
 
 
-def _path_rows(metrics: dict[str, Any], recorder: Recorder) -> dict[str, dict[str, float]]:
+def _path_rows(metrics: RunMetrics, recorder: Recorder) -> dict[str, dict[str, float]]:
     """Seconds of the critical path per group in each breakdown phase (decode per token:
     the decode phase's over its calls)."""
-    calls = metrics.get("calls") or []
+    calls = metrics.calls
     if not calls:
         return {}
     path = path_columns(recorder.spans)
     if not len(path):
         return {}
-    windows = [(c["phase"], round(c["start_s"] * PS_PER_S), round(c["end_s"] * PS_PER_S))
+    windows = [(c.phase, round(c.start_s * PS_PER_S), round(c.end_s * PS_PER_S))
                for c in calls]
     rows = {p: {g: ps / PS_PER_S for g, ps in r.items()}
             for p, r in time_by_group(path, windows).items()}
-    n = sum(1 for c in calls if c["phase"] == "decode")
+    n = sum(1 for c in calls if c.phase == "decode")
     if "decode" in rows and n:
         rows["decode_per_token"] = {g: v / n for g, v in rows["decode"].items()}
     return rows
 
 
-def _demand_bar(tb: dict[str, Any], phases: list[str], key: str, row: str, name: str
-                ) -> go.Bar:
+def _demand_bar(tb: Mapping[str, PhaseTime], phases: list[str], key: str, row: str,
+                name: str) -> go.Bar:
     return go.Bar(
         name=name, orientation="h", y=[[_phase_name(p, tb[p]) for p in phases],
                                        [row] * len(phases)],
-        x=[tb[p].get(key, 0.0) * 1e3 for p in phases],
+        x=[getattr(tb[p], key) * 1e3 for p in phases],
         marker={"color": _DEMAND_COLORS.get(key)},
         legendgroup="demand", legendgrouptitle_text="what each resource needed",
         hovertemplate=f"{name}<br>%{{x:,.3f}} ms<extra></extra>")
 
 
-def run_breakdown(metrics: dict[str, Any], recorder: Recorder) -> go.Figure | None:
+def run_breakdown(metrics: RunMetrics, recorder: Recorder) -> go.Figure | None:
     """The run report's chart: per phase, the elapsed time, the critical path by group and
     each resource's demand (``time_breakdown``), the largest demand marked."""
-    tb = metrics.get("time_breakdown") or {}
+    tb = metrics.time_breakdown
     phases = [p for p in tb if p != "decode"]  # per token reads better than the sum
     if not phases:
         return None
@@ -121,12 +122,12 @@ def run_breakdown(metrics: dict[str, Any], recorder: Recorder) -> go.Figure | No
     for key, row, name in _DEMANDS[1:]:
         fig.add_trace(_demand_bar(tb, phases, key, row, name))
     for p in phases:  # each row's total at its end; the largest demand marked
-        big = _CRITICAL_ROW[tb[p]["critical"]]
+        big = _CRITICAL_ROW[tb[p].critical]
         for row in rows:
             if row == "critical path":
                 total = sum(path.get(p, {}).values()) * 1e3
             else:
-                total = sum(tb[p].get(k, 0.0) for k, r, _ in _DEMANDS if r == row) * 1e3
+                total = sum(getattr(tb[p], k) for k, r, _ in _DEMANDS if r == row) * 1e3
             mark = " ◀ largest demand" if row == big else ""
             shown = f"{total:,.2f}" if total >= 1 else f"{total:.3g}"  # 3 digits below 1 ms
             fig.add_annotation(x=total, y=[_phase_name(p, tb[p]), row],

@@ -15,9 +15,9 @@ time axis is in ms.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from itertools import compress
 from operator import itemgetter
-from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -36,9 +36,11 @@ from .page import (
     time_unit,
 )
 from .recorder import Recorder, span_times
+from .results import CallRow, GenerateMetrics, RooflineFigures, RunMetrics
 from .sweep_report import NAMES, fmt_number, quantity, sweep_report
 
-__all__ = ["NAMES", "fmt_number", "quantity", "run_report", "sweep_report"]
+__all__ = ["NAMES", "RUN_CHARTS", "Chart", "fmt_number", "quantity", "run_report",
+           "sweep_report"]
 
 PS_PER_MS = 1e9
 #: Most bars drawn in the timeline; longer runs are merged per lane (see ``_timeline``).
@@ -49,31 +51,31 @@ PHASE_COLORS = {"launch": "#7f7f7f", "prefill": "#1f77b4", "decode": "#2ca02c",
                 "cache_op": "#d62728"}
 
 
-def _call_label(c: dict[str, Any], phase_calls: int) -> str:
-    if c["phase"] == "launch":
+def _call_label(c: CallRow, phase_calls: int) -> str:
+    if c.phase == "launch":
         return "launch"
-    if c["phase"] == "prefill":
-        chunk = f" chunk {c['step'] + 1}/{phase_calls}" if phase_calls > 1 else ""
-        return f"prefill{chunk} ({c['tokens']} tokens)"
-    if c["phase"] == "decode":
-        return f"decode step {c['step']}"
-    return f"cache op {c['step']}: {c['op']}"
+    if c.phase == "prefill":
+        chunk = f" chunk {c.step + 1}/{phase_calls}" if phase_calls > 1 else ""
+        return f"prefill{chunk} ({c.tokens} tokens)"
+    if c.phase == "decode":
+        return f"decode step {c.step}"
+    return f"cache op {c.step}: {c.op}"
 
 
-def _calls_lane(calls: list[dict[str, Any]]) -> list[go.Bar]:
+def _calls_lane(calls: Sequence[CallRow]) -> list[go.Bar]:
     counts: dict[str, int] = defaultdict(int)
     for c in calls:
-        counts[c["phase"]] += 1
-    by_phase: dict[str, list[dict]] = defaultdict(list)
+        counts[c.phase] += 1
+    by_phase: dict[str, list[CallRow]] = defaultdict(list)
     for c in calls:
-        by_phase[c["phase"]].append(c)
+        by_phase[c.phase].append(c)
     labelled = len(calls) <= MAX_CALL_LABELS
     bars = []
     for phase, cs in by_phase.items():
         names = [_call_label(c, counts[phase]) for c in cs]
         bars.append(go.Bar(
             name=phase, orientation="h", y=["runtime calls"] * len(cs),
-            x=[c["time_s"] * 1e3 for c in cs], base=[c["start_s"] * 1e3 for c in cs],
+            x=[c.time_s * 1e3 for c in cs], base=[c.start_s * 1e3 for c in cs],
             marker={"color": PHASE_COLORS.get(phase, "#9467bd"),
                     "line": {"color": "white", "width": 1}},
             text=names if labelled else None, textposition="inside",
@@ -150,7 +152,7 @@ def _binned_lanes(spans: list, per_lane: int) -> dict[str, list[tuple]]:
     return out
 
 
-def _timeline(recorder: Recorder, calls: list[dict[str, Any]]) -> go.Figure | None:
+def _timeline(recorder: Recorder, calls: Sequence[CallRow]) -> go.Figure | None:
     # the engines' work: not the chunks, DRAM bursts or runtime calls (decided once per
     # distinct name and block, the spans kept in C-level maps: a long run has millions)
     name_block = itemgetter(2, 0)
@@ -205,13 +207,15 @@ def _timeline(recorder: Recorder, calls: list[dict[str, Any]]) -> go.Figure | No
     return fig
 
 
-def _roofline(metrics: dict[str, Any]) -> go.Figure | None:
-    roof = metrics.get("roofline") or {}
-    calls = [c for c in metrics.get("calls") or [] if c["ops"] > 0 and c["dram_bytes"] > 0]
-    peak, bw = roof.get("peak_ops_per_s"), roof.get("dram_bytes_per_s")
+def _roofline(metrics: RunMetrics) -> go.Figure | None:
+    roof = metrics.roofline
+    if not isinstance(roof, RooflineFigures):  # the GEMV demo: one bound, no peaks
+        return None
+    calls = [c for c in metrics.calls if c.ops > 0 and c.dram_bytes > 0]
+    peak, bw = roof.peak_ops_per_s, roof.dram_bytes_per_s
     if not calls or not peak or not bw:
         return None
-    intensity = [c["ops"] / c["dram_bytes"] for c in calls]
+    intensity = [c.ops / c.dram_bytes for c in calls]
     lo, hi = min(intensity) / 4, max(max(intensity) * 4, 4 * peak / bw)
     ridge = peak / bw
     xs = [lo, ridge, hi]
@@ -220,12 +224,12 @@ def _roofline(metrics: dict[str, Any]) -> go.Figure | None:
                                line={"color": "#444", "dash": "dash"}, hoverinfo="skip"))
     counts: dict[str, int] = defaultdict(int)
     for c in calls:
-        counts[c["phase"]] += 1
-    for phase in dict.fromkeys(c["phase"] for c in calls):
-        cs = [c for c in calls if c["phase"] == phase]
+        counts[c.phase] += 1
+    for phase in dict.fromkeys(c.phase for c in calls):
+        cs = [c for c in calls if c.phase == phase]
         fig.add_trace(go.Scatter(
-            x=[c["ops"] / c["dram_bytes"] for c in cs],
-            y=[c["ops"] / c["time_s"] / 1e12 for c in cs], mode="markers", name=phase,
+            x=[c.ops / c.dram_bytes for c in cs],
+            y=[c.ops / c.time_s / 1e12 for c in cs], mode="markers", name=phase,
             marker={"size": 9, "color": PHASE_COLORS.get(phase)},
             customdata=[_call_label(c, counts[phase]) for c in cs],
             hovertemplate="%{customdata}<br>%{x:,.2f} ops/byte<br>%{y:,.3f} TOPS"
@@ -237,7 +241,7 @@ def _roofline(metrics: dict[str, Any]) -> go.Figure | None:
                   "achieved throughput (TOPS)")
 
 
-def _bandwidth(recorder: Recorder, bins: int, metrics: dict[str, Any]
+def _bandwidth(recorder: Recorder, bins: int, metrics: RunMetrics
                ) -> tuple[go.Figure | None, go.Figure | None]:
     series = bandwidth_series(recorder, bins=bins)
     if not series:
@@ -256,7 +260,8 @@ def _bandwidth(recorder: Recorder, bins: int, metrics: dict[str, Any]
                                       line={"shape": "hv"},
                                       hovertemplate=f"{block} {lane}: %{{y:,.3f}} GB/s"
                                                     "<extra></extra>"))
-    bw = (metrics.get("roofline") or {}).get("dram_bytes_per_s")
+    bw = (metrics.roofline.dram_bytes_per_s if isinstance(metrics.roofline, RooflineFigures)
+          else None)
     if bw:
         dram.add_hline(y=bw / 1e9, line={"dash": "dash", "color": "#444", "width": 1},
                        annotation_text=f"effective DRAM bandwidth {bw / 1e9:,.1f} GB/s",
@@ -269,28 +274,27 @@ def _bandwidth(recorder: Recorder, bins: int, metrics: dict[str, Any]
     return out_dram, out_link
 
 
-def _occupancy(metrics: dict[str, Any]) -> go.Figure | None:
-    calls = metrics.get("calls") or []
+def _occupancy(metrics: RunMetrics) -> go.Figure | None:
+    calls = metrics.calls
     if not calls:
         return None
-    x = [0.0] + [c["end_s"] * 1e3 for c in calls]
-    unit, scale = byte_unit(max(c["kv_cache_bytes"] for c in calls))
-    y = [0.0] + [c["kv_cache_bytes"] / scale for c in calls]
-    tokens = [0] + [c["cache_tokens"] for c in calls]
+    x = [0.0] + [c.end_s * 1e3 for c in calls]
+    unit, scale = byte_unit(max(c.kv_cache_bytes for c in calls))
+    y = [0.0] + [c.kv_cache_bytes / scale for c in calls]
+    tokens = [0] + [c.cache_tokens for c in calls]
     fig = go.Figure(go.Scatter(x=x, y=y, mode="lines+markers", line={"shape": "hv"},
                                customdata=tokens, name="KV cache",
                                hovertemplate=f"%{{y:,.3f}} {unit}<br>%{{customdata:,}} tokens "
                                              "in the "
                                              "cache<br>at %{x:,.3f} ms<extra></extra>"))
     fig.update_yaxes(rangemode="tozero")
-    kv = metrics.get("kv_cache") or {}
     title = "KV cache in DRAM over the run"
-    if kv.get("format"):
-        title += f" ({kv['format']})"
+    if isinstance(metrics, GenerateMetrics) and metrics.kv_cache.format:
+        title += f" ({metrics.kv_cache.format})"
     return layout(fig, title, "simulated time (ms)", f"KV cache ({unit})", height=340)
 
 
-def _bars(values: dict[str, float], title: str, x: str) -> go.Figure | None:
+def _bars(values: Mapping[str, float], title: str, x: str) -> go.Figure | None:
     if not values:
         return None
     fig = go.Figure(go.Bar(x=list(values), y=[v / 1e6 for v in values.values()],
@@ -300,10 +304,10 @@ def _bars(values: dict[str, float], title: str, x: str) -> go.Figure | None:
     return layout(fig, title, x, "bytes moved (MB)", height=340)
 
 
-def _utilization(metrics: dict[str, Any]) -> go.Figure | None:
+def _utilization(metrics: RunMetrics) -> go.Figure | None:
     """Busy % per engine kind: one bar per kind with the cores' mean, and the busiest and
     least busy core in the hover (8 cores x 4 engines would be 32 unreadable bars)."""
-    util = metrics.get("engine_utilization") or {}
+    util = metrics.engine_utilization
     if not util:
         return None
     groups: dict[str, list[tuple[str, float]]] = defaultdict(list)
@@ -328,56 +332,48 @@ def _utilization(metrics: dict[str, Any]) -> go.Figure | None:
                   "busy (% of simulated time)", height=340)
 
 
-def _cache_ops(metrics: dict[str, Any]) -> go.Figure | None:
-    ops = metrics.get("cache_ops") or []
+def _cache_ops(metrics: RunMetrics) -> go.Figure | None:
+    ops = metrics.cache_ops if isinstance(metrics, GenerateMetrics) else ()
     if not ops:
         return None
-    labels = [f"{i}: {o['op']}" + (f" at token {o['at_token']}" if "at_token" in o else "")
-              for i, o in enumerate(ops)]
-    fig = go.Figure(go.Bar(x=labels, y=[o["time_s"] * 1e3 for o in ops],
-                           customdata=[[o.get("pcie_bytes", 0), o.get("dram_bytes", 0)]
-                                       for o in ops],
+    labels = [f"{i}: {o.op} at token {o.at_token}" for i, o in enumerate(ops)]
+    fig = go.Figure(go.Bar(x=labels, y=[o.time_s * 1e3 for o in ops],
+                           customdata=[[o.pcie_bytes, o.dram_bytes] for o in ops],
                            hovertemplate="%{x}<br>%{y:,.3f} ms<br>PCIe %{customdata[0]:,} B"
                                          "<br>DRAM %{customdata[1]:,} B<extra></extra>"))
     return layout(fig, "Cost of each cache operation", "operation", "time (ms)", height=340)
 
 
-def _cards(m: dict[str, Any]) -> list[Card]:
-    roof = m.get("roofline") or {}
-    cards = []
-    if "prefill" in m:
-        ttft, bound = m["prefill"]["ttft_s"], roof.get("prefill", {}).get("bound_s")
-        cards.append(Card("time to first token (TTFT)", fmt_time(ttft),
-                          note=_vs_bound(ttft, bound), metric="prefill.ttft_s",
-                          value=ttft))
-    if m.get("decode", {}).get("tokens"):
-        tpot = m["decode"]["time_per_token_s"]
-        bound = roof.get("decode_per_token", {}).get("bound_s")
+def _cards(m: RunMetrics) -> list[Card]:
+    if not isinstance(m, GenerateMetrics):  # the GEMV demo: no prefill or decode
+        t, bound = m.sim_time_s, m.roofline.bound_s
+        return [Card("simulated time", fmt_time(t), note=_vs_bound(t, bound),
+                     metric="sim_time_s", value=t)]
+    roof = m.roofline
+    ttft = m.prefill.ttft_s
+    cards = [Card("time to first token (TTFT)", fmt_time(ttft),
+                  note=_vs_bound(ttft, roof.prefill.bound_s), metric="prefill.ttft_s",
+                  value=ttft)]
+    if m.decode.tokens:
+        tpot = m.decode.time_per_token_s
+        bound = roof.decode_per_token.bound_s
         cards.append(Card("time per output token", fmt_time(tpot),
                           note=_vs_bound(tpot, bound), metric="decode.time_per_token_s",
                           value=tpot))
-        tps = m["decode"]["tokens_per_s"]
+        tps = m.decode.tokens_per_s
         note = f"bound {1 / bound:,.1f} tokens/s" if bound else ""
         cards.append(Card("decode throughput", f"{tps:,.1f} tokens/s", note=note,
                           metric="decode.tokens_per_s", value=tps))
-    kv = m.get("kv_cache")
-    if kv:
-        cards.append(Card(f"KV cache per token ({kv['format']})",
-                          f"{kv['bytes_per_token']:,.0f} bytes",
-                          note=f"{kv['compression_vs_bf16']:.2f}× smaller than bf16",
-                          metric="kv_cache.bytes_per_token", value=kv["bytes_per_token"]))
-        cards.append(Card("KV capacity", f"{kv['capacity_tokens']:,} tokens",
-                          note="fit in the DRAM the model leaves free",
-                          metric="kv_cache.capacity_tokens", value=kv["capacity_tokens"]))
-    if "launch" in m:
-        cards.append(Card("launch (weights over the host link)",
-                          fmt_time(m["launch"]["time_s"]),
-                          note=fmt_bytes(m["launch"]["pcie_h2d_bytes"]),
-                          metric="launch.time_s", value=m["launch"]["time_s"]))
-    if not cards:  # a workload without prefill or decode (the GEMV demo)
-        t, bound = m.get("sim_time_s", 0.0), roof.get("bound_s")
-        cards.append(Card("simulated time", fmt_time(t), note=_vs_bound(t, bound),
-                          metric="sim_time_s", value=t))
+    kv = m.kv_cache
+    cards.append(Card(f"KV cache per token ({kv.format})", f"{kv.bytes_per_token:,.0f} bytes",
+                      note=f"{kv.compression_vs_bf16:.2f}× smaller than bf16",
+                      metric="kv_cache.bytes_per_token", value=kv.bytes_per_token))
+    cards.append(Card("KV capacity", f"{kv.capacity_tokens:,} tokens",
+                      note="fit in the DRAM the model leaves free",
+                      metric="kv_cache.capacity_tokens", value=kv.capacity_tokens))
+    cards.append(Card("launch (weights over the host link)", fmt_time(m.launch.time_s),
+                      note=fmt_bytes(m.launch.pcie_h2d_bytes), metric="launch.time_s",
+                      value=m.launch.time_s))
     return cards
 
 
@@ -388,70 +384,115 @@ def _vs_bound(t: float, bound: float | None) -> str:
     return f"roofline bound {fmt_time(bound, time_unit(t)[0])} ({t / bound:.2f}× the bound)"
 
 
-def _weights(m: dict[str, Any]) -> str:
+def _weights(m: RunMetrics) -> str:
     """Real or synthetic, as the run recorded it (``weights``: the kind of the compiled
     model's weights: gguf, safetensors, synthetic)."""
-    w = m.get("weights") or {}
-    if w.get("real"):
-        return f"real ({w.get('kind')})"
-    seed = ((m.get("config") or {}).get("model") or {}).get("weights_seed")
+    if isinstance(m, GenerateMetrics) and m.weights.real:
+        return f"real ({m.weights.kind})"
+    seed = (m.config.get("model") or {}).get("weights_seed")
     return "synthetic" + (f" (seed {seed})" if seed is not None else "")
 
 
-def _texts(m: dict[str, Any]) -> str:
+def _texts(m: RunMetrics) -> str:
     """A run of a prompt text: the prompt, what the NPU wrote, the float reference's
     continuation and where they first differ (HTML; empty for a run without text)."""
-    t = m.get("text") or {}
-    if not t or t.get("generated_text") is None:
+    t = m.text if isinstance(m, GenerateMetrics) else None
+    if t is None or t.generated_text is None:
         return ""
-    diff = t.get("first_difference")
-    rows = [("prompt", str(t.get("prompt") or "")), ("NPU", str(t.get("generated_text")))]
-    if t.get("reference_text") is not None:
-        rows += [("float reference", str(t["reference_text"])),
+    diff = t.first_difference_token
+    rows = [("prompt", t.prompt or ""), ("NPU", t.generated_text)]
+    if t.reference_compared:
+        rows += [("float reference", t.reference_text or ""),
                  ("first difference", "none: the same tokens" if diff is None
                   else f"at generated token {diff}")]
-    if t.get("degenerate"):
-        rows.append(("degenerate output", str(t["degenerate"])))
+    if t.degenerate:
+        rows.append(("degenerate output", t.degenerate))
     return f'<h2>Text</h2><div class="texts">{table(rows)}</div>'  # line breaks kept
 
 
-def _details(m: dict[str, Any], recorder: Recorder) -> list[tuple[str, str]]:
-    rows = [("scenario", str(m.get("scenario", ""))),
-            ("simulated time (prefill + decode)", fmt_time(m.get("sim_time_s", 0.0)))]
-    if "prefill" in m:
-        rows.append(("prefill throughput", f"{m['prefill']['tokens_per_s']:,.1f} tokens/s"))
-    if "instructions" in m:
-        rows.append(("instructions executed", f"{m['instructions']:,}"))
+def _details(m: RunMetrics, recorder: Recorder) -> list[tuple[str, str]]:
+    rows = [("scenario", m.scenario),
+            ("simulated time (prefill + decode)", fmt_time(m.sim_time_s))]
+    if isinstance(m, GenerateMetrics):
+        rows.append(("prefill throughput", f"{m.prefill.tokens_per_s:,.1f} tokens/s"))
+    rows.append(("instructions executed", f"{m.instructions:,}"))
     rows.append(("weights", _weights(m)))
-    for k, v in (m.get("traffic_bytes") or {}).items():
+    for k, v in m.traffic_bytes.items():
         rows.append((f"traffic {k}", fmt_bytes(v)))
     if recorder.dropped:
         rows.append(("trace events dropped", f"{recorder.dropped:,} (event limit reached)"))
     return rows
 
 
-def run_report(metrics: dict[str, Any], recorder: Recorder, *, bins: int = 200) -> str:
-    """The report of one run as an HTML string (figures in the order of the module
-    docstring; those without data are left out)."""
-    calls = metrics.get("calls") or []
+# --- the charts of the run report ------------------------------------------------------------
+#
+# A chart is one function ``(metrics, recorder, bins) -> its figures`` (none when the run has
+# nothing to show), listed in RUN_CHARTS in page order: a new chart is its function here
+# and one entry there.
+
+Chart = Callable[[RunMetrics, Recorder, int], list[Figure]]
+
+
+def _figures(fig: go.Figure | None, *, wide: bool = False) -> list[Figure]:
+    return [] if fig is None else [Figure(fig, wide=wide)]
+
+
+def breakdown_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """Where the time went per phase: critical path and each resource's demand."""
+    return _figures(run_breakdown(metrics, recorder), wide=True)
+
+
+def timeline_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """Runtime calls, layers and the engines' work on one time axis."""
+    return _figures(_timeline(recorder, metrics.calls), wide=True)
+
+
+def roofline_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """Each runtime call against the roofline."""
+    return _figures(_roofline(metrics))
+
+
+def occupancy_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """The KV cache's bytes in DRAM over the run."""
+    return _figures(_occupancy(metrics))
+
+
+def bandwidth_charts(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """DRAM bandwidth (channels stacked, full width) and the host link per direction."""
     dram, link = _bandwidth(recorder, bins, metrics)
-    figs = [
-        Figure(f, wide=w) for f, w in (
-            (run_breakdown(metrics, recorder), True),
-            (_timeline(recorder, calls), True),
-            (_roofline(metrics), False),
-            (_occupancy(metrics), False),
-            (dram, True),
-            (link, False),
-            (_bars(metrics.get("traffic_by_kind") or {}, "Traffic by kind (all links)",
-                   "kind"), False),
-            (_bars(metrics.get("traffic_bytes") or {}, "Traffic by link", "link"), False),
-            (_utilization(metrics), False),
-            (_cache_ops(metrics), False),
-        ) if f is not None
-    ]
-    subtitle = str(metrics.get("scenario", ""))
-    return render_page(f"kvsim run report: {metrics.get('scenario', 'run')}",
+    return _figures(dram, wide=True) + _figures(link)
+
+
+def traffic_charts(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """Bytes moved by kind (all links) and by link."""
+    return (_figures(_bars(metrics.traffic_by_kind_bytes, "Traffic by kind (all links)",
+                           "kind"))
+            + _figures(_bars(metrics.traffic_bytes, "Traffic by link", "link")))
+
+
+def utilization_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """Busy share of each engine kind."""
+    return _figures(_utilization(metrics))
+
+
+def cache_ops_chart(metrics: RunMetrics, recorder: Recorder, bins: int) -> list[Figure]:
+    """The cost of each scheduled cache operation."""
+    return _figures(_cache_ops(metrics))
+
+
+#: The run report's charts, in page order.
+RUN_CHARTS: tuple[Chart, ...] = (breakdown_chart, timeline_chart, roofline_chart,
+                                 occupancy_chart, bandwidth_charts, traffic_charts,
+                                 utilization_chart, cache_ops_chart)
+
+
+def run_report(metrics: RunMetrics, recorder: Recorder, *, bins: int = 200) -> str:
+    """The report of one run (its typed results and its events) as an HTML string: the
+    headline cards, the details and the figures of :data:`RUN_CHARTS` (those without data
+    are left out)."""
+    figs = [f for chart in RUN_CHARTS for f in chart(metrics, recorder, bins)]
+    subtitle = metrics.scenario
+    return render_page(f"kvsim run report: {metrics.scenario or 'run'}",
                        subtitle="" if not subtitle else
                        "simulated times; hover any chart for its values",
                        cards=_cards(metrics), details=_details(metrics, recorder),

@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from .breakdown_chart import serving_breakdown
 from .page import Card, Figure, fmt_time, render_page, time_unit
 from .page import layout as _layout
+from .serving_results import ServingMetrics
 
 PS_PER_US = 1e6
 PS_PER_S = 1e12
@@ -144,51 +145,52 @@ def batch_figure(steps: Sequence[Sequence[Any]]) -> go.Figure:
                    "tokens in the step")
 
 
-def serving_report_html(metrics: dict[str, Any], rows: Sequence[dict[str, Any]],
+def serving_report_html(metrics: ServingMetrics, rows: Sequence[dict[str, Any]],
                         steps: Sequence[Sequence[Any]], geometry: Any) -> str:
-    """The report page of a serving run: headline cards (throughput, latency percentiles,
-    preemptions, KV occupancy), then where each chip's time went, KV occupancy over time,
-    batch composition, and the latency distributions."""
-    s = metrics.get("serving", {})
+    """The report page of a serving run (its typed results, request rows and steps):
+    headline cards (throughput, latency percentiles, preemptions, KV occupancy), then
+    where each chip's time went, KV occupancy over time, batch composition, and the
+    latency distributions."""
+    s = metrics.serving
 
     def pct(key: str) -> tuple[str, str]:
         """The median in the unit of the median, and the percentiles in that unit."""
-        unit, per = time_unit(s.get(f"{key}_p50", 0))
-        return unit, " / ".join(f"{s.get(f'{key}_p{q}', 0) / per:,.2f}" for q in (50, 90, 99))
+        unit, per = time_unit(getattr(s, f"{key}_p50"))
+        return unit, " / ".join(f"{getattr(s, f'{key}_p{q}') / per:,.2f}" for q in (50, 90, 99))
 
     (ttft_unit, ttft), (tpot_unit, tpot) = pct("ttft_s"), pct("tpot_s")
     cards = [
-        Card("output throughput", f"{s.get('output_tokens_per_s', 0):,.1f} tokens/s",
-             note=f"{s.get('requests_per_s', 0):,.2f} requests/s",
-             metric="serving.output_tokens_per_s", value=s.get("output_tokens_per_s")),
-        Card("time to first token, median", fmt_time(s.get("ttft_s_p50", 0), ttft_unit),
+        Card("output throughput", f"{s.output_tokens_per_s:,.1f} tokens/s",
+             note=f"{s.requests_per_s:,.2f} requests/s",
+             metric="serving.output_tokens_per_s", value=s.output_tokens_per_s),
+        Card("time to first token, median", fmt_time(s.ttft_s_p50, ttft_unit),
              note=f"p50 / p90 / p99: {ttft} {ttft_unit}", metric="serving.ttft_s_p50",
-             value=s.get("ttft_s_p50")),
-        Card("time per output token, median", fmt_time(s.get("tpot_s_p50", 0), tpot_unit),
+             value=s.ttft_s_p50),
+        Card("time per output token, median", fmt_time(s.tpot_s_p50, tpot_unit),
              note=f"p50 / p90 / p99: {tpot} {tpot_unit}", metric="serving.tpot_s_p50",
-             value=s.get("tpot_s_p50")),
-        Card("preemptions", f"{s.get('num_preemptions', 0):,}",
-             note=f"{s.get('recomputed_tokens', 0):,} tokens recomputed, "
-                  f"{s.get('swapped_bytes', 0):,} bytes swapped",
-             metric="serving.num_preemptions", value=s.get("num_preemptions")),
-        Card("KV cache peak occupancy", f"{100 * s.get('kv_peak_occupancy', 0):.2f} %",
-             note=f"mean {100 * s.get('kv_mean_occupancy', 0):.2f} % of "
+             value=s.tpot_s_p50),
+        Card("preemptions", f"{s.num_preemptions:,}",
+             note=f"{s.recomputed_tokens:,} tokens recomputed, "
+                  f"{s.swapped_bytes:,} bytes swapped",
+             metric="serving.num_preemptions", value=s.num_preemptions),
+        Card("KV cache peak occupancy", f"{100 * s.kv_peak_occupancy:.2f} %",
+             note=f"mean {100 * s.kv_mean_occupancy:.2f} % of "
                   f"{geometry.num_blocks:,} blocks",
-             metric="serving.kv_peak_occupancy", value=s.get("kv_peak_occupancy")),
+             metric="serving.kv_peak_occupancy", value=s.kv_peak_occupancy),
     ]
     details = [
-        ("scenario", str(metrics.get("scenario", ""))),
-        ("requests finished", f"{s.get('finished_requests', 0):,} of {s.get('requests', 0):,}"),
-        ("simulated duration", fmt_time(s.get("duration_s", 0))),
+        ("scenario", metrics.scenario),
+        ("requests finished", f"{s.finished_requests:,} of {s.requests:,}"),
+        ("simulated duration", fmt_time(s.duration_s)),
         ("tokens computed (prompt + decode + recomputed)",
-         f"{s.get('computed_tokens', 0):,} = {s.get('prompt_tokens_computed', 0):,} + "
-         f"{s.get('decode_tokens_computed', 0):,} + {s.get('recomputed_tokens', 0):,}"),
+         f"{s.computed_tokens:,} = {s.prompt_tokens_computed:,} + "
+         f"{s.decode_tokens_computed:,} + {s.recomputed_tokens:,}"),
     ]
-    went = serving_breakdown(steps, s.get("duration_s", 0.0))
+    went = serving_breakdown(steps, s.duration_s)
     figs = [*([Figure(went, wide=True)] if went is not None else []),
             Figure(occupancy_figure(steps, geometry), wide=True),
             Figure(batch_figure(steps), wide=True),
             *(Figure(f) for f in latency_figures(rows))]
-    return render_page(f"kvsim serving report: {metrics.get('scenario', 'serving run')}",
+    return render_page(f"kvsim serving report: {metrics.scenario or 'serving run'}",
                        subtitle="simulated times; hover any chart for its values",
                        cards=cards, details=details, figures=figs)

@@ -13,6 +13,9 @@ shift, :func:`isa.kernels.fixed.round_shift`) and "sat8" clamps to [-128, 127].
 - :func:`silu_mul`: SwiGLU. ``xa = clamp(rs(a * in_mult, in_shift), +-2**30)`` is ``a`` in
   Q20, ``silu = rs(xa * isigmoid(xa), 20)`` (Q20), ``out = sat8(rs(silu * b * out_mult,
   out_shift))``. Needs ``|out_mult| < 2**24`` (then ``2**30 * 2**7 * 2**24 < 2**62``).
+- :func:`gelu_mul`: GeGLU, SwiGLU's form with GELU's tanh approximation in place of
+  SiLU (:func:`igelu_gate`): ``out = sat8(rs(rs(xa * igelu_gate(xa), 20) * b * out_mult,
+  out_shift))``, ``xa`` as for :func:`silu_mul`; the same parameters.
 - :func:`from_f32`: the host-boundary input converter, float32 -> int8:
   ``out = sat8(round_half_up(x * mult / 2**shift))`` computed exactly in integers from the
   float's bits (NaN -> 0, infinities saturate).
@@ -29,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from .fixed import isqrt, round_shift, sat8
-from .softmax import F, isigmoid
+from .softmax import ONE_Q, F, isigmoid
 
 #: Fractional bits of the RoPE cos/sin tables (int16: |value| <= 2**14 fits).
 ROPE_Q = 14
@@ -37,6 +40,15 @@ ROPE_Q = 14
 RMS_Q = 8
 _INV_BITS = 31
 SILU_X_MAX = 1 << 30
+#: GELU's tanh approximation (Hendrycks & Gimpel, "Gaussian Error Linear Units", 2016, eq.
+#: for "0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))"; HF's ``gelu_pytorch_tanh``) in its
+#: sigmoid form ``x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3))``, constants in Q20:
+#: ``2 sqrt(2/pi) = 1.5957691216`` and ``0.044715``.
+GELU_C = 1673285
+GELU_CUBIC = 46887
+#: The gate's argument is computed on ``x`` clamped to +-8 (Q20): there it is beyond +-49,
+#: where the Q20 sigmoid is exactly 0 or 1, as it is for any larger ``|x|``.
+GELU_X_MAX = 8 << F
 
 
 @njit(cache=True)
@@ -119,6 +131,39 @@ def silu_mul(a, b, in_mult, in_shift, out_mult, out_shift, out):
             elif xa < -SILU_X_MAX:
                 xa = np.int64(-SILU_X_MAX)
             s = round_shift(xa * isigmoid(xa), F)
+            v = s * np.int64(b[i, j]) * np.int64(out_mult)
+            out[i, j] = sat8(round_shift(v, out_shift))
+
+
+@njit(cache=True, inline="always")
+def igelu_gate(xa):
+    """GELU's gate ``sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)) * 2**20`` of ``x = xa /
+    2**20`` (int64, any magnitude): with ``xc = clamp(xa, +-GELU_X_MAX)``,
+    ``z = rs(rs(xc * (2**20 + rs(rs(xc * xc, 20) * GELU_CUBIC, 20)), 20) * GELU_C, 20)``
+    and :func:`~isa.kernels.softmax.isigmoid` of it. Every product stays below ``2**50``."""
+    xc = xa
+    if xc > GELU_X_MAX:
+        xc = np.int64(GELU_X_MAX)
+    elif xc < -GELU_X_MAX:
+        xc = np.int64(-GELU_X_MAX)
+    x2 = round_shift(xc * xc, F)  # < 2**26
+    t = np.int64(ONE_Q) + round_shift(x2 * np.int64(GELU_CUBIC), F)  # < 2**22
+    u = round_shift(xc * t, F)  # < 2**25
+    return isigmoid(round_shift(u * np.int64(GELU_C), F))
+
+
+@njit(cache=True)
+def gelu_mul(a, b, in_mult, in_shift, out_mult, out_shift, out):
+    """GeGLU ``gelu(a) * b`` of int8 ``a``, ``b`` [r, c] into int8 ``out``: :func:`silu_mul`
+    with :func:`igelu_gate` in place of the sigmoid."""
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            xa = round_shift(np.int64(a[i, j]) * np.int64(in_mult), in_shift)
+            if xa > SILU_X_MAX:
+                xa = np.int64(SILU_X_MAX)
+            elif xa < -SILU_X_MAX:
+                xa = np.int64(-SILU_X_MAX)
+            s = round_shift(xa * igelu_gate(xa), F)
             v = s * np.int64(b[i, j]) * np.int64(out_mult)
             out[i, j] = sat8(round_shift(v, out_shift))
 

@@ -29,6 +29,8 @@ intermediate is int64 and each formula states why it fits.
 - :func:`silu_mul_wide`: SwiGLU of int32 gate/up: ``xa = clamp(rs(g * in_mult, in_shift),
   +-2**30)`` (Q20), ``s = rs(xa * isigmoid(xa), 20)``, ``t = clamp(rs(s * u, 20), +-2**40)``,
   ``out = sat32(rs(t * out_mult, out_shift))`` (needs ``out_mult < 2**22``).
+- :func:`gelu_mul_wide`: GeGLU, the same with GELU's gate
+  (:func:`isa.kernels.vector.igelu_gate`) in place of ``isigmoid(xa)``.
 - :func:`layernorm_wide`: LayerNorm without bias of wide rows: :func:`rmsnorm_wide` on the
   centred values ``x * 2**2 - round(sum(x) * 2**2 / cols)`` (of a Sylvester-rotated row:
   ``x * 2**2`` with channel 0, the mean's direction, zeroed); same parameters and output.
@@ -41,6 +43,7 @@ from numba import njit
 
 from .fixed import isqrt, round_shift, sat8, sat32
 from .softmax import F, isigmoid
+from .vector import igelu_gate
 
 #: Fractional bits of a row factor ``fa`` of :func:`quant_row`: ``w ~= q * fa * 2**(p - 22)``.
 ROW_FACTOR_Q = 22
@@ -265,6 +268,27 @@ def silu_mul_wide(g, u, in_mult, in_shift, out_mult, out_shift, out):
             elif xa < -_SILU_X_MAX:
                 xa = np.int64(-_SILU_X_MAX)
             s = round_shift(xa * isigmoid(xa), F)
+            t = round_shift(s * np.int64(u[i, j]), F)
+            if t > SILU_T_MAX:
+                t = np.int64(SILU_T_MAX)
+            elif t < -SILU_T_MAX:
+                t = np.int64(-SILU_T_MAX)
+            out[i, j] = sat32(round_shift(t * np.int64(out_mult), out_shift))
+
+
+@njit(cache=True)
+def gelu_mul_wide(g, u, in_mult, in_shift, out_mult, out_shift, out):
+    """GeGLU ``gelu(g) * u`` of int32 ``g``, ``u`` ``[r, c]`` into int32 ``out``:
+    :func:`silu_mul_wide` with GELU's gate (:func:`isa.kernels.vector.igelu_gate`) in place
+    of the sigmoid; the same parameters and bounds."""
+    for i in range(g.shape[0]):
+        for j in range(g.shape[1]):
+            xa = round_shift(np.int64(g[i, j]) * np.int64(in_mult), in_shift)
+            if xa > _SILU_X_MAX:
+                xa = np.int64(_SILU_X_MAX)
+            elif xa < -_SILU_X_MAX:
+                xa = np.int64(-_SILU_X_MAX)
+            s = round_shift(xa * igelu_gate(xa), F)
             t = round_shift(s * np.int64(u[i, j]), F)
             if t > SILU_T_MAX:
                 t = np.int64(SILU_T_MAX)

@@ -8,6 +8,9 @@
 - :mod:`isa.kv.traffic`: the DRAM bytes those reads and appends move, and a cache's size;
 - :mod:`isa.kv.grammar`: the registry of named formats and the spec-string grammar.
 
+Code outside :mod:`isa.kv` imports their public names from :mod:`isa.kvformats`; the package
+itself re-exports nothing, so its modules import one another without passing through it.
+
 Inputs are int8 values: on the device the K/V projections requantize to int8 (with the
 static per-tensor or per-channel scale the compiler chose) before :class:`~isa.KvWrite`, so
 every format quantizes int8 values, and every read gives int8 values back (the integer
@@ -18,22 +21,3 @@ int8 values exactly: they cost 2 bytes per value and lose nothing. (Attention ov
 cache thus reads the exact int8 grid back; a host edit that wrote a non-integer bf16 value
 reads back rounded half up and saturated.)
 """
-
-from .codec import KINDS, QuantizedKV
-from .format import (
-    AXES,
-    BITS,
-    DTYPE_BYTES,
-    FP_DTYPES,
-    SCALE_DTYPES,
-    ZERO_DTYPES,
-    KVFormat,
-)
-from .grammar import FORMATS, PAIRS, SPEC_HELP, KVPair, names, pair, parse, to_text
-from .region import RegionLayout
-
-__all__ = [
-    "AXES", "BITS", "DTYPE_BYTES", "FORMATS", "FP_DTYPES", "KINDS", "PAIRS", "SCALE_DTYPES",
-    "SPEC_HELP", "ZERO_DTYPES", "KVFormat", "KVPair", "QuantizedKV", "RegionLayout", "names",
-    "pair", "parse", "to_text",
-]

@@ -351,11 +351,5 @@ class KVFormat:
             parts += [f"ring{self.ring}", f"slide{self.slide}"]
         return ".".join(parts)
 
-    def to_text(self) -> str:
-        """The registry name when this format is registered, else :meth:`spec`."""
-        from .grammar import to_text  # the registry is built from this class
-
-        return to_text(self)
-
     def __str__(self) -> str:
         return self.name or self.spec()

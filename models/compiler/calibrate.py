@@ -4,20 +4,22 @@ A float forward pass of the model (weights quantized then dequantized, as the de
 see them) over calibration tokens records the largest magnitude of every activation
 tensor the device stores as int8; its scale is ``absmax * MARGIN / 127``. The integer
 multipliers, shifts and gains of :mod:`numerics` follow from these scales, the weights'
-per-row scales and the kernels' formulas (``isa/kernels``).
+per-row scales and the kernels' formulas (``isa/kernels``): :mod:`.qparams`.
+
+The pass is float32, as the float model is, but its matrix products are
+:mod:`models.exact`'s: the scales decide integers, so they must not depend on the BLAS
+kernel of the machine that compiles.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from isa.kernels.fixed import quantize_multiplier
-
+from .. import exact
 from ..config import ModelConfig
 from ..reference import (
     apply_rope,
+    embed_rows,
     layer_norm,
     rms_norm,
     rope_cos_sin,
@@ -25,80 +27,20 @@ from ..reference import (
     softmax_scale,
 )
 from ..weights import QuantizedWeight, WeightSource, quantize_weight
-from .numerics import AddQ, AttnQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ
-from .wgroup import MULT_BITS as GROUP_MULT_BITS
-from .wgroup import GroupQuantizedWeight
+from .blocks.mla_calib import calibrate_mla
+from .blocks.moe_calib import mlp_float, moe_params
+from .numerics import LayerQ, Numerics
+from .qparams import (
+    activation_scale,
+    add_params,
+    attn_params,
+    gemm_params,
+    norm_params,
+    silu_params,
+)
 
-#: Headroom over the calibration maximum: inputs outside the calibration set can be
-#: larger, and a clipped int8 activation costs more than a coarser step (25 % is a
-#: common choice for static max calibration).
-MARGIN = 1.25
 #: Calibration tokens (a deterministic pseudo-random sequence).
 CALIBRATION_TOKENS = 48
-INT8_MAX = 127
-#: Gain of RMSNorm is stored as int16.
-GAMMA_MAX = 32767
-#: Bound of the residual-add multipliers so ``a*ma + b*mb`` stays far inside int64.
-ADD_MULT_BITS = 30
-#: Fractional bits of SwiGLU's internal fixed point (isa.kernels.vector: Q20).
-SILU_Q = 20
-#: SwiGLU ``out_mult`` must stay below 2**24 (isa.kernels.vector.silu_mul).
-SILU_OUT_MULT_BITS = 23
-#: Attention: logits in Q20, probabilities in Q24 (isa.kernels.attention).
-LOGIT_Q = 20
-PROB_Q = 24
-
-
-def activation_scale(absmax: float) -> float:
-    """The static int8 step of an activation whose calibration maximum is ``absmax``."""
-    return max(float(absmax), 1e-6) * MARGIN / INT8_MAX
-
-
-def gemm_params(s_in: float, qw: QuantizedWeight | GroupQuantizedWeight, s_out: float | None,
-                bias: np.ndarray | None) -> GemmQ:
-    """Per-row multipliers with one shared shift (as large as int32 multipliers allow;
-    below ``2**24`` for group-wise weights, whose int64 accumulators need the room)."""
-    limit = 2**GROUP_MULT_BITS - 1 if isinstance(qw, GroupQuantizedWeight) else 2**31 - 1
-    real = (s_in * qw.scales.astype(np.float64))
-    b = None
-    if bias is not None:
-        b = np.clip(np.rint(bias.astype(np.float64) / real), -(2**31), 2**31 - 1)
-        b = b.astype(np.int32)
-    if s_out is None:
-        return GemmQ(shift=0, mult=None, bias=b)
-    ratio = real / s_out
-    top = float(ratio.max())
-    shift = min(62, max(0, math.floor(math.log2(limit / top))))
-    mult = np.clip(np.rint(ratio * 2.0**shift), 0, limit).astype(np.int32)
-    return GemmQ(shift=shift, mult=mult, bias=b)
-
-
-def norm_params(gamma: np.ndarray, s_in: float, s_out: float, eps: float) -> NormQ:
-    """RMSNorm: ``out ~= x * g * 2**(23 - shift) / rms(x)`` (isa.kernels.vector.rmsnorm)."""
-    gmax = float(np.abs(gamma).max()) or 1.0
-    shift = 23 + math.floor(math.log2(GAMMA_MAX * s_out / gmax))
-    shift = max(0, min(62, shift))
-    g = np.clip(np.rint(gamma / s_out * 2.0 ** (shift - 23)), -GAMMA_MAX, GAMMA_MAX)
-    eps_q = int(round(eps / (s_in * s_in) * 2**16))
-    return NormQ(eps_q=eps_q, shift=shift, gamma=g.astype(np.int16))
-
-
-def add_params(s_a: float, s_b: float, s_out: float) -> AddQ:
-    ra, rb = s_a / s_out, s_b / s_out
-    shift = max(0, min(62, math.floor(math.log2((2**ADD_MULT_BITS) / max(ra, rb)))))
-    return AddQ(ma=int(round(ra * 2**shift)), mb=int(round(rb * 2**shift)), shift=shift)
-
-
-def silu_params(s_gate: float, s_up: float, s_out: float) -> SiluQ:
-    im, ish = quantize_multiplier(s_gate * 2**SILU_Q)
-    om, osh = quantize_multiplier(s_up / (s_out * 2**SILU_Q), mult_bits=SILU_OUT_MULT_BITS)
-    return SiluQ(in_mult=im, in_shift=ish, out_mult=om, out_shift=osh)
-
-
-def attn_params(s_q: float, s_k: float, s_v: float, s_out: float, scale: float) -> AttnQ:
-    sm, ss = quantize_multiplier(s_q * s_k * scale * 2**LOGIT_Q)
-    om, osh = quantize_multiplier(s_v / (s_out * 2**PROB_Q))
-    return AttnQ(score_mult=sm, score_shift=ss, out_mult=om, out_shift=osh)
 
 
 def _pair_norm(x: np.ndarray) -> np.ndarray:
@@ -120,9 +62,7 @@ def calibrate(cfg: ModelConfig, source: WeightSource, bits_for, *, seed: int = 0
     matrix's quantized form, by default symmetric per channel at its bits."""
     if tokens is None:
         tokens = calibration_tokens(cfg, seed)
-    if cfg.is_mla:  # its own float pass and parameters (imported here: it imports us)
-        from .blocks.mla_calib import calibrate_mla
-
+    if cfg.is_mla:  # its own float pass and parameters
         return calibrate_mla(cfg, source, bits_for, tokens, quantize)
     amax, qw, _ = activation_absmax(cfg, source, bits_for, tokens, quantize=quantize)
     s = {k: activation_scale(v) for k, v in amax.items()}
@@ -154,21 +94,22 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
     def lin(x: np.ndarray, name: str, bias: str | None = None) -> np.ndarray:
         if name not in qw:
             qw[name] = quantize(name)
-        y = x @ qw[name].dequantize().T
+        y = exact.weight_product(x, qw[name])
         if bias is not None:
             y = y + source.tensor(bias)
         return y.astype(np.float32)
 
-    x = rec("x0", source.tensor("embed")[tokens].astype(np.float32))
+    x = rec("x0", embed_rows(cfg, source.tensor("embed"), tokens))
     cos, sin = rope_cos_sin(cfg, np.arange(n))
     hd, H, KV = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     scale = softmax_scale(cfg)
     future = np.arange(n)[None, :] > np.arange(n)[:, None]
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
-        post = cfg.norm_position == "post"  # EXAONE-4.0: no norm before the projections
-        xn = rec(f"{i}.xn", x if post else normf(x, source.tensor(p + "attn_norm"),
-                                                  cfg.rms_norm_eps))
+        # EXAONE-4.0: no norm before the projections, one after; Gemma: both (sandwich)
+        pre, post = cfg.norm_position != "post", cfg.norm_position != "pre"
+        xn = rec(f"{i}.xn", normf(x, source.tensor(p + "attn_norm"), cfg.rms_norm_eps)
+                 if pre else x)
         bq = (p + "q_bias", p + "k_bias", p + "v_bias") if cfg.qkv_bias else (None,) * 3
         q = lin(xn, p + "q_proj", bq[0]).reshape(n, H, hd)
         k = lin(xn, p + "k_proj", bq[1]).reshape(n, KV, hd)
@@ -193,25 +134,23 @@ def activation_absmax(cfg: ModelConfig, source: WeightSource, bits_for, tokens: 
         g = H // KV
         kk = np.repeat(k, g, axis=1)
         vv = np.repeat(v, g, axis=1)
-        s = np.einsum("nhd,thd->hnt", q, kk) * scale
+        s = exact.matmul(q.transpose(1, 0, 2), kk.transpose(1, 2, 0)).astype(np.float32) * scale
         s = np.where(masked[None], -np.inf, s)
-        ao = np.einsum("hnt,thd->nhd", softmax(s, axis=-1), vv).reshape(n, H * hd)
+        ao = exact.matmul(softmax(s, axis=-1), vv.transpose(1, 0, 2)).transpose(1, 0, 2)
+        ao = ao.reshape(n, H * hd)
         ao = rec(f"{i}.ao", ao.astype(np.float32))
         o = rec(f"{i}.o", lin(ao, p + "o_proj", p + "o_bias" if cfg.o_bias else None))
         if post:
             o = rec(f"{i}.on", rms_norm(o, source.tensor(p + "post_attn_norm"),
                                         cfg.rms_norm_eps))
         x = rec(f"{i}.xm", (x + o).astype(np.float32))
-        if post:
+        if not pre:
             xn2 = rec(f"{i}.xn2", x)
         elif cfg.parallel_block:  # the MLP reads the attention's norm of the layer input
             xn2 = rec(f"{i}.xn2", xn)
         else:
             xn2 = rec(f"{i}.xn2", normf(x, source.tensor(p + "mlp_norm"), cfg.rms_norm_eps))
-        # dense or MoE (imported here: moe_calib imports this module)
-        from .blocks.moe_calib import mlp_float
-
-        d = mlp_float(cfg, i, xn2, rec, lin)
+        d = mlp_float(cfg, i, xn2, rec, lin)  # dense or MoE
         if post:
             d = rec(f"{i}.dn", rms_norm(d, source.tensor(p + "post_mlp_norm"),
                                         cfg.rms_norm_eps))
@@ -239,8 +178,8 @@ def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float]
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
         L = LayerQ()
-        post = cfg.norm_position == "post"
-        if not post:
+        pre, post = cfg.norm_position != "post", cfg.norm_position != "pre"
+        if pre:
             L.attn_norm = norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
                                       s[f"{i}.xn"], eps)
         sq, sk = (f"{i}.qraw", f"{i}.kraw") if cfg.qk_norm else (f"{i}.q", f"{i}.k")
@@ -262,15 +201,13 @@ def derive(cfg: ModelConfig, source: WeightSource, bits_for, s: dict[str, float]
         if post:
             L.post_attn_norm = norm_params(source.tensor(p + "post_attn_norm"), s[f"{i}.o"],
                                            s[o_out], eps)
-        elif cfg.parallel_block:  # the layer input's norm again (blocks/parallel.py)
+        if cfg.parallel_block:  # the layer input's norm again (blocks/parallel.py)
             L.mlp_norm = norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
                                      s[f"{i}.xn2"], eps)
-        else:
+        elif pre:
             L.mlp_norm = norm_params(source.tensor(p + "mlp_norm"), s[f"{i}.xm"],
                                      s[f"{i}.xn2"], eps)
         if cfg.layer_is_moe(i):
-            from .blocks.moe_calib import moe_params
-
             moe_params(cfg, i, s, w, L)
             layers.append(L)
             qw = {k: v for k, v in qw.items() if not k.startswith(p)}

@@ -2,7 +2,7 @@
 ``act_scale = token``), the kernels of ``isa.kernels.wide``:
 
 - the residual stream is int16/int32 with one static scale per point (``x<i>``, ``<i>.xm``:
-  calibrated largest magnitude x :data:`~.calibrate.MARGIN` over the type's largest value);
+  calibrated largest magnitude x :data:`~.qparams.MARGIN` over the type's largest value);
 - each RMSNorm (RMSNORM_WIDE) writes int32 at a scale fixed by its gain's int16 encoding,
   and QUANT_ROW turns it into int8 with one dynamic scale per token (row);
 - q/k/v are GemmRow outputs in static int8 (the native int8 KV cache); the attention output
@@ -27,23 +27,15 @@ import numpy as np
 from isa.kernels.fixed import quantize_multiplier
 from isa.kernels.wide import MIN_ROW_SHIFT, ROW_FACTOR_Q, SILU_WIDE_OUT_MULT_BITS
 
+from .. import exact
 from ..bits import BitConfig
 from ..config import ModelConfig
 from ..reference import softmax_scale
 from ..source import calibration_text, model_tokenizer, open_weights
 from ..weights import CachedWeights, QuantizedWeight, WeightSource
-from .calibrate import (
-    GAMMA_MAX,
-    INT8_MAX,
-    MARGIN,
-    SILU_Q,
-    activation_absmax,
-    attn_params,
-    calibrate,
-    calibration_tokens,
-    norm_params,
-)
+from .calibrate import activation_absmax, calibrate, calibration_tokens
 from .numerics import AddQ, GemmQ, LayerQ, NormQ, Numerics, SiluQ, residual_bits
+from .qparams import GAMMA_MAX, INT8_MAX, INT32_MAX, MARGIN, SILU_Q, attn_params, norm_params
 from .rotation import RotatedWeights, head_tensor, rotated_layer_norm
 from .wgroup import MULT_BITS, GroupQuantizedWeight, quantize_matrix, weight_group_size
 
@@ -55,7 +47,6 @@ WIDE_Q = 22
 LOGITS_Q = 24
 #: The RMSNORM_WIDE output stays below 2**30 (``|x / rms(x)| <= sqrt(cols)``).
 NORM_OUT_BITS = 30
-INT32_MAX = 2**31 - 1
 #: At most this many tokens of the calibration passage (one float forward pass).
 CALIBRATION_TEXT_TOKENS = 512
 
@@ -169,8 +160,9 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
         for key in ("gate", "up", "h"):
             s[f"{i}.{key}"] = scale(f"{i}.{key}", 2.0**WIDE_Q)
         L = LayerQ()
-        post = cfg.norm_position == "post"  # EXAONE-4.0 (blocks/postnorm.py)
-        if post:  # no norm: QUANT_ROW_WIDE of the residual itself
+        # EXAONE-4.0: norms after the branches only; Gemma: before and after (sandwich)
+        pre, post = cfg.norm_position != "post", cfg.norm_position != "pre"
+        if not pre:  # no norm: QUANT_ROW_WIDE of the residual itself
             s_xn = s[f"x{i}"]
         else:
             L.attn_norm, s_xn = wide_norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
@@ -200,7 +192,7 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
             L.o = gemm_row_params(s[f"{i}.ao"], w(p + "o_proj"), s[f"{i}.xm"],
                                   bias(p + "o_bias", cfg.o_bias), rowed=False, out_bits=32)
         L.add1 = wide_add_params(s[f"x{i}"], s[f"{i}.xm"])
-        if post:  # the MLP reads x_m unnormalised (QUANT_ROW_WIDE)
+        if not pre:  # the MLP reads x_m unnormalised (QUANT_ROW_WIDE)
             s_xn2 = s[f"{i}.xm"]
         elif cfg.parallel_block:  # the layer input's norm again (blocks/parallel.py)
             L.mlp_norm, s_xn2 = wide_norm_params(source.tensor(p + "attn_norm"), s[f"x{i}"],
@@ -226,7 +218,7 @@ def derive_wide(cfg: ModelConfig, source: WeightSource, bits_for, amax: dict[str
         layers.append(L)
     final, s_fn = wide_norm_params(source.tensor("final_norm"), s[f"x{cfg.num_layers}"], eps, h)
     head_w = quantize_matrix(head_tensor(source), bits_for(cfg.lm_head_tensor), group)
-    logits = fn.astype(np.float64) @ head_w.dequantize().astype(np.float64).T
+    logits = exact.weight_product(fn, head_w)
     s["logits"] = max(float(np.abs(logits).max()), 1e-6) * MARGIN / 2.0**LOGITS_Q
     head = gemm_row_params(s_fn, head_w, s["logits"], None, rowed=True, out_bits=32)
     row_scale = np.full(cfg.vocab_size, s["logits"] * cfg.logit_scale, np.float32)

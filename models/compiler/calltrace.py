@@ -69,7 +69,7 @@ class CallTrace:
         return prog
 
 
-def record(b: Builder, ins: tuple[Instruction, ...], tiles: tuple,
+def record_trace(b: Builder, ins: tuple[Instruction, ...], tiles: tuple,
            marks: tuple) -> CallTrace | None:
     """The trace of the call ``b`` lowered with its top-level blocks logged
     (``b.trace``) into the program of the instructions ``ins`` (``tuple(b.ins)``), or
@@ -108,7 +108,7 @@ def record(b: Builder, ins: tuple[Instruction, ...], tiles: tuple,
                      marks, len(b.trace))
 
 
-def lookup(memo: BlockMemo, shape: Hashable) -> CallTrace | None:
+def lookup_trace(memo: BlockMemo, shape: Hashable) -> CallTrace | None:
     """The trace ``memo`` keeps for calls of ``shape`` (counting its blocks as hits)."""
     trace = memo.calls.get(shape)
     if trace is not None:
@@ -117,7 +117,7 @@ def lookup(memo: BlockMemo, shape: Hashable) -> CallTrace | None:
     return trace
 
 
-def keep(memo: BlockMemo, shape: Hashable, trace: Any) -> None:
+def keep_trace(memo: BlockMemo, shape: Hashable, trace: Any) -> None:
     """Keep ``trace`` for calls of ``shape`` (none when the memo keeps no blocks or the
     trace holds more than :data:`CALL_TRACE_INSTRUCTIONS`)."""
     if trace is None or memo.max_entries <= 0 or len(trace.ins) > CALL_TRACE_INSTRUCTIONS:

@@ -27,7 +27,6 @@ from ..bits import BitConfig
 from ..config import ModelConfig
 from ..reference import rope_cos_sin
 from ..weights import WeightSource
-from . import kvm
 from .blocks.mla_image import mla_layer_image
 from .blocks.moe_calib import moe_gemms
 from .blocks.registry import ModelBlocks, blocks_for, probe_layers
@@ -36,6 +35,7 @@ from .calibrate_wide import calibrate_for, device_weights
 from .dram import build_memory_map, dram_problem
 from .driver import lower_call
 from .errors import CompileError
+from .kvm import check_consistent, fields_from_header, read_kvm, write_kvm
 from .kvspec import KvCacheSpec
 from .lowering import Lowering
 from .memmap import MemoryMap
@@ -213,19 +213,19 @@ class CompiledModel:
 
     # --- files ----------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        kvm.write(self, path)
+        write_kvm(self, path)
 
     @classmethod
     def load(cls, path: str | Path) -> CompiledModel:
-        header, arrays, progs = kvm.read(path)
-        f = kvm.fields_from_header(header, arrays)
+        header, arrays, progs = read_kvm(path)
+        f = fields_from_header(header, arrays)
         try:
             f["hw"] = HardwareTarget(**f["hw"])
             cm = cls(**f, programs=progs)
         except (KeyError, TypeError, ValueError, AttributeError, KvsimError) as err:
             raise CompileError(f"compiled model header is incomplete or invalid: {err!r}") \
                 from None
-        kvm.check_consistent(cm, arrays)
+        check_consistent(cm, arrays)
         return cm
 
 
@@ -309,6 +309,11 @@ def compile_model(
     if (why := dram_problem(model, bits, kv, cap=cap, slots=slots, max_seq=max_seq,
                             dram_bytes=hw.dram_bytes, hw_name=hw.name)) is not None:
         raise CompileError(f"model {model.name!r} {why}")
+    if functional and model.rope_local_theta is not None:
+        raise CompileError(f"model {model.name!r}: its sliding layers have their own RoPE "
+                           f"(rope_local_theta {model.rope_local_theta:g}); kvsim builds one "
+                           f"RoPE table per model, so it compiles for timing only "
+                           f"(sim.fidelity = 'timing')")
     weights = weights or {"kind": "synthetic", "seed": 0}
     tile_fixed = tile_bytes is not None
     if tile_bytes is None:

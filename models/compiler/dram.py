@@ -13,7 +13,6 @@ from .blocks.io import LAST_REGION, LOGITS_REGION
 from .blocks.postnorm import POST_WIDE_REGION
 from .blocks.registry import blocks_for
 from .builder import CORE_MODES
-from .errors import CompileError
 from .memmap import MemoryMap, dram_shortfall
 from .numerics import residual_bits
 from .wgroup import weight_group_size, weight_row_bytes
@@ -57,7 +56,7 @@ def build_memory_map(cfg: ModelConfig, bits: BitConfig, kv: str, *, cap: int, sl
     # values per core, so compaction never reads a token it has already overwritten
     mm.add("act.kvtmp", max(CORE_MODES.values()) * cap * blocks.attention.cache_width,
            "activations")
-    if rb > 1 and cfg.norm_position == "post":  # the wide post-norms' int32 inputs
+    if rb > 1 and cfg.norm_position != "pre":  # the wide post-norms' int32 inputs
         mm.add(POST_WIDE_REGION, 4 * m_tile * h, "activations")
     return mm
 
@@ -97,25 +96,3 @@ def dram_problem(model: ModelConfig, bits: BitConfig, kv: str, *, cap: int, slot
     return dram_shortfall(one.total_bytes + more * (two.total_bytes - one.total_bytes),
                           one.bytes_of_kind("weights"),
                           kv1 + more * (two.bytes_of_kind("kv_cache") - kv1), dram_bytes, hw_name)
-
-
-
-def expert_stride(mm: MemoryMap, cfg: ModelConfig, layer: int) -> int:
-    """Bytes from each routed expert's regions of MoE layer ``layer`` to the next one's:
-    the map lays the experts out one after another in the same shapes, so one stride
-    addresses them all (the routed loads of blocks/moe.py rely on it; checked here for
-    every region of every expert)."""
-    assert cfg.n_routed_experts is not None
-    names = [r.name for r in mm.regions if r.name.startswith(f"w.layers.{layer}.experts.0.")
-             or r.name.startswith(f"p.layers.{layer}.experts.0.")]
-    if cfg.n_routed_experts == 1 or not names:
-        return 0
-    e0 = f"layers.{layer}.experts.0."
-    stride = mm[names[0].replace(e0, f"layers.{layer}.experts.1.")].base - mm[names[0]].base
-    for e in range(cfg.n_routed_experts):
-        for name in names:
-            other = name.replace(e0, f"layers.{layer}.experts.{e}.")
-            if mm[other].base != mm[name].base + e * stride or mm[other].size != mm[name].size:
-                raise CompileError(f"{other}: not {e} x {stride} bytes after {name}; the "
-                                   "routed loads need one stride between experts")
-    return stride

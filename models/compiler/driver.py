@@ -38,7 +38,6 @@ from typing import NamedTuple
 from isa.instructions import HostRead, HostWrite, Program
 from kvsim.errors import ConfigError
 
-from . import calltrace
 from .blocks.dense import DenseMlp
 from .blocks.io import (
     LAST_REGION,
@@ -52,6 +51,7 @@ from .blocks.io import (
 )
 from .blocks.moe import MoeMlp
 from .builder import Builder
+from .calltrace import keep_trace, lookup_trace, record_trace
 from .lowering import Lowering, TileSeq
 
 
@@ -182,7 +182,7 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
              every_token, head)
     traceable = _keys_by_shape(lw, layer_ids)
     if traceable:
-        trace = calltrace.lookup(lw.memo, shape)
+        trace = lookup_trace(lw.memo, shape)
         if trace is not None:
             return trace.program(tiles, formats=lw.formats, name=name)
     b, marks = _walk(lw, seqs, tiles, layer_ids, host_in=host_in, host_out=host_out,
@@ -190,7 +190,7 @@ def _lower(lw: Lowering, seqs: list[StepSeq], *, layers: Sequence[int] | None, h
                      trace=traceable)
     prog = Program(tuple(b.ins), formats=lw.formats, name=name, marks=marks)
     if traceable:  # (its instructions the very tuple: the next call names it as its base)
-        calltrace.keep(lw.memo, shape, calltrace.record(b, prog.instructions, tiles, marks))
+        keep_trace(lw.memo, shape, record_trace(b, prog.instructions, tiles, marks))
     return prog
 
 

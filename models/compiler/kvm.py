@@ -58,10 +58,15 @@ def _layer_norms(cfg, layer: int) -> tuple[str, ...]:
 DEFLATE_LEVEL = 1
 
 
-def write(cm: CompiledModel, path: str | Path) -> None:
+def write_kvm(cm: CompiledModel, path: str | Path) -> None:
     """Write ``cm`` to ``path`` (atomically)."""
-    from traces.io import atomic_write_bytes
+    from kvsim.files import atomic_write_bytes
 
+    atomic_write_bytes(path, kvm_bytes(cm))
+
+
+def kvm_bytes(cm: CompiledModel) -> bytes:
+    """The bytes of ``cm``'s file (what :func:`write_kvm` writes)."""
     header, arrays = to_header(cm)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED,
@@ -72,10 +77,10 @@ def write(cm: CompiledModel, path: str | Path) -> None:
         z.writestr("arrays.npz", npz.getvalue())
         for name, prog in cm.programs.items():
             z.writestr(f"programs/{name}.bin", encode_program(prog))
-    atomic_write_bytes(path, buf.getvalue())
+    return buf.getvalue()
 
 
-def read(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Program]]:
+def read_kvm(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Program]]:
     """The header, arrays and programs of the file at ``path``; :class:`CompileError`
     naming the file when it is not a compiled model of this version."""
     p = Path(path)

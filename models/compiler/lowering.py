@@ -94,10 +94,10 @@ class Lowering:
     @property
     def lean(self) -> bool:
         """The wide pipeline with the SRAM-lean schedule (``bits.numerics.schedule``)."""
-        # post-norm blocks (EXAONE-4.0) read the SwiGLU output as int32 rows quantized by
-        # their own down projection: they keep the resident schedule
+        # post-norm blocks (EXAONE-4.0, Gemma) read the SwiGLU output as int32 rows
+        # quantized by their own down projection: they keep the resident schedule
         return (self.numerics.wide and self.wide_schedule == "lean"
-                and self.model.norm_position != "post")
+                and self.model.norm_position == "pre")
 
     @property
     def formats(self) -> tuple[str, ...]:

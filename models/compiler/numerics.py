@@ -239,7 +239,7 @@ def rotation_problem(model, *, wide: bool) -> str | None:
     if model.norm_kind == "layer" and not (wide and h & (h - 1) == 0):
         return ("a LayerNorm (Cohere) centres its input, which the rotation keeps only for "
                 f"the wide pipeline and a hidden size that is a power of two (here {h})")
-    if model.norm_position == "post":
-        return ("a post-norm (EXAONE-4.0) normalises a projection's output before the "
+    if model.norm_position != "pre":
+        return ("a post-norm (EXAONE-4.0, Gemma) normalises a projection's output before the "
                 "residual add, so its gain cannot be folded into a projection")
     return None

@@ -30,6 +30,7 @@ import numpy as np
 
 from kvsim.errors import ConfigError
 
+from .. import exact
 from ..config import ModelConfig
 from ..weights import CachedWeights, WeightSource
 
@@ -56,6 +57,11 @@ def _paley12() -> np.ndarray:
 @lru_cache(maxsize=4)
 def hadamard(n: int) -> np.ndarray:
     """The orthonormal Hadamard matrix of order ``n`` (float64, ``H H^T = I``)."""
+    return hadamard_signs(n) / np.sqrt(n)
+
+
+def hadamard_signs(n: int) -> np.ndarray:
+    """The Hadamard matrix of order ``n`` with entries +-1 (float64, ``H H^T = n I``)."""
     twelves, rest = 0, n
     while rest % 12 == 0 and twelves < 2:
         rest //= 12
@@ -68,7 +74,7 @@ def hadamard(n: int) -> np.ndarray:
         h = np.block([[h, h], [h, -h]])
     for _ in range(twelves):
         h = np.kron(_paley12(), h)
-    return h / np.sqrt(n)
+    return h
 
 
 def rotated_layer_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
@@ -104,7 +110,7 @@ class RotatedWeights:
     def __init__(self, source: WeightSource):
         self.source = source
         self.config: ModelConfig = source.config
-        self.r = hadamard(self.config.hidden_size)
+        self.signs = hadamard_signs(self.config.hidden_size)
         self._head: np.ndarray | None = None
 
     def tensor(self, name: str) -> np.ndarray:
@@ -113,7 +119,7 @@ class RotatedWeights:
         if leaf in _NORMS:
             return np.ones(src.tensor(name).shape, np.float32)
         if name == "embed":
-            return (src.tensor("embed").astype(np.float64) @ self.r).astype(np.float32)
+            return self._rotate(src.tensor("embed"))
         if name == HEAD:
             return self.head()
         if leaf in _READS_ATTN_NORM or leaf in _READS_MLP_NORM:
@@ -121,12 +127,19 @@ class RotatedWeights:
             reads_attn = leaf in _READS_ATTN_NORM or self.config.parallel_block
             g = src.tensor(pre + ("attn_norm" if reads_attn else "mlp_norm"))
             w = src.tensor(name).astype(np.float64) * g.astype(np.float64)[None, :]
-            return (w @ self.r).astype(np.float32)
+            return self._rotate(w)
         if leaf in _WRITES_STREAM:
-            return (self.r.T @ src.tensor(name).astype(np.float64)).astype(np.float32)
+            return np.ascontiguousarray(self._rotate(src.tensor(name).T).T)
         if leaf == "o_bias":
-            return (src.tensor(name).astype(np.float64) @ self.r).astype(np.float32)
+            return self._rotate(src.tensor(name)[None, :])[0]
         return src.tensor(name)
+
+    def _rotate(self, a: np.ndarray) -> np.ndarray:
+        """``a R`` (``a`` ``[rows, hidden]``), float32: the product with the +-1 matrix is
+        exact (:func:`models.exact.matmul`: the same on every machine), then divided by
+        ``sqrt(hidden)`` and rounded once."""
+        y = exact.matmul(np.asarray(a, np.float64), self.signs, b_integer=True)
+        return (y / np.sqrt(self.config.hidden_size)).astype(np.float32)
 
     def head(self) -> np.ndarray:
         """The LM head ``W diag(g_final) R`` (``W`` = the embedding table when tied)."""
@@ -134,7 +147,7 @@ class RotatedWeights:
             cfg = self.config
             w = self.source.tensor(cfg.lm_head_tensor).astype(np.float64)
             g = self.source.tensor("final_norm").astype(np.float64)
-            self._head = ((w * g[None, :]) @ self.r).astype(np.float32)
+            self._head = self._rotate(w * g[None, :])
             self._head.flags.writeable = False
         return self._head
 

@@ -16,13 +16,14 @@ reported as ``critical``; ``elapsed_s`` minus it is time no single resource expl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
 
 from sim.device.hw import HardwareConfig
 from sim.runtime import CallRecord
 from sim.units import PS_PER_S
+from traces.results import CallRow, PhaseTime
 
 #: DRAM traffic kinds shown in the breakdown (``sim.device.stats`` kinds).
 KINDS = ("weights", "kv_cache", "activations", "host_io")
@@ -51,26 +52,27 @@ def _dram_by_kind(stats: dict) -> dict[str, int]:
     return out
 
 
-def call_rows(calls: Sequence[Labelled], kv_bytes_at: Callable[[int], int]) -> list[dict[str, Any]]:
-    """One JSON-ready row per call; ``kv_bytes_at(tokens)`` gives the stored cache bytes
-    at a token count. Times in seconds from the start of the simulation."""
+def call_rows(calls: Sequence[Labelled], kv_bytes_at: Callable[[int], int]
+              ) -> tuple[CallRow, ...]:
+    """One row per call; ``kv_bytes_at(tokens)`` gives the stored cache bytes at a token
+    count. Times in seconds from the start of the simulation."""
     rows = []
     kv: dict[int, int] = {}  # bytes by token count (decode steps repeat few sizes' work)
     for c in calls:
         t = c.call.stats.get("traffic", {})
         if c.cache_tokens not in kv:
             kv[c.cache_tokens] = kv_bytes_at(c.cache_tokens)
-        rows.append({
-            "op": c.call.op, "phase": c.phase, "step": c.step, "tokens": c.tokens,
-            "start_s": c.call.start_ps / PS_PER_S, "end_s": c.call.end_ps / PS_PER_S,
-            "time_s": c.call.time_s, "cache_tokens": c.cache_tokens,
-            "kv_cache_bytes": kv[c.cache_tokens],
-            "dram_bytes": t.get("dram_read", 0) + t.get("dram_write", 0),
-            "dram_bytes_by_kind": _dram_by_kind(c.call.stats),
-            "pcie_h2d_bytes": t.get("pcie_h2d", 0), "pcie_d2h_bytes": t.get("pcie_d2h", 0),
-            "ops": c.call.stats.get("ops", 0),
-        })
-    return rows
+        rows.append(CallRow(
+            op=c.call.op, phase=c.phase, step=c.step, tokens=c.tokens,
+            start_s=c.call.start_ps / PS_PER_S, end_s=c.call.end_ps / PS_PER_S,
+            time_s=c.call.time_s, cache_tokens=c.cache_tokens,
+            kv_cache_bytes=kv[c.cache_tokens],
+            dram_bytes=t.get("dram_read", 0) + t.get("dram_write", 0),
+            dram_bytes_by_kind=MappingProxyType(_dram_by_kind(c.call.stats)),
+            pcie_h2d_bytes=t.get("pcie_h2d", 0), pcie_d2h_bytes=t.get("pcie_d2h", 0),
+            ops=c.call.stats.get("ops", 0),
+        ))
+    return tuple(rows)
 
 
 def _demand(calls: Sequence[CallRecord], hw: HardwareConfig) -> dict[str, float]:
@@ -110,13 +112,13 @@ def _demand(calls: Sequence[CallRecord], hw: HardwareConfig) -> dict[str, float]
 FIXED_COSTS = ("program_launch_s", "dispatch_s", "barrier_sync_s")
 
 
-def time_breakdown(calls: Sequence[Labelled], hw: HardwareConfig) -> dict[str, dict]:
+def time_breakdown(calls: Sequence[Labelled], hw: HardwareConfig) -> Mapping[str, PhaseTime]:
     """Per phase (in run order): calls, elapsed time, each resource's demand (seconds) and
     the critical one. Decode is also given per token (``decode_per_token``)."""
     phases: dict[str, list[CallRecord]] = {}
     for c in calls:
         phases.setdefault(c.phase, []).append(c.call)
-    out: dict[str, dict] = {}
+    out: dict[str, PhaseTime] = {}
     for phase, recs in phases.items():
         d = _demand(recs, hw)
         groups = {"dram": sum(v for k, v in d.items() if k.startswith("dram_")),
@@ -126,9 +128,9 @@ def time_breakdown(calls: Sequence[Labelled], hw: HardwareConfig) -> dict[str, d
         elapsed = sum(r.end_ps - r.start_ps for r in recs) / PS_PER_S
         row = {"calls": len(recs), "elapsed_s": elapsed, **d,
                "critical": max(groups, key=lambda g: groups[g])}
-        out[phase] = row
+        out[phase] = PhaseTime(**row)
         if phase == "decode":
             n = len(recs)
-            out["decode_per_token"] = {k: (v / n if isinstance(v, float) else v)
-                                       for k, v in row.items()} | {"calls": 1}
-    return out
+            out["decode_per_token"] = PhaseTime(**({k: (v / n if isinstance(v, float) else v)
+                                                    for k, v in row.items()} | {"calls": 1}))
+    return MappingProxyType(out)

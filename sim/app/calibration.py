@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from models.bits import NUMERICS_PRESETS, build_bit_config
-from models.compiler import HardwareTarget, compile_model
-from models.config import load_model, load_preset
 from sim.device.device import Device
 from sim.device.hw import HardwareConfig, load_hardware
+from sim.runtime.ready import ready_model
 from sim.units import KiB, ns_to_ps
 
 #: The published point (FACTS.md: MLA100 MXM, GenAI-Perf, 240 input and 10 output tokens,
@@ -100,20 +99,13 @@ class Fit:
         return out
 
 
-_COMPILED: dict[tuple, Any] = {}
-
-
 def _compiled(hw: HardwareConfig, model: str):
-    """The model compiled for ``hw`` (memoized: the compiler sees only the target, so runs
-    that change DRAM or fixed costs share one compile)."""
-    key = (model, HardwareTarget.from_hw(hw))
-    if key not in _COMPILED:
-        _COMPILED.clear()
-        cfg = load_model(model) if model.endswith(".json") else load_preset(model)
-        _COMPILED[key] = compile_model(cfg, CALIBRATION_BITS, HardwareTarget.from_hw(hw),
-                                       kv="int8", core_mode="global8", max_seq=PROMPT_TOKENS,
-                                       cap=PROMPT_TOKENS + 16, functional=False)
-    return _COMPILED[key]
+    """The model compiled for ``hw`` (:func:`sim.runtime.ready.ready_model` keeps it: the
+    compiler sees only the target, so runs that change DRAM or fixed costs share one
+    compile)."""
+    return ready_model(model, hw, bits=CALIBRATION_BITS, kv="int8", core_mode="global8",
+                       max_seq=PROMPT_TOKENS, cap=PROMPT_TOKENS + 16,
+                       functional=False).compiled
 
 
 def _program_s(hw: HardwareConfig, cm, tokens: int, cache_size: int) -> float:
@@ -229,7 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     global CALIBRATION_BITS
     CALIBRATION_BITS = build_bit_config({}).model_copy(
         update={"numerics": NUMERICS_PRESETS[args.numerics]})
-    _COMPILED.clear()
     if args.what == "predict":
         log("predictions with the aries preset (protocol) and the single-factor preset")
         predict(PREDICTED_MODELS, ttft=args.ttft, log=log)

@@ -19,9 +19,9 @@ from models.bits import BitConfig
 from models.compiler.blocks.mla import mla_kv_problem
 from models.compiler.blocks.moe_calib import moe_problem
 from models.compiler.compiled import CORE_MODES, build_memory_map, dram_problem
-from models.config import ModelConfig, load_model
-from models.source import resolve_model
-from sim.app.config import RunConfig, cache_length
+from models.config import ModelConfig
+from models.source import ModelSource, load_model, resolve_model
+from sim.app.config import ModelOnHardware, RunConfig, cache_length
 
 GIB = 2**30
 
@@ -43,7 +43,10 @@ def _name(model: ModelConfig) -> str:
     return model.name or model.family
 
 
-def _model(cfg: RunConfig) -> ModelConfig:
+def run_source(cfg: ModelOnHardware) -> ModelSource:
+    """The model of a run (or serving) config, resolved: ``model.preset`` by any name
+    :func:`models.source.resolve_model` takes (a real model's files are checked here), or
+    ``model.hf_config``, an architecture alone (synthetic weights)."""
     m = cfg.model
     if m.hf_config is not None:
         p = Path(m.hf_config)
@@ -53,22 +56,23 @@ def _model(cfg: RunConfig) -> ModelConfig:
             missing = f"file {m.hf_config!r} does not exist"
             raise ConfigError(f"model.hf_config: {hub_id_hint(m.hf_config) or missing}")
         try:
-            return load_model(p, where="model.hf_config")
+            config = load_model(p, where="model.hf_config")
         except ConfigError as err:
             raise ConfigError(f"model.hf_config: {err}") from None
+        return ModelSource(config.name, "config", config, None, p)
     assert m.preset is not None  # the schema asks for exactly one of them
-    return resolve_model(m.preset, where="model").config  # checks a real model's files
+    return resolve_model(m.preset, where="model")
 
 
 def _bits(cfg: RunConfig) -> BitConfig:
     return cfg.bits.bit_config(cfg.kv)
 
 
-def _check_generate(cfg: RunConfig) -> Checked:
+def _check_generate(cfg: RunConfig, source: ModelSource | None) -> Checked:
     hw, w, c = cfg.hardware, cfg.workload, cfg.compile
     if cfg.model.safetensors is not None and not Path(cfg.model.safetensors).exists():
         raise ConfigError(f"model.safetensors: {cfg.model.safetensors!r} does not exist")
-    model = _model(cfg)
+    model = (run_source(cfg) if source is None else source).config
     bits = _bits(cfg)
     need_cores = CORE_MODES[c.core_mode]
     if need_cores > hw.cores.num_cores:
@@ -149,16 +153,17 @@ def _check_gemv(cfg: RunConfig) -> Checked:
                    f"{len(layer.program):,} instructions, {cfg.sim.fidelity}")
 
 
-def check_run(cfg: RunConfig) -> Checked:
-    """Everything about ``cfg`` that can be known without compiling or running it. A
-    prompt text (``workload.prompt``) is tokenized first, so the context, cache and DRAM
-    checks see its real token count; :attr:`Checked.config` is the config so resolved."""
+def check_run(cfg: RunConfig, source: ModelSource | None = None) -> Checked:
+    """Everything about ``cfg`` that can be known without compiling or running it
+    (``source``: its model, already resolved by :func:`run_source`). A prompt text
+    (``workload.prompt``) is tokenized first, so the context, cache and DRAM checks see its
+    real token count; :attr:`Checked.config` is the config so resolved."""
     if cfg.workload.kind == "gemv":
         return _check_gemv(cfg)
     from sim.app.run_text import with_prompt
 
-    if cfg.workload.prompt is not None:
-        _model(cfg)  # an unknown or bad model is named before its tokenizer is asked for
-    cfg, ids, tok = with_prompt(cfg)
-    checked = _check_generate(cfg)
+    # the model is resolved (an unknown or bad one named) before its tokenizer is asked for
+    src = run_source(cfg) if source is None else source
+    cfg, ids, tok = with_prompt(cfg, src)
+    checked = _check_generate(cfg, src)
     return Checked(checked.summary, checked.dram_bytes, checked.cache_length, cfg, ids, tok)

@@ -18,3 +18,17 @@ def make_console() -> Console:
     if sys.stdout.isatty():
         return Console(emoji=False)
     return Console(width=LOG_WIDTH, emoji=False)
+
+
+def fmt_bytes_per_s(v: float) -> str:
+    """A rate in GB/s, for the console."""
+    return f"{v / 1e9:,.3f} GB/s"
+
+
+def fmt_s(v: float) -> str:
+    """Seconds in s, ms or µs, for the console."""
+    if v >= 1:
+        return f"{v:.3f} s"
+    if v >= 1e-3:
+        return f"{v * 1e3:.3f} ms"
+    return f"{v * 1e6:.3f} µs"

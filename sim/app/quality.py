@@ -5,7 +5,6 @@ weights (the metrics: :mod:`models.quality`)."""
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,13 +21,12 @@ from models.bits import (
     default_numerics,
     weight_bits_preset,
 )
-from models.compiler import CORE_MODES, HardwareTarget, compile_model
 from models.compiler.compiled import CompiledModel
 from models.quality import Quality, compare
 from models.reference import ReferenceModel
-from models.source import ModelSource, resolve_model
-from sim.device.hw import HardwareConfig, load_hardware
-from sim.runtime import Accelerator, Model, ModelConfig
+from models.source import ModelSource
+from sim.device.hw import HardwareConfig
+from sim.runtime import Model, ModelConfig
 from sim.runtime.cacheops import (
     CacheOpError,
     CacheView,
@@ -40,6 +38,7 @@ from sim.runtime.cacheops import (
     requantize_through,
     score_eviction,
 )
+from sim.runtime.ready import ReadyModel, hardware_of, ready_model, source_of, weights_key
 
 #: Tokens per teacher-forced prefill call (a longer text runs as consecutive calls, each
 #: returning the logits of all its positions).
@@ -47,21 +46,6 @@ CHUNK_TOKENS = 256
 #: Cache lengths are rounded up to this many tokens (a multiple of every KV format's
 #: token group).
 CACHE_ROUND_TOKENS = 128
-
-
-def source_of(source: str | Path | ModelSource) -> ModelSource:
-    """A :class:`ModelSource` from anything :func:`models.source.resolve_model` accepts."""
-    return source if isinstance(source, ModelSource) else resolve_model(source)
-
-
-def hardware_of(hw: str | HardwareConfig) -> HardwareConfig:
-    return load_hardware(hw) if isinstance(hw, str) else hw
-
-
-def widest_core_mode(hw: HardwareConfig) -> str:
-    """The core mode that uses the most of ``hw``'s cores."""
-    return max((m for m, n in CORE_MODES.items() if n <= hw.cores.num_cores),
-               key=CORE_MODES.__getitem__)
 
 
 def bits_label(bits: BitConfig) -> str:
@@ -94,19 +78,14 @@ def check_context(src: ModelSource, tokens: int, what: str) -> None:
                           f"{src.name!r} (max_position_embeddings)")
 
 
-def compile_for_text(src: ModelSource, bits: BitConfig, *, kv: str, hw: HardwareConfig,
-                     tokens: int, seed: int = 0, chunk_tokens: int = CHUNK_TOKENS,
-                     functional: bool = True) -> CompiledModel:
-    """The compiled model of ``src`` (functional by default) for a text of ``tokens``
-    tokens, on every core of ``hw``, in calls of up to ``chunk_tokens``."""
+def ready_for_text(src: ModelSource, bits: BitConfig, *, kv: str, hw: HardwareConfig,
+                   tokens: int, seed: int = 0, chunk_tokens: int = CHUNK_TOKENS,
+                   functional: bool = True) -> ReadyModel:
+    """``src`` ready (compiled, functional by default) for a text of ``tokens`` tokens, on
+    every core of ``hw``, in calls of up to ``chunk_tokens``."""
     cap = -(-tokens // CACHE_ROUND_TOKENS) * CACHE_ROUND_TOKENS
-    # The runtime lowers each call's program when it runs it, so the compiler's stored
-    # prefill/decode programs would be lowered once more for nothing (store_programs=False;
-    # the programs the calls run are the same).
-    return compile_model(src.config, bits, HardwareTarget.from_hw(hw), kv=kv,
-                         core_mode=widest_core_mode(hw), max_seq=min(tokens, chunk_tokens),
-                         cap=cap, functional=functional, weights=src.weight_spec(seed),
-                         store_programs=False)
+    return ready_model(src, hw, bits=bits, kv=kv, max_seq=min(tokens, chunk_tokens), cap=cap,
+                       functional=functional, seed=seed)
 
 
 #: How many float references :func:`reference_logits` keeps (each ``n x vocab`` float32:
@@ -125,12 +104,7 @@ _UNEDITED: dict[tuple, Quality] = {}
 def _model_key(src: ModelSource, seed: int) -> tuple:
     """What a model's results depend on: its name and config, its weight files with their
     size and modification time (a file rewritten in place is another model), the seed."""
-    spec = src.weight_spec(seed)
-    files = [spec["path"]] if "path" in spec else list(spec.get("paths", ()))
-    stamps = tuple((str(f), Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
-                   for f in files)
-    return (src.name, src.config.model_dump_json(),
-            json.dumps(spec, sort_keys=True, default=str), stamps, seed)
+    return (src.name, src.config.model_dump_json(), weights_key(src.weight_spec(seed)), seed)
 
 
 def reference_logits(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) -> np.ndarray:
@@ -150,19 +124,16 @@ def reference_logits(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) 
     return logits
 
 
-def npu_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int], *,
-               seed: int = 0) -> tuple[np.ndarray, float]:
+def npu_logits(ready: ReadyModel, tokens: Sequence[int]) -> tuple[np.ndarray, float]:
     """The simulated NPU's teacher-forced logits ``(n, vocab)`` and the simulated seconds
-    of the prefill calls (the host embeds the tokens: float32 rows of the embedding)."""
-    acc = Accelerator(hw=hw, functional=True)
-    model = Model(cm, ModelConfig(all_logits=True))
-    model.launch(acc)
-    embed = cm.weight_source().tensor("embed")
+    of the prefill calls (the host embeds the tokens: :meth:`ReadyModel.embed`)."""
+    model = ready.launch(ModelConfig(all_logits=True))
+    acc, cm = model.acc, ready.compiled
     ids = np.asarray(tokens, dtype=np.int64)
     rows, time_s = [], 0.0
     for t0 in range(0, ids.size, cm.max_seq):
         chunk = ids[t0 : t0 + cm.max_seq]
-        [out] = model.infer(embed[chunk].astype(np.float32), cache_size=t0, all_logits=True)
+        [out] = model.infer(ready.embed(chunk), cache_size=t0, all_logits=True)
         rows.append(out)
         time_s += acc.calls[-1].time_s
     model.dispose()
@@ -197,9 +168,9 @@ def evaluate(source: str | Path | ModelSource, tokens: Sequence[int], *, bits: B
            kv, hwc.model_dump_json(), chunk_tokens, allow_degenerate)
     if reference is None and key in _QUALITIES:
         return copy.deepcopy(_QUALITIES[key])
-    cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
-                          chunk_tokens=chunk_tokens)
-    npu, time_s = npu_logits(cm, hwc, ids, seed=seed)
+    ready = ready_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
+                           chunk_tokens=chunk_tokens)
+    npu, time_s = npu_logits(ready, ids)
     ref = reference_logits(src, ids, seed=seed) if reference is None else reference
     q = compare(ref, npu, ids, allow_degenerate=allow_degenerate, model=src.name,
                 real_weights=src.real, bits=bits_label(bits),
@@ -346,17 +317,15 @@ class EditQuality:
         return asdict(self)
 
 
-def edited_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int], *, at: int,
+def edited_logits(ready: ReadyModel, tokens: Sequence[int], *, at: int,
                   apply: Callable[[Model, int], EditResult] | None
                   ) -> tuple[np.ndarray, float, EditResult | None]:
     """Teacher-forced logits ``(n, vocab)`` of ``tokens`` with ``apply(model, at)`` run on
     the cache after the first ``at`` tokens (None: no edit; the logits equal
     :func:`npu_logits`'s), the later tokens placed after the edit's new cache size; and
     the simulated seconds of the prefill calls."""
-    acc = Accelerator(hw=hw, functional=True)
-    model = Model(cm, ModelConfig(all_logits=True))
-    model.launch(acc)
-    embed = cm.weight_source().tensor("embed")
+    model = ready.launch(ModelConfig(all_logits=True))
+    acc, cm = model.acc, ready.compiled
     ids = np.asarray(tokens, dtype=np.int64)
     rows, time_s, res, base = [], 0.0, None, 0
     for lo, hi in ((0, at), (at, ids.size)):
@@ -365,8 +334,7 @@ def edited_logits(cm: CompiledModel, hw: HardwareConfig, tokens: Sequence[int], 
             base = res.new_cache_size - at
         for t0 in range(lo, hi, cm.max_seq):
             chunk = ids[t0 : min(t0 + cm.max_seq, hi)]
-            [out] = model.infer(embed[chunk].astype(np.float32), cache_size=base + t0,
-                                all_logits=True)
+            [out] = model.infer(ready.embed(chunk), cache_size=base + t0, all_logits=True)
             rows.append(out)
             time_s += acc.calls[-1].time_s
     model.dispose()
@@ -397,10 +365,10 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
     at = int(at)
     check_context(src, len(ids), f"text: {len(ids):,}")
     hwc = hardware_of(hw)
-    cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
-                          chunk_tokens=chunk_tokens)
+    ready = ready_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
+                           chunk_tokens=chunk_tokens)
     if side == "device" and ce.device_check is not None:
-        ce.device_check(cm)
+        ce.device_check(ready.compiled)
     ref = reference_logits(src, ids, seed=seed)
     config = dict(model=src.name, real_weights=src.real, bits=bits_label(bits),
                   numerics=bits.numerics.model_dump(), kv=kv, kv_read=bits.kv_read,
@@ -408,14 +376,14 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
     apply = ((lambda m, n: m.edit_cache_on_host(ce.host, cache_size=n)) if side == "host"
              else ce.device)
     # the edited run first: an edit the device cannot do fails before the unedited run
-    npu, time_s, res = edited_logits(cm, hwc, ids, at=at, apply=apply)
+    npu, time_s, res = edited_logits(ready, ids, at=at, apply=apply)
     q = compare(ref, npu, ids, prefill_s=time_s, **config)
     # the same predictions without the edit: deterministic, so kept per configuration
     # (host and device edits, and several edits, of one text share it)
     key = (_model_key(src, seed), np.asarray(ids, np.int64).tobytes(), bits.model_dump_json(),
            kv, hwc.model_dump_json(), chunk_tokens, allow_degenerate, at)
     if key not in _UNEDITED:
-        plain, plain_s, _ = edited_logits(cm, hwc, ids, at=at, apply=None)
+        plain, plain_s, _ = edited_logits(ready, ids, at=at, apply=None)
         _UNEDITED[key] = compare(ref, plain, ids, prefill_s=plain_s, **config)
         while len(_UNEDITED) > QUALITIES_KEPT:
             del _UNEDITED[next(iter(_UNEDITED))]
@@ -425,6 +393,6 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
 
 __all__ = ["CHUNK_TOKENS", "EDIT_HELP", "EDIT_SIDES", "QUALITIES_KEPT", "READ_PATHS",
            "REFERENCES_KEPT", "TABLE_FORMATS", "CacheEdit", "EditQuality", "bit_config",
-           "bits_label", "check_context", "compile_for_text", "edited_logits", "evaluate",
-           "evaluate_edit", "npu_logits", "parse_edit", "quality_table", "reference_logits",
-           "requantize_layout", "source_of", "widest_core_mode"]
+           "bits_label", "check_context", "edited_logits", "evaluate", "evaluate_edit",
+           "npu_logits", "parse_edit", "quality_table", "ready_for_text", "reference_logits",
+           "requantize_layout"]

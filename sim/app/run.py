@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -19,32 +20,56 @@ import numpy as np
 from isa import kvformats
 from kvsim.errors import KvsimError
 from models.bits import default_numerics
-from models.compiler import CompiledModel, HardwareTarget, compile_model
-from models.config import load_model
+from models.compiler import CompiledModel
 from models.demo import demo_data, gemv_layer
-from models.source import resolve_model
+from models.source import ModelSource
 from sim.app.breakdown import Labelled, call_rows, time_breakdown
+from sim.app.check import check_run, run_source
 from sim.app.config import RunConfig, cache_length
 from sim.device.device import Device
 from sim.device.stats import LINKS
-from sim.runtime import Accelerator, CallRecord, Model
+from sim.runtime import CallRecord, Model
+from sim.runtime.ready import ReadyModel, ready_model
 from sim.units import PS_PER_S, ps_to_s
 from traces.chrome import chrome_trace_json
 from traces.recorder import Recorder
 from traces.report import run_report
+from traces.results import (
+    Bound,
+    CacheOpRecord,
+    CompiledFigures,
+    ContextFigures,
+    DecodeFigures,
+    GemvMetrics,
+    GenerateMetrics,
+    KvCacheFigures,
+    LaunchFigures,
+    PrefillFigures,
+    RooflineFigures,
+    TraceFigures,
+    WeightsFigures,
+)
 
 
 @dataclass
 class RunResult:
+    """A run's config, its typed results (what ``metrics.json`` holds) and its events."""
+
     config: RunConfig
-    metrics: dict[str, Any]
+    metrics: GenerateMetrics | GemvMetrics
     recorder: Recorder = field(repr=False)
 
 
-def _engine_metrics(busy_ps: dict[str, int], total_ps: int) -> tuple[dict, dict]:
+def _engine_metrics(busy_ps: dict[str, int], total_ps: int) -> tuple[Any, Any]:
     busy = {k: ps_to_s(v) for k, v in sorted(busy_ps.items())}
     util = {k: (v / total_ps if total_ps else 0.0) for k, v in sorted(busy_ps.items())}
-    return busy, util
+    return MappingProxyType(busy), MappingProxyType(util)
+
+
+def _traffic(traffic: dict[str, int]) -> Any:
+    """Bytes per link, the links of :data:`LINKS` first (0 when unused), then the others."""
+    return MappingProxyType({k: traffic.get(k, 0) for k in LINKS}
+                            | {k: v for k, v in traffic.items() if k not in LINKS})
 
 
 def _sum_stats(calls: list[CallRecord]) -> dict:
@@ -57,35 +82,30 @@ def _sum_stats(calls: list[CallRecord]) -> dict:
     return out
 
 
-def roofline_s(stats: dict, hw, precision: str) -> dict[str, float]:
+def roofline_s(stats: dict, hw, precision: str) -> Bound:
     """Lower bound of a program: ``max(DRAM bytes / DRAM bandwidth, ops / peak ops)``."""
     t = stats.get("traffic", {})
     dram = t.get("dram_read", 0) + t.get("dram_write", 0)
     d = dram / hw.dram.bound_bytes_per_s
     c = stats.get("ops", 0) / hw.cores.peak_ops_per_s(precision)
-    return {"dram_bound_s": d, "compute_bound_s": c, "bound_s": max(d, c)}
+    return Bound(dram_bound_s=d, compute_bound_s=c, bound_s=max(d, c))
 
 
-def compile_for_run(cfg: RunConfig) -> CompiledModel:
-    """The compiled model a run config describes."""
+def ready_for_run(cfg: RunConfig, source: ModelSource) -> ReadyModel:
+    """The model a run config describes (``source``: its model, resolved), compiled for the
+    run: ``model.safetensors`` replaces the source's weights, ``model.weights_seed`` seeds
+    synthetic ones, and without ``[bits.numerics]`` the numerics are those of the weights
+    (:func:`models.bits.default_numerics`)."""
     m = cfg.model
-    if m.hf_config is not None:  # an architecture only: synthetic or model.safetensors weights
-        model = load_model(m.hf_config, where="model")
-        weights = {"kind": "synthetic", "seed": m.weights_seed}
-    else:  # a preset, the embedded model, a GGUF file, a HF folder or a config.json
-        assert m.preset is not None
-        src = resolve_model(m.preset, where="model")
-        model, weights = src.config, src.weight_spec(seed=m.weights_seed)
-    if m.safetensors:
-        weights = {"kind": "safetensors", "paths": m.safetensors}
+    weights = ({"kind": "safetensors", "paths": m.safetensors} if m.safetensors
+               else source.weight_spec(seed=m.weights_seed))
     bits = cfg.bits.bit_config(cfg.kv)
     if not cfg.bits.numerics:  # none named: the default for these weights
         bits = bits.model_copy(update={
             "numerics": default_numerics(weights.get("kind") != "synthetic")})
     cap = cache_length(cfg)
-    return compile_model(
-        model, bits, HardwareTarget.from_hw(cfg.hardware), kv=cfg.kv.format,
-        core_mode=cfg.compile.core_mode,
+    return ready_model(
+        source, cfg.hardware, bits=bits, kv=cfg.kv.format, core_mode=cfg.compile.core_mode,
         max_seq=min(cfg.compile.max_sequence_length, cap), cap=cap,
         slots=cfg.compile.cache_slots, tile_bytes=cfg.compile.tile_bytes,
         functional=cfg.sim.fidelity == "functional", weights=weights,
@@ -93,8 +113,7 @@ def compile_for_run(cfg: RunConfig) -> CompiledModel:
     )
 
 
-
-def kv_metrics(cm: CompiledModel, tokens: int, hw) -> dict[str, Any]:
+def kv_metrics(cm: CompiledModel, tokens: int, hw) -> KvCacheFigures:
     """Bytes per token of the stored cache at ``tokens`` tokens (all layers), the
     compression against bf16, and how many tokens fit in the DRAM the model leaves free."""
     bf16 = kvformats.parse("bf16")
@@ -107,36 +126,36 @@ def kv_metrics(cm: CompiledModel, tokens: int, hw) -> dict[str, Any]:
     fixed = sum(r.size for r in cm.mm.regions if r.kind != "kv_cache")
     per_cap = sum(c.heads * c.format.max_bytes(cm.cap, c.width)
                   for c in cm.kv_caches() if not c.slot) / cm.cap
-    return {
-        "format": cm.kv,
-        "context_tokens": tokens,
-        "bytes": per,
-        "bytes_per_token": per / tokens if tokens else 0.0,
-        "bf16_bytes": ref,
-        "compression_vs_bf16": ref / per if per else 0.0,
-        "capacity_tokens": int((hw.dram.capacity_bytes - fixed) // per_cap),
-    }
+    return KvCacheFigures(
+        format=cm.kv, context_tokens=tokens, bytes=per,
+        bytes_per_token=per / tokens if tokens else 0.0, bf16_bytes=ref,
+        compression_vs_bf16=ref / per if per else 0.0,
+        capacity_tokens=int((hw.dram.capacity_bytes - fixed) // per_cap))
 
 
-def run_generate(cfg: RunConfig, checked: Any = None) -> RunResult:
-    """A generate run; ``checked`` (a :class:`sim.app.check.Checked` of ``cfg``) carries a
-    prompt text already tokenized by the check."""
-    from sim.app.run_text import Guard, text_metrics, with_prompt
+def run_generate(cfg: RunConfig, source: ModelSource | None = None,
+                 checked: Any = None) -> RunResult:
+    """A ``workload.kind = "generate"`` run of ``cfg`` (``source``: its model, resolved;
+    default: resolved here, :func:`sim.app.check.run_source`); ``checked`` (a
+    :class:`sim.app.check.Checked` of ``cfg``) carries a prompt text already tokenized by
+    the check."""
+    from sim.app.run_text import Guard, text_figures, with_prompt
 
+    src = run_source(cfg) if source is None else source
     if checked is not None and checked.config is not None:
         cfg, prompt_ids, tok = checked.config, checked.prompt_ids, checked.tokenizer
     else:
-        cfg, prompt_ids, tok = with_prompt(cfg)
+        cfg, prompt_ids, tok = with_prompt(cfg, src)
     hw = cfg.hardware
     w = cfg.workload
     functional = cfg.sim.fidelity == "functional"
-    cm = compile_for_run(cfg)
+    ready = ready_for_run(cfg, src)
+    cm = ready.compiled
     real = cm.weights.get("kind") != "synthetic"
     guard = Guard.for_run(cfg, real)
     recorder = Recorder(level=cfg.outputs.trace, max_events=cfg.outputs.max_trace_events)
-    acc = Accelerator(hw=hw, functional=functional, recorder=recorder)
-    model = Model(cm)
-    model.launch(acc)
+    model = ready.launch(recorder=recorder)
+    acc = model.acc
     launch = acc.calls[-1]
     labelled = [Labelled(launch, "launch", 0, 0, 0)]
     cfgm = cm.model
@@ -144,12 +163,11 @@ def run_generate(cfg: RunConfig, checked: Any = None) -> RunResult:
     prompt = rng.integers(0, cfgm.vocab_size, size=w.prompt_tokens)
     if prompt_ids is not None:
         prompt = np.asarray(prompt_ids)
-    embed = cm.weight_source().tensor("embed") if functional else None
 
     def embeddings(tokens: np.ndarray) -> np.ndarray:
-        if embed is None:
+        if not functional:  # timing-only: the values are never read
             return np.zeros((len(tokens), cfgm.hidden_size), np.float32)
-        return embed[tokens].astype(np.float32)
+        return ready.embed(tokens)
 
     prefill_calls: list[CallRecord] = []
     # tokens in the cache (what infer's cache_size says), from the context on
@@ -157,7 +175,7 @@ def run_generate(cfg: RunConfig, checked: Any = None) -> RunResult:
     seq = cache  # tokens of the sequence so far (what cache-op schedules count)
     logits = None
     pending = list(w.cache_ops)
-    op_results: list[dict[str, Any]] = []
+    op_results: list[CacheOpRecord] = []
 
     def run_ops() -> None:
         nonlocal cache
@@ -168,7 +186,7 @@ def run_generate(cfg: RunConfig, checked: Any = None) -> RunResult:
             cache = res.new_cache_size
             labelled.extend(Labelled(c, "cache_op", len(op_results), 0, cache)
                             for c in acc.calls_since(before))
-            op_results.append({"at_token": op.at_token, **res.as_metrics()})
+            op_results.append(CacheOpRecord(at_token=op.at_token, **res.as_metrics()))
 
     for t0 in range(0, w.prompt_tokens, cm.max_seq):
         chunk = prompt[t0 : t0 + cm.max_seq]
@@ -199,59 +217,58 @@ def run_generate(cfg: RunConfig, checked: Any = None) -> RunResult:
     start_ps, end_ps = work[0].start_ps, work[-1].end_ps
     st = _sum_stats(work)
     precision = "w8a8"
-    prefill_stats = _sum_stats(prefill_calls)
     ttft = (prefill_calls[-1].end_ps - prefill_calls[0].start_ps) / PS_PER_S
     tpot = (sum(c.end_ps - c.start_ps for c in decode_calls) / len(decode_calls) / PS_PER_S
             if decode_calls else 0.0)
-    decode_stats = _sum_stats(decode_calls)
     busy, util = _engine_metrics(st["busy_ps"], end_ps - start_ps)
-    roof_prefill = roofline_s(prefill_stats, hw, precision)
-    roof_decode = roofline_s(decode_stats, hw, precision)
-    metrics: dict[str, Any] = {
-        "config": cfg.resolved(),
-        "scenario": (f"{cfgm.name or cfgm.family} {cfg.bits.label} kv={cm.kv}: "
-                     + (f"context {w.context_tokens} + " if w.context_tokens else "")
-                     + f"prefill {w.prompt_tokens} + decode {w.output_tokens} on {hw.name}"),
-        "sim_time_s": (end_ps - start_ps) / PS_PER_S,
-        "launch": {"time_s": launch.time_s,
-                   "pcie_h2d_bytes": launch.stats.get("traffic", {}).get("pcie_h2d", 0)},
-        "context": {"tokens": w.context_tokens,
-                    "cache_holds": context_contents(w.context_tokens, functional)},
-        "prefill": {"ttft_s": ttft, "tokens": w.prompt_tokens, "calls": len(prefill_calls),
-                    "tokens_per_s": w.prompt_tokens / ttft},
-        "decode": {"tokens": len(decode_calls),
-                   "time_per_token_s": tpot,
-                   "tokens_per_s": 1.0 / tpot if tpot else 0.0,
-                   "time_per_call_s": [c.time_s for c in decode_calls]},
-        "traffic_bytes": {k: st["traffic"].get(k, 0) for k in LINKS}
-        | {k: v for k, v in st["traffic"].items() if k not in LINKS},
-        "traffic_by_kind": {k: st["by_kind"].get(k, 0)
-                            for k in ("weights", "kv_cache", "activations", "host_io")},
-        "kv_cache": kv_metrics(cm, cache, hw),
-        "roofline": {
-            "prefill": roof_prefill,
-            "decode_per_token": {k: v / max(1, len(decode_calls)) for k, v in
-                                 roof_decode.items()},
-            "bound_s": roof_prefill["bound_s"] + roof_decode["bound_s"],
-            "dram_bytes_per_s": hw.dram.bound_bytes_per_s,
-            "peak_ops_per_s": hw.cores.peak_ops_per_s(precision),
-        },
-        "calls": call_rows(labelled, lambda n: kv_metrics(cm, n, hw)["bytes"]),
-        "time_breakdown": time_breakdown(labelled, hw),
-        "engine_busy_s": busy,
-        "engine_utilization": util,
-        "instructions": sum(c.stats.get("instructions", 0) for c in work),
-        "compiled": {"core_mode": cm.core_mode, "max_sequence_length": cm.max_seq,
-                     "cache_length": cm.cap, "m_tile": cm.m_tile,
-                     "dram_bytes": cm.mm.total_bytes,
-                     "weight_bytes": cm.mm.bytes_of_kind("weights")},
-        "generated_tokens": generated,
-        "weights": {"kind": cm.weights.get("kind"), "real": real},
-        "text": text_metrics(cfg, prompt_ids, tok, generated, guard) if functional else None,
-        "cache_ops": op_results,
-        "functional": functional,
-        "trace": {"level": recorder.level, "dropped_events": recorder.dropped},
-    }
+    roof_prefill = roofline_s(_sum_stats(prefill_calls), hw, precision)
+    roof_decode = roofline_s(_sum_stats(decode_calls), hw, precision)
+    per_token = max(1, len(decode_calls))
+    metrics = GenerateMetrics(
+        config=MappingProxyType(cfg.resolved()),
+        scenario=(f"{cfgm.name or cfgm.family} {cfg.bits.label} kv={cm.kv}: "
+                  + (f"context {w.context_tokens} + " if w.context_tokens else "")
+                  + f"prefill {w.prompt_tokens} + decode {w.output_tokens} on {hw.name}"),
+        sim_time_s=(end_ps - start_ps) / PS_PER_S,
+        launch=LaunchFigures(time_s=launch.time_s,
+                             pcie_h2d_bytes=launch.stats.get("traffic", {}).get("pcie_h2d", 0)),
+        context=ContextFigures(tokens=w.context_tokens,
+                               cache_holds=context_contents(w.context_tokens, functional)),
+        prefill=PrefillFigures(ttft_s=ttft, tokens=w.prompt_tokens, calls=len(prefill_calls),
+                               tokens_per_s=w.prompt_tokens / ttft),
+        decode=DecodeFigures(tokens=len(decode_calls), time_per_token_s=tpot,
+                             tokens_per_s=1.0 / tpot if tpot else 0.0,
+                             time_per_call_s=tuple(c.time_s for c in decode_calls)),
+        traffic_bytes=_traffic(st["traffic"]),
+        traffic_by_kind_bytes=MappingProxyType({
+            k: st["by_kind"].get(k, 0) for k in ("weights", "kv_cache", "activations",
+                                                 "host_io")}),
+        kv_cache=kv_metrics(cm, cache, hw),
+        roofline=RooflineFigures(
+            prefill=roof_prefill,
+            decode_per_token=Bound(dram_bound_s=roof_decode.dram_bound_s / per_token,
+                                   compute_bound_s=roof_decode.compute_bound_s / per_token,
+                                   bound_s=roof_decode.bound_s / per_token),
+            bound_s=roof_prefill.bound_s + roof_decode.bound_s,
+            dram_bytes_per_s=hw.dram.bound_bytes_per_s,
+            peak_ops_per_s=hw.cores.peak_ops_per_s(precision)),
+        calls=call_rows(labelled, lambda n: kv_metrics(cm, n, hw).bytes),
+        time_breakdown=time_breakdown(labelled, hw),
+        engine_busy_s=busy,
+        engine_utilization=util,
+        instructions=sum(c.stats.get("instructions", 0) for c in work),
+        compiled=CompiledFigures(core_mode=cm.core_mode, max_sequence_tokens=cm.max_seq,
+                                 cache_tokens=cm.cap, m_tile_tokens=cm.m_tile,
+                                 dram_bytes=cm.mm.total_bytes,
+                                 weight_bytes=cm.mm.bytes_of_kind("weights")),
+        generated_tokens=tuple(generated),
+        weights=WeightsFigures(kind=cm.weights.get("kind"), real=real),
+        text=(text_figures(cfg, src, prompt_ids, tok, generated, guard) if functional
+              else None),
+        cache_ops=tuple(op_results),
+        functional=functional,
+        trace=TraceFigures(level=recorder.level, dropped_events=recorder.dropped),
+    )
     model.dispose()
     return RunResult(cfg, metrics, recorder)
 
@@ -329,6 +346,7 @@ def run_cache_op(model: Model, op, cache_size: int, functional: bool):
 
 
 def run_gemv(cfg: RunConfig) -> RunResult:
+    """A ``workload.kind = "gemv"`` run: the hand-written demo layer on the device."""
     hw = cfg.hardware
     w = cfg.workload
     functional = cfg.sim.fidelity == "functional"
@@ -360,39 +378,40 @@ def run_gemv(cfg: RunConfig) -> RunResult:
     busy, util = _engine_metrics(st["busy_ps"], total_ps)
     # the one program as the run's one call, so its time breakdown reads as a run's
     call = [Labelled(CallRecord("gemv", run.start_ps, run.end_ps, st), "gemv", 0, 0, 0)]
-    metrics = {
-        "config": cfg.resolved(),
-        "scenario": layer.program.name,
-        "sim_time_s": total_ps / PS_PER_S,
-        "traffic_bytes": {k: st["traffic"].get(k, 0) for k in LINKS}
-        | {k: v for k, v in st["traffic"].items() if k not in LINKS},
-        "traffic_by_kind": dict(sorted(st["by_kind"].items())),
-        "engine_busy_s": busy,
-        "engine_utilization": util,
-        "instructions": st["instructions"],
-        "ops": st["ops"],
-        "weight_bytes": layer.weight_bytes(),
-        "weight_stream_bytes_per_s": layer.weight_bytes() / ps_to_s(total_ps),
-        "roofline": roofline_s(st, hw, f"w{w.w_bits}a8"),
-        "calls": call_rows(call, lambda n: 0),
+    metrics = GemvMetrics(
+        config=MappingProxyType(cfg.resolved()),
+        scenario=layer.program.name,
+        sim_time_s=total_ps / PS_PER_S,
+        traffic_bytes=_traffic(st["traffic"]),
+        traffic_by_kind_bytes=MappingProxyType(dict(sorted(st["by_kind"].items()))),
+        engine_busy_s=busy,
+        engine_utilization=util,
+        instructions=st["instructions"],
+        ops=st["ops"],
+        weight_bytes=layer.weight_bytes(),
+        weight_stream_bytes_per_s=layer.weight_bytes() / ps_to_s(total_ps),
+        roofline=roofline_s(st, hw, f"w{w.w_bits}a8"),
+        calls=call_rows(call, lambda n: 0),
         # the demo runs its program on the device directly: no runtime call overhead
-        "time_breakdown": time_breakdown(call, hw.model_copy(update={
+        time_breakdown=time_breakdown(call, hw.model_copy(update={
             "host": hw.host.model_copy(update={"call_overhead_ns": 0.0})})),
-        "functional_check": check,
-        "trace": {"level": recorder.level, "dropped_events": recorder.dropped},
-    }
+        functional_check=check,
+        trace=TraceFigures(level=recorder.level, dropped_events=recorder.dropped),
+    )
     return RunResult(cfg, metrics, recorder)
 
 
 def run(cfg: RunConfig) -> RunResult:
     """Run ``cfg`` after checking it (``sim.app.check.check_run``): bad input is a
-    ``ConfigError`` naming the field, before anything is compiled or simulated."""
-    from sim.app.check import check_run
-
-    checked = check_run(cfg)  # a prompt text is checked at its real token count
+    ``ConfigError`` naming the field, before anything is compiled or simulated. The
+    model is resolved once (:func:`sim.app.check.run_source`), for the check and the run;
+    a prompt text is checked at its real token count."""
     if cfg.workload.kind == "gemv":
+        check_run(cfg)
         return run_gemv(cfg)
-    return run_generate(cfg, checked)
+    src = run_source(cfg)
+    checked = check_run(cfg, src)
+    return run_generate(cfg, src, checked)
 
 
 def render_outputs(result: RunResult) -> dict[str, str]:
@@ -404,7 +423,7 @@ def render_outputs(result: RunResult) -> dict[str, str]:
                                                 counter_bins=result.config.outputs.counter_bins)
     texts["report.html"] = run_report(result.metrics, result.recorder,
                                       bins=result.config.outputs.counter_bins)
-    texts["metrics.json"] = json.dumps(result.metrics, indent=1) + "\n"
+    texts["metrics.json"] = json.dumps(result.metrics.to_metrics(), indent=1) + "\n"
     return texts
 
 
@@ -415,9 +434,9 @@ RUN_OUTPUTS = ("report.html", "trace.json", "metrics.json")
 def write_outputs(result: RunResult, out_dir: str | Path, *,
                   flag: str = "--out") -> dict[str, Path]:
     """Write ``metrics.json``, ``trace.json`` and ``report.html`` into ``out_dir`` as one
-    set (:func:`traces.io.write_output_set`: whole or not at all; a failure is a
+    set (:func:`kvsim.files.write_output_set`: whole or not at all; a failure is a
     :class:`kvsim.errors.OutputError` naming ``flag``, the file and the folder)."""
-    from traces.io import write_output_set
+    from kvsim.files import write_output_set
 
     # Serialise everything before touching the disk, so an error leaves no files.
     texts = render_outputs(result)

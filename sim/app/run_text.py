@@ -11,24 +11,19 @@ import numpy as np
 
 from kvsim.errors import ConfigError, KvsimError
 from models.quality import DegenerateOutput, collapsed, degenerate_logits
-from models.source import ModelSource, resolve_model
+from models.source import ModelSource
 from sim.app.config import RunConfig, check_cache_ops
+from traces.results import TextFigures
 
 
-def run_source(cfg: RunConfig) -> ModelSource | None:
-    """The model source of a run named by ``model.preset`` (None for ``model.hf_config``)."""
-    m = cfg.model
-    return None if m.preset is None else resolve_model(m.preset, where="model")
-
-
-def with_prompt(cfg: RunConfig) -> tuple[RunConfig, list[int] | None, Any]:
+def with_prompt(cfg: RunConfig, src: ModelSource) -> tuple[RunConfig, list[int] | None, Any]:
     """``cfg`` with ``workload.prompt_tokens`` set to the prompt text's token count, the
-    tokens and the tokenizer; without ``workload.prompt``: ``(cfg, None, None)``."""
+    tokens and the tokenizer of its model ``src``; without ``workload.prompt``: ``(cfg,
+    None, None)``."""
     w = cfg.workload
     if w.prompt is None:
         return cfg, None, None
-    src = run_source(cfg)
-    if src is None or not src.real:
+    if not src.real:
         raise ConfigError("workload.prompt: the model has synthetic weights and no tokenizer; "
                           "use a real model (smollm2-135m, a GGUF file or a Hugging Face "
                           "folder) or workload.prompt_tokens")
@@ -73,31 +68,33 @@ class Guard:
             self._report(f"NPU text: {why}")
 
 
-def text_metrics(cfg: RunConfig, ids: list[int] | None, tok: Any, generated: list[int],
-                 guard: Guard) -> dict[str, Any]:
-    """The ``text`` entry of a run's metrics: the prompt, the generated text and, for a
-    functional run of real weights, the float reference's greedy continuation and where
-    the two first differ (the guard checks the text against it)."""
+def text_figures(cfg: RunConfig, src: ModelSource, ids: list[int] | None, tok: Any,
+                 generated: list[int], guard: Guard) -> TextFigures:
+    """The ``text`` entry of a run's metrics (its model ``src``): the prompt, the generated
+    text and, for a functional run of real weights, the float reference's greedy
+    continuation and where the two first differ (the guard checks the text against it)."""
     from sim.app.textgen import Sampler, first_difference, reference_continuation
 
-    src = run_source(cfg)
-    if tok is None and src is not None and src.real:
+    if tok is None and src.real:
         try:
             tok = src.tokenizer()
         except KvsimError:  # real weights without a tokenizer (e.g. a bare GGUF): no text
             tok = None
-    # the texts end at the first end-of-sequence or end-of-turn token (not shown)
-    out: dict[str, Any] = {"prompt": cfg.workload.prompt,
-                           "generated_text": tok.continuation_text(generated) if tok else None}
-    if guard.active and src is not None and ids is not None and tok is not None and generated:
+    reference_text, first = None, None
+    compared = False
+    if guard.active and ids is not None and tok is not None and generated:
         ref = reference_continuation(src, ids, len(generated), Sampler(), tok.stop_ids,
                                      seed=cfg.model.weights_seed)
         if ref:
-            out["reference_text"] = tok.continuation_text(ref)
-            out["first_difference"] = first_difference(generated, ref)
+            compared = True
+            # the texts end at the first end-of-sequence or end-of-turn token (not shown)
+            reference_text, first = tok.continuation_text(ref), first_difference(generated, ref)
             guard.text(generated, ref)
-    out["degenerate"] = "; ".join(guard.found) or None
-    return out
+    return TextFigures(prompt=cfg.workload.prompt,
+                       generated_text=tok.continuation_text(generated) if tok else None,
+                       reference_compared=compared, reference_text=reference_text,
+                       first_difference_token=first,
+                       degenerate="; ".join(guard.found) or None)
 
 
-__all__ = ["Guard", "run_source", "text_metrics", "with_prompt"]
+__all__ = ["Guard", "text_figures", "with_prompt"]

@@ -16,9 +16,9 @@ from models.bits import BitConfig
 from models.quality import DegenerateOutput, collapsed, degenerate_logits
 from models.reference import ReferenceModel
 from models.source import ModelSource
-from sim.app.quality import bits_label, check_context, compile_for_text, hardware_of, source_of
+from sim.app.quality import bits_label, check_context, ready_for_text
 from sim.device.hw import HardwareConfig
-from sim.runtime import Accelerator, Model
+from sim.runtime.ready import hardware_of, source_of
 
 
 @dataclass(frozen=True)
@@ -120,12 +120,10 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
                   f"{len(ids) + max_new_tokens - 1:,}")
     sampler = sampler or Sampler()
     hwc = hardware_of(hw)
-    cm = compile_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids) + max_new_tokens,
-                          seed=seed)
-    acc = Accelerator(hw=hwc, functional=True)
-    model = Model(cm)
-    model.launch(acc)
-    embed = cm.weight_source().tensor("embed")
+    ready = ready_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids) + max_new_tokens,
+                           seed=seed)
+    model = ready.launch()
+    acc, cm = model.acc, ready.compiled
     degenerate: list[str] = []
 
     def check(logits: np.ndarray, where: str) -> None:
@@ -140,7 +138,7 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
     cache, logits = 0, None
     for t0 in range(0, len(ids), cm.max_seq):
         chunk = np.asarray(ids[t0 : t0 + cm.max_seq])
-        [logits] = model.infer(embed[chunk].astype(np.float32), cache_size=cache)
+        [logits] = model.infer(ready.embed(chunk), cache_size=cache)
         cache += chunk.size
     ttft_s = (acc.device.env.now - start) / 1e12
     check(logits, "the prompt")
@@ -152,7 +150,7 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
         push(out)
         if t in tok.stop_ids or len(out) == max_new_tokens:  # EOS or the end of a turn
             break
-        [logits] = model.infer(embed[[t]].astype(np.float32), cache_size=cache)
+        [logits] = model.infer(ready.embed([t]), cache_size=cache)
         decode_s.append(acc.calls[-1].time_s)
         cache += 1
         check(logits, f"output token {len(out)}")

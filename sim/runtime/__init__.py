@@ -25,9 +25,14 @@ kvsim's own forms are kept (``Accelerator(hw="tiny", functional=False)``,
 ``model.infer(embeddings_2d, cache_size=n)[0]`` -> ``(vocab,)`` logits) beside kvsim's
 cache edits (``edit_cache_on_host``, ``evict_on_device``, ``requantize_on_device``).
 
+The vendor's unchanged host code (``import qbruntime``) runs on this runtime through
+:mod:`.vendor`: the surface of mobilint-qb-runtime 1.5.0, which ``kvsim exec`` puts in place
+of the real one.
+
 The package: :mod:`.model` (what a user calls), :mod:`.checks` (argument checks),
 :mod:`.deviceops` (programs and transfers), :mod:`.cachefiles` (dump files),
-:mod:`.edits` (cache edits), :mod:`.accelerator`, :mod:`.tracing`, :mod:`.types`.
+:mod:`.edits` (cache edits), :mod:`.accelerator`, :mod:`.tracing`, :mod:`.types`,
+:mod:`.ready` (a model by name, compiled and ready to launch: :func:`ready_model`).
 """
 
 from __future__ import annotations
@@ -37,9 +42,11 @@ from pathlib import Path
 
 from kvsim.errors import DeviceError
 from sim.runtime.accelerator import DEVICE_TYPES, Accelerator
-from sim.runtime.checks import FILTER_TAIL_MAX, RuntimeApiError
+from sim.runtime.checks import FILTER_TAIL_MAX
 from sim.runtime.deviceops import HOST_IN
+from sim.runtime.errors import RuntimeApiError
 from sim.runtime.model import Model
+from sim.runtime.ready import ReadyModel, ready_model
 from sim.runtime.tracing import start_tracing_events, stop_tracing_events
 from sim.runtime.types import BatchParam, BufferInfo, CacheInfo, CallRecord, ModelConfig
 
@@ -59,19 +66,10 @@ def load(path: str | os.PathLike, model_config: ModelConfig | None = None, *,
         raise RuntimeApiError(f"load: path must be a compiled-model file (str or "
                               f"os.PathLike), got {type(path).__name__} {path!r}")
     if Path(path).suffix != ".kvm":
-        from models.bits import BitConfig, default_numerics
-        from models.compiler import HardwareTarget, compile_model
-        from sim.app.quality import hardware_of, source_of, widest_core_mode
-
-        hwc = hardware_of(hw or "aries")
-        src = source_of(path)
-        bits = BitConfig(numerics=default_numerics(src.real))
-        cm = compile_model(src.config, bits, HardwareTarget.from_hw(hwc), kv="int8",
-                           core_mode=widest_core_mode(hwc), max_seq=max_seq, cap=cap,
-                           functional=functional, weights=src.weight_spec())
-        model = Model(cm, model_config)
-        model.launch(Accelerator(0, hw=hwc, functional=functional))
-        return model
+        ready = ready_model(path, hw or "aries", kv="int8", max_seq=max_seq, cap=cap,
+                            functional=functional)
+        return ready.launch(model_config, acc=Accelerator(0, hw=ready.hw,
+                                                          functional=functional))
     model = Model(Path(path), model_config)
     acc = Accelerator(0, hw=hw or model.compiled.hw.name, functional=functional)
     model.launch(acc)
@@ -80,5 +78,5 @@ def load(path: str | os.PathLike, model_config: ModelConfig | None = None, *,
 
 __all__ = ["DEVICE_TYPES", "FILTER_TAIL_MAX", "HOST_IN", "Accelerator", "BatchParam",
            "BufferInfo", "CacheInfo", "CallRecord", "DeviceError", "Model", "ModelConfig",
-           "RuntimeApiError", "load",
+           "ReadyModel", "RuntimeApiError", "load", "ready_model",
            "start_tracing_events", "stop_tracing_events"]

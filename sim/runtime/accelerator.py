@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+import sim.runtime.tracing as tracing
 from isa.instructions import Program
 from sim.device.device import Device, ProgramRun
 from sim.device.hw import HardwareConfig, load_hardware
-from sim.runtime import tracing
-from sim.runtime.checks import RuntimeApiError, index, is_index
+from sim.runtime.errors import RuntimeApiError, index, is_index
 from sim.runtime.types import CallRecord
 from sim.units import ns_to_ps
 from traces.recorder import Recorder
@@ -106,6 +106,13 @@ class Accelerator:
         start = env.now
         env.run(until=start + ps)
         self.recorder.span("host", "runtime", name, start, env.now)
+
+    def idle_until(self, ps: int) -> None:
+        """Advance the clock to ``ps`` picoseconds with nothing running on the card (the
+        host was busy elsewhere); a time already past is left alone."""
+        env = self.device.env
+        if int(ps) > env.now:
+            env.run(until=int(ps))
 
     def run(self, program: Program, op: str, *, shape: tuple = ()) -> ProgramRun:
         """Run ``program``. Compiler-made programs of one ``shape`` (op and token count)

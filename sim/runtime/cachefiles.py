@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.runtime import deviceops
+import sim.runtime.deviceops as deviceops
 from sim.runtime.cacheops import CacheOpError, model_identity, pack_file, unpack_file
 from sim.runtime.checks import check_bufs, folder
 from sim.runtime.rings import check_dump_window, dump_meta
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def dump_to(model: Model, directory: Any, slot: int | None) -> list[Path]:
     """Dump the caches (of ``slot``; None: every slot) into ``directory``. Files are
     written atomically; a folder that cannot be made or written costs no device time."""
-    from traces.io import atomic_write_bytes, probe_writable
+    from kvsim.files import atomic_write_bytes, probe_writable
 
     d = folder(directory, "dump_cache_memory_to")
     try:

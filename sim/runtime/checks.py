@@ -3,38 +3,18 @@ does any work, so a refused call changes nothing (no device time, no cache bytes
 
 from __future__ import annotations
 
-import operator
 import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from kvsim.errors import KvsimError
 from sim.runtime.cacheops import CacheOpError
+from sim.runtime.errors import RuntimeApiError, index, is_index
+from sim.runtime.types import BatchParam
 
 #: The vendor's filter_cache_tail handles at most this many tail tokens (FACTS.md).
 FILTER_TAIL_MAX = 32
-
-
-class RuntimeApiError(KvsimError, RuntimeError, ValueError):
-    """Misuse of the runtime API (wrong shapes, calls after dispose, bad cache sizes). It
-    is a ``ValueError`` too: the vendor's Python runtime raises ``ValueError`` for inputs
-    or outputs of the wrong shape or dtype ("Input shape is invalid.", "Output shape
-    mismatch."), so host code that catches those keeps working."""
-
-
-def is_index(v: Any) -> bool:
-    """An integer argument (numpy integers too; not bool, not a whole float)."""
-    return isinstance(v, int | np.integer) and not isinstance(v, bool)
-
-
-def index(v: Any, what: str, exc: type[KvsimError] = RuntimeApiError) -> int:
-    """``v`` as a Python int (numpy integers converted, so range checks cannot wrap), or
-    ``exc("<what> must be an integer, got ...")``."""
-    if not is_index(v):
-        raise exc(f"{what} must be an integer, got {v!r}")
-    return int(operator.index(v))
 
 
 def folder(directory: Any, where: str) -> Path:
@@ -105,8 +85,6 @@ def check_infer(cm: Any, inputs: Any, cache_size: Any, cache_id: Any, batch_para
                               "batch_param (one), not both")
     seq_len = None
     if batch_param is not None:
-        from sim.runtime.types import BatchParam
-
         if not isinstance(batch_param, BatchParam):
             raise RuntimeApiError(f"batch_param must be a BatchParam(sequence_length, "
                                   f"cache_size, cache_id) or None, got "
@@ -134,8 +112,6 @@ def check_infer(cm: Any, inputs: Any, cache_size: Any, cache_id: Any, batch_para
 
 
 def _batch(cm: Any, x: np.ndarray, cache_size: Any, batch_params: Any) -> list[Request]:
-    from sim.runtime.types import BatchParam
-
     if not isinstance(batch_params, list | tuple) or not batch_params:
         raise RuntimeApiError(f"batch_params must be a non-empty list of BatchParam, got "
                               f"{batch_params!r}")
@@ -322,6 +298,6 @@ def check_bufs(bufs: Any, infos: list, slot: int | None) -> list[bytes]:
     return out
 
 
-__all__ = ["FILTER_TAIL_MAX", "InferCall", "Request", "RuntimeApiError",
-           "check_bufs", "check_infer", "check_mask", "check_outputs", "check_size",
-           "check_slot", "check_tail_size", "folder", "index", "is_index"]
+__all__ = ["FILTER_TAIL_MAX", "InferCall", "Request", "check_bufs", "check_infer",
+           "check_mask", "check_outputs", "check_size", "check_slot", "check_tail_size",
+           "folder"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -13,7 +14,8 @@ import numpy as np
 from isa.instructions import HostRead, HostWrite, Nop, Program
 from models.compiler import CompiledModel
 from sim.runtime.cacheops import rearrange_program
-from sim.runtime.checks import Request, RuntimeApiError
+from sim.runtime.checks import Request
+from sim.runtime.errors import RuntimeApiError
 from sim.runtime.rings import check_rearrange
 
 if TYPE_CHECKING:
@@ -195,29 +197,35 @@ def cache_groups(model: Model) -> list[list[dict]]:
     return [sorted(v, key=lambda c: c.slot) for _, v in sorted(groups.items())]
 
 
-def _regions(model: Model, slot: int | None) -> list[list[dict]]:
-    """Per cache, the regions a dump or load of ``slot`` (None: every slot) covers."""
-    return [[c for c in g if slot is None or c.slot == slot] for g in cache_groups(model)]
+def _regions(model: Model, slot: int | None,
+             which: Sequence[int] | None = None) -> list[list[dict]]:
+    """Per cache (of the caches at indexes ``which``; None: all), the regions a dump or
+    load of ``slot`` (None: every slot) covers."""
+    groups = cache_groups(model)
+    return [[c for c in groups[i] if slot is None or c.slot == slot]
+            for i in (range(len(groups)) if which is None else which)]
 
 
-def dump(model: Model, slot: int | None) -> list[bytes]:
-    """Every cache's bytes of ``slot`` (None: all slots, concatenated) over the host link,
-    device to host. In timing-only mode the bytes are zeros (the transfer is simulated)."""
+def dump(model: Model, slot: int | None, which: Sequence[int] | None = None,
+         op: str = "dump_cache_memory") -> list[bytes]:
+    """Every cache's bytes (of the caches at indexes ``which``; None: all) of ``slot``
+    (None: all slots, concatenated) over the host link, device to host. In timing-only
+    mode the bytes are zeros (the transfer is simulated)."""
     acc = model.acc
     dev = acc.device
     start, before = acc.begin()
-    acc.host_work(acc.hw.host.call_overhead_ns, "dump_cache_memory")
+    acc.host_work(acc.hw.host.call_overhead_ns, op)
     addr = HOST_IN
     reads, spans = [], []
-    groups = _regions(model, slot)
+    groups = _regions(model, slot, which)
     for group in groups:
         for c in group:
             r = c.region
             reads.append(HostRead(src=r.base, dst=addr, nbytes=r.size))
             spans.append((addr, r.size))
             addr += r.size
-    acc.run(Program(tuple(reads), name="dump caches"), "dump_cache_memory")
-    acc.end("dump_cache_memory", start, before)
+    acc.run(Program(tuple(reads), name="dump caches"), op)
+    acc.end(op, start, before)
     out, i = [], 0
     for group in groups:
         parts = []
@@ -229,16 +237,17 @@ def dump(model: Model, slot: int | None) -> list[bytes]:
     return out
 
 
-def load(model: Model, data: list[bytes], slot: int | None) -> None:
-    """Write ``data`` (checked buffers, one per cache) into the caches of ``slot`` (None:
-    every slot) over the host link, host to device."""
+def load(model: Model, data: list[bytes], slot: int | None,
+         which: Sequence[int] | None = None, op: str = "load_cache_memory") -> None:
+    """Write ``data`` (checked buffers, one per cache of ``which``; None: every cache) into
+    the caches of ``slot`` (None: every slot) over the host link, host to device."""
     acc = model.acc
     dev = acc.device
     start, before = acc.begin()
-    acc.host_work(acc.hw.host.call_overhead_ns, "load_cache_memory")
+    acc.host_work(acc.hw.host.call_overhead_ns, op)
     writes = []
     addr = HOST_IN
-    for group, blob in zip(_regions(model, slot), data, strict=True):
+    for group, blob in zip(_regions(model, slot, which), data, strict=True):
         off = 0
         for c in group:
             r = c.region
@@ -247,21 +256,22 @@ def load(model: Model, data: list[bytes], slot: int | None) -> None:
             writes.append(HostWrite(src=addr, dst=r.base, nbytes=r.size))
             addr += r.size
             off += r.size
-    acc.run(Program(tuple(writes), name="load caches"), "load_cache_memory")
-    acc.end("load_cache_memory", start, before)
+    acc.run(Program(tuple(writes), name="load caches"), op)
+    acc.end(op, start, before)
 
 
-def reset(model: Model) -> None:
-    """Clear every cache. Cost: the runtime call; the driver clears the caches' length
-    headers, which is not timed further."""
+def reset(model: Model, specs: Sequence | None = None, op: str = "reset_cache_memory") -> None:
+    """Clear every cache (of ``specs``, :meth:`CompiledModel.kv_caches` entries; None:
+    all). Cost: the runtime call; the driver clears the caches' length headers, which is
+    not timed further."""
     acc = model.acc
     start, before = acc.begin()
-    acc.host_work(acc.hw.host.call_overhead_ns, "reset_cache_memory")
+    acc.host_work(acc.hw.host.call_overhead_ns, op)
     if acc.functional:
-        for c in model.compiled.kv_caches():
+        for c in model.compiled.kv_caches() if specs is None else specs:
             r = c.region
             acc.device.mem.dram.write(r.base, np.zeros(r.size, np.uint8))
-    acc.end("reset_cache_memory", start, before)
+    acc.end(op, start, before)
 
 
 def rearrange(model: Model, op: str, keep: list[int], dst: int, cache_id: int, *,

@@ -13,12 +13,14 @@ from typing import Any
 
 import numpy as np
 
+import sim.runtime.cachefiles as cachefiles
+import sim.runtime.deviceops as deviceops
+import sim.runtime.edits as edits
+import sim.runtime.tracing as tracing
 from models.compiler import CompiledModel
-from sim.runtime import cachefiles, deviceops, edits, tracing
 from sim.runtime.accelerator import Accelerator
-from sim.runtime.cacheops import CacheView, EditFn, EditResult
+from sim.runtime.cacheops import CacheOpError, CacheView, EditFn, EditResult
 from sim.runtime.checks import (
-    RuntimeApiError,
     check_all_logits,
     check_bufs,
     check_filter_tail,
@@ -27,6 +29,7 @@ from sim.runtime.checks import (
     check_outputs,
     check_slot,
 )
+from sim.runtime.errors import RuntimeApiError
 from sim.runtime.types import BatchParam, BufferInfo, CacheInfo, CallRecord, ModelConfig
 
 
@@ -236,6 +239,59 @@ class Model:
         """Clear every cache (the host's ``cache_size`` goes back to 0)."""
         self._check_alive()
         deviceops.reset(self)
+
+    # --- one cache at a time (the vendor's 1.5 calls) --------------------------------------
+    def _cache_index(self, key: str, value: Any) -> int:
+        if not isinstance(value, str):
+            raise CacheOpError(f"{key} must be a string, got {type(value).__name__} {value!r}")
+        infos = self.get_cache_infos()
+        for i, info in enumerate(infos):
+            if getattr(info, key) == value:
+                return i
+        shown = ", ".join(repr(getattr(c, key)) for c in infos[:4])
+        raise CacheOpError(f"no KV cache has {key} {value!r} (the model's {len(infos)} "
+                           f"caches: {shown}, ...)")
+
+    def dump_cache_memory_by_name(self, name: str, cache_id: int = 0) -> bytes:
+        """The bytes of the one cache named ``name`` (``CacheInfo.name``), slot
+        ``cache_id``. Cost: the runtime call and that cache's bytes device-to-host."""
+        self._check_alive()
+        i, slot = self._cache_index("name", name), check_slot(self.compiled, cache_id)
+        return deviceops.dump(self, slot, [i], "dump_cache_memory_by_name")[0]
+
+    def dump_cache_memory_by_layer_hash(self, layer_hash: str, cache_id: int = 0) -> bytes:
+        """As :meth:`dump_cache_memory_by_name`, the cache picked by ``CacheInfo.layer_hash``."""
+        self._check_alive()
+        i, slot = self._cache_index("layer_hash", layer_hash), check_slot(self.compiled,
+                                                                          cache_id)
+        return deviceops.dump(self, slot, [i], "dump_cache_memory_by_layer_hash")[0]
+
+    def load_cache_memory_by_name(self, buf: Any, name: str, cache_id: int = 0) -> None:
+        """Overwrite the one cache named ``name`` (slot ``cache_id``) with ``buf`` (its
+        size in bytes); the other caches are left as they are."""
+        self._load_one(buf, "name", name, cache_id, "load_cache_memory_by_name")
+
+    def load_cache_memory_by_layer_hash(self, buf: Any, layer_hash: str,
+                                        cache_id: int = 0) -> None:
+        """As :meth:`load_cache_memory_by_name`, the cache picked by its layer hash."""
+        self._load_one(buf, "layer_hash", layer_hash, cache_id,
+                       "load_cache_memory_by_layer_hash")
+
+    def _load_one(self, buf: Any, key: str, value: str, cache_id: Any, op: str) -> None:
+        self._check_alive()
+        i, slot = self._cache_index(key, value), check_slot(self.compiled, cache_id)
+        [data] = check_bufs([buf], [self.get_cache_infos()[i]], slot)
+        deviceops.load(self, [data], slot, [i], op)
+
+    def reset_fixed_tail_cache_memory(self, cache_id: int = 0) -> None:
+        """Zero every fixed-tail cache of slot ``cache_id``, leaving the others. kvsim reads
+        the vendor's fixed-tail caches as the rings of sliding-window layers (a fixed
+        number of the latest tokens: ``KvCacheSpec.window``); a model without such layers
+        has none, and the call then clears nothing and costs the runtime call."""
+        self._check_alive()
+        slot = check_slot(self.compiled, cache_id)
+        fixed = [c for c in self.compiled.kv_caches(slot) if c.window is not None]
+        deviceops.reset(self, fixed, "reset_fixed_tail_cache_memory")
 
     def filter_cache_tail(self, cache_size: int, tail_size: int, mask, *,
                           cache_id: int = 0) -> int:

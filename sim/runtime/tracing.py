@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.runtime.checks import RuntimeApiError
+from sim.runtime.errors import RuntimeApiError
 from traces.chrome import chrome_trace
 from traces.recorder import Recorder
 
@@ -70,7 +70,7 @@ def start_tracing_events(path: str | os.PathLike) -> bool:
     folder = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise RuntimeApiError(f"start_tracing_events: {str(p)!r} is a folder, not a file")
-    from traces.io import probe_writable
+    from kvsim.files import probe_writable
 
     try:  # for real: os.access says yes to root on a read-only file system
         if not folder.is_dir():
@@ -86,7 +86,7 @@ def start_tracing_events(path: str | os.PathLike) -> bool:
 def stop_tracing_events() -> bool:
     """Stop tracing and write the trace file (atomically). Refused when tracing is off."""
     global _session
-    from traces.io import atomic_write_json
+    from kvsim.files import atomic_write_json
 
     if _session is None:
         raise RuntimeApiError("stop_tracing_events: tracing is not on "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.runtime.checks import RuntimeApiError, is_index
+from sim.runtime.errors import RuntimeApiError, is_index
 
 #: Core modes a compiled model can have (FACTS.md: qb runtime ``ModelConfig``).
 CORE_MODES = ("single", "global4", "global8")

@@ -38,13 +38,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvsim.files import atomic_write_json
 from models.compiler import CompiledModel
 from models.compiler.driver import StepSeq, head_rows, lower_step, tiles_of
 from sim.device.hw import HardwareConfig
 from sim.progress import Phases
 from sim.serving.grid import GridSpec, default_cache_dir, run_tasks, task_from_json, timing_device
 from sim.serving.interp import Line, Plane
-from traces.io import atomic_write_json
 
 __all__ = ["COST_MODEL_VERSION", "MOE_PROBE_LAYERS", "GridSpec", "Line", "Plane",
            "StepCostModel", "default_cache_dir"]

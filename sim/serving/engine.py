@@ -153,17 +153,7 @@ class ServingSim:
 
     def _record(self, chip: Chip, plan: StepPlan, start: int, end: int,
                 swap: int) -> StepRecord:
-        s = chip.scheduler
-        dec = len(plan.dec_pos)  # the one-token items (plan.tokens without a pass over them)
-        tokens = dec + sum([n for n, _ in plan.pieces])
-        return StepRecord(
-            chip=chip.index, index=plan.index, start_ps=start, end_ps=end, swap_ps=swap,
-            tokens=tokens, decode_seqs=dec, prefill_tokens=tokens - dec, sampled=plan.sampled,
-            preempted=tuple(r.rid for r in plan.preempted),
-            swapped_in=tuple(r.rid for r in plan.swapped_in),
-            swap_out_bytes=plan.swap_out_bytes, swap_in_bytes=plan.swap_in_bytes,
-            used_blocks=s.used_blocks, running=len(s.running), waiting=len(s.waiting),
-            swapped=len(s.swapped), items=plan.rid_items())
+        return step_record(chip.index, chip.scheduler, plan, start, end, swap)
 
     def run(self) -> None:
         env = self.env
@@ -187,3 +177,18 @@ class ServingSim:
         lost = [r.rid for r in self.requests if r.state != "finished"]
         if lost:
             raise RuntimeError(f"requests {lost[:10]} did not finish")
+
+
+def step_record(chip: int, s: Scheduler, plan: StepPlan, start: int, end: int,
+                swap: int) -> StepRecord:
+    """The record of a completed step of ``chip`` (``s`` as the step left it)."""
+    dec = len(plan.dec_pos)  # the one-token items (plan.tokens without a pass over them)
+    tokens = dec + sum([n for n, _ in plan.pieces])
+    return StepRecord(
+        chip=chip, index=plan.index, start_ps=start, end_ps=end, swap_ps=swap,
+        tokens=tokens, decode_seqs=dec, prefill_tokens=tokens - dec, sampled=plan.sampled,
+        preempted=tuple(r.rid for r in plan.preempted),
+        swapped_in=tuple(r.rid for r in plan.swapped_in),
+        swap_out_bytes=plan.swap_out_bytes, swap_in_bytes=plan.swap_in_bytes,
+        used_blocks=s.used_blocks, running=len(s.running), waiting=len(s.waiting),
+        swapped=len(s.swapped), items=plan.rid_items())

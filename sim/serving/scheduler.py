@@ -440,11 +440,36 @@ class Scheduler:
             if req.generated >= req.output_tokens:
                 self._finish(req, now_ps, finished)
 
+    def abort(self, req: Request, now_ps: int) -> None:
+        """``req`` leaves before its ``output_tokens`` (an online server's request that hit a
+        stop sequence or the end-of-sequence token, or whose client went away), at
+        ``now_ps``, between steps: it finishes with the tokens it has sampled
+        (``output_tokens`` becomes ``generated``) and frees its device and host blocks."""
+        if req.state == "finished":
+            return
+        self.sync()  # the decode set's members get their fields back first
+        if req.state == "running":
+            self.running.remove(req)
+        elif req.state == "waiting":
+            self.waiting.remove(req)
+        elif req.state == "swapped":
+            self.swapped.remove(req)
+        else:
+            raise ValueError(f"request {req.rid} is not in this scheduler (state "
+                             f"{req.state!r})")
+        req.host_blocks = 0
+        req.output_tokens = req.generated
+        self._finish_out(req, now_ps)
+
     def _finish(self, req: Request, now_ps: int, finished: list[Request]) -> None:
+        self.running.remove(req)
+        self._finish_out(req, now_ps)
+        finished.append(req)
+
+    def _finish_out(self, req: Request, now_ps: int) -> None:
+        """``req`` (out of every queue) is finished at ``now_ps``; its blocks are free."""
         req.state = "finished"
         req.finish_ps = now_ps
         self.free += req.blocks
         req.blocks = 0
-        self.running.remove(req)
         self.unfinished -= 1
-        finished.append(req)

@@ -143,6 +143,48 @@ def test_silu_is_close_to_float() -> None:
     assert np.abs(out[0] - ref).max() <= 1
 
 
+def ref_gelu_gate(xa: int) -> int:
+    """GELU's gate in Q20 (:func:`isa.kernels.vector.igelu_gate`), in Python integers."""
+    xc = max(-(8 << 20), min(8 << 20, xa))
+    t = 2**20 + rs(rs(xc * xc, 20) * vk.GELU_CUBIC, 20)
+    return ref_isigmoid(rs(rs(xc * t, 20) * vk.GELU_C, 20))
+
+
+def test_the_gelu_constants_are_the_tanh_forms():
+    assert vk.GELU_C == round(2 * math.sqrt(2 / math.pi) * 2**20)
+    assert vk.GELU_CUBIC == round(0.044715 * 2**20)
+
+
+@SETTINGS
+@given(mats(), st.data())
+def test_gelu_mul(a, data) -> None:
+    b = data.draw(hnp.arrays(np.int8, a.shape, elements=I8))
+    in_mult = data.draw(st.integers(-(2**31), 2**31 - 1))
+    in_shift = data.draw(st.integers(0, 40))
+    out_mult = data.draw(st.integers(-(2**24) + 1, 2**24 - 1))
+    out_shift = data.draw(st.integers(0, 62))
+    out = np.zeros(a.shape, np.int8)
+    vk.gelu_mul(a, b, in_mult, in_shift, out_mult, out_shift, out)
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            xa = max(-(2**30), min(2**30, rs(int(a[i, j]) * in_mult, in_shift)))
+            s = rs(xa * ref_gelu_gate(xa), 20)
+            assert out[i, j] == sat8(rs(s * int(b[i, j]) * out_mult, out_shift))
+
+
+def test_gelu_is_close_to_float() -> None:
+    a = np.arange(-128, 128, dtype=np.int8).reshape(1, -1)
+    b = np.ones_like(a)
+    out = np.zeros_like(a)
+    # as the SiLU test: a in units of 1/16 (x from -8 to 7.94), the output too
+    vk.gelu_mul(a, b, 2**16, 0, 1, 16, out)
+    x = a[0] / 16
+    gelu = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    assert np.abs(out[0] - np.clip(np.round(gelu * 16), -128, 127)).max() <= 1
+    # the gate saturates exactly past the clamp: a large x passes through, a large -x is 0
+    assert ref_gelu_gate(64 << 20) == 2**20 and ref_gelu_gate(-(64 << 20)) == 0
+
+
 @st.composite
 def rope_cases(draw):
     heads = draw(st.integers(1, 3))

@@ -13,6 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 from isa.kernels import wide
 from tests.isa.test_kernels_softmax import ref_isigmoid
+from tests.isa.test_kernels_vector import ref_gelu_gate
 
 SETTINGS = settings(max_examples=150, deadline=None)
 I32 = st.integers(-(2**31), 2**31 - 1)
@@ -167,6 +168,28 @@ def test_silu_mul_wide(g: np.ndarray, data) -> None:
     out = np.empty(g.shape, np.int32)
     wide.silu_mul_wide(g, u, im, ish, om, osh, out)
     ref = [[ref_silu_wide(a, b, im, ish, om, osh) for a, b in zip(ra, rb, strict=True)]
+           for ra, rb in zip(g.tolist(), u.tolist(), strict=True)]
+    assert out.tolist() == ref
+
+
+def ref_gelu_wide(g: int, u: int, im: int, ish: int, om: int, osh: int) -> int:
+    xa = max(-(2**30), min(2**30, rs(g * im, ish)))
+    s = rs(xa * ref_gelu_gate(xa), 20)
+    t = max(-(2**40), min(2**40, rs(s * u, 20)))
+    return sat(rs(t * om, osh), 32)
+
+
+@SETTINGS
+@given(wide_mats(max_cols=12), st.data())
+def test_gelu_mul_wide(g: np.ndarray, data) -> None:
+    u = data.draw(hnp.arrays(np.int32, g.shape, elements=I32))
+    im = data.draw(st.integers(0, 2**31 - 1))
+    ish = data.draw(st.integers(0, 62))
+    om = data.draw(st.integers(0, 2**wide.SILU_WIDE_OUT_MULT_BITS - 1))
+    osh = data.draw(st.integers(0, 62))
+    out = np.empty(g.shape, np.int32)
+    wide.gelu_mul_wide(g, u, im, ish, om, osh, out)
+    ref = [[ref_gelu_wide(a, b, im, ish, om, osh) for a, b in zip(ra, rb, strict=True)]
            for ra, rb in zip(g.tolist(), u.tolist(), strict=True)]
     assert out.tolist() == ref
 

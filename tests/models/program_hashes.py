@@ -24,7 +24,7 @@ from isa.instructions import Program
 from models.bits import BitConfig
 from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.compiler.driver import StepSeq, lower_step
-from models.config import load_model
+from models.source import load_model
 from sim.app.serve.run import compile_for_serving
 from sim.device.hw import load_hardware
 from sim.runtime.cacheops import rearrange_program, requantize_program

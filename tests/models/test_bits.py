@@ -15,7 +15,7 @@ from models.bits import (
     build_weight_bits,
     weight_bits_preset,
 )
-from models.config import load_preset
+from models.source import load_preset
 
 
 def test_presets() -> None:

@@ -13,7 +13,7 @@ from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.compiler.blocks import registry
 from models.compiler.flags import CACHE_OPS, FORWARD, FlagLayout, Flags
 from models.compiler.kvspec import KvCacheSpec
-from models.config import load_model
+from models.source import load_model
 from sim.device.hw import load_hardware
 
 

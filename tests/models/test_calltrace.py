@@ -13,7 +13,8 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.compiler.builder import BlockMemo
 from models.compiler.driver import StepSeq, lower_call, lower_step
-from models.config import build_model, load_preset
+from models.config import build_model
+from models.source import load_preset
 from sim.device.hw import load_hardware
 
 TINY_HW = load_hardware("tiny")

@@ -15,7 +15,7 @@ from isa.instructions import Attn, DmaLoad, KvWrite
 from models.bits import BitConfig
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.compiler.blocks.moe import contributors
-from models.config import load_model, load_preset
+from models.source import load_model, load_preset
 from sim.device.device import Device
 from sim.device.hw import load_hardware
 

@@ -9,8 +9,8 @@ import pytest
 from isa import kvformats
 from models.bits import build_bit_config
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
-from models.config import load_preset
 from models.reference import ReferenceModel
+from models.source import load_preset
 from sim.app.run import roofline_s
 from sim.device.device import Device, static_roofline
 from sim.device.hw import load_hardware
@@ -104,7 +104,7 @@ def test_simulated_time_is_never_below_the_roofline(hw_name, model, tokens, cach
                        cap=64, functional=False)
     run = Device(hw, functional=False, layout=cm.layout(host_bytes=1 << 30)).run(
         cm.program(tokens=tokens, cache_size=cache_size))
-    bound = roofline_s(run.stats, hw, "w8a8")["bound_s"]
+    bound = roofline_s(run.stats, hw, "w8a8").bound_s
     assert run.duration_ps / 1e12 >= bound > 0
     static = static_roofline(cm.program(tokens=tokens, cache_size=cache_size), hw)
     assert static["bound_s"] == pytest.approx(bound, rel=1e-9)

@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 
 from kvsim.errors import ConfigError
-from models.config import ModelConfig, TensorSpec, load_model, load_preset, preset_names
+from models.config import ModelConfig, TensorSpec
+from models.source import load_model, load_preset, preset_names
 
 
-def test_preset_names_list_all_fourteen() -> None:
+def test_preset_names_list_all_sixteen() -> None:
     assert preset_names() == [
         "command-r7b",
         "deepseek-v2-lite",
         "exaone-4.0-1.2b",
+        "gemma-3-1b",
         "llama-3.2-1b",
         "mixtral-8x7b",
         "qwen1.5-moe-a2.7b",
@@ -20,6 +22,7 @@ def test_preset_names_list_all_fourteen() -> None:
         "tiny",
         "tiny-cohere2",
         "tiny-exaone4",
+        "tiny-gemma3",
         "tiny-mixtral",
         "tiny-mla",
         "tiny-mla-dense",

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from kvsim.errors import ConfigError
-from models.config import build_model, load_preset
+from models.config import build_model
 from models.hf import hf_config_to_model, load_hf_config
 from models.layer_features import pattern_layer_types
+from models.source import load_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = ROOT / "models" / "presets"
@@ -303,7 +304,7 @@ def test_tiny_cohere2_runs_the_w8_preset_with_its_rotation() -> None:
      r"a LayerNorm \(Cohere\) centres its input, which the rotation keeps only for the "
      r"wide pipeline and a hidden size that is a power of two \(here 64\)"),
     ("tiny-exaone4", _w8(rotation="residual"),
-     r"a post-norm \(EXAONE-4\.0\) normalises a projection's output"),
+     r"a post-norm \(EXAONE-4\.0, Gemma\) normalises a projection's output"),
 ])
 def test_the_residual_rotation_is_refused_by_name_where_it_cannot_fold(name, numerics,
                                                                         why) -> None:
@@ -368,7 +369,7 @@ def test_tiny_exaone4_runs_functionally_against_the_float_reference() -> None:
 def _real(stem: str, layers: int):
     """The real config.json with its first ``layers`` layers (every feature kept: the layer
     types of those layers), so that a compile at real widths stays short."""
-    from models.config import load_model
+    from models.source import load_model
 
     path = HF_DIR / f"{stem}.json"
     path = path if path.exists() else PRESETS / f"{stem}.json"

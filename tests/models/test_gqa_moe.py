@@ -12,9 +12,9 @@ import pytest
 
 from kvsim.errors import ConfigError
 from models.compiler.blocks.registry import features
-from models.config import load_model, load_preset
 from models.hf import hf_config_to_model, load_hf_config
 from models.reference import ReferenceModel, softmax
+from models.source import load_model, load_preset
 from models.weights import SyntheticWeights, hf_tensor_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,7 +204,8 @@ def test_int8_router_logits_route_as_the_float_reference(preset: str, same_sets:
     softmax of its own int8 logits."""
     from isa.kernels import moe
     from isa.kernels.fixed import quantize_multiplier
-    from models.compiler.calibrate import MARGIN, calibration_tokens
+    from models.compiler.calibrate import calibration_tokens
+    from models.compiler.qparams import MARGIN
 
     c = load_preset(preset)
     m = ReferenceModel(c, seed=0)

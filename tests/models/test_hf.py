@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvsim.errors import ConfigError
-from models.config import load_model, load_preset
 from models.hf import load_hf_config
+from models.source import load_model, load_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The project's shared documents sit beside the repository (in CI too).
@@ -123,7 +123,7 @@ def test_unsupported_model_type_lists_supported(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError,
         match="unsupported model_type 'gpt2'; supported: cohere2, deepseek_v2, exaone4, "
-              "llama, mistral, mixtral, qwen2, qwen2_moe",
+              "gemma3_text, llama, mistral, mixtral, qwen2, qwen2_moe",
     ):
         load_hf_config(_write(tmp_path, {**LLAMA_MIN, "model_type": "gpt2"}))
     with pytest.raises(ConfigError, match="unsupported architectures"):

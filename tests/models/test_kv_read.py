@@ -14,7 +14,7 @@ from isa.encoding import encode_program
 from isa.instructions import Attn, AttnDq
 from models.bits import W4V8, BitConfig, NumericsOptions, build_bit_config
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import load_preset
 from sim.device.device import Device
 from sim.device.hw import load_hardware
 

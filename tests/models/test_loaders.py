@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from kvsim.errors import ConfigError
-from models.config import load_model
 from models.gguf import (
     GGUFWeights,
     gguf_tokenizer,
@@ -20,7 +19,7 @@ from models.gguf import (
     unpermute_rope_rows,
 )
 from models.reference import ReferenceModel
-from models.source import open_weights, resolve_model
+from models.source import load_model, open_weights, resolve_model
 from models.weights import SyntheticWeights
 
 from .model_files import TINY_LLAMA, write_gguf, write_hf_folder
@@ -142,14 +141,14 @@ def test_a_run_on_a_gguf_model(tmp_path: Path) -> None:
                    '[compile]\ncore_mode = "single"\n'
                    '[workload]\nprompt_tokens = 8\noutput_tokens = 2\n')
     res = run(load_run_config(cfg, [f"model.preset='{p}'", "sim.fidelity='functional'"]))
-    m = res.metrics
+    m = res.metrics.to_metrics()
     assert m["scenario"].startswith("m W8 kv=int8: prefill 8 + decode 2")
     assert m["functional"] and len(m["generated_tokens"]) == 2
     # the same run on a GGUF file of other weights generates from those weights
     q = write_gguf(tmp_path / "q.gguf", TINY_LLAMA, SyntheticWeights(TINY_LLAMA, seed=9))
     other = run(load_run_config(cfg, [f"model.preset='{q}'", "sim.fidelity='functional'"]))
-    assert other.metrics["prefill"] != m["prefill"] or (
-        other.metrics["generated_tokens"] != m["generated_tokens"])
+    o = other.metrics.to_metrics()
+    assert o["prefill"] != m["prefill"] or o["generated_tokens"] != m["generated_tokens"]
 
 
 @pytest.mark.parametrize("form", ["gguf", "folder", "config.json"])

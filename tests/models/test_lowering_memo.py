@@ -13,7 +13,7 @@ from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.compiler.builder import BlockMemo, Builder, Matrix, Target, remade
 from models.compiler.sram import SramPlan
-from models.config import load_preset
+from models.source import load_preset
 from sim.device.hw import load_hardware
 from tests.isa.strategies import flag_lists, instructions, values_for
 

@@ -13,8 +13,8 @@ from isa.instructions import NO_ADDR, Attn, GemmRow, Vec, VecFunc
 from models.bits import build_bit_config
 from models.compiler import CompiledModel, HardwareTarget, compile_model
 from models.compiler.blocks.mla_calib import deinterleaved, device_matrix
-from models.config import load_model, load_preset
 from models.reference import ReferenceModel, apply_rope, rope_cos_sin
+from models.source import load_model, load_preset
 from models.weights import SyntheticWeights
 from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvsim.errors import ConfigError
-from models.config import load_model, load_preset
-from models.source import resolve_model
+from models.source import load_model, load_preset, resolve_model
 
 
 @pytest.mark.parametrize("typed, name", [("Qwen2.5-0.5B", "qwen2.5-0.5b"), ("TINY", "tiny"),

@@ -13,8 +13,8 @@ import pytest
 from isa.instructions import DmaLoadIndexed, Vec, VecFunc
 from models.bits import build_bit_config
 from models.compiler import CompiledModel, HardwareTarget, compile_model
-from models.config import load_model
 from models.reference import ReferenceModel
+from models.source import load_model
 from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model
 

@@ -12,8 +12,8 @@ from isa.instructions import GemmRow, Vec, VecFunc
 from models.bits import NUMERICS_PRESETS, BitConfig, NumericsOptions
 from models.compiler import CompileError, HardwareTarget, compile_model
 from models.compiler.rotation import RotatedWeights, hadamard
-from models.config import load_model
 from models.reference import ReferenceModel
+from models.source import load_model
 from models.weights import SyntheticWeights
 from sim.device.hw import load_hardware
 

@@ -9,8 +9,9 @@ import pytest
 
 from kvsim.errors import ConfigError
 from models.bits import W4V8, W8
-from models.config import ModelConfig, load_model, load_preset
+from models.config import ModelConfig
 from models.reference import (
+    FLOAT,
     ReferenceModel,
     apply_rope,
     rms_norm,
@@ -19,6 +20,7 @@ from models.reference import (
     softmax,
     softmax_scale,
 )
+from models.source import load_model, load_preset
 from models.weights import SyntheticWeights
 
 TOKENS = [3, 17, 200, 5, 9, 44, 1, 250, 77, 128]
@@ -80,7 +82,7 @@ def test_prefill_then_decode_equals_full_prefill(variant: str) -> None:
     c = _config(variant)
     m = ReferenceModel(c, seed=11)
     full = m.prefill(TOKENS)
-    assert full.shape == (len(TOKENS), c.vocab_size) and full.dtype == np.float32
+    assert full.shape == (len(TOKENS), c.vocab_size) and full.dtype == FLOAT == np.float64
     assert np.all(np.isfinite(full)) and full.std() > 0.01
     full_cache = m.kv_cache()
     n = 6

@@ -7,12 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from isa import kvformats
 from isa.instructions import Attn, KvWrite
 from models.bits import build_bit_config
 from models.compiler import CompileError, HardwareTarget, compile_model
 from models.compiler.blocks.registry import features
-from models.config import build_model, load_preset
+from models.config import build_model
 from models.reference import ReferenceModel
+from models.source import load_preset
 from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model
 
@@ -48,7 +50,8 @@ def test_functional_sliding_window_matches_the_float_reference() -> None:
     cm = _compile()
     specs = cm.kv_caches()
     ring = "b8.none.fp-bf16.ring19.slide4"  # window 4 + a 16-token tile - 1
-    assert [(s.layer, s.format.to_text(), s.window) for s in specs if s.component == "k"] == [
+    assert [(s.layer, kvformats.to_text(s.format), s.window)
+            for s in specs if s.component == "k"] == [
         (0, ring, 4), (1, ring, 4), (2, ring, 4), (3, "int8", None)]
     acc = Accelerator(hw=TINY_HW, functional=True)
     model = Model(cm)

@@ -13,8 +13,7 @@ from kvsim.errors import ConfigError
 from models.bits import W4V8, BitConfig, NumericsOptions, build_bit_config
 from models.compiler import HardwareTarget, compile_model
 from models.compiler.wgroup import quantize_group, quantize_matrix
-from models.config import load_preset
-from models.source import resolve_model
+from models.source import load_preset, resolve_model
 from models.weights import quantize_weight
 from sim.device.components.core import ComputeCore
 from sim.device.hw import load_hardware

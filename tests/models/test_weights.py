@@ -15,7 +15,8 @@ from hypothesis.extra import numpy as hnp
 from isa.instructions import Gemm
 from kvsim.errors import ConfigError
 from models.bits import W4V8, W8
-from models.config import ModelConfig, load_model, load_preset
+from models.config import ModelConfig
+from models.source import load_model, load_preset
 from models.weights import (
     KEY_OUTLIER_GAIN,
     SafetensorsWeights,

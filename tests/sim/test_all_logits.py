@@ -9,8 +9,8 @@ import pytest
 
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
 from models.reference import ReferenceModel
+from models.source import load_preset
 from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model, ModelConfig, RuntimeApiError
 

@@ -167,8 +167,8 @@ def test_ctrl_c_while_serving_leaves_no_output(serve_file, tmp_path, monkeypatch
 
 
 def test_ctrl_c_while_serve_writes_leaves_only_whole_files(serve_file, tmp_path, monkeypatch):
+    from kvsim import files as tio
     from sim.app.cli.main import main
-    from traces import io as tio
 
     out = tmp_path / "o"
     assert main(["serve", str(serve_file), "-q", "--out", str(out)]) == 0

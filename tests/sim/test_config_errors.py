@@ -184,7 +184,7 @@ def test_slots_add_equal_page_aligned_blocks(preset, kv):
     slots: that is exact only if every slot adds the same bytes."""
     from models.bits import BitConfig
     from models.compiler.compiled import build_memory_map
-    from models.config import load_model
+    from models.source import load_model
 
     model = load_model(preset)
 

@@ -15,7 +15,7 @@ BASE = ["hardware.preset=tiny", "model.preset=tiny", "compile.core_mode=single",
 
 
 def _run(*sets: str):
-    return run(load_run_config(None, [*BASE, *sets])).metrics
+    return run(load_run_config(None, [*BASE, *sets])).metrics.to_metrics()
 
 
 def test_decode_after_a_context_costs_what_it_costs_after_its_prefill() -> None:

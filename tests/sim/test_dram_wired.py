@@ -172,7 +172,7 @@ def test_launch_dispatch_and_barrier_sync_on_a_tiny_program():
     assert st["sync_ps"] == {"core1.mxu": sync}
     tb = time_breakdown([Labelled(CallRecord("infer", run.start_ps, run.end_ps, st),
                                   "decode", 0, 1, 1)], hw)["decode"]
-    assert {k: tb[k] for k in FIXED_COSTS} == {
+    assert {k: getattr(tb, k) for k in FIXED_COSTS} == {
         "program_launch_s": 200e-9, "dispatch_s": 5e-9, "barrier_sync_s": 30e-9}
 
 

@@ -39,8 +39,8 @@ from isa.instructions import (
 from kvsim.errors import DeviceError
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
 from models.demo import demo_data, gemv_layer
+from models.source import load_preset
 from sim.device.device import Device, cross_core_waits
 from sim.device.engine import array as array_engine
 from sim.device.engine import kernel, loopdefs

@@ -12,7 +12,7 @@ import pytest
 from isa import kvformats
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import load_preset
 from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model
 from sim.runtime.cacheops import CacheOpError, requantize_through

@@ -14,7 +14,7 @@ import pytest
 from isa.instructions import Engine, Nop, Program
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import load_preset
 from sim.device.device import Device
 from sim.device.engine import tables as program_tables
 from sim.device.engine.rows import RowCache

@@ -25,7 +25,7 @@ from isa.instructions import (
 )
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import load_preset
 from sim.device.device import Device
 from sim.device.engine import array as array_engine
 from sim.device.engine import loopdefs as lp

@@ -26,9 +26,9 @@ from models.bits import NUMERICS_PRESETS, W8, BitConfig
 from models.compiler.rotation import RotatedWeights
 from models.reference import ReferenceModel
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
-from sim.app.quality import compile_for_text, evaluate
+from sim.app.quality import evaluate, ready_for_text
 from sim.device.hw import load_hardware
-from sim.runtime import Accelerator, Model, ModelConfig
+from sim.runtime import ModelConfig
 from tests.groups import REAL_W8
 
 pytestmark = pytest.mark.xdist_group(REAL_W8)
@@ -59,18 +59,15 @@ def run():
     tok = src.tokenizer()
     hw = load_hardware("aries")
     bits = BitConfig(weights=W8, numerics=NUMERICS_PRESETS["w8"])
-    cm = compile_for_text(src, bits, kv="int8", hw=hw, tokens=TEXT_TOKENS)
-    acc = Accelerator(hw=hw, functional=True)
-    model = Model(cm, ModelConfig(all_logits=True))
-    model.launch(acc)
-    embed = cm.weight_source().tensor("embed")
+    ready = ready_for_text(src, bits, kv="int8", hw=hw, tokens=TEXT_TOKENS)
+    cm = ready.compiled
+    model = ready.launch(ModelConfig(all_logits=True))
 
     def npu(ids: list[int]) -> np.ndarray:
         rows = []
         for t0 in range(0, len(ids), cm.max_seq):
             chunk = np.asarray(ids[t0:t0 + cm.max_seq])
-            [out] = model.infer(embed[chunk].astype(np.float32), cache_size=t0,
-                                all_logits=True)
+            [out] = model.infer(ready.embed(chunk), cache_size=t0, all_logits=True)
             rows.append(out)
         return np.concatenate(rows)
 

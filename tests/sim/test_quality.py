@@ -11,7 +11,8 @@ from kvsim.errors import ConfigError
 from models.bits import build_bit_config
 from models.quality import DegenerateOutput, perplexity
 from models.source import EMBEDDED_MODEL, english_text, resolve_model
-from sim.app.quality import bit_config, evaluate, reference_logits, source_of
+from sim.app.quality import bit_config, evaluate, reference_logits
+from sim.runtime.ready import source_of
 from tests.groups import REAL_OTHER
 
 IDS = np.random.default_rng(3).integers(0, 256, size=40)
@@ -21,8 +22,8 @@ def test_tiny_figures_are_exact_and_the_reference_is_the_float_model() -> None:
     q = evaluate("tiny", IDS, bits=build_bit_config({}), hw="tiny")
     assert (q.model, q.real_weights, q.tokens, q.bits, q.kv, q.kv_read, q.hw,
             q.degenerate) == ("tiny", False, 40, "W8", "int8", "integer", "tiny", None)
-    assert q.perplexity == pytest.approx(265.1851969226377, rel=1e-9)
-    assert q.kl_mean == pytest.approx(0.00014459875249308785, rel=1e-6)
+    assert q.perplexity == pytest.approx(265.18519621204075, rel=1e-9)
+    assert q.kl_mean == pytest.approx(0.0001445985293045312, rel=1e-9)
     assert q.top1_agreement == pytest.approx(32 / 39)
     ref = reference_logits(source_of("tiny"), IDS)
     assert q.reference_perplexity == pytest.approx(perplexity(ref, IDS), rel=1e-12)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from isa import kvformats
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import build_model, load_preset
+from models.config import build_model
 from models.reference import ReferenceModel
+from models.source import load_preset
 from sim.device.device import static_roofline
 from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model
@@ -63,7 +65,7 @@ def _launched(cm, emb, functional=True):
 def test_the_rings_hold_the_window_and_a_tile(cm) -> None:
     rings = [c for c in cm.kv_caches() if c.format.ring]
     assert {c.layer for c in rings} == {0, 1, 2}
-    assert {c.format.to_text() for c in rings} == {f"b8.none.fp-bf16.ring{RING}.slide8"}
+    assert {kvformats.to_text(c.format) for c in rings} == {f"b8.none.fp-bf16.ring{RING}.slide8"}
 
 
 def test_a_dump_file_says_the_window_and_the_positions_held(cm, emb, tmp_path) -> None:

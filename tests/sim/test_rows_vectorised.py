@@ -35,7 +35,7 @@ from isa.instructions import (
 from kvsim.errors import DeviceError
 from models.bits import NUMERICS_PRESETS, W4V8, W8, BitConfig, build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import load_preset
 from sim.device.device import Device
 from sim.device.engine import rows as program_rows
 from sim.device.engine import tables as program_tables

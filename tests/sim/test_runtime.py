@@ -14,8 +14,8 @@ import pytest
 from isa import kvformats
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
 from models.reference import ReferenceModel
+from models.source import load_preset
 from sim.device.hw import load_hardware
 from sim.runtime import Accelerator, Model, RuntimeApiError
 from sim.runtime.cacheops import CacheOpError, evict_positions, requantize_through, score_eviction
@@ -292,7 +292,7 @@ def test_scheduled_cache_ops_agree_on_host_and_device(op):
         tree["outputs"] = {"trace": "off"}
         tree["workload"] = {"prompt_tokens": 16, "output_tokens": 4,
                             "cache_ops": [{"at_token": 16, "where": where, **op}]}
-        m = run(build_run_config(tree)).metrics
+        m = run(build_run_config(tree)).metrics.to_metrics()
         results[where] = m
     h, d = results["host"], results["device"]
     assert h["generated_tokens"] == d["generated_tokens"]

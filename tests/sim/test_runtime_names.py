@@ -11,7 +11,7 @@ import pytest
 from kvsim.errors import ConfigError
 from models.bits import BitConfig
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import load_preset
 from sim import runtime
 from sim.device.hw import load_hardware
 

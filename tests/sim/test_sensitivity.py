@@ -26,7 +26,7 @@ def _figures(sets: dict) -> tuple[float, float]:
     tree = copy.deepcopy(TREE)
     for k, v in sets.items():
         set_field(tree, k, v)
-    m = run(build_run_config(tree)).metrics
+    m = run(build_run_config(tree)).metrics.to_metrics()
     return m["prefill"]["ttft_s"], m["decode"]["time_per_token_s"]
 
 

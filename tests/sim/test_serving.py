@@ -73,12 +73,11 @@ def test_recompute_schedule_is_exact():
         1, 6, 6, 3)
     assert all(r.generated == r.output_tokens == 4 and r.state == "finished" for r in reqs)
     m = serving_metrics(reqs, [sim.chips[0].steps], sim.chips[0].scheduler.geo)
-    assert (m["num_preemptions"], m["recomputed_tokens"]) == (1, 6)
+    assert (m.num_preemptions, m.recomputed_tokens) == (1, 6)
     # work done: every computed token is a prompt token, a decode token or a recomputation
-    assert m["computed_tokens"] == 3 * (6 + 3) + 6 == m["prefill_tokens"] + m[
-        "decode_tokens_computed"]
-    assert m["duration_s"] == 7330e-12
-    assert m["ttft_s_p50"] == 2160e-12
+    assert m.computed_tokens == 3 * (6 + 3) + 6 == m.prefill_tokens + m.decode_tokens_computed
+    assert m.duration_s == 7330e-12
+    assert m.ttft_s_p50 == 2160e-12
 
 
 def test_swap_schedule_is_exact_and_costs_the_link():

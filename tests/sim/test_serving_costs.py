@@ -14,7 +14,7 @@ from isa.instructions import Attn, HostRead
 from models.bits import BitConfig
 from models.compiler import HardwareTarget, compile_model
 from models.compiler.driver import StepSeq, lower_call, lower_step, tiles_of
-from models.config import load_model
+from models.source import load_model
 from sim.app.cli.serve import main as serve_main
 from sim.app.serve.config import build_serve_config
 from sim.app.serve.run import SwapCost, compile_for_serving, run_serving, write_serving_outputs
@@ -166,7 +166,7 @@ def test_smaller_cache_avoids_preemption(tmp_path):
     for kv in ("bf16", "b4.token.g16.asym.scale-fp16.zero-fp16"):
         cfg = _tiny_serve(tmp_path, **budget)
         cfg = cfg.model_copy(update={"kv": cfg.kv.model_copy(update={"format": kv})})
-        runs[kv] = run_serving(cfg).metrics["serving"]
+        runs[kv] = run_serving(cfg).metrics.to_metrics()["serving"]
     bf16, q4 = runs.values()
     assert bf16["num_preemptions"] > 0 and bf16["recomputed_tokens"] > 0
     assert q4["num_preemptions"] == 0 == q4["recomputed_tokens"]
@@ -236,7 +236,7 @@ def test_plan_cost_is_the_grid_model_of_the_plans_sequences(tmp_path, preemption
                                                max_num_batched_tokens=50,
                                                preemption=preemption))
     sim.run()
-    assert len(checked) == result.metrics["serving"]["steps"]
+    assert len(checked) == result.metrics.serving.steps
     assert sum(r.preemptions for r in sim.requests) > 0
     assert [vars(x) for x in sim.chips[0].steps] == [vars(x) for x in result.steps[0]]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from models.bits import BitConfig
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_model
+from models.source import load_model
 from sim.device.hw import load_hardware
 from sim.serving import grid
 

@@ -214,14 +214,15 @@ def test_missing_dask_is_a_clear_error(sweep_file, tmp_path, monkeypatch):
 
 def test_a_points_row_is_the_columns_of_its_typed_result():
     from sim.app.config import build_run_config
-    from sim.app.results import ResultsError, run_metrics
     from sim.app.run import run
+    from traces.results import ResultsError, run_metrics
 
     tree = {"hardware": {"preset": "tiny"}, "workload": {"kind": "gemv", "k": 64, "n": 64,
                                                           "w_bits": 8}}
-    metrics = run(build_run_config(tree)).metrics
+    typed = run(build_run_config(tree)).metrics
+    metrics = typed.to_metrics()
     row = flatten_metrics(metrics)
-    assert row == run_metrics(metrics).columns()
+    assert row == run_metrics(metrics).columns() == typed.columns()
     assert row["sim_time_s"] == metrics["sim_time_s"]
     assert row["roofline.bound_s"] == metrics["roofline"]["bound_s"]
     assert row["time_breakdown.gemv.critical"] == metrics["time_breakdown"]["gemv"]["critical"]
@@ -244,7 +245,7 @@ def test_the_sweep_table_keeps_every_figure_whole_at_80_columns():
 
     from rich.console import Console
 
-    from sim.app.cli.tables import metric_column, print_sweep_table
+    from sim.app.cli.sweep import metric_column, print_sweep_table
     from sim.app.sweep.sweep import SweepResult
 
     sweep = load_sweep(Path(__file__).resolve().parents[2] / "configs" / "kv-bits-sweep.toml")

@@ -15,7 +15,7 @@ import pytest
 import sim.runtime as qbruntime
 from models.bits import build_bit_config
 from models.compiler import HardwareTarget, compile_model
-from models.config import load_preset
+from models.source import load_preset
 from sim.runtime import Accelerator, BatchParam, Model, RuntimeApiError
 from sim.runtime.cacheops import CacheOpError
 from tests.sim import zoo_host

@@ -5,6 +5,7 @@ quickstart's own report is opened by tests/test_examples.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -14,6 +15,7 @@ from sim.app.cli.main import main
 from sim.app.config import load_run_config
 from sim.app.run import render_outputs, run
 from traces.browser import check, open_page, playwright_missing
+from traces.results import CacheOpRecord
 
 pytestmark = pytest.mark.skipif(
     playwright_missing() is not None,
@@ -116,12 +118,13 @@ def test_a_hover_shows_a_tooltip(tmp_path):
 
 def test_cache_ops_figure_draws(tmp_path):
     result = run(load_run_config(None, TINY))
-    result.metrics["cache_ops"] = [
-        {"op": "host_edit", "where": "host", "time_s": 2e-3, "pcie_bytes": 1 << 20,
-         "dram_bytes": 1 << 20},
-        {"op": "device_evict", "where": "device", "time_s": 5e-4, "pcie_bytes": 0,
-         "dram_bytes": 3 << 20},
-    ]
+    ops = (CacheOpRecord(at_token=8, op="host_edit", where="host", time_s=2e-3,
+                         pcie_bytes=1 << 20, dram_bytes=1 << 20, host_model_s=0.0,
+                         host_measured_s=0.0, new_cache_size=8),
+           CacheOpRecord(at_token=9, op="device_evict", where="device", time_s=5e-4,
+                         pcie_bytes=0, dram_bytes=3 << 20, host_model_s=0.0,
+                         host_measured_s=0.0, new_cache_size=6))
+    result.metrics = dataclasses.replace(result.metrics, cache_ops=ops)
     page = tmp_path / "report.html"
     page.write_text(render_outputs(result)["report.html"])
     count, problems = check(page)

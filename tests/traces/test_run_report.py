@@ -25,25 +25,25 @@ def tiny():
 
 def test_one_row_per_call_with_phase_step_tokens_and_cache(tiny):
     m = tiny.metrics
-    calls = m["calls"]
-    assert [(c["phase"], c["step"], c["tokens"], c["cache_tokens"]) for c in calls] == [
+    calls = m.calls
+    assert [(c.phase, c.step, c.tokens, c.cache_tokens) for c in calls] == [
         ("launch", 0, 0, 0), ("prefill", 0, 8, 8), ("decode", 1, 1, 9), ("decode", 2, 1, 10),
         ("decode", 3, 1, 11)]
     # calls follow each other; the last one ends the run
     for a, b in zip(calls, calls[1:], strict=False):
-        assert a["end_s"] == b["start_s"]
-    assert calls[-1]["kv_cache_bytes"] == m["kv_cache"]["bytes"]
-    assert calls[1]["time_s"] == m["prefill"]["ttft_s"]
-    assert [c["time_s"] for c in calls[2:]] == m["decode"]["time_per_call_s"]
+        assert a.end_s == b.start_s
+    assert calls[-1].kv_cache_bytes == m.kv_cache.bytes
+    assert calls[1].time_s == m.prefill.ttft_s
+    assert tuple(c.time_s for c in calls[2:]) == m.decode.time_per_call_s
     # DRAM bytes of every kind add up to the run's DRAM traffic
-    t = m["traffic_bytes"]
-    assert sum(sum(c["dram_bytes_by_kind"].values()) for c in calls[1:]) == (
+    t = m.traffic_bytes
+    assert sum(sum(c.dram_bytes_by_kind.values()) for c in calls[1:]) == (
         t["dram_read"] + t["dram_write"])
-    assert sum(c["dram_bytes"] for c in calls[1:]) == t["dram_read"] + t["dram_write"]
+    assert sum(c.dram_bytes for c in calls[1:]) == t["dram_read"] + t["dram_write"]
 
 
 def test_time_breakdown_is_each_resources_demand(tiny):
-    m = tiny.metrics
+    m = tiny.metrics.to_metrics()  # the metrics.json tree
     hw = tiny.config.hardware
     tb = m["time_breakdown"]
     assert list(tb) == ["launch", "prefill", "decode", "decode_per_token"]
@@ -69,8 +69,8 @@ def test_time_breakdown_is_each_resources_demand(tiny):
 
 
 def test_compute_demand_is_the_busiest_cores_mxu_and_vpu(tiny):
-    busy = tiny.metrics["engine_busy_s"]
-    tb = tiny.metrics["time_breakdown"]
+    busy = tiny.metrics.engine_busy_s
+    tb = tiny.metrics.to_metrics()["time_breakdown"]
     total = sum(tb[p]["compute_s"] for p in ("launch", "prefill", "decode"))
     assert total == pytest.approx(busy["core0.mxu"] + busy["core0.vpu"], rel=1e-12)
 
@@ -81,7 +81,7 @@ def test_headline_cards_carry_the_metrics_they_show(tiny):
                        r'<div class="label">([^<]*)</div><div class="value">([^<]*)</div>',
                        page)
     got = {metric: (float(value), html.unescape(text)) for metric, value, _, text in cards}
-    m = tiny.metrics
+    m = tiny.metrics.to_metrics()
     assert got["prefill.ttft_s"] == (m["prefill"]["ttft_s"],
                                      f"{m['prefill']['ttft_s'] * 1e6:,.2f} µs")
     assert got["decode.tokens_per_s"] == (m["decode"]["tokens_per_s"],
@@ -145,9 +145,10 @@ def test_marks_change_neither_the_encoded_program_nor_its_equality(tiny):
     from dataclasses import replace
 
     from isa.encoding import decode_program, encode_program
-    from sim.app.run import compile_for_run
+    from sim.app.check import run_source
+    from sim.app.run import ready_for_run
 
-    cm = compile_for_run(tiny.config)
+    cm = ready_for_run(tiny.config, run_source(tiny.config)).compiled
     prog = cm.program(tokens=1, cache_size=8)
     assert [m[0] for m in prog.marks] == ["layer 0", "layer 1"]
     bare = replace(prog, marks=())
@@ -165,11 +166,11 @@ def test_the_breakdown_draws_the_critical_path_beside_the_largest_demand(tiny):
 def test_a_gemv_run_has_the_where_the_time_went_breakdown():
     g = run(load_run_config(None, ["hardware.preset=tiny", "workload.kind=gemv",
                                    "workload.k=64", "workload.n=64", "workload.w_bits=8"]))
-    tb = g.metrics["time_breakdown"]
+    tb = g.metrics.time_breakdown
     assert list(tb) == ["gemv"]
-    assert tb["gemv"]["elapsed_s"] == g.metrics["sim_time_s"]
-    assert tb["gemv"]["runtime_overhead_s"] == 0.0  # no runtime call: the program alone
-    assert [c["phase"] for c in g.metrics["calls"]] == ["gemv"]
+    assert tb["gemv"].elapsed_s == g.metrics.sim_time_s
+    assert tb["gemv"].runtime_overhead_s == 0.0  # no runtime call: the program alone
+    assert [c.phase for c in g.metrics.calls] == ["gemv"]
     page = run_report(g.metrics, g.recorder)
     assert "Where the time went" in page and "on the critical path" in page
 

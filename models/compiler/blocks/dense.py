@@ -72,12 +72,21 @@ def stage_mlp_up(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: int | 
                last_signal=(b.sem(c, "mxu_vpu"),), row_meta=meta)
         out = plan.take(e * m * w, "SwiGLU output")
         s = q.silu
-        b.emit(Vec(core=c, func=VecFunc.SILU_MUL_WIDE if wide else VecFunc.SILU_MUL, rows=m,
+        b.emit(Vec(core=c, func=gate_func(lw), rows=m,
                    cols=w, src0=g, src1=u, dst=out,
                    p0=s.in_mult, p1=s.in_shift, p2=s.out_mult, p3=s.out_shift,
                    wait=(b.sem(c, "mxu_vpu"),), signal=(b.sem(c, "vpu_out"),)))
         b.emit(DmaStore(core=c, src=out, dst=hb + e * i0, nbytes=e * w, rows=m,
                         dst_stride=e * inter, wait=(b.sem(c, "vpu_out"),), signal=b.barrier()))
+
+
+def gate_func(lw: Lowering) -> VecFunc:
+    """The gated MLP's vector function: SwiGLU, or GeGLU for ``hidden_act = "gelu_tanh"``
+    (the same parameters); int8 or, in the wide pipeline, int32."""
+    gelu = lw.model.hidden_act == "gelu_tanh"
+    if lw.numerics.wide:
+        return VecFunc.GELU_MUL_WIDE if gelu else VecFunc.SILU_MUL_WIDE
+    return VecFunc.GELU_MUL if gelu else VecFunc.SILU_MUL
 
 
 def _mlp_up_operands(lw: Lowering, layer: int, q, src: int | None) -> tuple:
@@ -145,7 +154,7 @@ def stage_mlp_up_lean(b: Builder, lw: Lowering, layer: int, q, m: int, *, src: i
             b.gemm(c, mu, (lo, hi), a=xn, m=m, out=u, plan=plan,
                    first_wait=(b.sem(c, "vpu_mxu"),) if j else (),
                    last_signal=(b.sem(c, "mxu_vpu"),), row_meta=meta)
-            b.emit(Vec(core=c, func=VecFunc.SILU_MUL_WIDE, rows=m, cols=cw, src0=gj, src1=u,
+            b.emit(Vec(core=c, func=gate_func(lw), rows=m, cols=cw, src0=gj, src1=u,
                        dst=gj, p0=s.in_mult, p1=s.in_shift, p2=s.out_mult, p3=s.out_shift,
                        wait=(b.sem(c, "mxu_vpu"),),
                        signal=(b.sem(c, "vpu_mxu"),) if j + 1 < len(chunks) else ()))

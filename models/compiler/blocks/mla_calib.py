@@ -44,11 +44,15 @@ from dataclasses import replace
 
 import numpy as np
 
+from ... import exact
 from ...config import ModelConfig
 from ...reference import apply_rope, rms_norm, rope_cos_sin, softmax, softmax_scale
 from ...weights import QuantizedWeight, WeightSource, quantize_weight
-from ..calibrate import (
+from ..errors import CompileError
+from ..numerics import LayerQ, MlaQ, NormQ, Numerics
+from ..qparams import (
     INT8_MAX,
+    INT32_MAX,
     activation_scale,
     add_params,
     attn_params,
@@ -56,9 +60,6 @@ from ..calibrate import (
     norm_params,
     silu_params,
 )
-from ..calibrate_wide import INT32_MAX
-from ..errors import CompileError
-from ..numerics import LayerQ, MlaQ, NormQ, Numerics
 from ..wgroup import GroupQuantizedWeight
 from .mla_shape import MlaDims
 from .moe_calib import mlp_float, moe_params
@@ -143,7 +144,7 @@ def calibrate_mla(cfg: ModelConfig, source: WeightSource, bits_for, tokens: np.n
         return qw[name]
 
     def lin(x: np.ndarray, name: str) -> np.ndarray:
-        return (x @ weight(name).dequantize().T).astype(np.float32)
+        return exact.weight_product(x, weight(name))
 
     amax: dict[str, float] = {}
 
@@ -178,13 +179,15 @@ def calibrate_mla(cfg: ModelConfig, source: WeightSource, bits_for, tokens: np.n
         qr = apply_rope(qr, cos, sin)
         kr = apply_rope(kr, cos, sin)
         wkb = weight(p + "k_b_proj").dequantize().reshape(d.heads, d.kvr, d.nope)
-        qlat = rec(f"{i}.qlat", np.einsum("nhj,hkj->nhk", qn, wkb).astype(np.float32))
-        s = (np.einsum("nhk,tk->hnt", qlat, lat) + np.einsum("nhr,tr->hnt", qr, kr)) * scale
+        qlat = rec(f"{i}.qlat", exact.matmul(qn.transpose(1, 0, 2), wkb.transpose(0, 2, 1))
+                   .transpose(1, 0, 2).astype(np.float32))
+        s = (exact.matmul(qlat.transpose(1, 0, 2), lat.T)
+             + exact.matmul(qr.transpose(1, 0, 2), kr.T)).astype(np.float32) * scale
         probs = softmax(np.where(future[None], -np.inf, s), axis=-1)
-        olat = rec(f"{i}.olat", np.einsum("hnt,tk->nhk", probs, lat).astype(np.float32))
+        olat = rec(f"{i}.olat", exact.matmul(probs, lat).transpose(1, 0, 2).astype(np.float32))
         wvb = weight(p + "v_b_proj").dequantize().reshape(d.heads, d.v, d.kvr)
-        ao = rec(f"{i}.ao", np.einsum("nhk,hvk->nhv", olat, wvb).reshape(n, -1)
-                 .astype(np.float32))
+        ao = rec(f"{i}.ao", exact.matmul(olat.transpose(1, 0, 2), wvb.transpose(0, 2, 1))
+                 .transpose(1, 0, 2).reshape(n, -1).astype(np.float32))
         o = rec(f"{i}.o", lin(ao, p + "o_proj"))
         x = rec(f"{i}.xm", (x + o).astype(np.float32))
         xn2 = rec(f"{i}.xn2", rms_norm(x, source.tensor(p + "mlp_norm"), eps))

@@ -12,7 +12,7 @@ Mixtral): one routing-invariant schedule for timing-only and functional runs.
   to ``act.router``); a slice of the shared experts' gate/up rows and SwiGLU to
   ``act.hb``; then, slot after slot, the slot's expert by routed loads (``dma.load.ix``
   of its gate/up/down multipliers and weight tiles: :mod:`.moe_slots`, the experts at
-  one DRAM stride, :func:`..dram.expert_stride`), m = 1 GEMMs gate and up, SwiGLU, down
+  one DRAM stride, :func:`.moe_slots.expert_stride`), m = 1 GEMMs gate and up, SwiGLU, down
   into int32 (GemmRow), and GATE_ACC: the token's row of the core's int32 routed sum
   ``+= rs(y * gate, 24)``. The core's routed sum is requantized to int8 (REQUANT) and
   stored to ``act.moe``.
@@ -57,7 +57,7 @@ from ..memmap import MemoryMap
 from ..numerics import MoeQ
 from ..ops import end_stage, norm
 from ..sram import SramPlan
-from .moe_slots import ExpertTable, gemm_ix
+from .moe_slots import ExpertTable, expert_stride, gemm_ix
 
 #: Fractional bits of a TOPK_GATE gate weight and of SIGMOID's output (isa.kernels.moe).
 GATE_Q = 24
@@ -111,8 +111,6 @@ def topk_flags(cfg: ModelConfig) -> int:
 
 
 def expert_table(lw: Lowering, layer: int) -> ExpertTable:
-    from ..dram import expert_stride  # dram imports the block registry, which imports us
-
     assert lw.model.n_routed_experts is not None
     return ExpertTable(lw.model.n_routed_experts, expert_stride(lw.mm, lw.model, layer))
 

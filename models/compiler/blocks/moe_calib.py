@@ -22,10 +22,10 @@ import numpy as np
 from isa.kernels.fixed import quantize_multiplier
 
 from ...config import ModelConfig
-from ...reference import route_logits, silu
-from ..calibrate import INT8_MAX, LOGIT_Q, add_params, gemm_params, silu_params
+from ...reference import gate_activation, route_logits, silu
 from ..errors import CompileError
 from ..numerics import GemmQ, LayerQ, MoeQ
+from ..qparams import INT8_MAX, LOGIT_Q, add_params, gemm_params, silu_params
 from .moe import topk_flags
 
 #: Bits of the calibrated maximum (x MARGIN) of the routed experts' int32 outputs and of
@@ -51,13 +51,14 @@ def moe_problem(cfg: ModelConfig) -> str | None:
 
 def mlp_float(cfg: ModelConfig, layer: int, xn: np.ndarray, rec, lin) -> np.ndarray:
     """The float MLP of layer ``layer`` over its normed input ``xn``: the MoE MLP on a MoE
-    layer (:func:`moe_float`), else the dense SwiGLU; ``rec`` and ``lin`` as there."""
+    layer (:func:`moe_float`), else the dense SwiGLU (GeGLU: ``hidden_act``); ``rec`` and
+    ``lin`` as there."""
     if cfg.layer_is_moe(layer):
         return moe_float(cfg, layer, xn, rec, lin)
     i, p = layer, f"layers.{layer}."
     gt = rec(f"{i}.gate", lin(xn, p + "gate_proj"))
     up = rec(f"{i}.up", lin(xn, p + "up_proj"))
-    hh = rec(f"{i}.h", (silu(gt) * up).astype(np.float32))
+    hh = rec(f"{i}.h", (gate_activation(cfg)(gt) * up).astype(np.float32))
     return rec(f"{i}.down", lin(hh, p + "down_proj"))
 
 

@@ -1,7 +1,7 @@
 """Routed loads and GEMMs of the MoE block (:mod:`.moe`): a weight matrix of *some* expert,
 chosen by the routing table in SRAM when the load runs.
 
-The experts of a layer sit in DRAM at a uniform stride (:func:`..dram.expert_stride`), so
+The experts of a layer sit in DRAM at a uniform stride (:func:`expert_stride`), so
 expert 0's addresses plus ``id * stride`` address expert ``id``; ``dma.load.ix``
 (:class:`~isa.instructions.DmaLoadIndexed`) reads ``id`` from the table entry at
 ``index`` and every engine times it as the load of expert 0, so these GEMMs take the same
@@ -14,7 +14,10 @@ from dataclasses import dataclass
 
 from isa.instructions import NO_ADDR, DmaLoadIndexed
 
+from ...config import ModelConfig
 from ..builder import Builder, Matrix, gemm_kind
+from ..errors import CompileError
+from ..memmap import MemoryMap
 from ..sram import SramPlan
 
 
@@ -25,6 +28,27 @@ class ExpertTable:
 
     count: int
     stride: int
+
+
+def expert_stride(mm: MemoryMap, cfg: ModelConfig, layer: int) -> int:
+    """Bytes from each routed expert's regions of MoE layer ``layer`` to the next one's:
+    the map lays the experts out one after another in the same shapes, so one stride
+    addresses them all (the routed loads of blocks/moe.py rely on it; checked here for
+    every region of every expert)."""
+    assert cfg.n_routed_experts is not None
+    names = [r.name for r in mm.regions if r.name.startswith(f"w.layers.{layer}.experts.0.")
+             or r.name.startswith(f"p.layers.{layer}.experts.0.")]
+    if cfg.n_routed_experts == 1 or not names:
+        return 0
+    e0 = f"layers.{layer}.experts.0."
+    stride = mm[names[0].replace(e0, f"layers.{layer}.experts.1.")].base - mm[names[0]].base
+    for e in range(cfg.n_routed_experts):
+        for name in names:
+            other = name.replace(e0, f"layers.{layer}.experts.{e}.")
+            if mm[other].base != mm[name].base + e * stride or mm[other].size != mm[name].size:
+                raise CompileError(f"{other}: not {e} x {stride} bytes after {name}; the "
+                                   "routed loads need one stride between experts")
+    return stride
 
 
 def load_ix(b: Builder, c: int, src: int, dst: int, nbytes: int, *, index: int,

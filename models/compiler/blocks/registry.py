@@ -21,6 +21,8 @@ from .moe import MoeMlp
 from .parallel import ParallelDenseMlp
 from .postnorm import PostNormAttention
 from .postnorm_mlp import PostNormDenseMlp
+from .sandwich import SandwichAttention
+from .sandwich_mlp import SandwichDenseMlp
 from .sliding import SlidingGqaAttention
 
 #: attention kind -> block class
@@ -29,6 +31,7 @@ ATTENTION: dict[str, Callable[[ModelConfig], AttentionBlock]] = {
     "mla": MlaAttention,
     "sliding-gqa": SlidingGqaAttention,
     "postnorm-gqa": PostNormAttention,
+    "sandwich-gqa": SandwichAttention,
 }
 #: MLP kind -> block class
 MLP: dict[str, Callable[[ModelConfig], MlpBlock]] = {
@@ -36,6 +39,7 @@ MLP: dict[str, Callable[[ModelConfig], MlpBlock]] = {
     "moe": MoeMlp,
     "parallel-dense": ParallelDenseMlp,
     "postnorm-dense": PostNormDenseMlp,
+    "sandwich-dense": SandwichDenseMlp,
 }
 
 
@@ -50,6 +54,8 @@ class Features:
 def _attention_kind(cfg: ModelConfig) -> str:
     if cfg.is_mla:
         return "mla"
+    if cfg.norm_position == "sandwich":
+        return "sandwich-gqa"
     if cfg.norm_position == "post" or cfg.qk_norm:
         return "postnorm-gqa"
     layers = range(cfg.num_layers)
@@ -59,8 +65,8 @@ def _attention_kind(cfg: ModelConfig) -> str:
 
 
 def features(cfg: ModelConfig) -> Features:
-    dense = ("parallel-dense" if cfg.parallel_block
-             else "postnorm-dense" if cfg.norm_position == "post" else "dense")
+    dense = {"pre": "parallel-dense" if cfg.parallel_block else "dense",
+             "post": "postnorm-dense", "sandwich": "sandwich-dense"}[cfg.norm_position]
     return Features(_attention_kind(cfg),
                     tuple("moe" if cfg.layer_is_moe(i) else dense
                           for i in range(cfg.num_layers)))

@@ -17,28 +17,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvsim.errors import ConfigError, KvsimError, OutputError
+from kvsim.errors import ConfigError, OutputError
+from sim.app.cli.entry import EXIT_BAD_INPUT, EXIT_INTERRUPTED, run_command
 from sim.app.cli.run import DEFAULT_OUT, cmd_run, config_kind, run_help_epilog, run_phases
-from sim.app.console import make_console
+from sim.app.cli.sweep import cmd_sweep
+from sim.app.console import fmt_bytes_per_s, fmt_s
 from sim.progress import Phases, progress_enabled
 
-EXIT_BAD_INPUT = 2
-__all__ = ["DEFAULT_OUT", "build_parser", "cmd_run", "config_kind", "main", "run_help_epilog",
-           "run_phases"]
-#: The shell's code for a command stopped by Ctrl-C (128 + SIGINT).
-EXIT_INTERRUPTED = 130
-
-
-def _fmt_bytes_per_s(v: float) -> str:
-    return f"{v / 1e9:,.3f} GB/s"
-
-
-def _fmt_s(v: float) -> str:
-    if v >= 1:
-        return f"{v:.3f} s"
-    if v >= 1e-3:
-        return f"{v * 1e3:.3f} ms"
-    return f"{v * 1e6:.3f} µs"
+__all__ = ["DEFAULT_OUT", "EXIT_BAD_INPUT", "EXIT_INTERRUPTED", "build_parser", "cmd_run",
+           "config_kind", "main", "run_help_epilog", "run_phases"]
 
 
 def cmd_hw_list(args: argparse.Namespace, console: Console) -> int:
@@ -107,7 +94,7 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
         if k.startswith("peak_ops"):
             d.add_row(k, f"{v / 1e12:,.2f} TOPS")
         else:
-            d.add_row(k, _fmt_bytes_per_s(v))
+            d.add_row(k, fmt_bytes_per_s(v))
     console.print(d)
     if protocol is not None:
         _print_dram_protocol(protocol, console)
@@ -116,7 +103,6 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
 
 def _print_dram_protocol(protocol, console: Console) -> None:
     """The LPDDR4X protocol model's timing in cycles and its efficiency per access pattern."""
-    from rich.markup import escape
 
     c = Table(title=f"DRAM protocol timing, rounded to tCK = {protocol.tck_ps / 1000:.3f} ns")
     c.add_column("parameter")
@@ -132,7 +118,7 @@ def _print_dram_protocol(protocol, console: Console) -> None:
     for f in protocol.patterns:
         closed = "-" if f.closed_form is None else f"{f.closed_form:.4f}"
         p.add_row(f.name, f"{f.efficiency:.4f}", closed,
-                  _fmt_bytes_per_s(f.sustained_bytes_per_s), escape(f.description))
+                  fmt_bytes_per_s(f.sustained_bytes_per_s), escape(f.description))
     console.print(p)
     console.print(f"refresh alone: tRFCab / tREFI = {protocol.refresh_loss:.4f} of the time")
     console.print(f"[yellow]note[/yellow]: {protocol.note}")
@@ -175,64 +161,10 @@ def cmd_hw_sensitivity(args: argparse.Namespace, console: Console) -> int:
         cells = [cell(v) for f in res.figures for v in r.change_pct[f]]
         t.add_row(r.field, f"{r.base:g}", *cells, r.note)
     console.print(t)
-    console.print("base: " + ", ".join(f"{k} = {_fmt_s(v)}" for k, v in res.base.items()))
+    console.print("base: " + ", ".join(f"{k} = {fmt_s(v)}" for k, v in res.base.items()))
     console.print("not perturbed: the fields of the DRAM model not in use (dram.efficiency "
                   "under dram.model = protocol, \\[dram.timing] under efficiency)")
     return 0
-
-
-def print_run_summary(metrics: dict, paths: dict, console: Console) -> None:
-    console.print(f"[bold]kvsim run[/bold]: {metrics['scenario']}")
-    text = metrics.get("text")
-    if text:  # a prompt text through the NPU: what it wrote, beside the float reference
-        diff = text.get("first_difference")
-        console.print(f"prompt: {escape(repr(text.get('prompt')))}\n"
-                      f"NPU:       {escape(repr(text.get('generated_text')))}\n"
-                      f"reference: {escape(repr(text.get('reference_text')))}\n"
-                      + ("identical to the reference" if diff is None
-                         else f"first difference at generated token {diff}"))
-    t = Table(show_header=False)
-    t.add_column("figure")
-    t.add_column("value", justify="right")
-    if "prefill" in metrics:
-        p, d, kv = metrics["prefill"], metrics["decode"], metrics["kv_cache"]
-        t.add_row("time to first token (TTFT)", _fmt_s(p["ttft_s"]))
-        t.add_row("decode time per token", _fmt_s(d["time_per_token_s"]))
-        t.add_row("decode tokens/s", f"{d['tokens_per_s']:,.2f}")
-        t.add_row("roofline: prefill bound", _fmt_s(metrics["roofline"]["prefill"]["bound_s"]))
-        t.add_row("roofline: decode bound per token",
-                  _fmt_s(metrics["roofline"]["decode_per_token"]["bound_s"]))
-        t.add_row("launch (weights over the host link)", _fmt_s(metrics["launch"]["time_s"]))
-        t.add_row(f"KV cache ({kv['format']}) bytes per token", f"{kv['bytes_per_token']:,.1f}")
-        t.add_row("KV compression vs bf16", f"{kv['compression_vs_bf16']:.2f}x")
-        t.add_row("KV capacity (tokens in free DRAM)", f"{kv['capacity_tokens']:,}")
-        for k, v in metrics["traffic_by_kind"].items():
-            t.add_row(f"traffic {k}", f"{v:,} B")
-    else:
-        t.add_row("simulated time", _fmt_s(metrics["sim_time_s"]))
-        t.add_row("roofline bound", _fmt_s(metrics["roofline"]["bound_s"]))
-        if "weight_stream_bytes_per_s" in metrics:
-            t.add_row("weight stream rate", _fmt_bytes_per_s(metrics["weight_stream_bytes_per_s"]))
-        if metrics.get("functional_check"):
-            t.add_row("functional result vs numpy", metrics["functional_check"])
-    for k, v in metrics["traffic_bytes"].items():
-        t.add_row(f"traffic {k}", f"{v:,} B")
-    console.print(t)
-    e = Table(title="engine busy time (summed over cores)")
-    e.add_column("engine")
-    e.add_column("busy", justify="right")
-    e.add_column("utilization", justify="right")
-    groups: dict[str, list[float]] = {}
-    for k, v in metrics["engine_busy_s"].items():
-        kind = k.split(".", 1)[1] if k.startswith("core") else k
-        groups.setdefault(kind, []).append(v)
-    total = metrics["sim_time_s"] or 1.0
-    for kind, vals in groups.items():
-        e.add_row(f"{kind} (x{len(vals)})" if len(vals) > 1 else kind, _fmt_s(sum(vals)),
-                  f"{sum(vals) / len(vals) / total * 100:.1f} %")
-    console.print(e)
-    for name, p in paths.items():
-        console.print(f"{name}: {p}")
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
@@ -250,6 +182,15 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     if args.axis:
         raise ConfigError("--axis: only a sweep file (with [axes]) takes axes")
     apply_sets(tree, args.set or [])
+    if config_kind(tree) == "server":
+        from sim.app.server.config import build_http_config
+
+        cfg = build_http_config(tree)
+        s = cfg.server
+        print(f"ok: server of {cfg.model.preset or cfg.model.hf_config} on "
+              f"{cfg.serving.chips} x {cfg.hardware.name} at {s.host}:{s.port} (kvsim serve "
+              f"--http), pace {s.pace}")
+        return 0
     if config_kind(tree) == "serve":
         from sim.app.serve.config import build_serve_config
 
@@ -262,79 +203,31 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
-    from sim.app.cli.tables import print_sweep_table
-    from sim.app.sweep.sweep import load_sweep, run_sweep
-    from traces.io import check_out_folder
-
-    sweep = load_sweep(args.sweep, args.set, args.axis)
-    check_out_folder(args.out, "--out")
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
-    if args.scheduler and args.executor != "dask":
-        raise ConfigError("--scheduler: only with --executor dask")
-    if not args.quiet:
-        where = (f"dask scheduler {args.scheduler}" if args.scheduler else
-                 "a dask LocalCluster" if args.executor == "dask" else "local processes")
-        console.print(f"[bold]kvsim sweep[/bold] {args.sweep}: {len(sweep.points)} points "
-                      f"on {where}")
-    try:
-        result = run_sweep(sweep, args.out, executor=args.executor, workers=args.workers,
-                           scheduler=args.scheduler,
-                           progress=not args.quiet and progress_enabled())
-    except OutputError as err:  # the table still reaches the user; then where it could not go
-        if err.result is not None and not args.quiet:
-            print_sweep_table(sweep, err.result, console)
-        raise
-    failed = result.failed
-    if not args.quiet:
-        print_sweep_table(sweep, result, console)
-    for r in failed:
-        point = sweep.points[r["index"]]
-        print(f"kvsim: point {r['index']} ({point.label}) failed: {r['error']}\n"
-              f"  to run it alone: {sweep.rerun_hint(point)}", file=sys.stderr)
-    if failed:
-        print(f"kvsim: {len(failed)} of {len(result.rows)} points failed; the others' "
-              f"results are in {args.out}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _model_and_bits(args: argparse.Namespace):
-    from models.bits import build_bit_config
-    from models.config import load_model
-
-    model = load_model(args.model, where="--model")
-    bits = build_bit_config({"weights": args.bits}, where="--bits")
-    return model, bits
-
-
 def cmd_compile(args: argparse.Namespace, console: Console) -> int:
-    from models.compiler import HardwareTarget, compile_model
-    from models.source import resolve_model
-    from sim.device.hw import load_hardware
-    from traces.io import check_out_file
+    from kvsim.files import check_out_file
+    from models.bits import build_bit_config
+    from sim.runtime.ready import ready_model, source_of
 
     check_out_file(args.output, "-o/--output")
-    model, bits = _model_and_bits(args)
-    hw = load_hardware(args.hw)
+    src = source_of(args.model, where="--model")
+    bits = build_bit_config({"weights": args.bits}, where="--bits")
     with Phases(enabled=progress_enabled()) as ph:
-        ph.start(f"compile {model.name}"
+        ph.start(f"compile {src.config.name}"
                  + ("" if args.timing_only else " (calibrating integer parameters)"))
-        cm = compile_model(model, bits, HardwareTarget.from_hw(hw), kv=args.kv,
-                           core_mode=args.core_mode, max_seq=args.max_seq,
-                           cap=args.cache_length, slots=args.cache_slots,
-                           functional=not args.timing_only,
-                           weights=resolve_model(args.model, where="--model")
-                           .weight_spec(args.seed))
+        ready = ready_model(src, args.hw, bits=bits, kv=args.kv,
+                            core_mode=args.core_mode, max_seq=args.max_seq,
+                            cap=args.cache_length, slots=args.cache_slots,
+                            functional=not args.timing_only, seed=args.seed,
+                            store_programs=True)
         ph.start(f"write {args.output}")
         try:
-            cm.save(args.output)
+            ready.compiled.save(args.output)
             unwritten = None
         except OSError as err:  # after the work: the table still reaches the user
             unwritten = OutputError(f"-o/--output: could not write {args.output!r} "
                                     f"({err.strerror or err}); it was not written, an "
                                     f"earlier file there is as it was")
+    cm, model, hw = ready.compiled, ready.compiled.model, ready.hw
     t = Table(title=f"compiled {model.name} -> {args.output}"
                     + (" (NOT WRITTEN)" if unwritten else ""))
     t.add_column("item")
@@ -350,7 +243,7 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
     for name, prog in cm.programs.items():
         roof = static_roofline(prog, hw)
         t.add_row(f"program {name}", f"{len(prog):,} instructions, roofline "
-                  f"{_fmt_s(roof['bound_s'])} ({roof['dram_bytes']:,} DRAM bytes)")
+                  f"{fmt_s(roof['bound_s'])} ({roof['dram_bytes']:,} DRAM bytes)")
     console.print(t)
     if unwritten is not None:
         raise unwritten
@@ -365,7 +258,7 @@ def cmd_kv(args: argparse.Namespace, console: Console) -> int:
     from collections import Counter
 
     from isa import kvformats
-    from models.config import load_model
+    from models.source import load_model
 
     model = load_model(args.model, where="--model")
     pair = kvformats.pair(args.format)
@@ -541,26 +434,17 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.app.cli.serve import add_serve_parser
     from sim.app.cli.text import add_text_parsers
     from sim.app.regress.regress import add_parser as add_regress_parser
+    from sim.app.vendor.cli import add_vendor_parsers
 
     add_regress_parser(sub)
     add_serve_parser(sub)
     add_text_parsers(sub)
+    add_vendor_parsers(sub)  # kvsim exec, kvsim vendor (the vendor's Python stack on kvsim)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    console = make_console()
-    try:
-        return args.func(args, console)
-    except KvsimError as err:
-        print(f"kvsim: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        # output files are written atomically: each is its old or its new self, whole
-        print("kvsim: interrupted; no output file was left half-written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -9,22 +9,31 @@ import gc
 from collections.abc import Iterator
 
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
+from kvsim.errors import ConfigError
+from sim.app.console import fmt_bytes_per_s, fmt_s
 from sim.progress import Phases, progress_enabled
+from traces.results import GenerateMetrics, RunMetrics
 
 
 def config_kind(tree: dict) -> str:
-    """What a config file is: ``"sweep"`` (it has ``[axes]``), ``"serve"`` (it has
-    ``[serving]``) or ``"run"``."""
+    """What a config file is: ``"sweep"`` (it has ``[axes]``), ``"server"`` (it has
+    ``[server]``: ``kvsim serve --http``), ``"serve"`` (it has ``[serving]``) or
+    ``"run"``."""
     from sim.app.sweep.sweep import is_sweep_tree
 
     if is_sweep_tree(tree):
         return "sweep"
+    if "server" in tree:
+        return "server"
     return "serve" if "serving" in tree else "run"
 
 
 #: The output folder of each kind of config when ``--out`` is not given (each command's).
-DEFAULT_OUT = {"run": "kvsim-out", "sweep": "kvsim-sweep", "serve": "kvsim-serve"}
+DEFAULT_OUT = {"run": "kvsim-out", "sweep": "kvsim-sweep", "serve": "kvsim-serve",
+               "server": "kvsim-serve"}
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -37,8 +46,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         from sim.app.config import load_tree
 
         kind = config_kind(load_tree(args.config))
+    if kind == "server":  # a server runs until stopped: not what kvsim run starts
+        raise ConfigError(f"{args.config} is a server config (it has [server]): start it "
+                          f"with kvsim serve --http {args.config}")
     out = args.out or DEFAULT_OUT[kind]
-    from sim.app.cli.main import cmd_sweep, print_run_summary
+    from sim.app.cli.sweep import cmd_sweep
 
     if kind == "sweep":
         if not args.quiet:
@@ -55,8 +67,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                           f"{args.config}", style="dim")
         return cmd_serve(argparse.Namespace(config=args.config, set=args.set, out=out,
                                             quiet=args.quiet), console)
+    from kvsim.files import check_out_folder
     from sim.app.run import run, write_outputs
-    from traces.io import check_out_folder
 
     cfg = load_run_config(args.config, args.set)
     check_out_folder(out, "--out")
@@ -75,6 +87,60 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if not args.quiet:
         print_run_summary(result.metrics, paths, console)
     return 0
+
+
+def print_run_summary(metrics: RunMetrics, paths: dict, console: Console) -> None:
+    """A run's headline figures, traffic and engine busy time (its typed result)."""
+    console.print(f"[bold]kvsim run[/bold]: {metrics.scenario}")
+    t = Table(show_header=False)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    if isinstance(metrics, GenerateMetrics):
+        text = metrics.text
+        if text is not None:
+            # a prompt text through the NPU: what it wrote, beside the float reference
+            diff = text.first_difference_token
+            console.print(f"prompt: {escape(repr(text.prompt))}\n"
+                          f"NPU:       {escape(repr(text.generated_text))}\n"
+                          f"reference: {escape(repr(text.reference_text))}\n"
+                          + ("identical to the reference" if diff is None
+                             else f"first difference at generated token {diff}"))
+        p, d, kv, roof = metrics.prefill, metrics.decode, metrics.kv_cache, metrics.roofline
+        t.add_row("time to first token (TTFT)", fmt_s(p.ttft_s))
+        t.add_row("decode time per token", fmt_s(d.time_per_token_s))
+        t.add_row("decode tokens/s", f"{d.tokens_per_s:,.2f}")
+        t.add_row("roofline: prefill bound", fmt_s(roof.prefill.bound_s))
+        t.add_row("roofline: decode bound per token", fmt_s(roof.decode_per_token.bound_s))
+        t.add_row("launch (weights over the host link)", fmt_s(metrics.launch.time_s))
+        t.add_row(f"KV cache ({kv.format}) bytes per token", f"{kv.bytes_per_token:,.1f}")
+        t.add_row("KV compression vs bf16", f"{kv.compression_vs_bf16:.2f}x")
+        t.add_row("KV capacity (tokens in free DRAM)", f"{kv.capacity_tokens:,}")
+        for k, v in metrics.traffic_by_kind_bytes.items():
+            t.add_row(f"traffic {k}", f"{v:,} B")
+    else:
+        t.add_row("simulated time", fmt_s(metrics.sim_time_s))
+        t.add_row("roofline bound", fmt_s(metrics.roofline.bound_s))
+        t.add_row("weight stream rate", fmt_bytes_per_s(metrics.weight_stream_bytes_per_s))
+        if metrics.functional_check:
+            t.add_row("functional result vs numpy", metrics.functional_check)
+    for k, v in metrics.traffic_bytes.items():
+        t.add_row(f"traffic {k}", f"{v:,} B")
+    console.print(t)
+    e = Table(title="engine busy time (summed over cores)")
+    e.add_column("engine")
+    e.add_column("busy", justify="right")
+    e.add_column("utilization", justify="right")
+    groups: dict[str, list[float]] = {}
+    for k, v in metrics.engine_busy_s.items():
+        kind = k.split(".", 1)[1] if k.startswith("core") else k
+        groups.setdefault(kind, []).append(v)
+    total = metrics.sim_time_s or 1.0
+    for kind, vals in groups.items():
+        e.add_row(f"{kind} (x{len(vals)})" if len(vals) > 1 else kind, fmt_s(sum(vals)),
+                  f"{sum(vals) / len(vals) / total * 100:.1f} %")
+    console.print(e)
+    for name, p in paths.items():
+        console.print(f"{name}: {p}")
 
 
 #: The garbage collector's thresholds during a run (allocations between generation-0

@@ -38,7 +38,8 @@ def _bit_options(p: argparse.ArgumentParser) -> None:
 
 
 def _bits(args: argparse.Namespace):
-    from sim.app.quality import bit_config, source_of
+    from sim.app.quality import bit_config
+    from sim.runtime.ready import source_of
 
     real = source_of(args.model).real if args.numerics is None else True
     return bit_config(args.bits, numerics=args.numerics, kv_read=args.kv_read,
@@ -48,7 +49,7 @@ def _bits(args: argparse.Namespace):
 def eval_tokens(model: str, text_file: str | None) -> tuple[object, list[int], str]:
     """The model source, the text's tokens and the text's name."""
     from models.source import english_text
-    from sim.app.quality import source_of
+    from sim.runtime.ready import source_of
 
     src = source_of(model)
     if text_file is None:

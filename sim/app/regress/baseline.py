@@ -64,7 +64,7 @@ class Baseline:
         return {"version": BASELINE_VERSION, "entries": [e.to_json() for e in self.entries]}
 
     def save(self) -> None:
-        from traces.io import atomic_write_json
+        from kvsim.files import atomic_write_json
 
         atomic_write_json(self.path, self.to_json(), indent=1, sort_keys=True)
 

@@ -62,8 +62,8 @@ from sim.app.regress.baseline import (
     load_baseline,
 )
 from sim.app.regress.report import GROUP_FIGURES, Report, Row, compare, print_report, tolerance_for
-from sim.app.results import RunFigures
 from sim.progress import Phases, progress_enabled
+from traces.results import RunFigures, RunMetrics
 
 EXIT_PASS, EXIT_MOVED, EXIT_BAD_INPUT = 0, 1, 2
 #: Runs for a regression check need no trace; the trace level changes no figure
@@ -80,7 +80,7 @@ DESCRIPTION = ("Re-run the configs of a baseline file and compare their key figu
 def _config_value(tree: Mapping[str, Any], dotted: str) -> Any:
     """A field of a resolved run config by its ``--set`` name (``hardware.dram.efficiency``);
     None if there is none. (Config fields are named by dotted paths; metrics are read
-    through :mod:`sim.app.results`.)"""
+    through :mod:`traces.results`.)"""
     node: Any = tree
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -89,10 +89,10 @@ def _config_value(tree: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
-def figures_of(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The key figures of a run's metrics (``metrics.json``), by dotted name, sorted: the
-    typed :class:`sim.app.results.RunFigures` under their ``metrics.json`` names."""
-    return RunFigures.from_metrics(metrics).figures()
+def figures_of(metrics: RunMetrics) -> dict[str, float]:
+    """The key figures of a run's typed result, by dotted name, sorted: its
+    :class:`traces.results.RunFigures` under their ``metrics.json`` names."""
+    return RunFigures.of(metrics).figures()
 
 
 # --- running ----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from sim.app.results import RunFigures
+from traces.results import RunFigures
 
 #: Groups whose every numeric entry is a figure (their names in ``metrics.json``).
 GROUP_FIGURES = tuple(RunFigures.GROUPS.values())

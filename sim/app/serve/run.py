@@ -13,27 +13,43 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from isa.instructions import HostRead, HostWrite, Program
 from kvsim.errors import ConfigError
-from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
+from kvsim.files import write_output_set
+from models.bits import BitConfig
+from models.compiler import CompiledModel, CompileError
 from models.compiler.compiled import build_memory_map
 from models.compiler.dram import batch_memory_map
 from models.compiler.driver import StepSeq
-from models.config import load_model
+from models.config import ModelConfig
+from models.source import ModelSource
+from sim.app.check import run_source
 from sim.app.serve.config import ServeConfig
 from sim.device.device import Device
 from sim.device.hw import HardwareConfig
 from sim.progress import Phases
+from sim.runtime.ready import ready_model, source_of
 from sim.serving.blocks import KvGeometry, kv_geometry
 from sim.serving.costs import StepCostModel
 from sim.serving.engine import ServingSim, StepRecord
 from sim.serving.scheduler import Request, SchedulerConfig
 from sim.serving.workload import make_requests
-from traces.io import write_output_set
+from traces.serving_results import (
+    ChipFigures,
+    HttpServingMetrics,
+    KvPoolFigures,
+    OccupancySeries,
+    ServingCompiledFigures,
+    ServingCpuFigures,
+    ServingFigures,
+    ServingMetrics,
+    ServingWallFigures,
+)
 
 #: Token count the compiler first fits its token tile under (grown while the tile fills it).
 FIRST_TILE_PROBE = 8
@@ -45,26 +61,31 @@ SERIES_POINTS = 2000
 
 @dataclass
 class ServeResult:
+    """A serving run's config, its typed results (what ``metrics.json`` holds), its
+    requests and steps."""
+
     config: ServeConfig | None
-    metrics: dict[str, Any]
+    metrics: ServingMetrics | HttpServingMetrics
     requests: list[Request]
     steps: list[list[StepRecord]]
     geometry: KvGeometry
     cost: StepCostModel | None = field(default=None, repr=False)
 
 
-def compile_for_serving(model, bits, hw: HardwareConfig, *, kv: str, core_mode: str,
-                        cap: int, max_tokens: int, max_seqs: int,
+def compile_for_serving(model: str | Path | ModelSource | ModelConfig, bits: BitConfig,
+                        hw: HardwareConfig, *, kv: str, core_mode: str, cap: int,
+                        max_tokens: int, max_seqs: int,
                         tile_bytes: int | None = None) -> CompiledModel:
-    """Compile (timing-only, one cache slot of ``cap`` tokens) and give the model the
-    buffers of a batched step of up to ``max_tokens`` tokens and ``max_seqs`` sampling
-    sequences (:func:`models.compiler.dram.batch_memory_map`)."""
+    """Compile ``model`` (timing-only, one cache slot of ``cap`` tokens:
+    :func:`sim.runtime.ready.ready_model`) and give it the buffers of a batched step of up
+    to ``max_tokens`` tokens and ``max_seqs`` sampling sequences
+    (:func:`models.compiler.dram.batch_memory_map`)."""
+    src = source_of(model)
     probe = FIRST_TILE_PROBE
     while True:
         ms = min(probe, cap, max_tokens)
-        cm = compile_model(model, bits, HardwareTarget.from_hw(hw), kv=kv,
-                           core_mode=core_mode, max_seq=ms, cap=cap, slots=1,
-                           tile_bytes=tile_bytes, functional=False)
+        cm = ready_model(src, hw, bits=bits, kv=kv, core_mode=core_mode, max_seq=ms, cap=cap,
+                         tile_bytes=tile_bytes, functional=False).compiled
         if cm.m_tile < ms or ms == min(cap, max_tokens):
             break
         probe *= 4  # the tile filled the probe: it may hold more tokens
@@ -72,8 +93,8 @@ def compile_for_serving(model, bits, hw: HardwareConfig, *, kv: str, core_mode: 
     mm = batch_memory_map(
         lambda n: build_memory_map(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
                                    max_seq=n, m_tile=cm.m_tile),
-        max_tokens=max_seq, max_seqs=max_seqs, hidden=model.hidden_size,
-        vocab=model.vocab_size, residual_bytes=cm.numerics.residual_bytes)
+        max_tokens=max_seq, max_seqs=max_seqs, hidden=cm.model.hidden_size,
+        vocab=cm.model.vocab_size, residual_bytes=cm.numerics.residual_bytes)
     cm = replace(cm, max_seq=max_seq, mm=mm, programs={})
     if cm.mm.total_bytes > hw.dram.capacity_bytes:
         raise CompileError(f"the model with its serving buffers needs "
@@ -138,7 +159,7 @@ def request_records(requests: list[Request]) -> list[dict[str, Any]]:
     return rows
 
 
-def _series(steps: list[StepRecord], points: int) -> dict[str, list]:
+def _series(steps: list[StepRecord], points: int) -> OccupancySeries:
     """KV blocks in use over time (after each step), at most ``points`` points: each kept
     point is the largest of the steps it stands for."""
     t = [s.end_ps / 1e12 for s in steps]
@@ -147,12 +168,12 @@ def _series(steps: list[StepRecord], points: int) -> dict[str, list]:
         k = -(-len(t) // points)
         t = [t[min(i + k, len(t)) - 1] for i in range(0, len(t), k)]
         u = [max(u[i:i + k]) for i in range(0, len(u), k)]
-    return {"t_s": t, "used_blocks": u}
+    return OccupancySeries(t_s=tuple(t), used_blocks=tuple(u))
 
 
 def serving_metrics(requests: list[Request], steps: list[list[StepRecord]],
-                    geo: KvGeometry) -> dict[str, Any]:
-    """The ``serving`` metrics of a finished simulation."""
+                    geo: KvGeometry) -> ServingFigures:
+    """The ``serving`` figures of a finished simulation."""
     rows = request_records(requests)
     end = max((r.finish_ps for r in requests if r.finish_ps is not None), default=0)
     duration = end / 1e12
@@ -193,21 +214,21 @@ def serving_metrics(requests: list[Request], steps: list[list[StepRecord]],
         "mean_batch_tokens": computed / len(every) if every else 0.0,
         "mean_decode_batch": (sum(s.decode_seqs for s in every) / len(every)
                               if every else 0.0),
-        "kv": geo.describe(),
+        "kv": KvPoolFigures(**geo.describe()),
         "kv_peak_used_blocks": max((s.used_blocks for s in every), default=0),
         "kv_peak_occupancy": (max((s.used_blocks for s in every), default=0)
                               / geo.num_blocks if geo.num_blocks else 0.0),
         "kv_mean_occupancy": _mean_occupancy(steps, geo),
-        "chips": [{"chip": i, "requests": sum(1 for r in requests if r.chip == i),
-                   "steps": len(chip), "busy_s": busy[i] / 1e12,
-                   "utilization": busy[i] / end if end else 0.0}
-                  for i, chip in enumerate(steps)],
-        "kv_occupancy": {f"chip{i}": _series(chip, SERIES_POINTS)
-                         for i, chip in enumerate(steps)},
+        "chips": tuple(ChipFigures(chip=i, requests=sum(1 for r in requests if r.chip == i),
+                                   steps=len(chip), busy_s=busy[i] / 1e12,
+                                   utilization=busy[i] / end if end else 0.0)
+                       for i, chip in enumerate(steps)),
+        "kv_occupancy": MappingProxyType({f"chip{i}": _series(chip, SERIES_POINTS)
+                                          for i, chip in enumerate(steps)}),
     }
     if computed != prompt + decode + recomputed:
         raise AssertionError("token accounting does not add up")
-    return m
+    return ServingFigures(**m)
 
 
 def _mean_occupancy(steps: list[list[StepRecord]], geo: KvGeometry) -> float:
@@ -220,24 +241,32 @@ def _mean_occupancy(steps: list[list[StepRecord]], geo: KvGeometry) -> float:
     return num / den / geo.num_blocks if den and geo.num_blocks else 0.0
 
 
-def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeResult:
-    """Compile, build the step-cost model, serve every request, gather the metrics;
-    ``progress`` hears the phases (compile, the cost grid's points, requests finished)."""
-    t_start = time.perf_counter()
+@dataclass
+class ServingParts:
+    """What a serving simulation runs on, built from a config: the compiled model, the KV
+    block pool, the step and swap cost models and the scheduler's settings."""
+
+    cm: CompiledModel
+    geometry: KvGeometry
+    cost: StepCostModel
+    swap: SwapCost
+    scheduler: SchedulerConfig
+    compile_s: float  # wall time of the compile
+    cost_s: float  # wall time of the step cost model (its grid)
+
+
+def prepare_serving(cfg: ServeConfig, max_len: int, *,
+                    progress: Phases | None = None) -> ServingParts:
+    """Compile the config's model for sequences of up to ``max_len`` tokens, and build the
+    KV pool and the cost models (``progress`` hears the compile and the grid's points)."""
     s = cfg.serving
     hw = cfg.hardware
-    requests = make_requests(s.workload)
-    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
-    max_len = s.max_model_len or longest
-    if longest > max_len:
-        raise CompileError(f"serving.max_model_len {max_len} is shorter than the longest "
-                           f"request ({longest} tokens)")
-    model = load_model(cfg.model.preset or cfg.model.hf_config, where="model")
+    src = run_source(cfg)  # the model, resolved once
     bits = cfg.bits.bit_config(cfg.kv)
     if progress is not None:
         progress.start("compile")
     t0 = time.perf_counter()
-    cm = compile_for_serving(model, bits, hw, kv=cfg.kv.format,
+    cm = compile_for_serving(src, bits, hw, kv=cfg.kv.format,
                              core_mode=cfg.compile.core_mode, cap=max_len,
                              max_tokens=s.max_num_batched_tokens, max_seqs=s.max_num_seqs,
                              tile_bytes=cfg.compile.tile_bytes)
@@ -256,12 +285,30 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
     sched = SchedulerConfig(max_num_seqs=s.max_num_seqs,
                             max_num_batched_tokens=s.max_num_batched_tokens,
                             chunked_prefill=s.chunked_prefill, preemption=s.preemption)
+    return ServingParts(cm, geo, cost, SwapCost(cm, hw), sched, compile_s, cost_s)
+
+
+def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeResult:
+    """Compile, build the step-cost model, serve every request, gather the metrics;
+    ``progress`` hears the phases (compile, the cost grid's points, requests finished)."""
+    t_start = time.perf_counter()
+    s = cfg.serving
+    hw = cfg.hardware
+    requests = make_requests(s.workload)
+    longest = max(r.prompt_tokens + r.output_tokens for r in requests)
+    max_len = s.max_model_len or longest
+    if longest > max_len:
+        raise CompileError(f"serving.max_model_len {max_len} is shorter than the longest "
+                           f"request ({longest} tokens)")
+    parts = prepare_serving(cfg, max_len, progress=progress)
+    cm, geo, cost, c = parts.cm, parts.geometry, parts.cost, s.cost
+    compile_s, cost_s = parts.compile_s, parts.cost_s
     if progress is not None:
         progress.start("serve requests", total=len(requests))
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    sim = ServingSim(requests, chips=s.chips, scheduler=sched, geometry=geo,
-                     step_cost=cost.step_ps, swap_cost=SwapCost(cm, hw), router=s.router,
+    sim = ServingSim(requests, chips=s.chips, scheduler=parts.scheduler, geometry=geo,
+                     step_cost=cost.step_ps, swap_cost=parts.swap, router=s.router,
                      plan_cost=cost.plan_ps if c.mode == "grid" else None,
                      on_finish=None if progress is None else progress.advance)
     try:
@@ -278,20 +325,20 @@ def run_serving(cfg: ServeConfig, *, progress: Phases | None = None) -> ServeRes
             progress.start("validate the cost model")
         cost_info["validation"] = validate_on_run(cost, steps, requests, c.validate_steps)
     name = cfg.model.preset or Path(cfg.model.hf_config).stem
-    metrics = {
-        "config": cfg.resolved(),
-        "scenario": (f"serve {len(requests)} requests: {name} {cfg.bits.label} "
-                     f"kv={cfg.kv.format} on {s.chips} x {hw.name}, {s.preemption}"),
-        "serving": serving,
-        "cost_model": cost_info,
-        "compiled": {"m_tile": cm.m_tile, "cache_length": cm.cap,
-                     "weight_bytes": cm.mm.bytes_of_kind("weights"),
-                     "max_step_tokens": cm.max_seq},
-        "wall_s": {"total": time.perf_counter() - t_start, "compile": compile_s,
-                   "cost_model": cost_s, "simulation": sim_s},
+    metrics = ServingMetrics(
+        config=MappingProxyType(cfg.resolved()),
+        scenario=(f"serve {len(requests)} requests: {name} {cfg.bits.label} "
+                  f"kv={cfg.kv.format} on {s.chips} x {hw.name}, {s.preemption}"),
+        serving=serving,
+        cost_model=MappingProxyType(cost_info),
+        compiled=ServingCompiledFigures(m_tile_tokens=cm.m_tile, cache_tokens=cm.cap,
+                                        weight_bytes=cm.mm.bytes_of_kind("weights"),
+                                        max_step_tokens=cm.max_seq),
+        wall_s=ServingWallFigures(total=time.perf_counter() - t_start, compile=compile_s,
+                                  cost_model=cost_s, simulation=sim_s),
         # processor time of this process (a shared machine's wall time is not the code's)
-        "cpu_s": {"simulation": sim_cpu_s},
-    }
+        cpu_s=ServingCpuFigures(simulation=sim_cpu_s),
+    )
     return ServeResult(cfg, metrics, requests, steps, geo, cost)
 
 
@@ -341,36 +388,49 @@ def step_shape(step: StepRecord, every: list[StepRecord],
                     r + 1) for r, n in dec + pre]
 
 
-#: Every file a serving run's output set may hold.
-SERVE_OUTPUTS = ("metrics.json", "requests.csv", "trace.json", "report.html")
+#: Every file a serving run's output set may hold (``http_requests.csv``: a ``kvsim serve
+#: --http`` run's, which an offline run into the same folder removes with the rest).
+SERVE_OUTPUTS = ("http_requests.csv", "metrics.json", "requests.csv", "trace.json",
+                 "report.html")
 
 
-def write_serving_outputs(result: ServeResult, out_dir: str | Path, *,
-                          flag: str = "--out") -> dict[str, Path]:
-    """``metrics.json``, ``requests.csv``, ``trace.json``, ``report.html`` as one set
-    (everything is serialised before the first file is written; the set is put in place
-    whole or not at all; a failure is a :class:`kvsim.errors.OutputError`)."""
+def serving_output_texts(result: ServeResult) -> dict[str, str]:
+    """The output files of a serving run as text, by name (those its ``outputs`` ask
+    for); ``metrics.json`` last."""
     from traces.serving_report import serving_report_html, serving_trace
 
-    out = Path(out_dir)
     cfg = result.config
     want = cfg.outputs if cfg is not None else None
-    texts: dict[str, str] = {"metrics.json": json.dumps(result.metrics, indent=1) + "\n"}
+    texts: dict[str, str] = {}
     rows = request_records(result.requests)
     if want is None or want.requests_csv:
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["rid"],
-                           lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
-        texts["requests.csv"] = buf.getvalue()
+        texts["requests.csv"] = csv_text(rows)
     if want is None or want.trace:
         texts["trace.json"] = json.dumps(serving_trace(result.steps, result.geometry),
                                          separators=(",", ":"))
     if want is None or want.report:
         texts["report.html"] = serving_report_html(result.metrics, rows, result.steps,
                                                    result.geometry)
-    # one set, whole or not at all (traces.io.write_output_set); metrics.json last
-    ordered = {n: texts[n] for n in sorted(texts, key=lambda n: n == "metrics.json")}
-    written = write_output_set(out, ordered, flag=flag, members=SERVE_OUTPUTS)
+    texts["metrics.json"] = json.dumps(result.metrics.to_metrics(), indent=1) + "\n"
+    return texts
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    """``rows`` as CSV text (a header of the first row's keys; ``rid`` alone if none)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["rid"],
+                       lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_serving_outputs(result: ServeResult, out_dir: str | Path, *,
+                          flag: str = "--out") -> dict[str, Path]:
+    """``metrics.json``, ``requests.csv``, ``trace.json``, ``report.html`` as one set
+    (everything is serialised before the first file is written; the set is put in place
+    whole or not at all, :func:`kvsim.files.write_output_set`; a failure is a
+    :class:`kvsim.errors.OutputError`)."""
+    written = write_output_set(out_dir, serving_output_texts(result), flag=flag,
+                               members=SERVE_OUTPUTS)
     return {name.split(".")[0]: p for name, p in written.items()}

@@ -1,6 +1,6 @@
 """Running a sweep's points (``sim.app.sweep.sweep``): in this process, on a local process pool or
 on a Dask distributed cluster. Each point returns the columns of its typed result
-(:mod:`sim.app.results`), or its error; a failed point does not lose the others. On a Dask
+(:mod:`traces.results`), or its error; a failed point does not lose the others. On a Dask
 cluster, every worker needs kvsim installed (the same version as the client): a point is
 a call of :func:`run_point`.
 """
@@ -16,18 +16,18 @@ from typing import Any, Literal
 
 from kvsim.errors import ConfigError, KvsimError
 from sim.app.config import build_run_config, set_field
-from sim.app.results import run_metrics
 from sim.app.sweep.file import Point, SweepConfig
 from sim.progress import Phases
+from traces.results import run_metrics
 
 
 def flatten_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """A run's metrics as the row of a sweep: the columns of its typed result
-    (:meth:`sim.app.results.GenerateMetrics.columns`), one level of dotted names
+    (:meth:`traces.results.GenerateMetrics.columns`), one level of dotted names
     (``decode.time_per_token_s``; a list of records by index, ``cache_ops[0].time_s``).
     Lists of values (per-call times, generated tokens), the resolved config and the
     per-call rows are left out. A tree that is not a run's metrics is a
-    :class:`sim.app.results.ResultsError` naming the entry at fault."""
+    :class:`traces.results.ResultsError` naming the entry at fault."""
     return run_metrics(metrics).columns()
 
 
@@ -43,7 +43,7 @@ def run_point(index: int, tree: dict[str, Any], save: bool = False) -> dict[str,
         cfg = build_run_config(tree)
         result = run(cfg)
         files = render_outputs(result) if save else {}
-        return {"index": index, "error": None, "metrics": flatten_metrics(result.metrics),
+        return {"index": index, "error": None, "metrics": result.metrics.columns(),
                 "files": files}
     except Exception as err:  # a failed point is a result, not the end of the sweep
         return {"index": index, "error": error_line(err), "metrics": {}, "files": {}}

@@ -19,7 +19,7 @@ Points are numbered in the product's order (the first axis varies slowest). Each
 the base config with its axis values set as ``--set`` would set them, and every point is
 validated (schema and :func:`sim.app.check.check_run`) before any runs: a bad value is one
 error naming the point and the field (``sim.app.sweep.file``). Each point returns the columns
-of its typed result (:meth:`sim.app.results.GenerateMetrics.columns`: one level of dotted
+of its typed result (:meth:`traces.results.GenerateMetrics.columns`: one level of dotted
 names, ``decode.time_per_token_s``; the resolved config and per-call lists are left out),
 or its error; a failed point does not lose the others (``sim.app.sweep.executor``). The results
 are written as ``results.csv`` and ``results.json`` (one row per point, every metric a
@@ -145,8 +145,8 @@ def run_sweep(sweep: SweepConfig, out_dir: str | Path, *,
     naming ``flag`` and where, after every point has run; it carries the sweep's
     result (``err.result``, without paths), so the caller can still show it."""
     from kvsim.errors import OutputError
+    from kvsim.files import write_output_set
     from sim.app.run import RUN_OUTPUTS
-    from traces.io import write_output_set
 
     out = Path(out_dir)
     t0 = time.perf_counter()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from sim.app.typed_json import Record, ResultsError
+from .typed_json import Record, ResultsError
 
 NOT_A_COLUMN = MappingProxyType({"column": False})
 
@@ -137,6 +137,48 @@ class ServingMetrics(Record):
     cpu_s: ServingCpuFigures = field(metadata=NOT_A_COLUMN)
 
 
+@dataclass(frozen=True)
+class ServerFigures(Record):
+    """What ``kvsim serve --http`` adds: its pacing (``lag_max_s`` and ``late_steps`` under
+    ``pace = "real"`` only: wall seconds the simulator fell behind the clock and the steps
+    it was late on), where its text came from, and how its requests ended."""
+
+    pace: str
+    time_scale: float
+    fidelity: str
+    text: str
+    tokenizer: str
+    max_model_len: int
+    finish_reasons: Mapping[str, int] = field(metadata=NOT_A_COLUMN)
+    lag_max_s: float | None
+    late_steps: int | None
+    lag_tolerance_s: float
+    failed: str | None
+
+
+@dataclass(frozen=True)
+class ServerWallFigures(Record):
+    """Wall time of the server process on this machine (not simulated time)."""
+
+    total: float
+    compile: float
+    cost_model: float
+
+
+@dataclass(frozen=True)
+class HttpServingMetrics(Record):
+    """``metrics.json`` of ``kvsim serve --http``: a serving run's figures over the
+    requests its clients sent, and the server's own (:class:`ServerFigures`)."""
+
+    config: Mapping[str, Any] = field(metadata=NOT_A_COLUMN)
+    scenario: str = field()
+    serving: ServingFigures = field()
+    server: ServerFigures = field()
+    cost_model: Mapping[str, Any] = field(metadata=NOT_A_COLUMN)
+    compiled: ServingCompiledFigures = field()
+    wall_s: ServerWallFigures = field(metadata=NOT_A_COLUMN)
+
+
 def serving_metrics_of(metrics: Mapping[str, Any],
                        where: str = "metrics.json") -> ServingMetrics:
     """The typed result of a serving run's metrics (:class:`ResultsError` naming the entry
@@ -146,6 +188,6 @@ def serving_metrics_of(metrics: Mapping[str, Any],
     return ServingMetrics.from_metrics(metrics, where)
 
 
-__all__ = ["ChipFigures", "KvPoolFigures", "OccupancySeries", "ServingCompiledFigures",
-           "ServingCpuFigures", "ServingFigures", "ServingMetrics", "ServingWallFigures",
-           "serving_metrics_of"]
+__all__ = ["ChipFigures", "HttpServingMetrics", "KvPoolFigures", "OccupancySeries",
+           "ServerFigures", "ServerWallFigures", "ServingCompiledFigures", "ServingCpuFigures",
+           "ServingFigures", "ServingMetrics", "ServingWallFigures", "serving_metrics_of"]

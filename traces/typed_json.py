@@ -1,5 +1,5 @@
 """Frozen dataclasses to and from JSON trees, driven by their type hints: how the typed
-results (:mod:`sim.app.results`) read ``metrics.json`` and give it back with the same keys in
+results (:mod:`traces.results`) read ``metrics.json`` and give it back with the same keys in
 the same order, and how a sweep gets its columns from them.
 
 A field's JSON key is its name unless its metadata says ``key``; a field with

@@ -1,13 +1,16 @@
 """A run's results as typed data, units in the field names.
 
 - :class:`GenerateMetrics` / :class:`GemvMetrics`: everything a run's ``metrics.json``
-  holds, as frozen dataclasses (:func:`run_metrics` reads either;
+  holds, as frozen dataclasses: a run builds one (``sim.app.run``), and ``metrics.json``,
+  the report, a sweep's row and ``kvsim regress`` read it (:func:`run_metrics` reads
+  either back from a ``metrics.json``;
   ``.to_metrics()`` gives the same JSON tree back, keys and order unchanged;
   ``.columns()`` is the row a sweep writes).
-- :class:`~sim.app.serve.results.ServingMetrics`: a serving run's ``metrics.json``
+- :class:`~traces.serving_results.ServingMetrics`: a serving run's ``metrics.json``
   (:func:`serving_metrics_of`), the same way.
-- :class:`RunFigures`: the key figures ``kvsim regress`` compares. Read from
-  ``metrics.json`` by :meth:`RunFigures.from_metrics`; :meth:`RunFigures.figures` gives
+- :class:`RunFigures`: the key figures ``kvsim regress`` compares. Taken from a run's typed
+  result by :meth:`RunFigures.of`, or read from its ``metrics.json`` by
+  :meth:`RunFigures.from_metrics`; :meth:`RunFigures.figures` gives
   them back under their ``metrics.json`` names (``prefill.ttft_s``,
   ``traffic_bytes.dram_read``, ...), the names a baseline file records.
 """
@@ -19,8 +22,8 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, ClassVar
 
-from sim.app.serve.results import ServingMetrics, serving_metrics_of
-from sim.app.typed_json import Record, ResultsError, decode
+from .serving_results import ServingMetrics, serving_metrics_of
+from .typed_json import Record, ResultsError, decode
 
 
 def _number(v: Any) -> float | int | None:
@@ -81,6 +84,23 @@ class RunFigures:
             CacheOpFigures(**{f.name: _number(op.get(f.name)) for f in fields(CacheOpFigures)})
             for op in (ops if isinstance(ops, list) else []) if isinstance(op, Mapping))
         return cls(**kw)
+
+    @classmethod
+    def of(cls, m: RunMetrics) -> RunFigures:
+        """The figures of a run's typed result (what :meth:`from_metrics` reads from its
+        ``metrics.json``)."""
+        if not isinstance(m, GenerateMetrics):  # the GEMV demo: its one program's time
+            return cls(sim_time_s=m.sim_time_s, traffic_bytes=tuple(m.traffic_bytes.items()),
+                       traffic_by_kind_bytes=tuple(m.traffic_by_kind_bytes.items()))
+        return cls(ttft_s=m.prefill.ttft_s, time_per_token_s=m.decode.time_per_token_s,
+                   decode_tokens_per_s=m.decode.tokens_per_s, launch_time_s=m.launch.time_s,
+                   traffic_bytes=tuple(m.traffic_bytes.items()),
+                   traffic_by_kind_bytes=tuple(m.traffic_by_kind_bytes.items()),
+                   cache_ops=tuple(CacheOpFigures(time_s=op.time_s,
+                                                  host_model_s=op.host_model_s,
+                                                  pcie_bytes=op.pcie_bytes,
+                                                  dram_bytes=op.dram_bytes)
+                                   for op in m.cache_ops))
 
     def figures(self) -> dict[str, float]:
         """The figures by their ``metrics.json`` names (dotted; ``cache_ops[i].NAME``),
@@ -238,7 +258,7 @@ class WeightsFigures(Record):
 
 @dataclass(frozen=True)
 class TextFigures(Record):
-    """The text of a functional run (``sim.app.run_text.text_metrics``): the prompt, the
+    """The text of a functional run (``sim.app.run_text.text_figures``): the prompt, the
     generated text and, where the float reference ran (``reference_compared``), its
     continuation and the first output token where the two differ (None: none differs).
     ``degenerate``: what the degenerate-output guard found, if anything."""
@@ -358,6 +378,10 @@ class GemvMetrics(Record):
     trace: TraceFigures = field()
 
 
+#: The typed result of a run, either kind.
+RunMetrics = GenerateMetrics | GemvMetrics
+
+
 def run_metrics(metrics: Mapping[str, Any],
                 where: str = "metrics.json") -> GenerateMetrics | GemvMetrics:
     """The typed result of a run's metrics: a generate run (it has ``prefill``) or the
@@ -371,5 +395,6 @@ def run_metrics(metrics: Mapping[str, Any],
 __all__ = ["Bound", "CacheOpFigures", "CacheOpRecord", "CallRow", "CompiledFigures",
            "ContextFigures", "DecodeFigures", "GemvMetrics", "GenerateMetrics",
            "KvCacheFigures", "LaunchFigures", "PhaseTime", "PrefillFigures", "ResultsError",
-           "RooflineFigures", "RunFigures", "ServingMetrics", "TextFigures", "TraceFigures",
+           "RooflineFigures", "RunFigures", "RunMetrics", "ServingMetrics", "TextFigures",
+           "TraceFigures",
            "WeightsFigures", "run_metrics", "serving_metrics_of"]

@@ -1,10 +1,17 @@
-"""The tables the commands print: a sweep's results, figures never folded."""
+"""``kvsim sweep FILE``: a parameter sweep, its table of results on the console (figures
+never folded)."""
 
 from __future__ import annotations
+
+import argparse
+import sys
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from kvsim.errors import ConfigError, OutputError
+from sim.progress import progress_enabled
 
 
 def metric_column(name: str, values: list) -> tuple[str, list[str]]:
@@ -67,4 +74,38 @@ def print_sweep_table(sweep, result, console: Console) -> None:
         console.print(f"{name}: {p}")
 
 
-__all__ = ["metric_column", "print_sweep_table"]
+def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    from kvsim.files import check_out_folder
+    from sim.app.sweep.sweep import load_sweep, run_sweep
+
+    sweep = load_sweep(args.sweep, args.set, args.axis)
+    check_out_folder(args.out, "--out")
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers: must be >= 1, got {args.workers}")
+    if args.scheduler and args.executor != "dask":
+        raise ConfigError("--scheduler: only with --executor dask")
+    if not args.quiet:
+        where = (f"dask scheduler {args.scheduler}" if args.scheduler else
+                 "a dask LocalCluster" if args.executor == "dask" else "local processes")
+        console.print(f"[bold]kvsim sweep[/bold] {args.sweep}: {len(sweep.points)} points "
+                      f"on {where}")
+    try:
+        result = run_sweep(sweep, args.out, executor=args.executor, workers=args.workers,
+                           scheduler=args.scheduler,
+                           progress=not args.quiet and progress_enabled())
+    except OutputError as err:  # the table still reaches the user; then where it could not go
+        if err.result is not None and not args.quiet:
+            print_sweep_table(sweep, err.result, console)
+        raise
+    failed = result.failed
+    if not args.quiet:
+        print_sweep_table(sweep, result, console)
+    for r in failed:
+        point = sweep.points[r["index"]]
+        print(f"kvsim: point {r['index']} ({point.label}) failed: {r['error']}\n"
+              f"  to run it alone: {sweep.rerun_hint(point)}", file=sys.stderr)
+    if failed:
+        print(f"kvsim: {len(failed)} of {len(result.rows)} points failed; the others' "
+              f"results are in {args.out}", file=sys.stderr)
+        return 1
+    return 0

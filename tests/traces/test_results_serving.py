@@ -1,4 +1,4 @@
-"""A serving run's metrics.json as typed data (``sim.app.serve.results``): the same file
+"""A serving run's metrics.json as typed data (``traces.serving_results``): the same file
 back, units in the field names, a tree of another shape refused by name."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from sim.app.results import ResultsError
-from sim.app.serve.results import ServingMetrics, serving_metrics_of
+from traces.results import ResultsError
+from traces.serving_results import ServingMetrics, serving_metrics_of
 
 #: three requests of the tiny model on the tiny device, step costs computed directly
 TREE = {"hardware": {"preset": "tiny"}, "model": {"preset": "tiny"},

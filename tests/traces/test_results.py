@@ -1,4 +1,4 @@
-"""Typed results (``sim.app.results``): the regress figures read from metrics.json and back
+"""Typed results (``traces.results``): the regress figures read from metrics.json and back
 under its names; everything metrics.json holds as frozen dataclasses that give the same
 file back and the sweep's columns."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from sim.app.results import (
+from traces.results import (
     CacheOpFigures,
     CacheOpRecord,
     GemvMetrics,
@@ -75,19 +75,37 @@ RUNS = {
 
 
 @pytest.fixture(scope="module")
-def metrics_text() -> dict[str, str]:
-    """Each tiny run's ``metrics.json`` text, as ``kvsim run`` writes it."""
+def runs() -> dict:
+    """Each tiny run's result (its typed metrics and events)."""
     import copy
 
     from sim.app.config import build_run_config
-    from sim.app.run import render_outputs, run
+    from sim.app.run import run
 
     out = {}
     for name, tree in RUNS.items():
         tree = copy.deepcopy(tree)
         tree["outputs"] = {"trace": "off"}
-        out[name] = render_outputs(run(build_run_config(tree)))["metrics.json"]
+        out[name] = run(build_run_config(tree))
     return out
+
+
+@pytest.fixture(scope="module")
+def metrics_text(runs) -> dict[str, str]:
+    """Each tiny run's ``metrics.json`` text, as ``kvsim run`` writes it."""
+    from sim.app.run import render_outputs
+
+    return {name: render_outputs(r)["metrics.json"] for name, r in runs.items()}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_a_run_builds_its_typed_result_and_metrics_json_is_written_from_it(runs, metrics_text,
+                                                                           name):
+    typed = runs[name].metrics
+    assert type(typed) is (GemvMetrics if name == "gemv" else GenerateMetrics)
+    assert json.dumps(typed.to_metrics(), indent=1) + "\n" == metrics_text[name]
+    # regress reads the same figures from the typed result as from the file
+    assert RunFigures.of(typed) == RunFigures.from_metrics(json.loads(metrics_text[name]))
 
 
 def _flat(tree, prefix=""):

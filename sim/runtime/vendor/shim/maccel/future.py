@@ -1,0 +1,3 @@
+"""``maccel.future`` on kvsim (see :mod:`sim.runtime.vendor.future`)."""
+
+from sim.runtime.vendor.api import Future  # noqa: F401
