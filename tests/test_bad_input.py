@@ -969,6 +969,15 @@ _cli("compile -o a file that cannot be made", "-o/--output: cannot write in the 
      *_COMPILE, "-o", "/proc/kvsim.kvm")
 _cli("compile onto a full disk", "-o/--output: could not write '{dir}/m.kvm' (No space left on "
      "device)", *_COMPILE, "-o", "{dir}/m.kvm", patch=_full_disk)
+# the vendor folder is one set too; kvsim exec's call record is written at the program's exit
+_FOLDER = ("vendor", "folder", "--model", "tiny", "--hw", "tiny", "--core-mode", "single",
+           "--max-seq", "8", "--cache-length", "64", "--timing-only")
+_cli("vendor folder --out a folder that cannot be made", "--out: cannot make the folder "
+     "'/proc/kvsim' in '/proc' (", *_FOLDER, "--out", "/proc/kvsim")
+_cli("vendor folder onto a full disk", "--out: could not write", *_FOLDER, "--out",
+     "{dir}/new/deeper", patch=_full_disk)
+_cli("exec --trace-calls in a folder that cannot be written", "--trace-calls: cannot write "
+     "in the folder '/proc'", "exec", "--trace-calls", "/proc/calls.json", "--", "true")
 
 
 # --- fixtures: one compiled tiny model and an earlier run's outputs ------------------------------
