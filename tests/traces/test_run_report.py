@@ -226,10 +226,15 @@ def test_a_series_that_never_pays_says_so():
 
 
 def test_a_real_model_run_reports_real_weights_and_its_texts(tiny):
-    metrics = {**tiny.metrics, "weights": {"kind": "gguf", "real": True},
-               "text": {"prompt": "The capital of France is", "generated_text": " Paris <b>",
-                        "reference_text": " Paris.", "first_difference": 1,
-                        "degenerate": None}}
+    from dataclasses import replace
+
+    from traces.results import TextFigures, WeightsFigures
+
+    metrics = replace(tiny.metrics, weights=WeightsFigures(kind="gguf", real=True),
+                      text=TextFigures(prompt="The capital of France is",
+                                       generated_text=" Paris <b>", reference_compared=True,
+                                       reference_text=" Paris.", first_difference_token=1,
+                                       degenerate=None))
     page = run_report(metrics, tiny.recorder)
     assert "<th>weights</th><td>real (gguf)</td>" in page
     text = page[page.index("<h2>Text</h2>"):page.index('<div class="grid">')]
