@@ -48,7 +48,7 @@ def _run(settings: dict[str, Any], *, prompt: int, out: int, context: int = 0) -
             f"workload.context_tokens={context}", "sim.fidelity=timing", "outputs.trace=off"]
     if isinstance(settings.get("numerics"), str):
         sets.append(f"bits.numerics.preset={settings['numerics']}")
-    return run(load_run_config(None, sets)).metrics
+    return run(load_run_config(None, sets)).metrics.to_metrics()
 
 
 def kvsim_prefill_s(settings: dict[str, Any], tokens: int) -> float:

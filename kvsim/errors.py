@@ -19,3 +19,12 @@ class ConfigError(KvsimError, ValueError):
 
 class DeviceError(KvsimError, RuntimeError):
     """The simulated device refused an operation (capacity, SRAM overflow, deadlock)."""
+
+
+class OutputError(KvsimError, OSError):
+    """An output cannot be written (a folder that cannot be made or written in, a full
+    disk); the message names the file or folder and the reason. Nothing of the output set
+    is left half-written. ``result``: what the command computed, when it raises after the
+    work (so it can still be shown)."""
+
+    result: object = None

@@ -137,8 +137,12 @@ def _reader(path: Path) -> Any:
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError,
-            MemoryError) as err:
-        raise ConfigError(f"{path}: unreadable GGUF file (truncated or corrupt): {err}") from None
+            MemoryError):
+        # the reader's own exception is numpy's (an index, a dtype view, a reshape) and says
+        # nothing about the file: say what is wrong with it instead
+        raise ConfigError(f"{path}: unreadable GGUF file (truncated or corrupt): it ends or "
+                          f"breaks inside its header, metadata or tensor index (the file has "
+                          f"{size:,} bytes)") from None
     for t in reader.tensors:
         if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
             raise ConfigError(

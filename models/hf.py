@@ -378,7 +378,10 @@ def hf_config_to_model(
             if type(heads) is not int or heads < 1:
                 raise ConfigError(f"{where}: num_attention_heads must be a positive integer, "
                                   f"got {heads!r}")
-            if type(hidden) is not int or hidden % heads:
+            if type(hidden) is not int or hidden < 1:
+                raise ConfigError(f"{where}: hidden_size must be a positive integer, got "
+                                  f"{hidden!r}")
+            if hidden % heads:
                 raise ConfigError(
                     f"{where}: no head_dim and hidden_size {hidden!r} is not a multiple of "
                     f"num_attention_heads {heads!r}"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -221,8 +222,10 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name: str, *, where: str = "model") -> ModelConfig:
-    """The model preset ``name``; :class:`ConfigError` listing the valid names if unknown."""
+    """The model preset ``name`` (in any case); :class:`ConfigError` listing the valid names
+    if unknown."""
     names = preset_names()
+    name = name.lower() if name.lower() in names else name
     if name not in names:
         raise ConfigError(
             f"{where}.preset: unknown model preset {name!r}; valid: {', '.join(names)}"
@@ -248,10 +251,13 @@ def load_model(
     ``overrides`` replaces top-level fields, e.g. ``{"num_layers": 2}``; the result is
     validated again, so an override that breaks a constraint raises :class:`ConfigError`.
     """
-    text = str(name_or_path)
+    text = str(name_or_path) if isinstance(name_or_path, Path) else canonical_name(
+        str(name_or_path))
     if text == EMBEDDED_MODEL or text.endswith(".gguf"):
-        cfg = resolve_model(name_or_path, where=where).config
+        cfg = resolve_model(text, where=where).config
     elif looks_like_path(name_or_path):
+        if not Path(name_or_path).exists() and (hint := hub_id_hint(text)):
+            raise ConfigError(f"{where}: {hint}")
         cfg = load_hf_config(name_or_path)
     else:
         cfg = load_preset(text, where=where)
@@ -262,6 +268,35 @@ def load_model(
     return build_model(data, where=where)
 
 
+#: Other names of the embedded model (lower case): its Hugging Face name.
+EMBEDDED_ALIASES = ("smollm2-135m-instruct",)
+#: A Hugging Face Hub id: ``owner/name`` (the Hub's characters for both parts).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def canonical_name(name: str) -> str:
+    """A preset's or the embedded model's name as kvsim spells it, from any case
+    (``SmolLM2-135M`` -> ``smollm2-135m``); anything else unchanged."""
+    low = name.lower()
+    if low == EMBEDDED_MODEL or low in EMBEDDED_ALIASES:
+        return EMBEDDED_MODEL
+    return low if low in preset_names() else name
+
+
+def hub_id_hint(text: str) -> str | None:
+    """What to say when ``text`` is no local file but looks like a Hub id (``owner/name``):
+    kvsim downloads nothing; how to get the model into a folder to name instead."""
+    if not _HUB_ID.match(text) or text.endswith((".json", ".gguf")):
+        return None
+    local = text.split("/")[1]
+    embedded = ("; smollm2-135m is the embedded SmolLM2-135M-Instruct, no download needed"
+                if text.lower().split("/")[1].startswith("smollm2-135m") else "")
+    return (f"{text!r} is not a local file or folder; it looks like a Hugging Face Hub id, "
+            f"and kvsim is offline (it downloads nothing): download the model yourself, e.g. "
+            f"huggingface-cli download {text} --local-dir {local}, then name the folder "
+            f"{local} instead{embedded}")
+
+
 def looks_like_path(name: str | Path) -> bool:
     """True if ``name`` names a file or folder rather than a preset."""
     text = str(name)
@@ -270,7 +305,8 @@ def looks_like_path(name: str | Path) -> bool:
 
 def resolve_model(name_or_path: str | Path, *, where: str = "model") -> ModelSource:
     """The model ``name_or_path`` names (see the module docstring for the forms)."""
-    text = str(name_or_path)
+    text = str(name_or_path) if isinstance(name_or_path, Path) else canonical_name(
+        str(name_or_path))
     if text == EMBEDDED_MODEL:
         src = _gguf(embedded_model_path())
         cfg = src.config.model_copy(update={"name": EMBEDDED_MODEL})
@@ -285,7 +321,7 @@ def resolve_model(name_or_path: str | Path, *, where: str = "model") -> ModelSou
     if p.is_dir():
         return _hf_folder(p, where)
     if not p.is_file():
-        raise ConfigError(f"{where}: {p} does not exist")
+        raise ConfigError(f"{where}: {hub_id_hint(text) or f'{p} does not exist'}")
     if p.suffix == ".gguf":
         return _gguf(p)
     if p.suffix == ".json":

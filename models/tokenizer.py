@@ -10,7 +10,8 @@ decoder; control tokens (token type 3) and user-defined ones (4) become special 
 before the GPT-2 split (llama.cpp ``llama-vocab.cpp``, ``LLAMA_VOCAB_PRE_TYPE_SMOLLM``).
 
 Chat templates are Jinja templates (``tokenizer.chat_template`` in GGUF,
-``chat_template`` in ``tokenizer_config.json``), rendered in Jinja's sandbox.
+``chat_template`` in ``tokenizer_config.json``), rendered in a Jinja sandbox bounded in
+size and time (:mod:`models.chat_template`: a template is input, and may be hostile).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from typing import Any
 
 from kvsim.errors import ConfigError
 
+#: Special tokens that end a turn or a text in the chat formats of common models (ChatML:
+#: Qwen, SmolLM; Llama 3; Phi-3; Gemma; GPT-2 style ``<|endoftext|>``): a continuation stops
+#: at any of them the vocabulary holds as a special token, besides the model's own EOS.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
+                      "<end_of_turn>", "</s>")
 #: llama.cpp token types (``llama_token_type``) that are special tokens.
 _SPECIAL_TOKEN_TYPES = (3, 4)  # CONTROL, USER_DEFINED
 #: ``tokenizer.ggml.pre`` values whose pre-tokenizer splits single digits first.
@@ -33,12 +39,24 @@ class Tokenizer:
     """Text <-> token ids, the special ids and the chat template of one model."""
 
     def __init__(self, backend: Any, *, bos_id: int | None, eos_id: int | None,
-                 chat_template: str | None, source: str):
+                 chat_template: str | None, source: str,
+                 stop_ids: frozenset[int] | None = None):
         self.backend = backend  # tokenizers.Tokenizer
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.chat_template = chat_template
         self.source = source
+        #: the ids a continuation stops at: EOS and the end-of-turn tokens (see
+        #: :data:`END_OF_TURN_TOKENS`; GGUF ``eot``/``eom`` ids, HF generation_config)
+        self.stop_ids = frozenset(stop_ids or ()) | (
+            frozenset() if eos_id is None else frozenset({eos_id}))
+
+    def continuation_text(self, ids: Sequence[int]) -> str:
+        """The text of a continuation: its tokens up to the first stop token, which is
+        left out (a chat reply reads without a literal ``<|im_end|>``)."""
+        ids = list(ids)
+        end = next((i for i, t in enumerate(ids) if int(t) in self.stop_ids), len(ids))
+        return self.decode(ids[:end])
 
     @property
     def vocab_size(self) -> int:
@@ -60,17 +78,21 @@ class Tokenizer:
         if not self.chat_template:
             raise ConfigError(f"{self.source}: the model has no chat template")
         from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        try:
-            template = env.from_string(self.chat_template)
-            return template.render(messages=list(messages),
-                                   add_generation_prompt=add_generation_prompt,
-                                   bos_token=self._token(self.bos_id),
-                                   eos_token=self._token(self.eos_id))
+        from .chat_template import render_chat_template
+
+        try:  # a bounded sandbox: the template is input (models.chat_template)
+            return render_chat_template(self.chat_template, messages,
+                                        add_generation_prompt=add_generation_prompt,
+                                        bos_token=self._token(self.bos_id),
+                                        eos_token=self._token(self.eos_id))
         except TemplateError as err:
             raise ConfigError(f"{self.source}: chat template fails: {err}") from None
+        except RecursionError:
+            raise ConfigError(f"{self.source}: chat template fails: it recurses too "
+                              f"deeply") from None
+        except MemoryError:  # a bound not foreseen: still one line naming the file
+            raise ConfigError(f"{self.source}: chat template fails: out of memory") from None
 
     def _token(self, i: int | None) -> str:
         return "" if i is None else str(self.backend.id_to_token(i) or "")
@@ -126,9 +148,15 @@ def tokenizer_from_gguf(fields: Any, path: str | Path) -> Tokenizer:
             raise ConfigError(f"{path}: {key} = {v} is outside the vocabulary")
         return int(v)
 
+    stops = {i for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+             if (i := ident(key)) is not None}
+    specials = {str(tokens[i]): i for i, t in enumerate(types)
+                if int(t) in _SPECIAL_TOKEN_TYPES}
+    stops |= {specials[t] for t in END_OF_TURN_TOKENS if t in specials}
     return Tokenizer(backend, bos_id=ident("tokenizer.ggml.bos_token_id"),
                      eos_id=ident("tokenizer.ggml.eos_token_id"),
-                     chat_template=fields("tokenizer.chat_template"), source=str(path))
+                     chat_template=fields("tokenizer.chat_template"), source=str(path),
+                     stop_ids=frozenset(stops))
 
 
 def _token_id(backend: Any, value: Any) -> int | None:
@@ -169,4 +197,22 @@ def tokenizer_from_folder(folder: str | Path) -> Tokenizer:
     return Tokenizer(backend, bos_id=_token_id(backend, cfg.get("bos_token")),
                      eos_id=_token_id(backend, cfg.get("eos_token")),
                      chat_template=template if isinstance(template, str) else None,
-                     source=str(tj))
+                     source=str(tj), stop_ids=_folder_stops(backend, d))
+
+
+def _folder_stops(backend: Any, folder: Path) -> frozenset[int]:
+    """A HF folder's stop ids: ``generation_config.json``'s ``eos_token_id`` (an id or a
+    list) and the end-of-turn tokens its vocabulary holds as special tokens."""
+    stops: set[int] = set()
+    gc = folder / "generation_config.json"
+    if gc.is_file():
+        try:
+            ids = json.loads(gc.read_text()).get("eos_token_id")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+            raise ConfigError(f"{gc}: not a JSON object: {err}") from None
+        for i in ids if isinstance(ids, list) else [ids]:
+            if isinstance(i, int) and not isinstance(i, bool) and i >= 0:
+                stops.add(i)
+    added = {t.content: i for i, t in backend.get_added_tokens_decoder().items()
+             if t.special}
+    return frozenset(stops | {added[t] for t in END_OF_TURN_TOKENS if t in added})

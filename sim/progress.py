@@ -1,5 +1,6 @@
 """Progress of long commands on a terminal: one phase at a time (a spinner, or a bar with
-the count and the time remaining when the phase knows its total). Quiet when stderr is not
+the count, ``0:00:12 elapsed, 0:00:30 left`` when the phase knows its total). The one
+progress display of kvsim (runs, sweeps, serving, sensitivity). Quiet when stderr is not
 a terminal or ``CI`` is set, so logs and pipes get only the results.
 
     with Phases(enabled=progress_enabled()) as ph:
@@ -51,8 +52,8 @@ class Phases:
         if enabled:
             self._progress = Progress(
                 SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("left"),
-                TimeRemainingColumn(), console=console or Console(stderr=True),
+                MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("elapsed,"),
+                TimeRemainingColumn(), TextColumn("left"), console=console or Console(stderr=True),
                 transient=True)
 
     def __enter__(self) -> Phases:

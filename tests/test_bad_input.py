@@ -52,7 +52,7 @@ from isa.instructions import (
     f32_bits,
 )
 from isa.validate import validate_program
-from kvsim.errors import ConfigError, DeviceError, KvsimError
+from kvsim.errors import ConfigError, DeviceError, KvsimError, OutputError
 from models.bits import build_bit_config
 from models.compiler import CompiledModel, CompileError, HardwareTarget, compile_model
 from models.source import load_preset
@@ -70,7 +70,7 @@ from sim.runtime.cacheops import score_eviction as _score_eviction
 #: The documented exception types (README, isa/errors.py, and the modules that define them).
 DOCUMENTED = (KvsimError, ConfigError, IsaError, DecodeError, AssembleError, ProgramError,
               FormatError, DeviceError, CompileError, CacheOpError, RuntimeApiError,
-              RegressError)
+              RegressError, OutputError)
 
 TINY_HW = load_hardware("tiny")
 TINY = load_preset("tiny")
@@ -89,6 +89,7 @@ class Case:
     costs_time: bool = False  # runtime: the call did work (a dump) before refusing
     xfail: tuple[type[BaseException], str] | None = None  # (what it raises now, the bug)
     extra: dict = field(default_factory=dict)
+    absent: tuple[str, ...] = ()  # substrings the message must not hold (a wrong wording)
 
 
 CASES: list[Case] = []
@@ -120,14 +121,15 @@ trace = "ops"
 
 
 def _cfg(id: str, needle: str, *sets: str, toml: str | bytes | None = None,
-         files: dict[str, bytes] | None = None, exc=ConfigError, xfail=None) -> None:
+         files: dict[str, bytes] | None = None, exc=ConfigError, xfail=None,
+         absent: tuple[str, ...] = ()) -> None:
     """A run config case: the config file (``BASE_TOML`` or ``toml``), ``--set`` overrides
     (``{dir}`` stands for the case's folder), extra ``files`` in that folder."""
     def act(ctx):
         return run(load_run_config(ctx.config, ctx.sets))
 
     case("config", id, act, exc, needle, sets=sets, xfail=xfail,
-         extra={"toml": toml, "files": files or {}})
+         extra={"toml": toml, "files": files or {}}, absent=absent)
 
 
 _cfg("unknown section", "modle: unknown key", toml=BASE_TOML + "[modle]\nx = 1\n")
@@ -153,6 +155,11 @@ _cfg("unknown KV format", "kv.format: unknown KV format 'int7'", "kv.format='int
 _cfg("unknown core mode", "compile.core_mode: Input should be", "compile.core_mode='global16'")
 _cfg("unknown trace level", "outputs.trace: Input should be", "outputs.trace='all'")
 _cfg("unknown workload", "workload.kind: Input should be", "workload.kind='train'")
+_cfg("a Hugging Face Hub id", "model: 'HuggingFaceTB/SmolLM2-135M-Instruct' is not a local file "
+     "or folder; it looks like a Hugging Face Hub id, and kvsim is offline",
+     "model.preset='HuggingFaceTB/SmolLM2-135M-Instruct'", absent=("does not exist",))
+_cfg("a Hub id as hf_config", "model.hf_config: 'Qwen/Qwen2.5-0.5B' is not a local file or "
+     "folder; it looks like a Hugging Face Hub id", "model.hf_config='Qwen/Qwen2.5-0.5B'")
 _cfg("missing hf_config", "missing.json",
      "model.hf_config='{dir}/missing.json'")
 _cfg("hf_config not JSON", "bad.json: not valid JSON", "model.hf_config='{dir}/bad.json'",
@@ -226,7 +233,17 @@ def _model_files() -> dict[str, dict[str, bytes]]:
             return {f"hf/{f.name}": f.read_bytes() for f in sorted(d.iterdir())}
 
         good = gg("good")
+        out["good"] = {"m.gguf": good}
+        out["chat bomb"] = {"m.gguf": gg("chat bomb", edit=lambda g: g.add_chat_template(
+            "{{ 'x' * 3000000000 }}"))}
         out["truncated"] = {"m.gguf": good[: len(good) // 2]}
+        # cut in the header: numpy's own words came through ("index 0 is out of bounds",
+        # "When changing to a larger dtype", "not enough values to unpack")
+        for n in (4, 5, 8):
+            out[f"cut at {n}"] = {"m.gguf": good[:n]}
+        out["string hidden_size"] = {"hf/config.json": json.dumps(
+            {**{k: v for k, v in hf_config_json(TINY_LLAMA).items() if k != "head_dim"},
+             "hidden_size": "64"}).encode()}
         out["magic"] = {"m.gguf": b"GGML" + good[4:]}
         out["arch"] = {"m.gguf": gg("arch", arch="falcon")}
         out["type"] = {"m.gguf": gg("type", types={"blk.0.attn_v.weight": q.I32})}
@@ -256,11 +273,18 @@ def _model_files() -> dict[str, dict[str, bytes]]:
 _MODEL_FILES = _model_files()
 
 
-def _model(id: str, needle: str, key: str, name: str = "m.gguf") -> None:
-    _cfg(id, needle, f"model.preset='{{dir}}/{name}'", files=_MODEL_FILES[key])
+def _model(id: str, needle: str, key: str, name: str = "m.gguf",
+           absent: tuple[str, ...] = ()) -> None:
+    _cfg(id, needle, f"model.preset='{{dir}}/{name}'", files=_MODEL_FILES[key], absent=absent)
 
 
 _model("GGUF truncated", "m.gguf: unreadable GGUF file (truncated or corrupt)", "truncated")
+for _n in (4, 5, 8):
+    _model(f"GGUF cut after {_n} bytes", f"m.gguf: unreadable GGUF file (truncated or corrupt): "
+           f"it ends or breaks inside its header, metadata or tensor index (the file has {_n} "
+           f"bytes)", f"cut at {_n}", absent=("index 0", "dtype", "unpack"))
+_model("HF hidden_size a string", "config.json: hidden_size must be a positive integer, got "
+       "'64'", "string hidden_size", "hf", absent=("not a multiple",))
 _model("GGUF wrong magic", "m.gguf: not a GGUF file (magic b'GGML'", "magic")
 _model("GGUF unsupported architecture", "m.gguf: unsupported architecture 'falcon'", "arch")
 _model("GGUF unsupported tensor type", "m.gguf: tensor 'blk.0.attn_v.weight' has unsupported "
@@ -286,6 +310,21 @@ _model("HF tokenizer.json invalid", "tokenizer.json: not a valid tokenizer.json"
        "hf")
 _model("not a model file", "model.bin: not a model (expected a .gguf file", "not a model",
        "model.bin")
+
+
+# a prompt text is checked at its real token count (the tiny GGUF's byte vocabulary: one
+# token per character; its context is 512 positions), before anything is compiled
+_LONG = "a" * 600
+_cfg("prompt text past the model's context", "workload.prompt: the prompt text's 600 tokens "
+     "+ output_tokens 2 - 1 = 601 tokens exceed the max_position_embeddings (512) of model 'm'",
+     "model.preset='{dir}/m.gguf'", f"workload.prompt='{_LONG}'", files=_MODEL_FILES["good"])
+_cfg("GGUF chat template asking for 3 GB", "m.gguf: chat template fails: '*' would make "
+     "3,000,000,000 characters or items, more than the", "model.preset='{dir}/m.gguf'",
+     "workload.prompt='hi'", "workload.chat=true", files=_MODEL_FILES["chat bomb"])
+_cfg("prompt text longer than the cache", "compile.cache_length: 64 tokens cannot hold the 101 "
+     "tokens the workload feeds (the prompt text's 100 tokens + output_tokens 2 - 1)",
+     "model.preset='{dir}/m.gguf'", f"workload.prompt='{_LONG[:100]}'",
+     "compile.cache_length=64", files=_MODEL_FILES["good"])
 
 
 # --- compiled-model files ----------------------------------------------------------------------
@@ -380,13 +419,14 @@ def _compression_method(method: int) -> Callable[[bytes], bytes]:
 
 
 def _kvm(id: str, needle: str, mutate: Callable[[bytes], bytes] | None, *, path: str = "m.kvm",
-         exc=CompileError, xfail=None) -> None:
+         exc=CompileError, xfail=None, absent: tuple[str, ...] = ()) -> None:
     """A compiled-model case: the valid tiny model's file, changed by ``mutate`` (None: the
     file is not written), loaded from ``path``."""
     def act(ctx):
         return CompiledModel.load(ctx.dir / path)
 
-    case("compiled", id, act, exc, needle, xfail=xfail, extra={"mutate": mutate, "path": path})
+    case("compiled", id, act, exc, needle, xfail=xfail, extra={"mutate": mutate, "path": path},
+         absent=absent)
 
 
 _kvm("not a zip", "not a kvsim compiled model",
@@ -445,6 +485,9 @@ _kvm("shift beyond 32 bits", "numerics.layers[0].q.shift = 1099511627776 is not 
      _header(lambda h: h["numerics"]["layers"][0]["q"].update(shift=2**40)))
 _kvm("norm gains of the wrong length", "numerics.0.attn_norm.gamma must be int16[64], got "
      "int16[63]", _arrays(lambda a: a.update({"0.attn_norm.gamma": a["0.attn_norm.gamma"][:63]})))
+_kvm("a model too big for the header's DRAM", "compiled model header: the model 'tiny' needs",
+     _header(lambda h: h["hw"].update(dram_bytes=4096)),
+     absent=("compiled model header: compiled model header",))
 _kvm("requantization multipliers missing", "numerics.1.down.mult must be int32[64], got missing",
      _arrays(lambda a: a.pop("1.down.mult")))
 
@@ -625,6 +668,9 @@ _cache("files swapped (K and V)", "holds cache 'l0.v', expected 'l0.k'",
        _load_from, lambda ctx: _swap(_files(ctx)[0], _files(ctx)[1]))
 _cache("files of another model", "dumped from another model or KV format",
        lambda ctx: ctx.model.load_cache_memory_from(ctx.other_snap))
+_cache("files of the same shape with other weights", "dumped from another model or KV format: "
+       "its weights differ ('tiny|L2|H64|kv2x16|synthetic:seed=1|",
+       lambda ctx: ctx.model.load_cache_memory_from(ctx.reseeded_snap))
 _cache("a folder named like a cache file", "cache_0000k.bin is missing", _load_from,
        lambda ctx: (_files(ctx)[0].unlink(), (ctx.snap / "cache_0000k.bin").mkdir()))
 _cache("a file, not a folder", "is not a directory",
@@ -643,8 +689,9 @@ def _swap(a: Path, b: Path) -> None:
 
 
 def _rt(id: str, needle: str, act, prepare=None, *, exc=RuntimeApiError, costs_time=False,
-        xfail=None) -> None:
-    case("runtime", id, act, exc, needle, prepare=prepare, costs_time=costs_time, xfail=xfail)
+        xfail=None, absent: tuple[str, ...] = ()) -> None:
+    case("runtime", id, act, exc, needle, prepare=prepare, costs_time=costs_time, xfail=xfail,
+         absent=absent)
 
 
 def _infer(x: Callable[[Any], Any], **kw) -> Callable[[Any], Any]:
@@ -661,7 +708,11 @@ def _dispose(ctx):
 
 _rt("cache_size beyond capacity", "cache_size 56 + 16 tokens exceed the cache capacity of 64",
     _infer(lambda ctx: ctx.emb[:16], cache_size=56))
-_rt("negative cache_size", "cache_size -1 + 1 tokens exceed", _infer(_one, cache_size=-1))
+_rt("negative cache_size", "cache_size must be an integer >= 0, got -1",
+    _infer(_one, cache_size=-1), absent=("+ 1 tokens",))
+_rt("a 4-D array of the wrong width in a list", "inputs[0]: shape (1, 1, 4, 65), expected "
+    "(1, 1, seq, 64)", _infer(lambda ctx: [np.zeros((1, 1, 4, 65), np.float32)],
+                              cache_size=FILLED), absent=("(1, 1, 1, 4, 65)",))
 _rt("inputs of the wrong width", "inputs: shape (1, 32), expected (seq, 64)",
     _infer(lambda ctx: ctx.emb[:1, :32], cache_size=FILLED))
 _rt("inputs 1-D", "inputs: shape (64,)", _infer(lambda ctx: ctx.emb[0], cache_size=FILLED))
@@ -827,6 +878,108 @@ _rt("score_eviction None budget", "score_eviction: budget must be an integer >= 
     lambda ctx: _score_eviction(2, 4, None), exc=CacheOpError)
 
 
+# --- commands: kvsim as a user runs it (exit 2, one line, the earlier outputs untouched) -------
+
+
+def _cli(id: str, needle: str, *argv: str, files: dict[str, bytes] | None = None,
+         patch: Callable[[Any, Path], None] | None = None, absent: tuple[str, ...] = (),
+         xfail=None) -> None:
+    """A command case: ``argv`` (``{dir}`` is the case's folder, which holds ``files``, the
+    config ``base.toml`` and an earlier run's outputs in ``out/``); ``patch(monkeypatch,
+    folder)`` sets up a failure the command meets (a full disk) before it runs."""
+    case("cli", id, None, KvsimError, needle, xfail=xfail, absent=absent,
+         extra={"argv": argv, "files": files or {}, "patch": patch})
+
+
+_cli("check: a prompt text past the context", "workload.prompt: the prompt text's 600 tokens",
+     "check", "{dir}/base.toml", "--set", "model.preset='{dir}/m.gguf'", "--set",
+     f"workload.prompt='{_LONG}'", files=_MODEL_FILES["good"])
+_cli("generate: a prompt past the context", "--prompt: 600 tokens + --max-new-tokens 4 - 1 = 603 "
+     "tokens exceed the 512-token context of model 'm' (max_position_embeddings)",
+     "generate", "--model", "{dir}/m.gguf", "--prompt", _LONG, "--max-new-tokens", "4",
+     files=_MODEL_FILES["good"])
+_cli("eval: a text past the context", "long.txt: 600 tokens exceed the 512-token context of "
+     "model 'm' (max_position_embeddings); --max-tokens 512 uses its first 512",
+     "eval", "--model", "{dir}/m.gguf", "--text", "{dir}/long.txt",
+     files={**_MODEL_FILES["good"], "long.txt": _LONG.encode()})
+
+
+# kvsim serve with a workload trace (JSONL: arrival_s, prompt_tokens, output_tokens a line)
+_SERVE_BASE = ("serve", "--set", "hardware.preset=tiny", "--set", "model.preset=tiny", "--set",
+               "compile.core_mode=single", "--set", "serving.max_num_seqs=2", "--set",
+               "serving.max_num_batched_tokens=16", "--set", "serving.workload.requests=2")
+_SERVE = (*_SERVE_BASE, "--set", "serving.workload.trace='{dir}/t.jsonl'", "--out", "{dir}/out")
+
+
+def _trace(*lines: str) -> dict[str, bytes]:
+    return {"t.jsonl": "".join(f"{x}\n" for x in lines).encode()}
+
+
+_OK_LINE = '{"arrival_s": 0, "prompt_tokens": 4, "output_tokens": 2}'
+_cli("serve: a binary workload trace", "serving.workload.trace: '{dir}/t.jsonl' is not a UTF-8 "
+     "text file (byte 0xff at offset 0)", *_SERVE, files={"t.jsonl": b"\xff\xfe\x00\x01"})
+_cli("serve: a NaN arrival", "t.jsonl:2: arrival_s must be a finite number >= 0, got NaN",
+     *_SERVE, files=_trace(_OK_LINE, '{"arrival_s": NaN, "prompt_tokens": 4, '
+                                     '"output_tokens": 2}'), absent=("arrives at nan",))
+_cli("serve: an infinite arrival", "t.jsonl:1: arrival_s must be a finite number >= 0, got "
+     "Infinity", *_SERVE, files=_trace('{"arrival_s": Infinity, "prompt_tokens": 4, '
+                                       '"output_tokens": 2}'))
+_cli("serve: a fractional prompt length", "t.jsonl:1: prompt_tokens must be an integer >= 1, "
+     "got 16.9", *_SERVE, files=_trace('{"arrival_s": 0, "prompt_tokens": 16.9, '
+                                       '"output_tokens": 2}'))
+_cli("serve: a prompt length as text", "t.jsonl:1: prompt_tokens must be an integer >= 1, got "
+     "'16'", *_SERVE, files=_trace('{"arrival_s": 0, "prompt_tokens": "16", '
+                                   '"output_tokens": 2}'))
+_cli("serve: a boolean output length", "t.jsonl:1: output_tokens must be an integer >= 1, got "
+     "true", *_SERVE, files=_trace('{"arrival_s": 0, "prompt_tokens": 4, '
+                                   '"output_tokens": true}'))
+
+
+# outputs that cannot be written: a folder nothing can be made in (``/proc``: refused before
+# any work, whoever runs it, root too), and a disk that fills while the outputs are written
+# (after the work: the command says where they could not go, exit 2, the earlier outputs
+# and the folders as they were)
+_SWEEP = (b"base = \"base.toml\"\n[axes]\n\"kv.format\" = [\"int8\", \"kivi-4\"]\n"
+          b"[outputs]\nsave_points = true\n")
+_COMPILE = ("compile", "--model", "tiny", "--hw", "tiny", "--core-mode", "single")
+_SERVE_OUT = (*_SERVE_BASE, "--set", "serving.workload.prompt_tokens=4", "--set",
+              "serving.workload.output_tokens=2")
+
+
+def _full_disk(monkeypatch, folder: Path) -> None:
+    import kvsim.files as tio
+
+    def enospc(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tio, "_write_all", enospc)
+
+
+for _cmd, _argv in (("run", ("run", "{dir}/base.toml")), ("sweep", ("sweep", "{dir}/sweep.toml")),
+                    ("serve", _SERVE_OUT)):
+    _cli(f"{_cmd} --out a folder that cannot be made", "--out: cannot make the folder "
+         "'/proc/kvsim' in '/proc' (", *_argv, "--out", "/proc/kvsim",
+         files={"sweep.toml": _SWEEP})
+    _cli(f"{_cmd} onto a full disk", "--out: could not write", *_argv, "--out", "{dir}/out",
+         files={"sweep.toml": _SWEEP}, patch=_full_disk)
+    _cli(f"{_cmd} onto a full disk, into a new folder", "into '{dir}/new/deeper' (No space left "
+         "on device); nothing was written", *_argv, "--out", "{dir}/new/deeper",
+         files={"sweep.toml": _SWEEP}, patch=_full_disk)
+_cli("compile -o a file that cannot be made", "-o/--output: cannot write in the folder '/proc'",
+     *_COMPILE, "-o", "/proc/kvsim.kvm")
+_cli("compile onto a full disk", "-o/--output: could not write '{dir}/m.kvm' (No space left on "
+     "device)", *_COMPILE, "-o", "{dir}/m.kvm", patch=_full_disk)
+# the vendor folder is one set too; kvsim exec's call record is written at the program's exit
+_FOLDER = ("vendor", "folder", "--model", "tiny", "--hw", "tiny", "--core-mode", "single",
+           "--max-seq", "8", "--cache-length", "64", "--timing-only")
+_cli("vendor folder --out a folder that cannot be made", "--out: cannot make the folder "
+     "'/proc/kvsim' in '/proc' (", *_FOLDER, "--out", "/proc/kvsim")
+_cli("vendor folder onto a full disk", "--out: could not write", *_FOLDER, "--out",
+     "{dir}/new/deeper", patch=_full_disk)
+_cli("exec --trace-calls in a folder that cannot be written", "--trace-calls: cannot write "
+     "in the folder '/proc'", "exec", "--trace-calls", "/proc/calls.json", "--", "true")
+
+
 # --- fixtures: one compiled tiny model and an earlier run's outputs ------------------------------
 
 
@@ -855,9 +1008,13 @@ def world(tmp_path_factory):
     _, o = _launched(other, emb)
     other_snap = root / "other"
     o.dump_cache_memory_to(other_snap)
+    # the same model, bits, format and sizes, other weights (synthetic seed 1)
+    _, r = _launched(_compile(weights={"kind": "synthetic", "seed": 1}), emb)
+    reseeded_snap = root / "reseeded"
+    r.dump_cache_memory_to(reseeded_snap)
     return SimpleNamespace(cm=cm, other=other, emb=emb, kvm=kvm.read_bytes(), prior=prior,
                            aries_cm=aries_cm, other_bufs=o.dump_cache_memory(),
-                           other_snap=other_snap)
+                           other_snap=other_snap, reseeded_snap=reseeded_snap)
 
 
 def _launched(cm, emb):
@@ -892,6 +1049,8 @@ def _raises(c: Case, call: Callable[[], Any]) -> KvsimError:
     assert isinstance(err, c.exc), f"{type(err).__name__} is not a {c.exc.__name__}: {err}"
     assert type(err) in DOCUMENTED, f"{type(err).__name__} is not a documented type"
     assert c.needle in str(err), f"{c.needle!r} not in {str(err)!r}"
+    for bad in c.absent:
+        assert bad not in str(err), f"{bad!r} in {str(err)!r}"
     return err
 
 
@@ -915,6 +1074,7 @@ def _run_config(c: Case, world, tmp_path, capsys) -> None:
     assert cli_main(args) == 2
     err = capsys.readouterr().err.strip()
     assert c.needle in err and "\n" not in err and "Traceback" not in err
+    assert not any(bad in err for bad in c.absent), err
     assert _tree(tmp_path) == before  # the earlier run's outputs are untouched
 
 
@@ -949,7 +1109,8 @@ def _run_device(c: Case, world, tmp_path, capsys) -> None:
     model.dump_cache_memory_to(snap)
     ctx = SimpleNamespace(acc=acc, model=model, cm=world.cm, emb=world.emb, snap=snap,
                           bufs=model.dump_cache_memory(), other_bufs=world.other_bufs,
-                          other_snap=world.other_snap, aries_cm=world.aries_cm)
+                          other_snap=world.other_snap, aries_cm=world.aries_cm,
+                          reseeded_snap=world.reseeded_snap)
     if c.prepare is not None:
         c.prepare(ctx)
     cache, files, now = _device_cache(acc, world.cm), _tree(tmp_path), acc.device.env.now
@@ -961,8 +1122,31 @@ def _run_device(c: Case, world, tmp_path, capsys) -> None:
         assert acc.device.env.now == now and len(acc.calls) == calls
 
 
+def _run_cli(c: Case, world, tmp_path, capsys, monkeypatch) -> None:
+    for name, data in c.extra["files"].items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "base.toml").write_text(BASE_TOML)
+    shutil.copytree(world.prior, tmp_path / "out")
+    if c.extra["patch"] is not None:
+        c.extra["patch"](monkeypatch, tmp_path)
+    before = _tree(tmp_path)
+    capsys.readouterr()
+    try:
+        rc = cli_main([a.replace("{dir}", str(tmp_path)) for a in c.extra["argv"]])
+    except SystemExit as e:  # argparse's own usage errors
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert "Traceback" not in err and err.startswith("kvsim: error: "), err
+    last = err.splitlines()[-1].replace(str(tmp_path), "{dir}")
+    assert c.needle in last, f"{c.needle!r} not in {last!r}"
+    assert not any(bad in err for bad in c.absent), err
+    assert _tree(tmp_path) == before  # no file made, changed or removed
+
+
 HARNESS = {"config": _run_config, "compiled": _run_compiled, "isa": _run_isa,
-           "cache": _run_device, "runtime": _run_device}
+           "cache": _run_device, "runtime": _run_device, "cli": _run_cli}
 
 
 def _param(c: Case):
@@ -975,8 +1159,11 @@ def _param(c: Case):
 
 @pytest.mark.parametrize("c", [_param(c) for c in CASES])
 def test_bad_input_is_refused_with_a_documented_error_and_changes_nothing(c, world, tmp_path,
-                                                                         capsys):
-    HARNESS[c.kind](c, world, tmp_path, capsys)
+                                                                         capsys, monkeypatch):
+    if c.kind == "cli":
+        _run_cli(c, world, tmp_path, capsys, monkeypatch)
+    else:
+        HARNESS[c.kind](c, world, tmp_path, capsys)
 
 
 def test_the_table_covers_every_kind():

@@ -193,6 +193,58 @@ def test_a_run_killed_half_way_through_a_file_leaves_the_old_files(tmp_path, out
         assert m["name"] == "report.html" and int(m["pid"]) == proc.pid
 
 
+# --- Ctrl-C: the output set is replaced as a whole, or not at all ---------------------------
+
+
+def test_ctrl_c_while_the_outputs_are_written_leaves_the_old_set(tmp_path, outputs,
+                                                                  monkeypatch, capsys):
+    from sim.app.cli.main import main
+
+    out = _folder(tmp_path, outputs)
+    write_all, calls = tio._write_all, []
+
+    def interrupted(fd, data):
+        calls.append(len(data))
+        if len(calls) == 2:  # Ctrl-C while the second file of the set is written
+            raise KeyboardInterrupt
+        write_all(fd, data)
+
+    monkeypatch.setattr(tio, "_write_all", interrupted)
+    assert main(["run", str(outputs["quick"]), "--out", str(out), "-q"]) == 130
+    assert _read(out) == outputs["old_files"]  # not a new report beside the old metrics
+    assert _leftovers(out) == []
+
+
+def test_ctrl_c_as_the_set_is_put_in_place_waits_until_it_is_whole(tmp_path, outputs,
+                                                                    monkeypatch, capsys):
+    from sim.app.cli.main import main
+
+    ref = tmp_path / "ref"
+    assert main(["run", str(outputs["quick"]), "--out", str(ref), "-q"]) == 0
+    out = _folder(tmp_path, outputs)
+    put, sent = tio._put_in_place, []
+
+    def put_then_interrupt(src, dst):
+        put(src, dst)
+        if not sent:  # Ctrl-C right after the first file of the set is in place
+            sent.append(dst)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(tio, "_put_in_place", put_then_interrupt)
+    assert main(["run", str(outputs["quick"]), "--out", str(out), "-q"]) == 130
+    assert sent and _read(out) == _read(ref)  # the whole new set, then the interrupt
+    assert _leftovers(out) == []
+
+
+def test_a_set_without_a_trace_removes_the_earlier_trace(tmp_path, outputs, capsys):
+    from sim.app.cli.main import main
+
+    out = _folder(tmp_path, outputs)
+    assert main(["run", str(outputs["quick"]), "--out", str(out), "-q", "--set",
+                 "outputs.trace=off"]) == 0
+    assert sorted(_read(out)) == ["metrics.json", "report.html"]  # no old trace beside it
+
+
 # --- the writer itself ---------------------------------------------------------------------
 
 

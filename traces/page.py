@@ -28,6 +28,7 @@ details{margin:.5em 0 1em} summary{cursor:pointer;color:#345}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(620px,1fr));gap:0 16px}
 .fig{margin:.4em 0;min-width:0}
 .wide{grid-column:1/-1}
+.texts td{white-space:pre-wrap;font-family:ui-monospace,monospace}
 """
 
 
@@ -88,9 +89,11 @@ def table(rows: list[tuple[str, str]]) -> str:
 
 def render_page(title: str, *, subtitle: str = "", cards: list[Card] | None = None,
                 details: list[tuple[str, str]] | None = None,
-                figures: list[Figure | go.Figure] | None = None, after: str = "") -> str:
+                figures: list[Figure | go.Figure] | None = None, after: str = "",
+                before: str = "") -> str:
     """A self-contained page: plotly.js is embedded once, with the first figure; figures
-    get ids ``fig0``, ``fig1``, ...; ``after`` is HTML placed after the figures."""
+    get ids ``fig0``, ``fig1``, ...; ``before`` is HTML placed after the cards (before the
+    details and the figures), ``after`` HTML placed after the figures."""
     parts = []
     for i, f in enumerate(figures or []):
         f = f if isinstance(f, Figure) else Figure(f, wide=True)
@@ -102,6 +105,8 @@ def render_page(title: str, *, subtitle: str = "", cards: list[Card] | None = No
         body.append(f'<p class="sub">{html.escape(subtitle)}</p>')
     if cards:
         body.append(_cards(cards))
+    if before:
+        body.append(before)
     if details:
         body.append(f"<details><summary>details</summary>{table(details)}</details>")
     body.append(f'<div class="grid">{"".join(parts)}</div>{after}')

@@ -24,7 +24,17 @@ import plotly.graph_objects as go
 
 from .breakdown_chart import run_breakdown
 from .chrome import _block_key, bandwidth_series
-from .page import Card, Figure, byte_unit, fmt_bytes, fmt_time, layout, render_page, time_unit
+from .page import (
+    Card,
+    Figure,
+    byte_unit,
+    fmt_bytes,
+    fmt_time,
+    layout,
+    render_page,
+    table,
+    time_unit,
+)
 from .recorder import Recorder, span_times
 from .results import CallRow, GenerateMetrics, RooflineFigures, RunMetrics
 from .speculation_chart import SPECULATION_COLORS, speculation_chart
@@ -390,14 +400,39 @@ def _vs_bound(t: float, bound: float | None) -> str:
     return f"roofline bound {fmt_time(bound, time_unit(t)[0])} ({t / bound:.2f}× the bound)"
 
 
+def _weights(m: RunMetrics) -> str:
+    """Real or synthetic, as the run recorded it (``weights``: the kind of the compiled
+    model's weights: gguf, safetensors, synthetic)."""
+    if isinstance(m, GenerateMetrics) and m.weights.real:
+        return f"real ({m.weights.kind})"
+    seed = (m.config.get("model") or {}).get("weights_seed")
+    return "synthetic" + (f" (seed {seed})" if seed is not None else "")
+
+
+def _texts(m: RunMetrics) -> str:
+    """A run of a prompt text: the prompt, what the NPU wrote, the float reference's
+    continuation and where they first differ (HTML; empty for a run without text)."""
+    t = m.text if isinstance(m, GenerateMetrics) else None
+    if t is None or t.generated_text is None:
+        return ""
+    diff = t.first_difference_token
+    rows = [("prompt", t.prompt or ""), ("NPU", t.generated_text)]
+    if t.reference_compared:
+        rows += [("float reference", t.reference_text or ""),
+                 ("first difference", "none: the same tokens" if diff is None
+                  else f"at generated token {diff}")]
+    if t.degenerate:
+        rows.append(("degenerate output", t.degenerate))
+    return f'<h2>Text</h2><div class="texts">{table(rows)}</div>'  # line breaks kept
+
+
 def _details(m: RunMetrics, recorder: Recorder) -> list[tuple[str, str]]:
     rows = [("scenario", m.scenario),
             ("simulated time (prefill + decode)", fmt_time(m.sim_time_s))]
     if isinstance(m, GenerateMetrics):
         rows.append(("prefill throughput", f"{m.prefill.tokens_per_s:,.1f} tokens/s"))
     rows.append(("instructions executed", f"{m.instructions:,}"))
-    weights = m.config.get("model", {}).get("safetensors")
-    rows.append(("weights", "real (safetensors)" if weights else "synthetic"))
+    rows.append(("weights", _weights(m)))
     for k, v in m.traffic_bytes.items():
         rows.append((f"traffic {k}", fmt_bytes(v)))
     sp = m.speculation if isinstance(m, GenerateMetrics) else None
@@ -492,4 +527,4 @@ def run_report(metrics: RunMetrics, recorder: Recorder, *, bins: int = 200) -> s
                        subtitle="" if not subtitle else
                        "simulated times; hover any chart for its values",
                        cards=_cards(metrics), details=_details(metrics, recorder),
-                       figures=figs)
+                       figures=figs, before=_texts(metrics))

@@ -286,7 +286,7 @@ class WeightsFigures(Record):
 
 @dataclass(frozen=True)
 class TextFigures(Record):
-    """The text of a functional run (``sim.app.run_text.text_metrics``): the prompt, the
+    """The text of a functional run (``sim.app.run_text.text_figures``): the prompt, the
     generated text and, where the float reference ran (``reference_compared``), its
     continuation and the first output token where the two differ (None: none differs).
     ``degenerate``: what the degenerate-output guard found, if anything."""

@@ -21,7 +21,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .breakdown_chart import serving_breakdown
-from .page import Card, Figure, fmt_time, render_page
+from .page import Card, Figure, fmt_time, render_page, time_unit
 from .page import layout as _layout
 from .serving_results import ServingMetrics
 
@@ -105,18 +105,22 @@ def occupancy_figure(steps: Sequence[Sequence[Any]], geometry: Any) -> go.Figure
 
 def latency_figures(rows: Sequence[dict[str, Any]]) -> list[go.Figure]:
     """Cumulative distributions of TTFT and of time per output token: one chart each
-    (their scales differ by orders of magnitude), in ms."""
+    (their scales differ by orders of magnitude), each in the unit of its largest value
+    (s for waits of seconds, ms, µs), the axis from 0 to that value."""
     figs = []
     for key, name in (("ttft_s", "time to first token"), ("tpot_s", "time per output token")):
-        v = np.sort([r[key] * 1e3 for r in rows if r.get(key) is not None])
+        secs = np.sort([r[key] for r in rows if r.get(key) is not None])
+        unit, per = time_unit(float(secs[-1]) if len(secs) else 0.0)
+        v = secs / per
         fig = go.Figure()
         if len(v):
             fig.add_trace(go.Scatter(x=v, y=np.arange(1, len(v) + 1) / len(v) * 100,
                                      mode="lines", line_shape="hv", name=name,
                                      hovertemplate="%{y:.1f} % of requests within "
-                                                   "%{x:,.3f} ms<extra></extra>"))
+                                                   f"%{{x:,.3f}} {unit}<extra></extra>"))
+            fig.update_xaxes(range=[0, float(v[-1])])
         fig.update_yaxes(range=[0, 100])
-        figs.append(_layout(fig, f"Distribution of {name} over requests", f"{name} (ms)",
+        figs.append(_layout(fig, f"Distribution of {name} over requests", f"{name} ({unit})",
                             "requests (%)", height=340))
     return figs
 
@@ -149,18 +153,21 @@ def serving_report_html(metrics: ServingMetrics, rows: Sequence[dict[str, Any]],
     latency distributions."""
     s = metrics.serving
 
-    def pct(key: str) -> str:
-        return " / ".join(f"{getattr(s, f'{key}_p{q}') * 1e3:,.2f}" for q in (50, 90, 99))
+    def pct(key: str) -> tuple[str, str]:
+        """The median in the unit of the median, and the percentiles in that unit."""
+        unit, per = time_unit(getattr(s, f"{key}_p50"))
+        return unit, " / ".join(f"{getattr(s, f'{key}_p{q}') / per:,.2f}" for q in (50, 90, 99))
 
+    (ttft_unit, ttft), (tpot_unit, tpot) = pct("ttft_s"), pct("tpot_s")
     cards = [
         Card("output throughput", f"{s.output_tokens_per_s:,.1f} tokens/s",
              note=f"{s.requests_per_s:,.2f} requests/s",
              metric="serving.output_tokens_per_s", value=s.output_tokens_per_s),
-        Card("time to first token, median", fmt_time(s.ttft_s_p50, "ms"),
-             note=f"p50 / p90 / p99: {pct('ttft_s')} ms", metric="serving.ttft_s_p50",
+        Card("time to first token, median", fmt_time(s.ttft_s_p50, ttft_unit),
+             note=f"p50 / p90 / p99: {ttft} {ttft_unit}", metric="serving.ttft_s_p50",
              value=s.ttft_s_p50),
-        Card("time per output token, median", fmt_time(s.tpot_s_p50, "ms"),
-             note=f"p50 / p90 / p99: {pct('tpot_s')} ms", metric="serving.tpot_s_p50",
+        Card("time per output token, median", fmt_time(s.tpot_s_p50, tpot_unit),
+             note=f"p50 / p90 / p99: {tpot} {tpot_unit}", metric="serving.tpot_s_p50",
              value=s.tpot_s_p50),
         Card("preemptions", f"{s.num_preemptions:,}",
              note=f"{s.recomputed_tokens:,} tokens recomputed, "

@@ -156,6 +156,92 @@ def _results_table(axes: dict[str, list[Any]], rows: list[dict[str, Any]],
     return f"<h2>Results</h2><table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+#: A series "pays" against the first one where its headline metric is at least this much
+#: better (a fraction of the first's value), at that point and at every larger one: a
+#: difference under 1 % is within what a reader of a latency table calls the same (an
+#: assumption; the README reads the kv-bits sweep with it).
+PAYS_BY = 0.01
+#: Metric name endings for which more is better (for the rest, less is: times, bytes).
+MORE_IS_BETTER = ("tokens_per_s", "requests_per_s", "capacity_tokens", "compression_vs_bf16",
+                  "top1_agreement")
+
+
+def _gain(metric: str, base: float, v: float) -> float:
+    """How much better ``v`` is than ``base``, as a fraction of ``base``."""
+    if not base:
+        return 0.0
+    sign = 1 if metric.endswith(MORE_IS_BETTER) else -1
+    return sign * (v - base) / abs(base)
+
+
+def _series_name(axes: dict[str, list[Any]], names: list[str], key: tuple[int, ...]) -> str:
+    return ", ".join(_fmt(axes[a][i]) for a, i in zip(names, key, strict=True))
+
+
+def _conclusion_cards(metric: str, axes: dict[str, list[Any]],
+                      rows: list[dict[str, Any]]) -> list[Card]:
+    """The sweep's conclusion on ``metric``, one card per series against the first series
+    (the first value of each axis but the x axis): from which x value on it pays (at least
+    :data:`PAYS_BY` better there and at every larger x), or, without a numeric axis, how
+    much better or worse it is. Empty when there is nothing to compare."""
+    ok = {tuple(axes[a].index(r[a]) for a in axes): r[metric] for r in rows
+          if r["status"] == "ok" and is_number(r.get(metric))}
+    if not ok or not axes:
+        return []
+    axis = x_axis(axes)
+    numeric = all(is_number(v) for v in axes[axis])
+    names = [a for a in axes if a != axis] if numeric else list(axes)
+    if not names:
+        return []
+    label, scale = quantity(metric, list(ok.values()))
+    what, _, unit = label.partition(" (")
+    unit = unit.rstrip(")")
+    words = ("higher", "lower") if metric.endswith(MORE_IS_BETTER) else ("lower", "higher")
+    pos = list(axes).index(axis)
+
+    def value(key: tuple[int, ...], x: int | None) -> float | None:
+        full = key if x is None else (*key[:pos], x, *key[pos:])
+        return ok.get(full)
+
+    keys = sorted({tuple(k[i] for i, a in enumerate(axes) if a in names) for k in ok})
+    base = keys[0]
+    cards = []
+    for key in keys[1:]:
+        title = f"{_series_name(axes, names, key)} vs {_series_name(axes, names, base)}"
+        if not numeric:
+            b, v = value(base, None), value(key, None)
+            if b is None or v is None:
+                continue
+            g = _gain(metric, b, v)
+            text = f"{abs(g):.1%} {words[0] if g >= 0 else words[1]} {what}".replace("%", " %")
+            cards.append(Card(title, text, note=f"{fmt_number(v / scale)} {unit} against "
+                                                f"{fmt_number(b / scale)} {unit}".strip(),
+                              metric=metric))
+            continue
+        xs = [(i, _gain(metric, b, v)) for i in range(len(axes[axis]))
+              if (b := value(base, i)) is not None and (v := value(key, i)) is not None]
+        if not xs:
+            continue
+        start = None
+        for i, g in reversed(xs):  # the smallest x from which every larger one pays
+            if g < PAYS_BY:
+                break
+            start = i
+        xunit = "tokens" if axis.endswith("tokens") else NAMES.get(axis, axis)
+        last_i, last_g = xs[-1]
+        last = f"{_fmt(axes[axis][last_i])} {xunit}"
+        if start is None:
+            text = f"does not pay up to {last}"
+        else:
+            text = f"pays from {_fmt(axes[axis][start])} {xunit}"
+        change = f"{abs(last_g):.1%} {words[0] if last_g >= 0 else words[1]}".replace("%", " %")
+        cards.append(Card(title, text, metric=metric, note=(
+            f"{what} at least {PAYS_BY:.0%} {words[0]} from there on; " if start is not None
+            else f"{what} not at least {PAYS_BY:.0%} {words[0]} from any point on; ").replace(
+                "%", " %") + f"{change} at {last}"))
+    return cards
+
+
 def _range_card(metric: str, axes: dict[str, list[Any]], rows: list[dict[str, Any]]) -> Card:
     ok = [r for r in rows if r["status"] == "ok" and is_number(r.get(metric))]
     vals = [r[metric] for r in ok]
@@ -183,10 +269,14 @@ def sweep_report(title: str, axes: dict[str, list[Any]], rows: list[dict[str, An
     failed = sum(r["status"] != "ok" for r in rows)
     cards = [Card("points", f"{len(rows) - failed} of {len(rows)}",
                   note=f"{failed} failed" if failed else "all ran")]
-    cards += [_range_card(m, axes, rows) for m in shown
+    ranges = [_range_card(m, axes, rows) for m in shown
               if any(r["status"] == "ok" and is_number(r.get(m)) for r in rows)]
+    # the conclusion first: where each series pays against the first, on the first metric
+    conclusion = _conclusion_cards(shown[0], axes, rows) if shown else []
+    cards += conclusion or ranges[:1]
     details = [("axes", "; ".join(f"{NAMES.get(a, a)} = {', '.join(map(_fmt, v))}"
                                   for a, v in axes.items()))]
+    details += [(f"range of {c.label}", f"{c.text} ({c.note})") for c in ranges]
     missing = [m for m in metrics if m not in shown]
     if missing:
         details.append(("metrics without values", ", ".join(missing)))

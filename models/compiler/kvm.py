@@ -63,6 +63,11 @@ def write_kvm(cm: CompiledModel, path: str | Path) -> None:
     """Write ``cm`` to ``path`` (atomically)."""
     from kvsim.files import atomic_write_bytes
 
+    atomic_write_bytes(path, kvm_bytes(cm))
+
+
+def kvm_bytes(cm: CompiledModel) -> bytes:
+    """The bytes of ``cm``'s file (what :func:`write_kvm` writes)."""
     header, arrays = to_header(cm)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED,
@@ -73,7 +78,7 @@ def write_kvm(cm: CompiledModel, path: str | Path) -> None:
         z.writestr("arrays.npz", npz.getvalue())
         for name, prog in cm.programs.items():
             z.writestr(f"programs/{name}.bin", encode_program(prog))
-    atomic_write_bytes(path, buf.getvalue())
+    return buf.getvalue()
 
 
 def read_kvm(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Program]]:
@@ -242,14 +247,15 @@ def check_consistent(cm: CompiledModel, arrays: dict[str, np.ndarray]) -> None:
         raise CompileError(f"compiled model header: core_mode {cm.core_mode!r} needs "
                            f"{CORE_MODES[cm.core_mode]} cores; hw has {hw.num_cores}")
     try:
-        if (why := dram_problem(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
-                                max_seq=cm.max_seq, dram_bytes=hw.dram_bytes,
-                                hw_name=hw.name)) is not None:
-            raise CompileError(f"compiled model header: the model {why}")
-        expect = build_memory_map(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
-                                  max_seq=cm.max_seq, m_tile=cm.m_tile)
+        why = dram_problem(cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots,
+                           max_seq=cm.max_seq, dram_bytes=hw.dram_bytes, hw_name=hw.name)
+        expect = None if why is not None else build_memory_map(
+            cm.model, cm.bits, cm.kv, cap=cm.cap, slots=cm.slots, max_seq=cm.max_seq,
+            m_tile=cm.m_tile)
     except KvsimError as err:
         raise CompileError(f"compiled model header: {err}") from None
+    if why is not None or expect is None:  # raised here: the prefix once
+        raise CompileError(f"compiled model header: the model {cm.model.name!r} {why}")
     if cm.mm.to_json() != expect.to_json():
         raise CompileError("compiled model header: memory_map is not the one model, bits, kv, "
                            "cap, slots, max_seq and m_tile give (the file was edited)")

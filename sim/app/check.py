@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from isa import kvformats
 from kvsim.errors import ConfigError, KvsimError
@@ -33,6 +34,10 @@ class Checked:
     summary: str
     dram_bytes: int = 0
     cache_length: int = 0
+    #: the config as checked: a prompt text's real token count in ``workload.prompt_tokens``
+    config: RunConfig | None = None
+    prompt_ids: list[int] | None = None  # the prompt text's tokens (None without a text)
+    tokenizer: Any = None  # the model's tokenizer, when a prompt text was tokenized
 
 
 def _name(model: ModelConfig) -> str:
@@ -47,7 +52,10 @@ def run_source(cfg: ModelOnHardware) -> ModelSource:
     if m.hf_config is not None:
         p = Path(m.hf_config)
         if not (p / "config.json" if p.is_dir() else p).is_file():
-            raise ConfigError(f"model.hf_config: file {m.hf_config!r} does not exist")
+            from models.source import hub_id_hint
+
+            missing = f"file {m.hf_config!r} does not exist"
+            raise ConfigError(f"model.hf_config: {hub_id_hint(m.hf_config) or missing}")
         try:
             config = load_model(p, where="model.hf_config")
         except ConfigError as err:
@@ -74,17 +82,20 @@ def _check_generate(cfg: RunConfig, source: ModelSource | None) -> Checked:
     # the last token is not fed back
     fed = w.context_tokens + w.prompt_tokens + max(w.output_tokens - 1, 0)
     ctx = f"context_tokens {w.context_tokens} + " if w.context_tokens else ""
+    # a prompt text has been tokenized (check_run): prompt_tokens is its real count
+    prompt = (f"the prompt text's {w.prompt_tokens} tokens" if w.prompt is not None
+              else f"prompt_tokens {w.prompt_tokens}")
+    feeds = f"{ctx}{prompt} + output_tokens {w.output_tokens} - 1"
     if fed > model.max_position_embeddings:
-        field = "context_tokens" if w.context_tokens else "prompt_tokens"
-        raise ConfigError(f"workload.{field}: {ctx}prompt_tokens {w.prompt_tokens} + "
-                          f"output_tokens {w.output_tokens} - 1 = {fed} tokens exceed the "
+        field = ("context_tokens" if w.context_tokens else
+                 "prompt" if w.prompt is not None else "prompt_tokens")
+        raise ConfigError(f"workload.{field}: {feeds} = {fed} tokens exceed the "
                           f"max_position_embeddings ({model.max_position_embeddings}) of "
                           f"model {_name(model)!r}")
     cap = cache_length(cfg)
     if cap < fed:
         raise ConfigError(f"compile.cache_length: {cap} tokens cannot hold the {fed} tokens "
-                          f"the workload feeds ({ctx}prompt_tokens {w.prompt_tokens} + "
-                          f"output_tokens {w.output_tokens} - 1)")
+                          f"the workload feeds ({feeds})")
     try:
         pair = kvformats.pair(cfg.kv.format)
     except KvsimError as err:
@@ -147,7 +158,15 @@ def _check_gemv(cfg: RunConfig) -> Checked:
 
 def check_run(cfg: RunConfig, source: ModelSource | None = None) -> Checked:
     """Everything about ``cfg`` that can be known without compiling or running it
-    (``source``: its model, already resolved by :func:`run_source`)."""
+    (``source``: its model, already resolved by :func:`run_source`). A prompt text
+    (``workload.prompt``) is tokenized first, so the context, cache and DRAM checks see its
+    real token count; :attr:`Checked.config` is the config so resolved."""
     if cfg.workload.kind == "gemv":
         return _check_gemv(cfg)
-    return _check_generate(cfg, source)
+    from sim.app.run_text import with_prompt
+
+    # the model is resolved (an unknown or bad one named) before its tokenizer is asked for
+    src = run_source(cfg) if source is None else source
+    cfg, ids, tok = with_prompt(cfg, src)
+    checked = _check_generate(cfg, src)
+    return Checked(checked.summary, checked.dram_bytes, checked.cache_length, cfg, ids, tok)

@@ -71,6 +71,15 @@ def bit_config(bits: str = "W8", *, numerics: str | None = None,
                      kv_read=kv_read)
 
 
+def check_context(src: ModelSource, tokens: int, what: str) -> None:
+    """Refuse, before anything is compiled, a text whose ``tokens`` positions exceed the
+    model's context (``max_position_embeddings``); ``what`` says what the tokens are."""
+    limit = src.config.max_position_embeddings
+    if tokens > limit:
+        raise ConfigError(f"{what} tokens exceed the {limit:,}-token context of model "
+                          f"{src.name!r} (max_position_embeddings)")
+
+
 def ready_for_text(src: ModelSource, bits: BitConfig, *, kv: str, hw: HardwareConfig,
                    tokens: int, seed: int = 0, chunk_tokens: int = CHUNK_TOKENS,
                    functional: bool = True) -> ReadyModel:
@@ -252,6 +261,7 @@ def evaluate(source: str | Path | ModelSource, tokens: Sequence[int], *, bits: B
     vocab = src.config.vocab_size
     if min(ids) < 0 or max(ids) >= vocab:
         raise ConfigError(f"text: token ids must lie in 0..{vocab - 1}")
+    check_context(src, len(ids), f"text: {len(ids):,}")
     hwc = hardware_of(hw)
     # Deterministic, so kept: keyed on every input (a given reference is not: its
     # logits would have to be compared too).
@@ -467,6 +477,7 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
         raise ConfigError(f"at: {at!r} must be an integer in 1..{len(ids) - 2} (the text "
                           f"has {len(ids)} tokens; predictions must follow the edit)")
     at = int(at)
+    check_context(src, len(ids), f"text: {len(ids):,}")
     hwc = hardware_of(hw)
     ready = ready_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids), seed=seed,
                            chunk_tokens=chunk_tokens)
@@ -494,7 +505,7 @@ def evaluate_edit(source: str | Path | ModelSource, tokens: Sequence[int], *,
 
 __all__ = ["CHUNK_TOKENS", "EDIT_HELP", "EDIT_SIDES", "QUALITIES_KEPT", "READ_PATHS",
            "REFERENCES_KEPT", "TABLE_FORMATS", "CacheEdit", "EditQuality", "bit_config",
-           "GivenRows", "ReferenceRows", "bits_label", "edited_logits", "edited_quality",
-           "evaluate", "evaluate_edit", "npu_logits", "parse_edit", "quality_table",
-           "ready_for_text", "reference_logits", "reference_rows", "requantize_layout",
-           "stream_npu_logits"]
+           "GivenRows", "ReferenceRows", "bits_label", "check_context", "edited_logits",
+           "edited_quality", "evaluate", "evaluate_edit", "npu_logits", "parse_edit",
+           "quality_table", "ready_for_text", "reference_logits", "reference_rows",
+           "requantize_layout", "stream_npu_logits"]

@@ -19,7 +19,6 @@ import numpy as np
 
 from isa import kvformats
 from kvsim.errors import KvsimError
-from kvsim.files import atomic_write_text
 from models.bits import default_numerics
 from models.compiler import CompiledModel
 from models.demo import demo_data, gemv_layer
@@ -135,13 +134,19 @@ def kv_metrics(cm: CompiledModel, tokens: int, hw) -> KvCacheFigures:
         capacity_tokens=int((hw.dram.capacity_bytes - fixed) // per_cap))
 
 
-def run_generate(cfg: RunConfig, source: ModelSource | None = None) -> RunResult:
+def run_generate(cfg: RunConfig, source: ModelSource | None = None,
+                 checked: Any = None) -> RunResult:
     """A ``workload.kind = "generate"`` run of ``cfg`` (``source``: its model, resolved;
-    default: resolved here, :func:`sim.app.check.run_source`)."""
+    default: resolved here, :func:`sim.app.check.run_source`); ``checked`` (a
+    :class:`sim.app.check.Checked` of ``cfg``) carries a prompt text already tokenized by
+    the check."""
     from sim.app.run_text import Guard, text_figures, with_prompt
 
     src = run_source(cfg) if source is None else source
-    cfg, prompt_ids, tok = with_prompt(cfg, src)
+    if checked is not None and checked.config is not None:
+        cfg, prompt_ids, tok = checked.config, checked.prompt_ids, checked.tokenizer
+    else:
+        cfg, prompt_ids, tok = with_prompt(cfg, src)
     hw = cfg.hardware
     w = cfg.workload
     functional = cfg.sim.fidelity == "functional"
@@ -431,13 +436,14 @@ def run_gemv(cfg: RunConfig) -> RunResult:
 def run(cfg: RunConfig) -> RunResult:
     """Run ``cfg`` after checking it (``sim.app.check.check_run``): bad input is a
     ``ConfigError`` naming the field, before anything is compiled or simulated. The
-    model is resolved once (:func:`sim.app.check.run_source`), for the check and the run."""
+    model is resolved once (:func:`sim.app.check.run_source`), for the check and the run;
+    a prompt text is checked at its real token count."""
     if cfg.workload.kind == "gemv":
         check_run(cfg)
         return run_gemv(cfg)
     src = run_source(cfg)
-    check_run(cfg, src)
-    return run_generate(cfg, src)
+    checked = check_run(cfg, src)
+    return run_generate(cfg, src, checked)
 
 
 def render_outputs(result: RunResult) -> dict[str, str]:
@@ -453,17 +459,22 @@ def render_outputs(result: RunResult) -> dict[str, str]:
     return texts
 
 
-def write_outputs(result: RunResult, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``metrics.json``, ``trace.json`` and ``report.html`` (each atomically) into
-    ``out_dir``."""
-    out = Path(out_dir)
+#: Every file a run's output set may hold (an earlier run's that this one lacks goes).
+RUN_OUTPUTS = ("report.html", "trace.json", "metrics.json")
+
+
+def write_outputs(result: RunResult, out_dir: str | Path, *,
+                  flag: str = "--out") -> dict[str, Path]:
+    """Write ``metrics.json``, ``trace.json`` and ``report.html`` into ``out_dir`` as one
+    set (:func:`kvsim.files.write_output_set`: whole or not at all; a failure is a
+    :class:`kvsim.errors.OutputError` naming ``flag``, the file and the folder)."""
+    from kvsim.files import write_output_set
+
     # Serialise everything before touching the disk, so an error leaves no files.
     texts = render_outputs(result)
-    paths = {"metrics": out / "metrics.json", "report": out / "report.html"}
-    if "trace.json" in texts:
-        paths["trace"] = out / "trace.json"
-    out.mkdir(parents=True, exist_ok=True)
-    for key in ("report", "trace", "metrics"):  # metrics.json last: the run is complete
-        if key in paths:
-            atomic_write_text(paths[key], texts[paths[key].name])
+    ordered = {n: texts[n] for n in RUN_OUTPUTS if n in texts}  # metrics.json last
+    written = write_output_set(out_dir, ordered, flag=flag, members=RUN_OUTPUTS)
+    paths = {"metrics": written["metrics.json"], "report": written["report.html"]}
+    if "trace.json" in written:
+        paths["trace"] = written["trace.json"]
     return paths

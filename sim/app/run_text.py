@@ -83,14 +83,15 @@ def text_figures(cfg: RunConfig, src: ModelSource, ids: list[int] | None, tok: A
     reference_text, first = None, None
     compared = False
     if guard.active and ids is not None and tok is not None and generated:
-        ref = reference_continuation(src, ids, len(generated), Sampler(), tok.eos_id,
+        ref = reference_continuation(src, ids, len(generated), Sampler(), tok.stop_ids,
                                      seed=cfg.model.weights_seed)
         if ref:
             compared = True
-            reference_text, first = tok.decode(ref), first_difference(generated, ref)
+            # the texts end at the first end-of-sequence or end-of-turn token (not shown)
+            reference_text, first = tok.continuation_text(ref), first_difference(generated, ref)
             guard.text(generated, ref)
     return TextFigures(prompt=cfg.workload.prompt,
-                       generated_text=tok.decode(generated) if tok else None,
+                       generated_text=tok.continuation_text(generated) if tok else None,
                        reference_compared=compared, reference_text=reference_text,
                        first_difference_token=first,
                        degenerate="; ".join(guard.found) or None)

@@ -4,7 +4,7 @@ same prompt, with the simulated time to first token and time per output token.""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from models.bits import BitConfig
 from models.quality import DegenerateOutput, collapsed, degenerate_logits
 from models.reference import ReferenceModel
 from models.source import ModelSource
-from sim.app.quality import bits_label, ready_for_text
+from sim.app.quality import bits_label, check_context, ready_for_text
 from sim.device.hw import HardwareConfig
 from sim.runtime import Model, ModelConfig
 from sim.runtime.ready import ReadyModel, hardware_of, source_of
@@ -97,7 +97,7 @@ def _stream(tok, on_text: Callable[[str], None] | None):
     def push(ids: list[int]) -> None:
         if on_text is None:
             return
-        text = tok.decode(ids)
+        text = tok.continuation_text(ids)  # up to a stop token, which is not shown
         if text.startswith(shown[0]) and not text.endswith("\ufffd"):
             on_text(text[len(shown[0]):])
             shown[0] = text
@@ -112,10 +112,11 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
              on_text: Callable[[str], None] | None = None,
              speculate: DraftSpec | str | None = None) -> Generation:
     """Prefill ``prompt`` (with the model's chat template if ``chat``) and continue it by up
-    to ``max_new_tokens`` tokens on the NPU (stopping at the end-of-sequence token), passing
-    the text to ``on_text`` as it is produced; the float reference continues the same
-    prompt. Degenerate logits, or a continuation that collapses to one repeated token while
-    the reference's does not, raise :class:`DegenerateOutput` unless ``allow_degenerate``.
+    to ``max_new_tokens`` tokens on the NPU (stopping at the end-of-sequence token or the
+    end of the chat turn), passing the text to ``on_text`` as it is produced; the float
+    reference continues the same prompt. Degenerate logits, or a continuation that
+    collapses to one repeated token while the reference's does not, raise
+    :class:`DegenerateOutput` unless ``allow_degenerate``.
 
     ``speculate`` (a :class:`sim.runtime.speculative.DraftSpec` or its string,
     ``prompt-lookup:k=4``, ``self:layers=N,k=K``) decodes speculatively: drafts verified in
@@ -132,6 +133,10 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
     ids = tok.encode(text)
     if not ids:
         raise ConfigError("prompt: no tokens")
+    # the last new token is not fed back: the cache holds the prompt and max_new_tokens - 1
+    check_context(src, len(ids) + max_new_tokens - 1,
+                  f"--prompt: {len(ids):,} tokens + --max-new-tokens {max_new_tokens} - 1 = "
+                  f"{len(ids) + max_new_tokens - 1:,}")
     sampler = sampler or Sampler()
     hwc = hardware_of(hw)
     ready = ready_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids) + max_new_tokens,
@@ -169,14 +174,14 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
             t = pick(logits)
             out.append(t)
             push(out)
-            if t == tok.eos_id or len(out) == max_new_tokens:
+            if t in tok.stop_ids or len(out) == max_new_tokens:  # EOS or the end of a turn
                 break
             [logits] = model.infer(ready.embed([t]), cache_size=cache)
             decode_s.append(acc.calls[-1].time_s)
             cache += 1
             check(logits, f"output token {len(out)}")
     model.dispose()
-    ref_out = reference_continuation(src, ids, max_new_tokens, sampler, tok.eos_id,
+    ref_out = reference_continuation(src, ids, max_new_tokens, sampler, tok.stop_ids,
                                      seed=seed)
     if (why := collapsed(out, ref_out)) is not None:
         if not allow_degenerate:
@@ -184,8 +189,8 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
         degenerate.append(why)
     return Generation(model=src.name, real_weights=src.real, bits=bits_label(bits), kv=kv,
                       kv_read=bits.kv_read, hw=hwc.name, prompt_tokens=len(ids), tokens=out,
-                      text=tok.decode(out), reference_tokens=ref_out,
-                      reference_text=tok.decode(ref_out),
+                      text=tok.continuation_text(out), reference_tokens=ref_out,
+                      reference_text=tok.continuation_text(ref_out),
                       first_difference=first_difference(out, ref_out), ttft_s=ttft_s,
                       time_per_token_s=float(np.mean(decode_s)) if decode_s else 0.0,
                       degenerate="; ".join(degenerate) or None, speculation=spec)
@@ -211,9 +216,12 @@ def _speculate(model: Model, ready: ReadyModel, spec: DraftSpec, ids: list[int],
 
 
 def reference_continuation(src: ModelSource, ids: Sequence[int], max_new_tokens: int,
-                           sampler: Sampler, eos_id: int | None, *,
+                           sampler: Sampler, stop_ids: Collection[int] | int | None, *,
                            seed: int = 0) -> list[int]:
-    """The float reference's continuation of ``ids`` (same sampling rule and seed)."""
+    """The float reference's continuation of ``ids`` (same sampling rule and seed), up to
+    and with the first of ``stop_ids`` (EOS and the end-of-turn tokens:
+    :attr:`models.tokenizer.Tokenizer.stop_ids`; one id or None are taken too)."""
+    stops = {stop_ids} if isinstance(stop_ids, int) else set(stop_ids or ())
     ref = ReferenceModel(src.config, src.open_weights(seed))
     ref.reset()
     logits = ref.forward_embeddings(ref.embed(ids), last_only=True)[-1]
@@ -221,7 +229,7 @@ def reference_continuation(src: ModelSource, ids: Sequence[int], max_new_tokens:
     while True:
         t = pick(logits)
         out.append(t)
-        if t == eos_id or len(out) == max_new_tokens:
+        if t in stops or len(out) == max_new_tokens:
             return out
         logits = ref.decode(t)
 

@@ -7,7 +7,6 @@ it changes anything (a ring dump of another window is refused by its ``window``)
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 def dump_to(model: Model, directory: Any, slot: int | None) -> list[Path]:
     """Dump the caches (of ``slot``; None: every slot) into ``directory``. Files are
     written atomically; a folder that cannot be made or written costs no device time."""
-    from kvsim.files import atomic_write_bytes
+    from kvsim.files import atomic_write_bytes, probe_writable
 
     d = folder(directory, "dump_cache_memory_to")
     try:
@@ -31,9 +30,11 @@ def dump_to(model: Model, directory: Any, slot: int | None) -> list[Path]:
     except OSError as err:
         raise CacheOpError(f"dump_cache_memory_to: cannot make the folder {str(d)!r} "
                            f"({err.strerror or err})") from None
-    if not os.access(d, os.W_OK | os.X_OK):
+    try:  # for real: os.access says yes to root on a read-only file system
+        probe_writable(d, make=False)
+    except OSError as err:
         raise CacheOpError(f"dump_cache_memory_to: cannot write into the folder "
-                           f"{str(d)!r} (permission denied)")
+                           f"{str(d)!r} ({err.strerror or err})") from None
     bufs = deviceops.dump(model, slot)
     ident = model_identity(model.compiled)
     paths = []
@@ -56,6 +57,22 @@ def dump_to(model: Model, directory: Any, slot: int | None) -> list[Path]:
     return paths
 
 
+#: The parts of :func:`sim.runtime.cacheops.model_identity`, in order.
+IDENTITY_PARTS = ("model", "layers", "hidden size", "KV heads", "weights", "weight bits",
+                  "K format", "V format", "capacity", "slots")
+
+
+def _which_differs(dumped: Any, ident: str) -> str:
+    """``: its weights differ`` (the first part of the identities that differs), or ''."""
+    if not isinstance(dumped, str):
+        return ""
+    a, b = dumped.split("|"), ident.split("|")
+    if len(a) != len(b) or len(b) != len(IDENTITY_PARTS):
+        return ""
+    return next((f": its {name} differ" + ("s" if not name.endswith("s") else "")
+                 for name, x, y in zip(IDENTITY_PARTS, a, b, strict=True) if x != y), "")
+
+
 def load_from(model: Model, directory: Any, slot: int | None) -> None:
     """Load the files :func:`dump_to` wrote into the caches (of ``slot``; None: every
     slot). Every file is checked first (present, header, model and format identity, name,
@@ -74,7 +91,8 @@ def load_from(model: Model, directory: Any, slot: int | None) -> None:
         meta, payload = unpack_file(p.read_bytes(), p.name)
         check_dump_window(group[0], meta, p.name)
         if meta.get("model") != ident:
-            raise CacheOpError(f"{p.name}: dumped from another model or KV format "
+            raise CacheOpError(f"{p.name}: dumped from another model or KV format"
+                               f"{_which_differs(meta.get('model'), ident)} "
                                f"({meta.get('model')!r}; this model is {ident!r})")
         if meta.get("name") != info.name:
             raise CacheOpError(f"{p.name}: holds cache {meta.get('name')!r}, expected "

@@ -194,12 +194,15 @@ _HEADER = "<8sHII"  # magic, version, json length, crc32 of the payload
 
 
 def model_identity(cm: CompiledModel) -> str:
-    """What a cache dump must match to be loaded: model, bits, formats, capacity, slots."""
+    """What a cache dump must match to be loaded: model, the weights themselves (a cheap
+    digest, :func:`models.digest.weights_digest`: a model of the same shape with other
+    weights writes other keys and values), bits, formats, capacity, slots."""
     from isa import kvformats
+    from models.digest import weights_digest
 
     m = cm.model
     return (f"{m.name or m.family}|L{m.num_layers}|H{m.hidden_size}|kv{m.num_kv_heads}x"
-            f"{m.head_dim}|{cm.bits.weights.model_dump_json()}|"
+            f"{m.head_dim}|{weights_digest(cm.weights)}|{cm.bits.weights.model_dump_json()}|"
             f"{kvformats.to_text(cm.k_fmt)}|{kvformats.to_text(cm.v_fmt)}|cap{cm.cap}|"
             f"slots{cm.slots}")
 

@@ -39,10 +39,12 @@ class InferCall(NamedTuple):
     vendor: bool  # vendor-shaped logits (1, 1, n, vocab) rather than kvsim's (vocab,)
 
 
-def _embeddings(inputs: Any) -> tuple[np.ndarray, bool]:
-    """The float32 ``(tokens, hidden)`` embeddings of ``inputs`` and whether they came in
-    the vendor's form (a list of one array, or a 3-/4-D array)."""
+def _embeddings(inputs: Any) -> tuple[np.ndarray, bool, str, tuple[int, ...]]:
+    """The float32 ``(tokens, hidden)`` embeddings of ``inputs``, whether they came in
+    the vendor's form (a list of one array, or a 3-/4-D array), and what the caller gave:
+    its name in messages (``inputs[0]`` for the array in a list) and its shape."""
     vendor = isinstance(inputs, list | tuple)
+    name = "inputs[0]" if vendor else "inputs"
     if vendor:
         if len(inputs) != 1:
             raise RuntimeApiError(f"inputs: the model has 1 input (the embeddings), got a "
@@ -58,20 +60,21 @@ def _embeddings(inputs: Any) -> tuple[np.ndarray, bool]:
     except (TypeError, ValueError) as err:
         if isinstance(err, RuntimeApiError):
             raise
-        raise RuntimeApiError(f"inputs: not float32 embeddings ({err})") from None
+        raise RuntimeApiError(f"{name}: not float32 embeddings ({err})") from None
+    given = tuple(x.shape)
     if x.ndim == 4:
         if x.shape[:2] != (1, 1):
-            raise RuntimeApiError(f"inputs: shape {x.shape}, expected (1, 1, seq, hidden) "
+            raise RuntimeApiError(f"{name}: shape {x.shape}, expected (1, 1, seq, hidden) "
                                     f"(batch 1: a batch of requests goes on the sequence "
                                     f"axis, with batch_params)")
         x = x[0, 0]
         vendor = True
     elif x.ndim == 3:
         if x.shape[0] != 1:
-            raise RuntimeApiError(f"inputs: shape {x.shape}, expected (1, seq, hidden)")
+            raise RuntimeApiError(f"{name}: shape {x.shape}, expected (1, seq, hidden)")
         x = x[0]
         vendor = True
-    return x, vendor
+    return x, vendor, name, given
 
 
 def check_infer(cm: Any, inputs: Any, cache_size: Any, cache_id: Any, batch_params: Any,
@@ -88,11 +91,13 @@ def check_infer(cm: Any, inputs: Any, cache_size: Any, cache_id: Any, batch_para
                                   f"{type(batch_param).__name__} {batch_param!r}")
         cache_size, cache_id = batch_param.cache_size, batch_param.cache_id
         seq_len = index(batch_param.sequence_length, "batch_param.sequence_length")
-    x, vendor = _embeddings(inputs)
+    x, vendor, name, given = _embeddings(inputs)
     h = cm.model.hidden_size
     if x.ndim != 2 or x.shape[1] != h or x.shape[0] < 1:
-        raise RuntimeApiError(f"inputs: shape {np.shape(inputs)}, expected (seq, {h}) "
-                                f"float32 embeddings (or [array of (1, 1, seq, {h})])")
+        # the shape the caller gave, against the form of the same rank
+        want = {4: f"(1, 1, seq, {h})", 3: f"(1, seq, {h})"}.get(len(given), f"(seq, {h})")
+        raise RuntimeApiError(f"{name}: shape {given}, expected {want} float32 embeddings "
+                              f"(seq >= 1; or a list of one (1, 1, seq, {h}) array)")
     if not np.isfinite(x).all():
         raise RuntimeApiError("inputs: contain NaN or inf (as float32: finite float64 "
                               "values beyond about 3.4e38 overflow to inf)")
@@ -148,7 +153,10 @@ def _check_request(cm: Any, r: Request, where: str) -> None:
     if seq > cm.max_seq:
         raise RuntimeApiError(f"inputs: {seq} tokens exceed max_sequence_length "
                               f"{cm.max_seq}; prefill in chunks with growing cache_size")
-    if not 0 <= r.cache_size or r.cache_size + seq > cm.cap:
+    if r.cache_size < 0:
+        raise RuntimeApiError(f"{where}cache_size must be an integer >= 0, got {r.cache_size} "
+                              f"(the tokens already in the cache)")
+    if r.cache_size + seq > cm.cap:
         raise RuntimeApiError(f"{where}cache_size {r.cache_size} + {seq} tokens exceed the "
                               f"cache capacity of {cm.cap} tokens")
     if not 0 <= r.cache_id < cm.slots:

@@ -70,9 +70,15 @@ def start_tracing_events(path: str | os.PathLike) -> bool:
     folder = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise RuntimeApiError(f"start_tracing_events: {str(p)!r} is a folder, not a file")
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+    from kvsim.files import probe_writable
+
+    try:  # for real: os.access says yes to root on a read-only file system
+        if not folder.is_dir():
+            raise FileNotFoundError(2, "no such folder")
+        probe_writable(folder, make=False)
+    except OSError as err:
         raise RuntimeApiError(f"start_tracing_events: cannot write into the folder "
-                              f"{str(folder)!r}")
+                              f"{str(folder)!r} ({err.strerror or err})") from None
     _session = _Session(p)
     return True
 

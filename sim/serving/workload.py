@@ -7,6 +7,7 @@ Every draw comes from one generator seeded by ``seed``, so a workload is reprodu
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -86,24 +87,61 @@ def _lengths(spec: int | LengthDist, rng: np.random.Generator, n: int) -> np.nda
     return spec.draw(rng, n)
 
 
+def _shown(v: object) -> str:
+    """A trace value as the JSON line wrote it (``NaN``, ``true``, ``'16'``)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and not math.isfinite(v):
+        return json.dumps(v)  # NaN, Infinity, -Infinity
+    return repr(v)
+
+
+def _trace_row(d: object, where: str) -> tuple[float, int, int]:
+    """One trace line's ``(arrival_s, prompt_tokens, output_tokens)``: JSON numbers only
+    (no strings or booleans), a finite arrival >= 0, whole token counts >= 1 (``16.0``
+    is 16; ``16.9`` is refused, not rounded)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected a JSON object with arrival_s, prompt_tokens, "
+                          f"output_tokens, got {type(d).__name__}")
+    missing = [k for k in ("arrival_s", "prompt_tokens", "output_tokens") if k not in d]
+    if missing:
+        raise ConfigError(f"{where}: lacks {', '.join(missing)}")
+    t = d["arrival_s"]
+    if isinstance(t, bool) or not isinstance(t, int | float) or not (
+            math.isfinite(t) and t >= 0):
+        raise ConfigError(f"{where}: arrival_s must be a finite number >= 0, got {_shown(t)}")
+    counts = []
+    for key in ("prompt_tokens", "output_tokens"):
+        v = d[key]
+        whole = (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
+        if isinstance(v, bool) or not whole or v < 1:
+            raise ConfigError(f"{where}: {key} must be an integer >= 1, got {_shown(v)}")
+        counts.append(int(v))
+    return float(t), counts[0], counts[1]
+
+
 def read_trace(path: str | Path, limit: int | None = None) -> list[tuple[float, int, int]]:
-    """``(arrival_s, prompt_tokens, output_tokens)`` of each line of a JSONL trace."""
+    """``(arrival_s, prompt_tokens, output_tokens)`` of each line of a JSONL trace (UTF-8
+    text; each bad line is a :class:`ConfigError` naming the file, line and field)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"serving.workload.trace: {str(p)!r} does not exist")
+    data = p.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"serving.workload.trace: {str(p)!r} is not a UTF-8 text file "
+                          f"(byte 0x{data[err.start]:02x} at offset {err.start}); expected "
+                          f"JSON lines of arrival_s, prompt_tokens, output_tokens") from None
     out = []
-    for i, line in enumerate(p.read_text().splitlines(), start=1):
+    for i, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             d = json.loads(line)
-            row = (float(d["arrival_s"]), int(d["prompt_tokens"]), int(d["output_tokens"]))
-        except (ValueError, KeyError, TypeError) as err:
-            raise ConfigError(f"{p}:{i}: expected arrival_s, prompt_tokens, output_tokens "
-                              f"({err})") from None
-        if row[0] < 0 or row[1] < 1 or row[2] < 1:
-            raise ConfigError(f"{p}:{i}: arrival_s must be >= 0 and token counts >= 1")
-        out.append(row)
+        except ValueError as err:
+            raise ConfigError(f"{p}:{i}: not a JSON line ({err})") from None
+        out.append(_trace_row(d, f"{p}:{i}"))
         if limit is not None and len(out) >= limit:
             break
     if not out:

@@ -50,12 +50,14 @@ def write_gguf(path: Path, config: ModelConfig, weights: WeightSource, *,
                arch: str = "llama", skip: Iterable[str] = (),
                replace: dict[str, np.ndarray] | None = None,
                types: dict[str, gguf.GGMLQuantizationType] | None = None,
-               tokens: list[str] | None = None, meta: dict[str, Any] | None = None,
+               tokens: list[str] | None = None, token_types: list[int] | None = None,
+               meta: dict[str, Any] | None = None,
                edit: Callable[[gguf.GGUFWriter], None] | None = None) -> Path:
     """A GGUF file of ``weights`` (kvsim names in; GGUF names and layout out).
 
     ``skip``/``replace``/``types`` act on GGUF tensor names (leave out, replace the array,
-    force a type); ``meta`` adds or overrides ``llama.*``-style keys (``None`` drops one)."""
+    force a type); ``token_types`` gives llama.cpp's type of each token (3: control);
+    ``meta`` adds or overrides ``llama.*``-style keys (``None`` drops one)."""
     w = gguf.GGUFWriter(path, arch)
     c = config
     keys: dict[str, Any] = {
@@ -80,7 +82,7 @@ def write_gguf(path: Path, config: ModelConfig, weights: WeightSource, *,
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("default")
         w.add_token_list(toks)
-        w.add_token_types([1] * len(toks))
+        w.add_token_types(token_types or [1] * len(toks))
         w.add_token_merges([])
     skip, replace, types = set(skip), replace or {}, types or {}
     for spec in c.tensors():

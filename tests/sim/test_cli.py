@@ -106,3 +106,15 @@ def test_every_subcommand_is_registered():
                  ["kv", "--model", "tiny", "--format", "int8", "--context", "4"],
                  ["hw", "list"]):
         assert callable(p.parse_args(argv).func)
+
+
+def test_hw_show_keeps_bracketed_text_of_the_sources(capsys):
+    """A source or assumption that names a TOML table (``[dram.timing]``) is printed as
+    written, not taken for console markup."""
+    from sim.device.hw import load_hardware
+
+    hw = load_hardware("aries")
+    notes = [t for t in (*hw.sources.values(), *hw.assumptions.values()) if "[" in t]
+    assert any("[dram.timing]" in t for t in notes)
+    assert main(["hw", "show", "aries"]) == 0
+    assert "[dram.timing]" in capsys.readouterr().out

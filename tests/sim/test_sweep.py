@@ -236,3 +236,36 @@ def test_kvsim_run_of_a_sweep_file_runs_the_sweep(sweep_file, tmp_path):
     out = tmp_path / "o"
     assert main(["run", str(sweep_file), "--out", str(out)]) == 0
     assert (out / "results.csv").is_file() and (out / "report.html").is_file()
+
+
+def test_the_sweep_table_keeps_every_figure_whole_at_80_columns():
+    """On an 80-column terminal the table is split into parts that fit, each with the
+    point's number, axes and status, instead of folding numbers over two lines."""
+    import io
+
+    from rich.console import Console
+
+    from sim.app.cli.sweep import metric_column, print_sweep_table
+    from sim.app.sweep.sweep import SweepResult
+
+    sweep = load_sweep(Path(__file__).resolve().parents[2] / "configs" / "kv-bits-sweep.toml")
+    # figures of the kv-bits sweep's int8 row at 512 and 32,764 tokens of context
+    values = {"decode.time_per_token_s": [0.01385, 0.01838],
+              "kv_cache.bytes_per_token": [6144.0, 6144.0],
+              "kv_cache.bytes": [3_151_872, 201_308_160],
+              "traffic_by_kind.kv_cache": [3_153_792, 201_310_080],
+              "kv_cache.capacity_tokens": [2_714_418, 2_714_418]}
+    rows = [{"index": i, "kv.format": "int8", "workload.context_tokens": n, "status": "ok",
+             "error": None, **{m: v[i] for m, v in values.items()}}
+            for i, n in enumerate((512, 32764))]
+    result = SweepResult(sweep, list(rows[0]), rows, {}, 12.3, "local", 2)
+    screen = io.StringIO()
+    print_sweep_table(sweep, result, Console(file=screen, width=80, emoji=False))
+    lines = screen.getvalue().splitlines()
+    table = [line for line in lines if line[:1] in "┏┃┡│└"]
+    assert len(table) > 6 and max(len(line) for line in lines) <= 80
+    assert all(line[-1] in "┓┃┩│┘" for line in table)  # every table whole, none cut
+    for m in sweep.metrics:
+        label, cells = metric_column(m, [r[m] for r in rows])
+        for cell in cells:  # each figure whole on one line
+            assert any(cell in line for line in lines), (m, cell, screen.getvalue())

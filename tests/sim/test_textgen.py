@@ -33,3 +33,44 @@ def test_greedy_takes_the_argmax_and_sampling_is_seeded() -> None:
 def test_bad_temperatures_are_refused(t) -> None:
     with pytest.raises(ConfigError, match="temperature: must be a finite number >= 0"):
         Sampler(temperature=t)
+
+
+class _Scripted:
+    """A sampler that picks the given tokens in turn (the logits are ignored)."""
+
+    def __init__(self, tokens: list[int]):
+        self.tokens = tokens
+
+    def picker(self):
+        it = iter(self.tokens)
+        return lambda logits: next(it)
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """A tiny GGUF whose vocabulary ends in two control tokens: ``<|endoftext|>`` (its
+    end-of-sequence id) and ``<|im_end|>`` (a chat turn's end, as in SmolLM2)."""
+    from models.source import resolve_model
+    from models.weights import SyntheticWeights
+    from tests.models.model_files import TINY_LLAMA, byte_tokens, write_gguf
+
+    tokens = byte_tokens()[:254] + ["<|endoftext|>", "<|im_end|>"]
+    path = write_gguf(tmp_path_factory.mktemp("chat") / "chat.gguf", TINY_LLAMA,
+                      SyntheticWeights(TINY_LLAMA, seed=0), tokens=tokens,
+                      token_types=[1] * 254 + [3, 3],
+                      edit=lambda g: g.add_eos_token_id(254))
+    return resolve_model(path)
+
+
+def test_a_continuation_stops_at_the_end_of_a_chat_turn_and_its_text_leaves_it_out(chat_model):
+    from sim.app.textgen import reference_continuation
+
+    tok = chat_model.tokenizer()
+    assert tok.eos_id == 254 and tok.stop_ids == frozenset({254, 255})
+    ids = tok.encode("Hi")
+    out = reference_continuation(chat_model, ids, 8, _Scripted([ord("O"), ord("k"), 255, 65]),
+                                 tok.stop_ids)
+    assert out == [ord("O"), ord("k"), 255]  # stopped at <|im_end|>, not only at the EOS
+    assert tok.continuation_text(out) == "Ok"  # no literal <|im_end|>
+    assert tok.continuation_text([ord("O"), 254, ord("k")]) == "O"  # the text ends at a stop
+    assert tok.decode(out) == "Ok<|im_end|>"  # the tokens themselves are kept whole

@@ -173,3 +173,75 @@ def test_a_gemv_run_has_the_where_the_time_went_breakdown():
     assert [c.phase for c in g.metrics.calls] == ["gemv"]
     page = run_report(g.metrics, g.recorder)
     assert "Where the time went" in page and "on the critical path" in page
+
+
+# decode time per token (ms) of the kv-bits sweep as the README quotes it
+KV_BITS = {"bf16": [13.94, 14.07, 14.40, 14.98, 16.11, 18.40, 22.94],
+           "int8": [13.85, 13.94, 14.07, 14.40, 14.96, 16.09, 18.38],
+           "kivi-4": [13.85, 13.90, 14.00, 14.17, 14.54, 15.27, 16.66],
+           "kivi-2": [13.85, 13.87, 13.93, 14.04, 14.24, 14.70, 15.54]}
+CONTEXTS = [512, 1024, 2048, 4096, 8192, 16384, 32764]
+
+
+def _cards_of(page: str) -> dict[str, tuple[str, str]]:
+    """label -> (value text, note) of every card of a page."""
+    found = re.findall(r'<div class="card"[^>]*><div class="label">([^<]*)</div>'
+                       r'<div class="value">([^<]*)</div>(?:<div class="note">([^<]*)</div>)?',
+                       page)
+    return {html.unescape(a): (html.unescape(b), html.unescape(c)) for a, b, c in found}
+
+
+def test_sweep_cards_say_where_each_format_starts_to_pay():
+    axes = {"kv.format": list(KV_BITS), "workload.context_tokens": CONTEXTS}
+    rows = [{"index": len(KV_BITS) * 0 + i * len(CONTEXTS) + j, "status": "ok",
+             "kv.format": f, "workload.context_tokens": n,
+             "decode.time_per_token_s": KV_BITS[f][j] / 1e3}
+            for i, f in enumerate(KV_BITS) for j, n in enumerate(CONTEXTS)]
+    cards = _cards_of(sweep_report("kv bits", axes, rows, ["decode.time_per_token_s"]))
+    # as the README reads the table: decode at least 1 % faster, at every longer context
+    assert cards["int8 vs bf16"][0] == "pays from 2,048 tokens"
+    assert cards["kivi-4 vs bf16"][0] == "pays from 1,024 tokens"
+    assert cards["kivi-2 vs bf16"][0] == "pays from 1,024 tokens"
+    assert cards["kivi-2 vs bf16"][1] == ("decode time per token at least 1 % lower from "
+                                          "there on; 32.3 % lower at 32,764 tokens")
+
+
+def test_sweep_cards_of_one_axis_compare_with_its_first_value():
+    axes = {"bits.preset": ["W8", "W4V8"]}
+    rows = [{"index": i, "status": "ok", "bits.preset": b, "decode.time_per_token_s": t}
+            for i, (b, t) in enumerate((("W8", 0.01318), ("W4V8", 0.00854)))]
+    cards = _cards_of(sweep_report("w", axes, rows, ["decode.time_per_token_s"]))
+    assert cards["W4V8 vs W8"] == ("35.2 % lower decode time per token",
+                                   "8.54 ms against 13.18 ms")
+
+
+def test_a_series_that_never_pays_says_so():
+    axes = {"kv.format": ["int8", "bf16"], "workload.context_tokens": [512, 1024]}
+    rows = [{"index": i, "status": "ok", "kv.format": f, "workload.context_tokens": n,
+             "decode.time_per_token_s": t}
+            for i, (f, n, t) in enumerate((("int8", 512, 1.0), ("int8", 1024, 1.1),
+                                           ("bf16", 512, 1.0), ("bf16", 1024, 1.2)))]
+    cards = _cards_of(sweep_report("s", axes, rows, ["decode.time_per_token_s"]))
+    assert cards["bf16 vs int8"][0] == "does not pay up to 1,024 tokens"
+
+
+def test_a_real_model_run_reports_real_weights_and_its_texts(tiny):
+    from dataclasses import replace
+
+    from traces.results import TextFigures, WeightsFigures
+
+    metrics = replace(tiny.metrics, weights=WeightsFigures(kind="gguf", real=True),
+                      text=TextFigures(prompt="The capital of France is",
+                                       generated_text=" Paris <b>", reference_compared=True,
+                                       reference_text=" Paris.", first_difference_token=1,
+                                       degenerate=None))
+    page = run_report(metrics, tiny.recorder)
+    assert "<th>weights</th><td>real (gguf)</td>" in page
+    text = page[page.index("<h2>Text</h2>"):page.index('<div class="grid">')]
+    for label, value in (("prompt", "The capital of France is"), ("NPU", " Paris &lt;b&gt;"),
+                         ("float reference", " Paris."),
+                         ("first difference", "at generated token 1")):
+        assert f"<th>{label}</th><td>{value}</td>" in text, label
+    synthetic = run_report(tiny.metrics, tiny.recorder)
+    assert "<th>weights</th><td>synthetic (seed 0)</td>" in synthetic
+    assert "<h2>Text</h2>" not in synthetic

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvsim.errors import ConfigError
+from kvsim.errors import ConfigError, OutputError
 from sim.app.cli.entry import EXIT_BAD_INPUT, EXIT_INTERRUPTED, run_command
 from sim.app.cli.run import DEFAULT_OUT, cmd_run, config_kind, run_help_epilog, run_phases
 from sim.app.cli.sweep import cmd_sweep
@@ -58,7 +58,7 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
             out["dram_protocol"] = protocol.to_json()
         print(json.dumps(out, indent=1))
         return 0
-    console.print(f"[bold]{hw.name}[/bold]: {hw.description}")
+    console.print(f"[bold]{escape(hw.name)}[/bold]: {escape(hw.description)}")
     table = Table(title="parameters")
     for col in ("field", "value", "source / assumption"):
         table.add_column(col, overflow="fold")
@@ -71,9 +71,9 @@ def cmd_hw_show(args: argparse.Namespace, console: Console) -> int:
             elif isinstance(v, dict):
                 for kk, vv in v.items():
                     p2 = f"{path}.{kk}"
-                    table.add_row(p2, str(vv), _note(p2))
-            else:
-                table.add_row(path, str(v), _note(path))
+                    table.add_row(p2, escape(str(vv)), escape(_note(p2)))
+            else:  # escaped: a note naming a table ("[dram.timing]") is not console markup
+                table.add_row(path, escape(str(v)), escape(_note(path)))
 
     def _note(path: str) -> str:
         if path in hw.sources:
@@ -160,7 +160,7 @@ def cmd_hw_sensitivity(args: argparse.Namespace, console: Console) -> int:
     apply_sets(tree, args.set or [])
     res = run_sensitivity(tree, fraction=args.fraction, only=args.param, workers=args.workers,
                           executor=args.executor, scheduler=args.scheduler,
-                          progress=not (args.quiet or args.json))
+                          progress=not (args.quiet or args.json) and progress_enabled())
     if args.json:
         print(json.dumps(res.to_json(), indent=1))
         return 0
@@ -240,9 +240,16 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
                             functional=not args.timing_only, seed=args.seed,
                             store_programs=True)
         ph.start(f"write {args.output}")
-        ready.compiled.save(args.output)
+        try:
+            ready.compiled.save(args.output)
+            unwritten = None
+        except OSError as err:  # after the work: the table still reaches the user
+            unwritten = OutputError(f"-o/--output: could not write {args.output!r} "
+                                    f"({err.strerror or err}); it was not written, an "
+                                    f"earlier file there is as it was")
     cm, model, hw = ready.compiled, ready.compiled.model, ready.hw
-    t = Table(title=f"compiled {model.name} -> {args.output}")
+    t = Table(title=f"compiled {model.name} -> {args.output}"
+                    + (" (NOT WRITTEN)" if unwritten else ""))
     t.add_column("item")
     t.add_column("value", justify="right")
     t.add_row("hardware / core mode", f"{hw.name} / {cm.core_mode}")
@@ -264,6 +271,8 @@ def cmd_compile(args: argparse.Namespace, console: Console) -> int:
                   f"{roof['dram_bytes'] / n:,.0f} per token; {-(-n // cm.m_tile)} "
                   f"pass(es) of <= {min(n, cm.m_tile)} tokens, {tile:,} B weight tiles)")
     console.print(t)
+    if unwritten is not None:
+        raise unwritten
     if args.asm:
         from isa.asm import disassemble
 
@@ -440,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     he.add_argument("--param", action="append", metavar="FIELD",
                     help="only this hardware field or table (repeatable), e.g. dram")
     he.add_argument("--fraction", type=float, default=0.1, help="relative step (default 0.1)")
-    he.add_argument("--workers", type=_positive, default=1, help="processes (default 1)")
+    he.add_argument("--workers", type=_positive, default=None,
+                    help="processes (default: one per CPU; 1 runs in this process)")
     he.add_argument("--executor", choices=["local", "dask"], default="local")
     he.add_argument("--scheduler", help="dask: scheduler address")
     he.add_argument("--json", action="store_true", help="print JSON")

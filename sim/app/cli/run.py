@@ -73,11 +73,18 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
     cfg = load_run_config(args.config, args.set)
     check_out_folder(out, "--out")
+    from kvsim.errors import OutputError
+
     with run_phases(cfg, enabled=not args.quiet and progress_enabled()) as ph, \
             fewer_collections():
         result = run(cfg)  # checks cfg first: bad input is one line naming the field
         ph.start("write outputs")
-        paths = write_outputs(result, out)
+        try:
+            paths = write_outputs(result, out)
+        except OutputError:  # the figures still reach the user; then where they could not go
+            if not args.quiet:
+                print_run_summary(result.metrics, {}, console)
+            raise
     if not args.quiet:
         print_run_summary(result.metrics, paths, console)
     return 0

@@ -77,10 +77,17 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     cfg = load_serve_config(args.config, args.set)
     check_out_folder(args.out, "--out")
     # phases, requests done and the time left on a terminal; nothing in pipes or CI
+    from kvsim.errors import OutputError
+
     with Phases(enabled=not args.quiet and progress_enabled()) as ph:
         result = run_serving(cfg, progress=ph)
         ph.start("write outputs")
-        paths = write_serving_outputs(result, args.out)
+        try:
+            paths = write_serving_outputs(result, args.out)
+        except OutputError:  # the figures still reach the user; then where they could not go
+            if not args.quiet:
+                print_serve_summary(result.metrics, {}, console)
+            raise
     if not args.quiet:
         print_serve_summary(result.metrics, paths, console)
     return 0

@@ -1,4 +1,5 @@
-"""``kvsim sweep FILE``: a parameter sweep, its table of results on the console."""
+"""``kvsim sweep FILE``: a parameter sweep, its table of results on the console (figures
+never folded)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import argparse
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from kvsim.errors import ConfigError
+from kvsim.errors import ConfigError, OutputError
 from sim.progress import progress_enabled
 
 
-def _metric_column(name: str, values: list) -> tuple[str, list[str]]:
+def metric_column(name: str, values: list) -> tuple[str, list[str]]:
     """A results column for the console: its label with the unit, and its cells."""
     from traces.report import fmt_number, quantity
 
@@ -23,6 +25,53 @@ def _metric_column(name: str, values: list) -> tuple[str, list[str]]:
     cells = [fmt_number(v / scale if scale != 1 else v) if number(v) else
              ("" if v is None else str(v)) for v in values]
     return label, cells
+
+
+def print_sweep_table(sweep, result, console: Console) -> None:
+    """The sweep's results as a table, then the files written. Figures are never folded:
+    each metric column is as wide as its widest figure (its header wraps at spaces), and
+    when they do not all fit the console, the metrics go into several tables, each with the
+    point's number, axes and status."""
+    keys = [("#", [str(r["index"]) for r in result.rows]),
+            *((a, [escape(str(r[a])) for r in result.rows]) for a in sweep.axes),
+            ("status", [escape(str(r["status"])) for r in result.rows])]
+    shown = [metric_column(m, [r.get(m) for r in result.rows])
+             for m in sweep.metrics if m in result.columns]
+
+    def width(col: tuple[str, list[str]], fold: int | None = None) -> int:
+        """A column's text plus padding and rule: its widest cell, and its header's
+        longest word (or ``fold`` characters of it, for an axis name folded anywhere)."""
+        label, cells = col
+        head = max(len(w) for w in label.split()) if fold is None else min(len(label), fold)
+        return max([head] + [len(c) for c in cells]) + 3
+
+    parts: list[list[tuple[str, list[str]]]] = [[]]
+    base = 1 + sum(width(k, fold=10) for k in keys)
+    used = base
+    for col in shown:
+        if parts[-1] and used + width(col) > console.width:
+            parts.append([])
+            used = base
+        parts[-1].append(col)
+        used += width(col)
+    title = (f"{len(result.rows)} points in {result.wall_s:,.1f} s "
+             f"({result.executor}, {result.workers} workers)")
+    for n, part in enumerate(parts, start=1):
+        t = Table(title=title + (f", part {n} of {len(parts)}" if len(parts) > 1 else ""))
+        # the widths packed above, fixed: no figure or metric header word folds; headers
+        # unfolded where the whole part fits so
+        wide = 1 + sum(width(c, fold=len(c[0])) for c in (*keys, *part)) <= console.width
+        for col in keys:
+            t.add_column(col[0], justify="right", overflow="fold",
+                         width=width(col, len(col[0]) if wide else 10) - 3)
+        for col in part:
+            t.add_column(col[0], justify="right", overflow="fold",
+                         width=width(col, len(col[0]) if wide else None) - 3)
+        for i in range(len(result.rows)):
+            t.add_row(*(cells[i] for _, cells in keys), *(cells[i] for _, cells in part))
+        console.print(t)
+    for name, p in result.paths.items():
+        console.print(f"{name}: {p}")
 
 
 def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
@@ -40,23 +89,17 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
                  "a dask LocalCluster" if args.executor == "dask" else "local processes")
         console.print(f"[bold]kvsim sweep[/bold] {args.sweep}: {len(sweep.points)} points "
                       f"on {where}")
-    result = run_sweep(sweep, args.out, executor=args.executor, workers=args.workers,
-                       scheduler=args.scheduler,
-                       progress=not args.quiet and progress_enabled())
+    try:
+        result = run_sweep(sweep, args.out, executor=args.executor, workers=args.workers,
+                           scheduler=args.scheduler,
+                           progress=not args.quiet and progress_enabled())
+    except OutputError as err:  # the table still reaches the user; then where it could not go
+        if err.result is not None and not args.quiet:
+            print_sweep_table(sweep, err.result, console)
+        raise
     failed = result.failed
     if not args.quiet:
-        t = Table(title=f"{len(result.rows)} points in {result.wall_s:,.1f} s "
-                        f"({result.executor}, {result.workers} workers)")
-        shown = [_metric_column(m, [r.get(m) for r in result.rows])
-                 for m in sweep.metrics if m in result.columns]
-        for col in ("#", *sweep.axes, "status", *(label for label, _ in shown)):
-            t.add_column(col, justify="right", overflow="fold")
-        for i, r in enumerate(result.rows):
-            t.add_row(str(r["index"]), *(str(r[a]) for a in sweep.axes), r["status"],
-                      *(cells[i] for _, cells in shown))
-        console.print(t)
-        for name, p in result.paths.items():
-            console.print(f"{name}: {p}")
+        print_sweep_table(sweep, result, console)
     for r in failed:
         point = sweep.points[r["index"]]
         print(f"kvsim: point {r['index']} ({point.label}) failed: {r['error']}\n"

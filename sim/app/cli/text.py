@@ -88,6 +88,11 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     bits = _bits(args)
     src, ids, name = eval_tokens(args.model, args.text)
     ids = ids[: args.max_tokens] if args.max_tokens else ids
+    limit = src.config.max_position_embeddings
+    if len(ids) > limit:  # before anything is compiled
+        raise ConfigError(f"--text {name}: {len(ids):,} tokens exceed the {limit:,}-token "
+                          f"context of model {src.name!r} (max_position_embeddings); "
+                          f"--max-tokens {limit} uses its first {limit:,}")
     if args.edit is not None:
         return eval_edit(args, console, src, ids, name, bits)
     q = evaluate(src, ids, bits=bits, kv=args.kv, hw=args.hw,

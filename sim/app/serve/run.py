@@ -20,7 +20,7 @@ import numpy as np
 
 from isa.instructions import HostRead, HostWrite, Program
 from kvsim.errors import ConfigError
-from kvsim.files import atomic_write_text
+from kvsim.files import write_output_set
 from models.bits import BitConfig
 from models.compiler import CompiledModel, CompileError
 from models.compiler.compiled import build_memory_map
@@ -433,33 +433,49 @@ def step_shape(step: StepRecord, every: list[StepRecord],
                     r + 1) for r, n in dec + pre]
 
 
-def write_serving_outputs(result: ServeResult, out_dir: str | Path) -> dict[str, Path]:
-    """``metrics.json``, ``requests.csv``, ``trace.json``, ``report.html`` (each atomic;
-    everything is serialised before the first file is written)."""
+#: Every file a serving run's output set may hold (``http_requests.csv``: a ``kvsim serve
+#: --http`` run's, which an offline run into the same folder removes with the rest).
+SERVE_OUTPUTS = ("http_requests.csv", "metrics.json", "requests.csv", "trace.json",
+                 "report.html")
+
+
+def serving_output_texts(result: ServeResult) -> dict[str, str]:
+    """The output files of a serving run as text, by name (those its ``outputs`` ask
+    for); ``metrics.json`` last."""
     from traces.serving_report import serving_report_html, serving_trace
 
-    out = Path(out_dir)
     cfg = result.config
     want = cfg.outputs if cfg is not None else None
-    texts: dict[str, str] = {"metrics.json": json.dumps(result.metrics.to_metrics(),
-                                                        indent=1) + "\n"}
+    texts: dict[str, str] = {}
     rows = request_records(result.requests)
     if want is None or want.requests_csv:
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["rid"],
-                           lineterminator="\n")
-        w.writeheader()
-        w.writerows(rows)
-        texts["requests.csv"] = buf.getvalue()
+        texts["requests.csv"] = csv_text(rows)
     if want is None or want.trace:
         texts["trace.json"] = json.dumps(serving_trace(result.steps, result.geometry),
                                          separators=(",", ":"))
     if want is None or want.report:
         texts["report.html"] = serving_report_html(result.metrics, rows, result.steps,
                                                    result.geometry)
-    paths = {name.split(".")[0]: out / name for name in texts}
-    out.mkdir(parents=True, exist_ok=True)
-    # metrics last: its presence says the others are complete
-    for name in sorted(texts, key=lambda n: n == "metrics.json"):
-        atomic_write_text(out / name, texts[name])
-    return paths
+    texts["metrics.json"] = json.dumps(result.metrics.to_metrics(), indent=1) + "\n"
+    return texts
+
+
+def csv_text(rows: list[dict[str, Any]]) -> str:
+    """``rows`` as CSV text (a header of the first row's keys; ``rid`` alone if none)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["rid"],
+                       lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_serving_outputs(result: ServeResult, out_dir: str | Path, *,
+                          flag: str = "--out") -> dict[str, Path]:
+    """``metrics.json``, ``requests.csv``, ``trace.json``, ``report.html`` as one set
+    (everything is serialised before the first file is written; the set is put in place
+    whole or not at all, :func:`kvsim.files.write_output_set`; a failure is a
+    :class:`kvsim.errors.OutputError`)."""
+    written = write_output_set(out_dir, serving_output_texts(result), flag=flag,
+                               members=SERVE_OUTPUTS)
+    return {name.split(".")[0]: p for name, p in written.items()}

@@ -16,7 +16,7 @@ import threading
 
 from rich.console import Console
 
-from kvsim.errors import ConfigError
+from kvsim.errors import ConfigError, OutputError
 
 #: ``kvsim serve`` flags that set a ``[server]`` field (flag attribute -> field).
 FLAGS = {"host": "host", "port": "port", "pace": "pace", "time_scale": "time_scale",
@@ -104,9 +104,13 @@ def cmd_serve_http(args: argparse.Namespace, console: Console) -> int:
     with Phases(enabled=not args.quiet and progress_enabled()) as ph:
         svc = build_service(cfg, progress=ph)
     paths: dict = {}
+    unwritten: list[OutputError] = []
 
     def on_stop() -> None:
-        paths.update(write_outputs(svc, args.out))
+        try:
+            paths.update(write_outputs(svc, args.out))
+        except OutputError as err:  # said after the server's own summary, exit 2
+            unwritten.append(err)
 
     server = server_for(svc, create_app(svc, on_stop=on_stop))
     host, port = sock.getsockname()[:2]
@@ -137,4 +141,6 @@ def cmd_serve_http(args: argparse.Namespace, console: Console) -> int:
             console.print(f"{name}: {p}", highlight=False, soft_wrap=True)
     if svc.engine.failed is not None:
         raise ConfigError(f"the server stopped: {svc.engine.failed}")
+    if unwritten:
+        raise unwritten[0]
     return 0

@@ -113,14 +113,15 @@ class Live:
         self.stream.close()
         self.detok = self.stops = None
 
-    def accept(self, token: int, eos: int | None) -> tuple[str, str | None]:
+    def accept(self, token: int, stop_ids: frozenset[int]) -> tuple[str, str | None]:
         """The request's next token: ``(text to send, finish reason or None)``. Before
-        ``min_tokens`` neither the end-of-sequence token nor a stop sequence ends the text
-        (vLLM's rule); the end-of-sequence token's own text is not sent."""
+        ``min_tokens`` neither an end token (end of sequence or of the chat turn:
+        ``stop_ids``, :attr:`models.tokenizer.Tokenizer.stop_ids`) nor a stop sequence ends
+        the text (vLLM's rule); the end token's own text is not sent."""
         s = self.sampling
         self.tokens.append(token)
         n = len(self.tokens)
-        eos_hit = token == eos and not s.ignore_eos and n >= s.min_tokens
+        eos_hit = token in stop_ids and not s.ignore_eos and n >= s.min_tokens
         piece = self.detok.flush() if eos_hit else self.detok.add(token)
         if n >= s.max_tokens:
             piece += self.detok.flush()
@@ -293,7 +294,7 @@ class ServerEngine:
                 online_abort(self.online, req, end)
                 out.append((lv, Piece("", -1, end, None, "error", str(err))))
                 continue
-            text, finish = lv.accept(token, self.tok.eos_id)
+            text, finish = lv.accept(token, self.tok.stop_ids)
             if finish is None and req.state == "finished":
                 raise RuntimeError(f"request {req.rid} finished in the simulation with its "
                                    f"text going on ({len(lv.tokens)} tokens)")

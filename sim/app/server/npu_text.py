@@ -116,14 +116,14 @@ class NpuText:
             [logits] = model.infer(self.ready.embed(chunk), cache_size=cache)
             cache += chunk.size
         pick = Sampler(s.temperature, job.seed).picker()
-        eos = self.tok.eos_id
+        stops = self.tok.stop_ids  # end of sequence or of the chat turn
         for k in range(s.max_tokens):
             if (why := degenerate_logits(logits)) is not None:
                 raise NpuTextError(f"NPU logits of output token {k}: {why} (the integer "
                                    "pipeline's output cannot be right)")
             t = pick(logits)
             job.put(t)
-            ended = t == eos and not s.ignore_eos and k + 1 >= s.min_tokens
+            ended = t in stops and not s.ignore_eos and k + 1 >= s.min_tokens
             if ended or k + 1 == s.max_tokens or job.closed.is_set():
                 return
             [logits] = model.infer(self.ready.embed([t]), cache_size=cache)

@@ -4,8 +4,6 @@ and the final outputs written when it stops."""
 
 from __future__ import annotations
 
-import csv
-import io
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,15 +11,17 @@ from types import MappingProxyType
 from typing import Any
 
 from kvsim.errors import ConfigError
-from kvsim.files import atomic_write_text
+from kvsim.files import write_output_set
 from models.source import resolve_model
 from models.tokenizer import Tokenizer
 from sim.app.serve.run import (
+    SERVE_OUTPUTS,
     ServeResult,
     ServingParts,
+    csv_text,
     prepare_serving,
     serving_metrics,
-    write_serving_outputs,
+    serving_output_texts,
 )
 from sim.app.server.config import HttpServeConfig
 from sim.app.server.engine import Pacer, ServerEngine
@@ -167,14 +167,11 @@ def http_rows(svc: Service) -> list[dict[str, Any]]:
 
 
 def write_outputs(svc: Service, out: str | Path) -> dict[str, Path]:
-    """``kvsim serve``'s outputs of every request served, and ``http_requests.csv``
-    (:func:`http_rows`); ``metrics.json`` last, each file atomically."""
-    rows = http_rows(svc)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["rid"], lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    path = Path(out) / "http_requests.csv"
-    atomic_write_text(path, buf.getvalue())
-    return {"http_requests": path} | write_serving_outputs(final_result(svc), out)
+    """``kvsim serve``'s outputs of every request served and ``http_requests.csv``
+    (:func:`http_rows`), as one set, whole or not at all
+    (:func:`kvsim.files.write_output_set`; ``metrics.json`` last); a failure is a
+    :class:`kvsim.errors.OutputError` naming ``--out``, the file and the folder."""
+    texts = {"http_requests.csv": csv_text(http_rows(svc)),
+             **serving_output_texts(final_result(svc))}
+    written = write_output_set(out, texts, flag="--out", members=SERVE_OUTPUTS)
+    return {name.split(".")[0]: p for name, p in written.items()}

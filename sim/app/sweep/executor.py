@@ -17,6 +17,7 @@ from typing import Any, Literal
 from kvsim.errors import ConfigError, KvsimError
 from sim.app.config import build_run_config, set_field
 from sim.app.sweep.file import Point, SweepConfig
+from sim.progress import Phases
 from traces.results import run_metrics
 
 
@@ -55,21 +56,20 @@ def error_line(err: BaseException) -> str:
     return text if isinstance(err, KvsimError) else f"{type(err).__name__}: {text}"
 
 
-def _progress(total: int, enabled: bool):
-    from tqdm import tqdm
+def worker_count(workers: int | None, *, points: int) -> int:
+    """Processes for ``points`` points: ``workers``, or one per CPU when None; never more
+    than the points, never fewer than one."""
+    return max(1, min(workers or os.cpu_count() or 1, points))
 
-    return tqdm(total=total, desc="kvsim sweep", unit="point", disable=not enabled,
-                dynamic_ncols=True, leave=True)
 
-
-def _run_serial(points: list[Point], save: bool, bar) -> Iterable[dict[str, Any]]:
+def _run_serial(points: list[Point], save: bool, bar: Phases) -> Iterable[dict[str, Any]]:
     for p in points:
         res = run_point(p.index, p.tree, save)
-        bar.update(1)
+        bar.advance()
         yield res
 
 
-def _run_local(points: list[Point], save: bool, workers: int, bar) -> Iterable[dict]:
+def _run_local(points: list[Point], save: bool, workers: int, bar: Phases) -> Iterable[dict]:
     import multiprocessing
 
     # spawn: workers start clean (no threads or locks copied from this process)
@@ -84,7 +84,7 @@ def _run_local(points: list[Point], save: bool, workers: int, bar) -> Iterable[d
             except Exception as err:  # the worker died (out of memory, killed)
                 res = {"index": p.index, "error": f"worker failed: {error_line(err)}",
                        "metrics": {}, "files": {}}
-            bar.update(1)
+            bar.advance()
             yield res
     finally:
         # on Ctrl-C or an error here, drop the points not started instead of waiting
@@ -101,7 +101,7 @@ def _dask():
 
 
 def _run_dask(points: list[Point], save: bool, workers: int, scheduler: str | None,
-              bar) -> Iterable[dict]:
+              bar: Phases) -> Iterable[dict]:
     distributed = _dask()
     cluster = None
     try:
@@ -127,7 +127,7 @@ def _run_dask(points: list[Point], save: bool, workers: int, scheduler: str | No
                 except Exception as err:  # the worker died or the task was lost
                     res = {"index": p.index, "error": f"worker failed: {error_line(err)}",
                            "metrics": {}, "files": {}}
-                bar.update(1)
+                bar.advance()
                 yield res
     finally:
         if cluster is not None:
@@ -136,14 +136,18 @@ def _run_dask(points: list[Point], save: bool, workers: int, scheduler: str | No
 
 def execute(sweep: SweepConfig, *, executor: Literal["local", "dask"] = "local",
             workers: int | None = None, scheduler: str | None = None, progress: bool = True,
-            on_result: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
+            on_result: Callable[[dict], None] | None = None,
+            label: str = "sweep points") -> list[dict[str, Any]]:
     """Run every point; results sorted by point index. ``workers``: processes of the
     local pool (default: one per CPU, at most one per point; 1 runs in this process), or
-    workers of the LocalCluster that ``dask`` starts without a ``scheduler``."""
+    workers of the LocalCluster that ``dask`` starts without a ``scheduler``. With
+    ``progress``, the points done are shown as ``label`` (``sim.progress``: the caller
+    says whether stderr is a terminal)."""
     points = sweep.points
-    workers = max(1, min(workers or os.cpu_count() or 1, len(points)))
+    workers = worker_count(workers, points=len(points))
     save = sweep.outputs.save_points
-    with _progress(len(points), progress) as bar:
+    with Phases(enabled=progress) as bar:
+        bar.start(label, total=len(points))
         if executor == "dask":
             it = _run_dask(points, save, workers, scheduler, bar)
         elif executor == "local":

@@ -139,10 +139,12 @@ def perturbations(tree: dict[str, Any], fraction: float,
 
 
 def run_sensitivity(tree: dict[str, Any], *, fraction: float = 0.1,
-                    only: list[str] | None = None, workers: int = 1,
+                    only: list[str] | None = None, workers: int | None = None,
                     executor: str = "local", scheduler: str | None = None,
                     progress: bool = False) -> SensitivityResult:
-    """Run the base config and every perturbation; changes in percent of the base."""
+    """Run the base config and every perturbation (``workers``: processes, default one
+    per CPU; ``progress``: show the points done, which the caller enables on a terminal
+    only); changes in percent of the base."""
     from sim.app.sweep.sweep import Point, SweepConfig, SweepOutputs, execute, validate_point
 
     validate_point(copy.deepcopy(tree))
@@ -158,7 +160,7 @@ def run_sensitivity(tree: dict[str, Any], *, fraction: float = 0.1,
             points.append(Point(len(points), ((key, v),), _hardware_with(tree, p.field, v)))
     sweep = SweepConfig(base=tree, axes={}, outputs=SweepOutputs(), points=points)
     results = execute(sweep, executor=executor, workers=workers, scheduler=scheduler,
-                      progress=progress)
+                      progress=progress, label="hardware points")
     base_res = results[0]
     if base_res["error"]:
         raise ConfigError(f"the base run failed: {base_res['error']}")

@@ -130,25 +130,43 @@ def report_html(sweep: SweepConfig, rows: list[dict[str, Any]]) -> str:
     return sweep_report(title, sweep.axes, rows, sweep.metrics)
 
 
+#: Every file a sweep's output set may hold.
+SWEEP_OUTPUTS = ("results.csv", "results.json", "report.html")
+
+
 def run_sweep(sweep: SweepConfig, out_dir: str | Path, *,
               executor: Literal["local", "dask"] = "local", workers: int | None = None,
-              scheduler: str | None = None, progress: bool = True) -> SweepResult:
+              scheduler: str | None = None, progress: bool = True,
+              flag: str = "--out") -> SweepResult:
     """Run a validated sweep and write ``results.csv``, ``results.json`` and
-    ``report.html`` (each atomically) into ``out_dir``; with ``outputs.save_points``,
-    each point's run outputs into ``out_dir/points/NNN/``."""
-    from kvsim.files import atomic_write_text
+    ``report.html`` into ``out_dir`` as one set (whole or not at all); with
+    ``outputs.save_points``, each point's run outputs into ``out_dir/points/NNN/`` as
+    it arrives. Outputs that cannot be written are a :class:`kvsim.errors.OutputError`
+    naming ``flag`` and where, after every point has run; it carries the sweep's
+    result (``err.result``, without paths), so the caller can still show it."""
+    from kvsim.errors import OutputError
+    from kvsim.files import write_output_set
+    from sim.app.run import RUN_OUTPUTS
 
     out = Path(out_dir)
     t0 = time.perf_counter()
     width = len(str(len(sweep.points) - 1))
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(sweep.points)))
     paths: dict[str, Path] = {}
+    unsaved: list[str] = []  # the points whose files could not be written, and why
 
     def save_files(res: dict) -> None:
         # written as each point arrives: a long sweep's finished points are on disk early
-        for name, text in res.get("files", {}).items():
-            atomic_write_text(out / "points" / f"{res['index']:0{width}d}" / name, text)
+        files = res.get("files", {})
         res["files"] = {}
+        if not files:
+            return
+        ordered = {n: files[n] for n in RUN_OUTPUTS if n in files}
+        try:
+            write_output_set(out / "points" / f"{res['index']:0{width}d}", ordered,
+                             flag=flag, members=RUN_OUTPUTS)
+        except OutputError as err:  # the sweep goes on: its results are still in memory
+            unsaved.append(str(err))
 
     results = execute(sweep, executor=executor, workers=workers, scheduler=scheduler,
                       progress=progress, on_result=save_files)
@@ -157,14 +175,25 @@ def run_sweep(sweep: SweepConfig, out_dir: str | Path, *,
     texts = {"results.csv": results_csv(columns, rows),
              "results.json": results_json(sweep, columns, rows),
              "report.html": report_html(sweep, rows)}
-    out.mkdir(parents=True, exist_ok=True)
+    result = SweepResult(sweep, columns, rows, paths, wall, executor, n_workers)
+    try:
+        written = write_output_set(out, texts, flag=flag, members=SWEEP_OUTPUTS)
+    except OutputError as err:
+        err.result = result
+        raise
     for key, name in (("results_csv", "results.csv"), ("results_json", "results.json"),
                       ("report", "report.html")):
-        atomic_write_text(out / name, texts[name])
-        paths[key] = out / name
+        paths[key] = written[name]
     if sweep.outputs.save_points:
         paths["points"] = out / "points"
-    return SweepResult(sweep, columns, rows, paths, wall, executor, n_workers)
+    if unsaved:
+        err = OutputError(f"{len(unsaved)} of {len(sweep.points)} points' run outputs "
+                          f"could not be written into {str(out / 'points')!r}; the first: "
+                          f"{unsaved[0]} (results.csv, results.json and report.html were "
+                          f"written)")
+        err.result = result
+        raise err
+    return result
 
 
 __all__ = ["DEFAULT_METRICS", "SWEEP_KEYS", "Point", "SweepConfig", "SweepOutputs",

@@ -89,8 +89,10 @@ def run(command: Sequence[str], *, hw: str = "aries", cards: int = 1, clock: str
         raise ConfigError(f"--cards: must be 1..{MAX_CARDS}, got {cards}")
     if clock not in MODES:
         raise ConfigError(f"--clock: {clock!r} is not one of {', '.join(MODES)}")
-    if trace_calls is not None and not Path(trace_calls).resolve().parent.is_dir():
-        raise ConfigError(f"--trace-calls: the folder of {trace_calls} does not exist")
+    if trace_calls is not None:  # written at the program's exit: tested for real now
+        from kvsim.files import check_out_file
+
+        check_out_file(Path(trace_calls).resolve(), "--trace-calls")
     real = real_runtimes()
     if real and not shadow:
         raise ConfigError(f"exec: a real runtime is installed here ({'; '.join(real)}); the "

@@ -26,6 +26,7 @@ last one is its end-of-sequence) and, timing-only, its synthetic embedding in fl
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,11 +69,14 @@ def _hf_fields(cfg: Any) -> dict[str, Any]:
     return out
 
 
-def _tokenizer_files(out: Path, src: Any, vocab: int, cap: int) -> tuple[int | None, int | None]:
-    """Write the tokenizer files; returns (bos_id, eos_id)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def _json(obj: Any) -> str:
+    return json.dumps(obj, indent=1) + "\n"
 
-    from kvsim.files import atomic_write_json
+
+def _tokenizer_files(src: Any, vocab: int,
+                     cap: int) -> tuple[dict[str, str], int | None, int | None]:
+    """The tokenizer files by name, and (bos_id, eos_id)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
     if src.real:
         tok = src.tokenizer()
@@ -82,7 +86,6 @@ def _tokenizer_files(out: Path, src: Any, vocab: int, cap: int) -> tuple[int | N
         backend = Tokenizer(models.WordLevel(words, unk_token=f"<t{vocab - 1}>"))
         backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         bos, eos, template = None, vocab - 1, None
-    backend.save(str(out / "tokenizer.json"))
 
     def name(i: int | None) -> str | None:
         return None if i is None else backend.id_to_token(i)
@@ -94,23 +97,29 @@ def _tokenizer_files(out: Path, src: Any, vocab: int, cap: int) -> tuple[int | N
           "model_max_length": cap, **special}
     if template:
         tc["chat_template"] = template
-    atomic_write_json(out / "tokenizer_config.json", tc)
-    atomic_write_json(out / "special_tokens_map.json", special)
-    return bos, eos
+    files = {"tokenizer.json": backend.to_str(pretty=True),  # as Tokenizer.save writes it
+             "tokenizer_config.json": _json(tc), "special_tokens_map.json": _json(special)}
+    return files, bos, eos
 
 
-def _proxy(folder: Path, module: str, config_cls: str, arch: str) -> None:
+def _proxy(module: str, config_cls: str, arch: str) -> str:
     """The folder's remote-code module (``auto_map``), as the vendor's Hub folders carry one
     for loading with ``trust_remote_code=True`` (its TPS harness loads so): it only takes
     the classes from the installed transformers-mblt."""
-    from kvsim.files import atomic_write_text
+    return (f'"""The {config_cls} / {arch} classes of this folder\'s model type, from the\n'
+            f'installed transformers-mblt (written by kvsim vendor folder)."""\n\n'
+            f"from transformers_mblt.models.{module}.configuration_{module} import "
+            f"{config_cls}\n"
+            f"from transformers_mblt.models.{module}.modeling_{module} import {arch}\n\n"
+            f'__all__ = ["{config_cls}", "{arch}"]\n')
 
-    atomic_write_text(folder / f"proxy_{module}.py", (
-        f'"""The {config_cls} / {arch} classes of this folder\'s model type, from the\n'
-        f'installed transformers-mblt (written by kvsim vendor folder)."""\n\n'
-        f"from transformers_mblt.models.{module}.configuration_{module} import {config_cls}\n"
-        f"from transformers_mblt.models.{module}.modeling_{module} import {arch}\n\n"
-        f'__all__ = ["{config_cls}", "{arch}"]\n'))
+
+#: Every file of a folder's set but its ``.kvm`` (named after the model): an earlier
+#: folder's that the new one lacks goes.
+FOLDER_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json",
+                *(f"proxy_{module}.py" for _, module, _, _ in VENDOR_TYPES.values()),
+                "generation_config.json", "config.json")
 
 
 def _numerics_name(opts: Any) -> Any:
@@ -124,16 +133,19 @@ def write_folder(model: str, out: str | Path, *, bits: str = "W8", numerics: str
                  max_seq: int = VENDOR_CHUNK, cap: int = 2048, slots: int = 1,
                  timing_only: bool = False, seed: int = 0) -> Folder:
     """Compile ``model`` (any name kvsim takes) and write its vendor-format folder into
-    ``out`` (created; files in it are replaced). ``max_seq`` is the prefill chunk of one
-    request (``npu_prefill_chunk_size``); a model of several cache ``slots`` takes that many
-    chunks in one call."""
-    from safetensors.numpy import save_file
+    ``out`` (created; its files replaced as one set, whole or not at all: a failure is a
+    :class:`kvsim.errors.OutputError`). ``max_seq`` is the prefill chunk of one request
+    (``npu_prefill_chunk_size``); a model of several cache ``slots`` takes that many chunks
+    in one call."""
+    from safetensors.numpy import save
 
-    from kvsim.files import atomic_write_json
+    from kvsim.files import check_out_folder, write_output_set
+    from models.compiler.kvm import kvm_bytes
     from models.source import resolve_model
     from sim.app.quality import bit_config
     from sim.runtime.ready import hardware_of, ready_model, widest_core_mode
 
+    check_out_folder(out, "--out")  # before the work
     src = resolve_model(model, where="--model")
     cfg = src.config
     if cfg.family not in VENDOR_TYPES:
@@ -147,20 +159,20 @@ def write_folder(model: str, out: str | Path, *, bits: str = "W8", numerics: str
     cm = ready_model(src, hwc, bits=bc, kv=kv, core_mode=mode, max_seq=max_seq * slots,
                      cap=cap, slots=slots, functional=not timing_only, seed=seed).compiled
     folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
     stem = Path(cfg.name or "model").name.replace("/", "_")
     kvm = folder / f"{stem}.kvm"
-    cm.save(kvm)
     # the table the card expects; a timing-only card reads no values (unrotated, float16)
     if timing_only:
         table = src.open_weights(seed).tensor("embed").astype(np.float16)
     else:
         table = np.ascontiguousarray(cm.weight_source().tensor("embed"), dtype=np.float32)
-    save_file({"embed_tokens.weight": table}, str(folder / "model.safetensors"),
-              metadata={"format": "pt"})
-    bos, eos = _tokenizer_files(folder, src, cfg.vocab_size, cap)
+    files: dict[str, str | bytes] = {
+        kvm.name: kvm_bytes(cm),
+        "model.safetensors": save({"embed_tokens.weight": table}, metadata={"format": "pt"})}
+    tok_files, bos, eos = _tokenizer_files(src, cfg.vocab_size, cap)
+    files.update(tok_files)
     model_type, module, config_cls, arch = VENDOR_TYPES[cfg.family]
-    _proxy(folder, module, config_cls, arch)
+    files[f"proxy_{module}.py"] = _proxy(module, config_cls, arch)
     vendor_mode = {"single": "single", "global4": "global4", "global8": "global8"}[mode]
     conf = {"architectures": [arch], "model_type": model_type, "mxq_path": kvm.name,
             "auto_map": {"AutoConfig": f"proxy_{module}.{config_cls}",
@@ -177,11 +189,13 @@ def write_folder(model: str, out: str | Path, *, bits: str = "W8", numerics: str
                       "seed": seed}}
     if mode == "single":
         conf["target_cores"] = ["0:0:0"]
-    atomic_write_json(folder / "config.json", conf)
-    atomic_write_json(folder / "generation_config.json",
-                      {k: v for k, v in (("bos_token_id", bos), ("eos_token_id", eos),
-                                         ("pad_token_id", eos)) if v is not None})
+    files["generation_config.json"] = _json(
+        {k: v for k, v in (("bos_token_id", bos), ("eos_token_id", eos),
+                           ("pad_token_id", eos)) if v is not None})
+    files["config.json"] = _json(conf)  # last: it names the others
+    # one set, whole or not at all (kvsim.files.write_output_set)
+    write_output_set(folder, files, flag="--out", members=FOLDER_FILES)
     return Folder(folder, kvm, model, src.real, not timing_only, max_seq, cap, mode)
 
 
-__all__ = ["VENDOR_CHUNK", "VENDOR_TYPES", "Folder", "write_folder"]
+__all__ = ["FOLDER_FILES", "VENDOR_CHUNK", "VENDOR_TYPES", "Folder", "write_folder"]

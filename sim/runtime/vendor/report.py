@@ -27,12 +27,19 @@ def summary(sys_: System) -> dict[str, Any]:
 
 
 def write_trace(sys_: System, path: str | None) -> None:
-    """Write :func:`summary` to ``path`` (atomically)."""
+    """Write :func:`summary` to ``path``, whole or not at all
+    (:func:`kvsim.files.write_output_set`); a failure is a
+    :class:`kvsim.errors.OutputError` naming ``--trace-calls`` and the file."""
     if not path:
         return
-    from kvsim.files import atomic_write_json
+    import json
+    from pathlib import Path
 
-    atomic_write_json(path, summary(sys_))
+    from kvsim.files import write_output_set
+
+    p = Path(path)
+    write_output_set(p.parent, {p.name: json.dumps(summary(sys_), indent=1) + "\n"},
+                     flag="--trace-calls")
 
 
 __all__ = ["summary", "write_trace"]

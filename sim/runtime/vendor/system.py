@@ -225,9 +225,13 @@ def reset_system(settings: Settings | None = None) -> System:
 
 
 def _write_trace(sys_: System) -> None:
+    from kvsim.errors import OutputError
     from sim.runtime.vendor.report import write_trace
 
-    write_trace(sys_, sys_.settings.trace_calls)
+    try:
+        write_trace(sys_, sys_.settings.trace_calls)
+    except OutputError as err:  # at the program's exit: one line, not a traceback
+        print(f"kvsim: error: {err}", file=sys.stderr)
 
 
 __all__ = ["DEVICE_NAMES", "ENV_CARDS", "ENV_CLOCK", "ENV_FUNCTIONAL", "ENV_HW", "ENV_TRACE",
