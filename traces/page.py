@@ -25,7 +25,8 @@ h1{font-size:1.35em;margin:0 0 .2em} h2{font-size:1.1em;margin:1.4em 0 .3em}
 table{border-collapse:collapse;font-size:.9em}
 td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
 details{margin:.5em 0 1em} summary{cursor:pointer;color:#345}
-.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(620px,1fr));gap:0 16px}
+/* auto-fill, not auto-fit: a chart drawn while alone in its grid keeps one column */
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(620px,1fr));gap:0 16px}
 .fig{margin:.4em 0;min-width:0}
 .wide{grid-column:1/-1}
 .texts td{white-space:pre-wrap;font-family:ui-monospace,monospace}

@@ -152,6 +152,12 @@ def test_sweep_report_draws_formats_as_series_of_one_chart_per_metric(tmp_path):
             "() => Array.from(document.querySelectorAll('div[id^=fig]')).filter(d => d.data)"
             ".map(d => [d.layout.xaxis.title.text, d.data.map(t => t.name)])")
         titles = _titles(p)
+        # every chart is drawn inside its grid cell (the first one was laid out while it was
+        # alone in the grid and took the whole row, under its neighbour)
+        overflow = p.page.evaluate(
+            "() => Array.from(document.querySelectorAll('div[id^=fig]')).filter(d => d.data)"
+            ".map(d => d._fullLayout.width - d.parentElement.getBoundingClientRect().width)")
+    assert max(overflow) <= 0, overflow
     assert [t.split(":")[0] for t in titles[3:]] == ["Where the time went, prefill",
                                                      "Where the time went, decode, per token"]
     for xlabel, names in series[:3]:
