@@ -216,45 +216,34 @@ def _serving_default(fresh: Fresh) -> dict[str, str]:
 
 
 #: The published MLA100 figures (README, "Validation against the real chip").
-PUBLISHED_TTFT_MS, PUBLISHED_TOK_S = 430.56, 30.73
+#: The published points (FACTS.md): key, README label, TTFT (ms, as the README writes it),
+#: output tokens/s per user.
+VALIDATION_POINTS = (("b1", "Llama-3.2-1B", "430.56", 30.73),
+                     ("b8", "Llama-3.1-8B", "4,430.71", 5.81))
 
 
 @source("validation", "kvsim run configs/validate-llama-3.2-1b.toml [--set "
-        "bits.numerics.preset=static-int8 | bits.numerics.schedule=resident]",
-        "| TTFT | 430.56 ms | {w8_ttft} ms ({w8_ttft_d} %) | {s8_ttft} ms ({s8_ttft_d} %) |",
-        "| output tokens/s per user | 30.73 | {w8_tps} ({w8_tps_d} %) | {s8_tps} ({s8_tps_d} %) |",
-        "keeps the int8 dataflow's {lean_tile}-token prefill tiles; `schedule = \"resident\"`, "
-        "which holds the MLP's int32 rows in SRAM, gives {res_tile}-token tiles and a TTFT of "
-        "{res_ttft} s.",
-        "(`configs/validate-llama-3.2-1b.toml`: {w8_ttft} ms, {w8_tps} tok/s over 9 decode "
-        "steps;", heavy=True)
+        "model.hf_config=configs/models/llama-3.1-8b.json]",
+        *(f"| {label} | TTFT | {pub_ttft} ms | {{{k}_c_ttft}} ms ({{{k}_c_ttft_d}} %) | "
+          f"{{{k}_ttft}} ms |" for k, label, pub_ttft, _ in VALIDATION_POINTS),
+        *(f"| {label} | output tokens/s per user | {pub_tps} | {{{k}_c_tps}} ({{{k}_c_tps_d}} %)"
+          f" | {{{k}_tps}} ({{{k}_tpot}} ms/token) |" for k, label, _, pub_tps
+          in VALIDATION_POINTS), heavy=True)
 def _validation(fresh: Fresh) -> dict[str, str]:
     cfg = "configs/validate-llama-3.2-1b.toml"
-    w8 = _metrics(["outputs.trace=off"], cfg)
-    s8 = _metrics(["outputs.trace=off", "bits.numerics.preset='static-int8'"], cfg)
-    res = _metrics(["outputs.trace=off", "bits.numerics.schedule='resident'"], cfg)
     out = {}
-    for key, m in (("w8", w8), ("s8", s8)):
-        ttft, tps = m["prefill"]["ttft_s"] * 1e3, m["decode"]["tokens_per_s"]
-        out |= {f"{key}_ttft": f"{ttft:.2f}", f"{key}_tps": f"{tps:.2f}",
-                f"{key}_ttft_d": signed_pct(ttft, PUBLISHED_TTFT_MS, 1 if key == "w8" else 2),
-                f"{key}_tps_d": signed_pct(tps, PUBLISHED_TOK_S)}
-    return out | {"lean_tile": str(w8["compiled"]["m_tile"]),
-                  "res_tile": str(res["compiled"]["m_tile"]),
-                  "res_ttft": f"{res['prefill']['ttft_s']:.2f}"}
-
-
-@source("real model schedule", "kvsim run configs/real-model.toml [--set "
-        "bits.numerics.schedule=resident] (timing: the same simulated times)",
-        "takes TTFT {lean_ttft} ms and {lean_tpot} ms/token against {res_ttft} ms and "
-        "{res_tpot} ms with `--set bits.numerics.schedule=resident`", heavy=True)
-def _real_model(fresh: Fresh) -> dict[str, str]:
-    out = {}
-    for key, extra in (("lean", []), ("res", ["bits.numerics.schedule='resident'"])):
-        m = _metrics(["sim.fidelity='timing'", "outputs.trace=off", *extra],
-                     "configs/real-model.toml")
-        out |= {f"{key}_ttft": f"{m['prefill']['ttft_s'] * 1e3:.3f}",
-                f"{key}_tpot": f"{m['decode']['time_per_token_s'] * 1e3:.3f}"}
+    for k, _, pub_ttft, pub_tps in VALIDATION_POINTS:
+        sets = ["outputs.trace=off"]
+        if k == "b8":
+            sets.append("model.hf_config='configs/models/llama-3.1-8b.json'")
+        m = _metrics(sets, cfg)
+        c_ttft, c_tps = m["client"]["ttft_s"] * 1e3, m["client"]["tokens_per_s"]
+        out |= {f"{k}_c_ttft": f"{c_ttft:,.2f}",
+                f"{k}_c_ttft_d": signed_pct(c_ttft, float(pub_ttft.replace(",", "")), 2),
+                f"{k}_c_tps": f"{c_tps:.2f}", f"{k}_c_tps_d": signed_pct(c_tps, pub_tps, 2),
+                f"{k}_ttft": f"{m['prefill']['ttft_s'] * 1e3:,.2f}",
+                f"{k}_tps": f"{m['decode']['tokens_per_s']:.2f}",
+                f"{k}_tpot": f"{m['decode']['time_per_token_s'] * 1e3:.2f}"}
     return out
 
 

@@ -30,7 +30,8 @@ def test_long_waits_are_shown_in_seconds():
     zero = dict.fromkeys(("recomputed_tokens", "swapped_bytes", "finished_requests",
                           "requests", "computed_tokens", "prompt_tokens_computed",
                           "decode_tokens_computed"), 0)
-    metrics = SimpleNamespace(scenario="s", serving=SimpleNamespace(**SERVING, **zero))
+    metrics = SimpleNamespace(scenario="s", serving=SimpleNamespace(**SERVING, **zero,
+                                                                    speculation=None))
     page = serving_report_html(metrics, ROWS, [[]], GEOMETRY)
     assert _card(page, "time to first token, median") == (
         "136.89 s", "p50 / p90 / p99: 136.89 / 224.90 / 247.50 s")
