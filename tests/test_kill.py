@@ -72,6 +72,18 @@ def _read(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
 
+@pytest.fixture(autouse=True)
+def _python_sigint_handler():
+    """Each test starts as the command line does, with Python's own SIGINT handler (which
+    raises KeyboardInterrupt): another test in the same worker process (a server, a dask
+    cluster) may have left a different one behind."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory):
     """An earlier run's complete outputs (``old``), the new config, and the complete
