@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from sim.app.cli.main import main
+from tests.sim.server_util import need_server
 
 SERVER_TOML = """
 [hardware]
@@ -31,11 +32,23 @@ port = 0
     (["--http", "--port", "70000"], "server.port"),
     (["--http", "--set", "server.pace=fast"], "server.pace"),
     (["--http", "--set", "server.colour=1"], "server.colour: unknown key"),
+])
+def test_bad_server_arguments_name_the_field(args, words, capsys, tmp_path):
+    # the config is checked before the server extra is looked for: named without it too
+    _bad_arguments(args, words, capsys, tmp_path)
+
+
+@pytest.mark.parametrize("args,words", [
     (["--http", "--tokenizer", "no/such/file.gguf"], "server.tokenizer"),
     (["--http", "--fidelity", "functional", "--set", "model.preset=qwen2.5-0.5b",
       "--tokenizer", "bytes"], "functional mode needs the model's own tokenizer"),
 ])
-def test_bad_server_arguments_name_the_field(args, words, capsys, tmp_path):
+def test_bad_tokenizers_name_the_field(args, words, capsys, tmp_path):
+    need_server()  # the tokenizer is resolved with the model, after the extra is found
+    _bad_arguments(args, words, capsys, tmp_path)
+
+
+def _bad_arguments(args, words, capsys, tmp_path):
     tiny = ["--set", "hardware.preset=tiny", "--set", "model.preset=tiny", "--set",
             "compile.core_mode=single", "--out", str(tmp_path / "o")]
     assert main(["serve", *tiny, *args]) == 2  # the later --set wins

@@ -79,17 +79,8 @@ def _catch_sigterm():
 
 
 def cmd_serve_http(args: argparse.Namespace, console: Console) -> int:
-    try:
-        import fastapi  # noqa: F401
-        import prometheus_client  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as err:
-        raise ConfigError(f"kvsim serve --http needs the server extra: pip install "
-                          f"'kvsim[server]' ({err.name} is not installed)") from None
     from kvsim.files import check_out_folder
-    from sim.app.server.app import create_app, server_for
     from sim.app.server.config import load_http_config
-    from sim.app.server.service import build_service, write_outputs
     from sim.progress import Phases, progress_enabled
 
     sets = list(args.set or [])
@@ -97,8 +88,17 @@ def cmd_serve_http(args: argparse.Namespace, console: Console) -> int:
         v = getattr(args, flag, None)
         if v is not None:
             sets.append(f"server.{key}={v!r}" if isinstance(v, str) else f"server.{key}={v}")
-    cfg = load_http_config(args.config, sets)
+    cfg = load_http_config(args.config, sets)  # bad arguments are named with or without the extra
     check_out_folder(args.out, "--out")
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(f"kvsim serve --http needs the server extra: pip install "
+                          f"'kvsim[server]' ({err.name} is not installed)") from None
+    from sim.app.server.app import create_app, server_for
+    from sim.app.server.service import build_service, write_outputs
     s = cfg.server
     sock = _listen(s.host, s.port)
     with Phases(enabled=not args.quiet and progress_enabled()) as ph:
