@@ -6,14 +6,18 @@ the cache cut there, against the float reference with the whole context.
 
     python benchmarks/evictions.py [--context 4096] [--budgets 512,1024] [--trials 5]
                                    [--depths 0,25,50,75,100] [--kv int8] [--kv-read integer]
-                                   [--after 512] [--out evictions] [--json]
+                                   [--after 512] [--positions text] [--out evictions]
+                                   [--json]
 
 KL: the first ``context - after`` tokens of ``models/data/long_english.txt`` teacher-forced,
 the cache cut, the last ``after`` predicted (KL mean and top-1 over those). Retrieval: the
 needle texts of ``kvsim needle`` at each depth (the same keys), the cache cut after the
 prompt minus its last token, then the answer's positions read. Host and device edits keep
 the same positions, so the same logits (checked on the KL text): their figures differ only
-in cost. Writes ``evictions.md`` and ``evictions.json`` into ``--out``.
+in cost. ``--positions``: where the tokens after the edit sit, ``text`` (their positions in
+the text: every kept key at its true distance) or ``cache`` (the new cache size, as the
+vendor's runtime places them; see ``sim.app.evict``). Writes ``evictions.md`` and
+``evictions.json`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ def main() -> int:
     ap.add_argument("--kv", default="int8")
     ap.add_argument("--kv-read", default="integer")
     ap.add_argument("--after", type=int, default=512)
+    ap.add_argument("--positions", default="text", choices=("text", "cache"))
     ap.add_argument("--hw", default="aries")
     ap.add_argument("--out", default="evictions")
     ap.add_argument("--json", action="store_true")
@@ -59,9 +64,11 @@ def main() -> int:
     say = None if a.json else (lambda m: print(m, flush=True))
     t0 = time.perf_counter()
     costs = edit_costs(src, bits, a.kv, hw, ids, at=at, budgets=budgets, policies=policies)
-    kl = divergence(src, bits, a.kv, hw, ids, at=at, budgets=budgets, policies=policies)
+    kl = divergence(src, bits, a.kv, hw, ids, at=at, budgets=budgets, policies=policies,
+                    positions=a.positions)
     found = retrieval(src, bits, a.kv, hw, context=a.context, budgets=budgets,
-                      policies=policies, depths=depths, trials=a.trials, progress=say)
+                      policies=policies, depths=depths, trials=a.trials,
+                      positions=a.positions, progress=say)
     wall = time.perf_counter() - t0
     rows = []
     for p in policies:
@@ -75,7 +82,8 @@ def main() -> int:
                              "kl_mean": kl[(p, b)][0], "top1_agreement": kl[(p, b)][1],
                              "edit_s": c.time_s, "pcie_bytes": c.pcie_bytes,
                              "dram_bytes": c.dram_bytes})
-    lines = [f"{a.context} tokens, {a.kv} {a.kv_read}; no eviction: KL {kl['none'][0]:.4f}, "
+    lines = [f"{a.context} tokens, {a.kv} {a.kv_read}, next tokens at the {a.positions}'s "
+             f"positions; no eviction: KL {kl['none'][0]:.4f}, "
              f"top-1 {kl['none'][1]:.3f} over the last {a.after} predictions", "",
              "| policy | budget | edit on | retrieved | key log-prob | KL (nats) | top-1 | "
              "edit time (simulated, us) | PCIe bytes | DRAM bytes |",
@@ -87,6 +95,7 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     data = {"context": a.context, "kv": a.kv, "kv_read": a.kv_read, "after": a.after,
+            "positions": a.positions,
             "none": {"kl_mean": kl["none"][0], "top1_agreement": kl["none"][1]},
             "rows": rows, "wall_s": round(wall, 1)}
     atomic_write_text(out / "evictions.md", "\n".join(lines) + "\n")

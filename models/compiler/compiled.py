@@ -131,14 +131,15 @@ class CompiledModel:
                             regions=tuple(self.mm.regions))
 
     def program(self, *, tokens: int, cache_size: int, slot: int = 0, host_in: int = 0,
-                host_out: int = 0, all_logits: bool = False) -> Program:
-        """One call's program (``all_logits``: every token's logits, see
-        :func:`.driver.lower_call`)."""
+                host_out: int = 0, all_logits: bool = False, shift: int = 0) -> Program:
+        """One call's program (``all_logits``: every token's logits; ``shift``: RoPE
+        positions beyond the cache positions; see :func:`.driver.lower_call`)."""
         if not 0 <= slot < self.slots:
             raise ConfigError(f"cache slot {slot} out of range 0..{self.slots - 1}")
         tile = self.tile_for(min(tokens, self.m_tile))
         return lower_call(self.lowering(tile), n=tokens, cache_size=cache_size, slot=slot,
-                          host_in=host_in, host_out=host_out, all_logits=all_logits)
+                          host_in=host_in, host_out=host_out, all_logits=all_logits,
+                          shift=shift)
 
     def tile_for(self, m: int) -> int:
         """The weight tile size for passes of ``m`` tokens: the big tile when its stage

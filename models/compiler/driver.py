@@ -61,7 +61,9 @@ class StepSeq(NamedTuple):
     the host); ``key``: the sequence's identity for MoE routing (timing only): its token at
     position ``p`` routes by the key ``(key << 32) + p``, so that sequences at the same
     position route apart (0: by position alone, as a single-sequence call does);
-    ``route``: the routing key of its first token instead (its tokens count up from it)."""
+    ``route``: the routing key of its first token instead (its tokens count up from it);
+    ``shift``: its RoPE positions lie this far beyond its cache positions (see
+    :class:`.lowering.TileSeq`)."""
 
     slot: int
     tokens: int
@@ -69,6 +71,7 @@ class StepSeq(NamedTuple):
     logits: bool = True
     key: int = 0
     route: int | None = None
+    shift: int = 0
 
     @property
     def first_route(self) -> int | None:
@@ -90,7 +93,7 @@ def tiles_of(seqs: Sequence[StepSeq], m_tile: int) -> list[tuple[TileSeq, ...]]:
         while done < s.tokens:
             n = min(s.tokens - done, m_tile - fill)
             cur.append(TileSeq(s.slot, s.cache_size + done, n, fill,
-                               None if route is None else route + done))
+                               None if route is None else route + done, s.shift))
             done += n
             fill += n
             if fill == m_tile:
@@ -105,17 +108,20 @@ def tiles_of(seqs: Sequence[StepSeq], m_tile: int) -> list[tuple[TileSeq, ...]]:
 def lower_call(lw: Lowering, *, n: int, cache_size: int, slot: int = 0, host_in: int = 0,
                host_out: int = 0, name: str = "",
                layers: Sequence[int] | None = None, all_logits: bool = False,
-               head: bool = True) -> Program:
-    """The program of one call with ``n`` tokens at cache position ``cache_size``; with
+               head: bool = True, shift: int = 0) -> Program:
+    """The program of one call with ``n`` tokens at cache position ``cache_size`` (RoPE
+    positions ``shift`` beyond: :class:`StepSeq`); with
     ``all_logits`` the logits of every one of its tokens go to the host (``n x vocab``
     int32, row ``i`` the logits after token ``i``), else its last token's. ``head=False``
     leaves out the head and the logits' read (an SRAM probe of the layers: the head of
     one call needs the same SRAM whatever its tokens)."""
-    lw.check_call(n, cache_size)
+    lw.check_call(n, cache_size, shift)
     name = name or f"forward n={n} cache_size={cache_size} slot={slot}"
+    if shift:
+        name += f" rope+{shift}"
     if not all_logits:
-        return _lower(lw, [StepSeq(slot, n, cache_size)], layers=layers, host_in=host_in,
-                      host_out=host_out, one_call=True, name=name, head=head)
+        return _lower(lw, [StepSeq(slot, n, cache_size, shift=shift)], layers=layers,
+                      host_in=host_in, host_out=host_out, one_call=True, name=name, head=head)
     if not head:
         raise ConfigError("a call with all-position logits always runs its head")
     h = lw.model.hidden_size * lw.numerics.residual_bytes  # bytes per hidden state
@@ -125,8 +131,8 @@ def lower_call(lw: Lowering, *, n: int, cache_size: int, slot: int = 0, host_in:
     if n * h > lw.mm[LAST_REGION].size:
         raise ConfigError(f"a call with all-position logits of {n} tokens: the memory map "
                           f"has room for the logits of {lw.mm[LAST_REGION].size // h}")
-    return _lower(lw, [StepSeq(slot, n, cache_size)], layers=layers, host_in=host_in,
-                  host_out=host_out, one_call=False, every_token=True,
+    return _lower(lw, [StepSeq(slot, n, cache_size, shift=shift)], layers=layers,
+                  host_in=host_in, host_out=host_out, one_call=False, every_token=True,
                   name=f"{name} (all logits)")
 
 
@@ -145,6 +151,8 @@ def lower_step(lw: Lowering, seqs: Sequence[StepSeq | tuple], *,
         if s.cache_size < 0 or s.cache_size + s.tokens > lw.cap:
             raise ConfigError(f"cache_size {s.cache_size} + {s.tokens} tokens exceed the "
                               f"cache capacity {lw.cap}")
+        if s.shift:
+            lw.check_call(1, s.cache_size + s.tokens - 1, s.shift)
         if lw.kv_region(s.slot, 0, comp) not in lw.mm:
             raise ConfigError(f"cache slot {s.slot} is not in the memory map")
     m_all = sum(s.tokens for s in seqs)

@@ -24,13 +24,22 @@ class TileSeq:
     """The tokens of one sequence inside a token tile (batched lowering): ``n`` tokens at
     rows ``off .. off+n-1`` of the tile, at cache positions ``pos0 .. pos0+n-1`` of cache
     slot ``slot``; ``route``: the MoE routing key of its first token (the next tokens
-    count up from it; None: the tokens' positions, as one sequence's call routes them)."""
+    count up from it; None: the tokens' positions, as one sequence's call routes them);
+    ``shift``: how far the RoPE positions of its tokens lie beyond their cache positions
+    (0 on the vendor's runtime; after an eviction kvsim may keep the text's positions:
+    ``Model.infer(position=...)``)."""
 
     slot: int
     pos0: int
     n: int
     off: int = 0
     route: int | None = None
+    shift: int = 0
+
+    @property
+    def rope0(self) -> int:
+        """The RoPE position of the first token (its row of the cos/sin tables)."""
+        return self.pos0 + self.shift
 
 
 
@@ -60,9 +69,9 @@ class Lowering:
     wide_schedule: str = "lean"
 
     # --- names ------------------------------------------------------------------------
-    def check_call(self, n: int, cache_size: int) -> None:
-        """Refuse a call of ``n`` tokens at cache position ``cache_size`` that this
-        lowering cannot hold."""
+    def check_call(self, n: int, cache_size: int, shift: int = 0) -> None:
+        """Refuse a call of ``n`` tokens at cache position ``cache_size`` (RoPE positions
+        ``shift`` beyond) that this lowering cannot hold."""
         if n < 1:
             raise ConfigError(f"a call needs at least one token, got {n}")
         if n > self.max_seq:
@@ -71,6 +80,13 @@ class Lowering:
         if cache_size < 0 or cache_size + n > self.cap:
             raise ConfigError(f"cache_size {cache_size} + {n} tokens exceed the cache "
                               f"capacity {self.cap}")
+        if shift < 0 or cache_size + shift + n > self.cap:
+            raise ConfigError(f"RoPE position {cache_size + shift} + {n} tokens: outside the "
+                              f"{self.cap} rows of the RoPE tables (a position from the "
+                              f"cache size {cache_size} on)")
+        if shift and self.model.is_mla:
+            raise ConfigError("a RoPE position beyond the cache size: MLA models take none "
+                              "(their decoupled RoPE key is cached with its position)")
 
     @staticmethod
     def kv_region(slot: int, layer: int, comp: str) -> str:

@@ -17,9 +17,18 @@ positions; the papers' per-head choices have no such op):
   weights max-pooled over :data:`SNAP_POOL` neighbours (the readout with ``from_pos`` at
   the window).
 
-After an edit the runtime places the next tokens at the new cache size (the host's
-``cache_size``, as on the vendor's runtime); kept keys keep the rotation of their
-original positions.
+Positions after an edit (``positions``): kept keys keep the rotation of their original
+positions in either case.
+
+- ``"text"`` (default): the next tokens keep the text's positions (``Model.infer(position=
+  ...)``, a kvsim extension: the program reads other rows of the RoPE tables), so every
+  query sees each kept key at its true distance, as H2O's and SnapKV's implementations do.
+- ``"cache"``: the next tokens sit at the new cache size, as the vendor's runtime places
+  them (its ``infer`` has no position). After cutting 3,584 tokens to 512 a new query at
+  position 512 sees the kept recent keys (rotated for positions up to 3,583) about 3,000
+  positions in its future: an ablation showing why an eviction needs the position. (A
+  StreamingLLM that re-numbers positions within the cache would re-rotate the kept keys:
+  not built.)
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ SNAP_WINDOW = 32
 #: window's weights with a small 1-D kernel; 7 here).
 SNAP_POOL = 7
 SIDES = ("host", "device")
+POSITIONS = ("text", "cache")
 
 
 def keep_positions(policy: str, n: int, budget: int,
@@ -83,8 +93,11 @@ class TappedRunner(NpuRunner):
     """:class:`sim.app.needle.NpuRunner` with the score readout armed (two accumulators:
     every query, and the queries from ``window_from`` on); snapshots carry the taps."""
 
-    def __init__(self, *args, window_from: int, **kw):
+    def __init__(self, *args, window_from: int, positions: str = "text", **kw):
+        if positions not in POSITIONS:
+            raise ConfigError(f"positions: {positions!r} is not one of {', '.join(POSITIONS)}")
         super().__init__(*args, **kw)
+        self.positions = positions
         self.taps = {"all": ScoreTap(self.model, from_pos=0),
                      "window": ScoreTap(self.model, from_pos=window_from)}
         arm(self.model, _Both(self.taps))
@@ -125,6 +138,8 @@ class TappedRunner(NpuRunner):
                              res.pcie_bytes + cost.pcie_bytes, res.dram_bytes + cost.dram_bytes,
                              res.host_model_s, res.host_measured_s, res.new_cache_size)
         self.size = res.new_cache_size
+        if self.positions == "cache":
+            self.pos = self.size
         return res, keep
 
 
@@ -162,6 +177,7 @@ def _cost_key(res: EditResult) -> tuple[float, int, int]:
 
 def retrieval(src, bits, kv: str, hw, *, context: int, budgets: Sequence[int],
               policies: Sequence[str], depths: Sequence[float], trials: int, seed: int = 0,
+              positions: str = "text",
               progress=None) -> dict[tuple[str, int], list[bool | float]]:
     """Per (policy, budget): the needle trials' (retrieved, log-prob) with the cache cut
     after the prompt (all but its last token), on the host (the device's edit keeps the
@@ -172,7 +188,8 @@ def retrieval(src, bits, kv: str, hw, *, context: int, budgets: Sequence[int],
     texts = {(d, k): b.text(context, d, k) for d in depths for k in keys}
     a = b.answer_len
     cut = len(next(iter(texts.values())).ids) - a  # the cache size at the edit
-    runner = TappedRunner(src, bits, kv, hw, context, window_from=cut - SNAP_WINDOW)
+    runner = TappedRunner(src, bits, kv, hw, context, window_from=cut - SNAP_WINDOW,
+                          positions=positions)
     out: dict[tuple[str, int], list] = {(p, bud): [] for p in policies for bud in budgets}
     try:
         prefix = texts[(max(depths), keys[0])].ids
@@ -203,12 +220,13 @@ def retrieval(src, bits, kv: str, hw, *, context: int, budgets: Sequence[int],
 
 
 def divergence(src, bits, kv: str, hw, ids: Sequence[int], *, at: int,
-               budgets: Sequence[int], policies: Sequence[str]
+               budgets: Sequence[int], policies: Sequence[str], positions: str = "text"
                ) -> dict[tuple[str, int] | str, tuple[float, float]]:
     """Per (policy, budget) and for ``"none"``: (KL mean, top-1) of the predictions after
     ``at`` teacher-forced tokens of ``ids``, the cache cut at ``at`` on the host."""
     ref = reference_rows(src, ids)
-    runner = TappedRunner(src, bits, kv, hw, len(ids), window_from=at - SNAP_WINDOW)
+    runner = TappedRunner(src, bits, kv, hw, len(ids), window_from=at - SNAP_WINDOW,
+                          positions=positions)
     out: dict = {}
     try:
         runner.feed(ids[:at])
@@ -223,9 +241,7 @@ def divergence(src, bits, kv: str, hw, ids: Sequence[int], *, at: int,
             rest = np.asarray(ids[at:])
             for t0 in range(0, rest.size, runner.cm.max_seq):
                 chunk = rest[t0:t0 + runner.cm.max_seq]
-                [rows] = runner.model.infer(runner.embed(chunk), cache_size=runner.size,
-                                            all_logits=True)
-                runner.size += chunk.size
+                rows = runner.step(chunk, all_logits=True)
                 stream.add(ref.rows(pos, pos + chunk.size), rows, pos)
                 pos += chunk.size
             q = stream.result(model=src.name, real_weights=src.real, bits=bits_label(bits),
@@ -263,5 +279,5 @@ def edit_costs(src, bits, kv: str, hw, ids: Sequence[int], *, at: int,
     return out
 
 
-__all__ = ["POLICIES", "SIDES", "SINKS", "SNAP_POOL", "SNAP_WINDOW", "EvictRow", "TappedRunner",
-           "divergence", "edit_costs", "keep_positions", "retrieval"]
+__all__ = ["POLICIES", "POSITIONS", "SIDES", "SINKS", "SNAP_POOL", "SNAP_WINDOW", "EvictRow",
+           "TappedRunner", "divergence", "edit_costs", "keep_positions", "retrieval"]

@@ -203,7 +203,8 @@ class NpuRunner:
         self.model = self.ready.launch(ModelConfig(all_logits=True))
         self.acc = self.model.acc
         self.embed = self.ready.embed  # the host's float32 embeddings of token ids
-        self.size = 0
+        self.size = 0  # tokens in the cache
+        self.pos = 0  # the text position of the next token (beyond size after an eviction)
 
     def feed(self, ids: Sequence[int], *, rows: int = 0) -> np.ndarray | None:
         """Append ``ids`` to the cache; the logits of the last ``rows`` of them (0: none)."""
@@ -211,21 +212,24 @@ class NpuRunner:
         end = ids.size - rows
         for t0 in range(0, end, self.cm.max_seq):
             chunk = ids[t0:min(t0 + self.cm.max_seq, end)]
-            self.model.infer(self.embed(chunk), cache_size=self.size)
-            self.size += chunk.size
+            self.step(chunk, all_logits=False)
         if not rows:
             return None
-        chunk = ids[end:]
-        [out] = self.model.infer(self.embed(chunk), cache_size=self.size, all_logits=True)
+        return self.step(ids[end:], all_logits=True)
+
+    def step(self, chunk: np.ndarray, *, all_logits: bool) -> np.ndarray | None:
+        [out] = self.model.infer(self.embed(chunk), cache_size=self.size, all_logits=all_logits,
+                                 position=None if self.pos == self.size else self.pos)
         self.size += chunk.size
+        self.pos += chunk.size
         return out
 
-    def snapshot(self) -> tuple[int, list[bytes]]:
-        return self.size, self.model.dump_cache_memory()
+    def snapshot(self) -> tuple[int, int, list[bytes]]:
+        return self.size, self.pos, self.model.dump_cache_memory()
 
-    def restore(self, snap: tuple[int, list[bytes]]) -> None:
-        self.size = snap[0]
-        self.model.load_cache_memory(snap[1])
+    def restore(self, snap: tuple[int, int, list[bytes]]) -> None:
+        self.size, self.pos = snap[0], snap[1]
+        self.model.load_cache_memory(snap[2])
 
     def close(self) -> None:
         self.model.dispose()

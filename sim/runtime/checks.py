@@ -25,11 +25,18 @@ def folder(directory: Any, where: str) -> Path:
 
 
 class Request(NamedTuple):
-    """One sequence of an ``infer`` call: its embeddings, cache size and cache slot."""
+    """One sequence of an ``infer`` call: its embeddings, cache size and cache slot;
+    ``position``: the RoPE position of its first token when not the cache size."""
 
     x: np.ndarray  # float32 (tokens, hidden)
     cache_size: int
     cache_id: int
+    position: int | None = None
+
+    @property
+    def shift(self) -> int:
+        """How far its RoPE positions lie beyond its cache positions."""
+        return 0 if self.position is None else self.position - self.cache_size
 
 
 class InferCall(NamedTuple):
@@ -78,7 +85,7 @@ def _embeddings(inputs: Any) -> tuple[np.ndarray, bool, str, tuple[int, ...]]:
 
 
 def check_infer(cm: Any, inputs: Any, cache_size: Any, cache_id: Any, batch_params: Any,
-                batch_param: Any) -> InferCall:
+                batch_param: Any, position: Any = None) -> InferCall:
     """Check an ``infer`` call against the compiled model ``cm``."""
     if batch_params is not None and batch_param is not None:
         raise RuntimeApiError("infer: give batch_params (a list, one per request) or "
@@ -107,8 +114,29 @@ def check_infer(cm: Any, inputs: Any, cache_size: Any, cache_id: Any, batch_para
                                   f"does not match the {x.shape[0]} input tokens")
         req = Request(x, index(cache_size, "cache_size"), index(cache_id, "cache_id"))
         _check_request(cm, req, "")
+        if position is not None:
+            req = req._replace(position=_position(cm, req, position))
         return InferCall([req], vendor)
+    if position is not None:
+        raise RuntimeApiError("infer: position takes one request, not batch_params")
     return InferCall(_batch(cm, x, cache_size, batch_params), True)
+
+
+def _position(cm: Any, r: Request, position: Any) -> int:
+    """``infer(position=...)``: the RoPE position of the first token, from the cache size
+    on (kvsim's: after an eviction the tokens may keep the text's positions)."""
+    pos = index(position, "position")
+    seq = r.x.shape[0]
+    if pos < r.cache_size:
+        raise RuntimeApiError(f"infer: position {pos} is below cache_size {r.cache_size} (the "
+                              f"RoPE position of the first token: the cache size or beyond)")
+    if pos + seq > cm.cap:
+        raise RuntimeApiError(f"infer: position {pos} + {seq} tokens exceed the {cm.cap} "
+                              f"positions of the model's RoPE tables (its cache capacity)")
+    if pos != r.cache_size and cm.model.is_mla:
+        raise RuntimeApiError(f"infer: position {pos} beyond cache_size {r.cache_size}: MLA "
+                              f"models take none (their RoPE key is cached with its position)")
+    return pos
 
 
 def _batch(cm: Any, x: np.ndarray, cache_size: Any, batch_params: Any) -> list[Request]:

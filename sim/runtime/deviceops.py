@@ -48,7 +48,8 @@ def forward(model: Model, req: Request, *, all_logits: bool = False) -> np.ndarr
     if acc.functional:
         dev.host_write(HOST_IN, np.ascontiguousarray(req.x).view(np.uint8))
     prog = cm.program(tokens=seq, cache_size=req.cache_size, slot=req.cache_id,
-                      host_in=HOST_IN, host_out=host_out, all_logits=all_logits)
+                      host_in=HOST_IN, host_out=host_out, all_logits=all_logits,
+                      shift=req.shift)
     start, before = acc.begin()
     acc.host_work(acc.hw.host.call_overhead_ns, "infer")
     acc.run(prog, "infer", shape=(seq, req.cache_id, *(("all",) if all_logits else ())))

@@ -102,7 +102,8 @@ class Model:
     def infer(self, inputs: Any, outputs: list | None = None, cache_size: int = 0,
               batch_params: list[BatchParam] | None = None, *, cache_id: int = 0,
               batch_param: BatchParam | None = None,
-              all_logits: bool = False) -> list[np.ndarray | None] | None:
+              all_logits: bool = False,
+              position: int | None = None) -> list[np.ndarray | None] | None:
         """Run input embeddings at cache positions ``cache_size .. cache_size+seq-1``.
 
         The vendor's forms: ``inputs`` a list of one float32 array of shape ``(1, 1, seq,
@@ -124,6 +125,12 @@ class Model:
         ``(seq, vocab)`` (vendor form ``(1, 1, seq, vocab)``); the LM head runs over every
         token and every row crosses the host link, so the call costs more.
 
+        ``position`` (kvsim's, for cache evictions): the RoPE position of the first token,
+        ``cache_size`` or beyond (default ``cache_size``, as on the vendor's runtime). After
+        an eviction the next tokens may keep the text's positions, the kept keys' distances
+        unchanged (H2O and SnapKV keep them so); the program loads other rows of the RoPE
+        tables, nothing else changes.
+
         Cost: runtime overhead + embeddings over the host link + the forward program
         (weights and the cache streamed from DRAM) + logits back over the host link. A
         batch of a GQA model compiled with several cache slots is **one batched device
@@ -134,7 +141,8 @@ class Model:
         """
         self._check_alive()
         cm = self.compiled
-        call = check_infer(cm, inputs, cache_size, cache_id, batch_params, batch_param)
+        call = check_infer(cm, inputs, cache_size, cache_id, batch_params, batch_param,
+                           position)
         n, vocab = len(call.requests), cm.model.vocab_size
         if all_logits is not False:
             check_all_logits(all_logits, self.wide is not None, n)

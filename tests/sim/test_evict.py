@@ -9,6 +9,7 @@ import pytest
 from kvsim.errors import ConfigError
 from models.bits import build_bit_config
 from sim.app.evict import SNAP_WINDOW, TappedRunner, edit_costs, keep_positions
+from sim.app.needle import NpuRunner
 from sim.runtime.ready import hardware_of, source_of
 from sim.runtime.scores import SCORE_BYTES, read_scores
 
@@ -128,8 +129,108 @@ def test_divergence_without_an_edit_is_the_unedited_quality() -> None:
 
     bits, hw = build_bit_config({}), hardware_of("tiny")
     got = divergence(source_of("tiny"), bits, "int8", hw, IDS, at=100, budgets=[48],
-                     policies=["recent"])
+                     policies=["recent"], positions="cache")
     plain = evaluate_edit("tiny", IDS, bits=bits, edit="drop:0-51", at=100, hw="tiny")
     assert got["none"] == (plain.unedited.kl_mean, plain.unedited.top1_agreement)
-    # dropping the 52 oldest positions is the recent-48 policy: the same predictions
+    # dropping the 52 oldest positions is the recent-48 policy, and evaluate_edit's next
+    # tokens sit at the cache size, as the vendor's runtime places them: the same figures
     assert got[("recent", 48)] == (plain.quality.kl_mean, plain.quality.top1_agreement)
+    # at the text's positions every kept key keeps its distance: on this model and text
+    # the recent window then forgets less (KL 0.00895 against 0.01099 nats)
+    text = divergence(source_of("tiny"), bits, "int8", hw, IDS, at=100, budgets=[48],
+                      policies=["recent"], positions="text")
+    assert text["none"] == got["none"]
+    assert round(text[("recent", 48)][0], 5) == 0.00895
+    assert round(got[("recent", 48)][0], 5) == 0.01099
+
+
+def _cache_rows(runner, size: int) -> dict[tuple[int, str], np.ndarray]:
+    """Every cache's decoded rows ``[tokens, heads, width]`` (read by a host edit that
+    writes them back unchanged)."""
+    seen: dict[tuple[int, str], np.ndarray] = {}
+
+    def keep(views):
+        for v in views:
+            seen[(v.layer, v.component)] = v.values.copy()
+        return [v.values for v in views]
+
+    runner.model.edit_cache_on_host(keep, cache_size=size)
+    return seen
+
+
+def test_position_moves_only_the_rope_rows() -> None:
+    """``infer(position=p)`` at cache size 0 writes the key a token gets at position
+    ``p``: layer 0's key row of a token depends on its embedding and its RoPE row alone,
+    so it equals the row the same token writes at cache position ``p``; its value row and
+    the position-0 key differ as they should."""
+    src, bits, hw = source_of("tiny"), build_bit_config({}), hardware_of("tiny")
+    whole = NpuRunner(src, bits, "int8", hw, 16)
+    moved = NpuRunner(src, bits, "int8", hw, 16)
+    plain = NpuRunner(src, bits, "int8", hw, 16)
+    try:
+        whole.feed(IDS[:6])
+        ref = _cache_rows(whole, 6)
+        moved.model.infer(moved.embed(np.asarray(IDS[5:6])), cache_size=0, position=5)
+        got = _cache_rows(moved, 1)
+        plain.model.infer(plain.embed(np.asarray(IDS[5:6])), cache_size=0)
+        at0 = _cache_rows(plain, 1)
+    finally:
+        for r in (whole, moved, plain):
+            r.close()
+    assert np.array_equal(got[(0, "k")][0], ref[(0, "k")][5])
+    assert np.array_equal(got[(0, "v")][0], ref[(0, "v")][5])
+    assert np.array_equal(at0[(0, "v")][0], got[(0, "v")][0])  # values carry no rotation
+    assert not np.array_equal(at0[(0, "k")][0], got[(0, "k")][0])
+
+
+def test_position_refusals() -> None:
+    from sim.runtime.errors import RuntimeApiError
+
+    r = NpuRunner(source_of("tiny"), build_bit_config({}), "int8", hardware_of("tiny"), 16)
+    x = r.embed(np.asarray(IDS[:2]))
+    try:
+        r.feed(IDS[:4])
+        with pytest.raises(RuntimeApiError, match="position 3 is below cache_size 4"):
+            r.model.infer(x, cache_size=4, position=3)
+        cap = r.cm.cap
+        with pytest.raises(RuntimeApiError, match=f"position {cap - 1} \\+ 2 tokens exceed"):
+            r.model.infer(x, cache_size=4, position=cap - 1)
+        with pytest.raises(RuntimeApiError, match="position must be"):
+            r.model.infer(x, cache_size=4, position=4.5)
+    finally:
+        r.close()
+
+
+def test_evictions_keep_the_texts_positions_or_the_vendors() -> None:
+    """After an eviction the next token sits at the text's position (``positions="text"``,
+    the default) or at the new cache size (``"cache"``, the vendor's runtime): the first
+    equals a host edit followed by ``infer(position=10)``, the second by a plain call."""
+    from sim.runtime.cacheops import evict_positions
+
+    src, bits, hw = source_of("tiny"), build_bit_config({}), hardware_of("tiny")
+    nxt = np.asarray(IDS[10:11])
+    got = {}
+    for positions in ("text", "cache"):
+        r = TappedRunner(src, bits, "int8", hw, 16, window_from=0, positions=positions)
+        try:
+            r.feed(IDS[:10])
+            res, keep = r.evict("recent", 6, "host")
+            assert keep == [4, 5, 6, 7, 8, 9] and r.size == 6
+            assert r.pos == (10 if positions == "text" else 6)
+            got[positions] = r.feed(nxt, rows=1)
+        finally:
+            r.close()
+    ref = NpuRunner(src, bits, "int8", hw, 16)
+    try:
+        ref.feed(IDS[:10])
+        ref.model.edit_cache_on_host(evict_positions(range(4)), cache_size=10)
+        x = ref.embed(nxt)
+        [at_text] = ref.model.infer(x, cache_size=6, all_logits=True, position=10)
+        [at_cache] = ref.model.infer(x, cache_size=6, all_logits=True)
+    finally:
+        ref.close()
+    assert np.array_equal(got["text"], at_text)
+    assert np.array_equal(got["cache"], at_cache)
+    assert not np.array_equal(at_text, at_cache)
+    with pytest.raises(ConfigError, match="positions: 'both' is not one of text, cache"):
+        TappedRunner(src, bits, "int8", hw, 16, window_from=0, positions="both")

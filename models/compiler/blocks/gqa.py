@@ -178,9 +178,9 @@ def _stage_attention(b: Builder, lw: Lowering, layer: int, q, x: int, m: int,
         tab = plan.take(2 * m * rot, "RoPE tables")
         for i, sq in enumerate(segs):  # per sequence: [cos | sin] of its positions
             t = tab + 2 * sq.off * rot
-            b.load(c, cos + sq.pos0 * rot, t, sq.n * rot, to="in_vpu",
+            b.load(c, cos + sq.rope0 * rot, t, sq.n * rot, to="in_vpu",
                    vary=_TableRows(i, cos, rot))
-            b.load(c, sin + sq.pos0 * rot, t + sq.n * rot, sq.n * rot, to="in_vpu",
+            b.load(c, sin + sq.rope0 * rot, t + sq.n * rot, sq.n * rot, to="in_vpu",
                    vary=_TableRows(i, sin, rot))
         gains = att.head_norm_gains(b, lw, c, plan, layer)
         first = (b.sem(c, "vpu_mxu"),)
@@ -288,7 +288,7 @@ class _TableRows:
     row_bytes: int
 
     def __call__(self, ins, segs):
-        return remade(ins, src=self.table + segs[self.i].pos0 * self.row_bytes)
+        return remade(ins, src=self.table + segs[self.i].rope0 * self.row_bytes)
 
 
 @dataclass(frozen=True)
