@@ -64,6 +64,10 @@ def test_every_numeric_field_the_dram_model_uses_is_perturbed():
     assert {"dram.timing.trcd_ns", "dram.timing.trfc_ab_ns", "cores.barrier_sync_ns",
             "cores.dispatch_cycles", "cores.program_launch_ns"} <= set(fields)
     assert fields["dram.timing.burst_length"].low is None  # BL 14 is not a burst length
+    # 1024 B row runs at +-10 % are 922 and 1126 B: not whole 32 B bursts, snapped outward
+    run = fields["dram.timing.row_run_bytes"]
+    assert (run.base, run.low, run.high) == (1024, 896, 1152)
+    assert "922 B snapped to 896 B (whole 32 B bursts)" in run.note
     aries["hardware"] = {"preset": "aries", "dram": {"model": "efficiency"}}
     fields = {p.field: p for p in perturbations(aries, 0.1)}
     assert "dram.efficiency" in fields

@@ -2,11 +2,13 @@
 
 ``kvsim hw sensitivity --model M`` runs a run config (the embedded default, or ``--config
 FILE``) once as given and twice per numeric hardware field, at ``(1 - f)`` and ``(1 + f)``
-times its value (integers rounded), through the sweep machinery (``sim.app.sweep.sweep.execute``: a
-local process pool or Dask). A perturbed value the hardware config rejects (out of range, not
-one of a fixed set) or that rounds back to the same integer is reported, not run. The
-DRAM model's unused fields are left out (they would move nothing): ``dram.efficiency``
-under ``dram.model = "protocol"``, the ``[dram.timing]`` table under ``"efficiency"``.
+times its value (integers rounded; a DRAM size taken in whole bursts, e.g.
+``dram.timing.row_run_bytes``, snapped outward to whole bursts), through the sweep
+machinery (``sim.app.sweep.sweep.execute``: a local process pool or Dask). A perturbed
+value the hardware config rejects (out of range, not one of a fixed set) or that rounds
+back to the same integer is reported, not run. The DRAM model's unused fields are left out
+(they would move nothing): ``dram.efficiency`` under ``dram.model = "protocol"``, the
+``[dram.timing]`` table under ``"efficiency"``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ GENERATE_FIGURES = ("prefill.ttft_s", "decode.time_per_token_s")
 #: ... and as a client of the serving stack measures them, when the preset has one
 CLIENT_FIGURES = ("client.ttft_s", "client.time_per_token_s")
 GEMV_FIGURES = ("sim_time_s",)
+#: Byte sizes the DRAM config takes in whole bursts only (``sim.device.hw.DramConfig``).
+IN_BURSTS = ("dram.timing.page_bytes", "dram.timing.row_run_bytes", "dram.interleave_bytes")
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,14 @@ def _perturbed(value: float | int, factor: float) -> float | int:
     return value * factor
 
 
+def _snapped(value: int, v: int, quantum: int) -> int:
+    """``v`` (a perturbed ``value``) moved outward, away from ``value``, to a whole number
+    of ``quantum``: the nearest size the DRAM config takes on that side."""
+    if v < value:
+        return max(quantum, (v // quantum) * quantum)
+    return -(-v // quantum) * quantum
+
+
 def _hardware_with(tree: dict[str, Any], field: str, value: Any) -> dict[str, Any]:
     t = copy.deepcopy(tree)
     set_field(t, f"hardware.{field}", value)
@@ -105,6 +117,9 @@ def perturbations(tree: dict[str, Any], fraction: float,
     skip = NOT_PERTURBED_PREFIXES + UNUSED_BY_DRAM_MODEL[
         build_hardware(resolved).dram.model]
     fields = _leaves(resolved)
+    dram = build_hardware(resolved).dram
+    burst = (dram.timing.burst_length * dram.bus_width_bits_per_channel // 8
+             if dram.timing is not None else None)
     out = []
     for path, value in fields.items():
         if path.startswith(skip) or path in skip:
@@ -117,6 +132,11 @@ def perturbations(tree: dict[str, Any], fraction: float,
         notes = []
         for sign, factor in (("-", 1 - fraction), ("+", 1 + fraction)):
             v = _perturbed(value, factor)
+            if path in IN_BURSTS and burst and v != value and v % burst:
+                snapped = _snapped(value, v, burst)
+                notes.append(f"{sign}{fraction:.0%}: {v:g} B snapped to {snapped} B "
+                             f"(whole {burst} B bursts)")
+                v = snapped
             if v == value:
                 ends.append(None)
                 notes.append(f"{sign}{fraction:.0%}: rounds back to {value}")
