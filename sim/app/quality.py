@@ -178,7 +178,7 @@ def reference_rows(src: ModelSource, tokens: Sequence[int], *, seed: int = 0) ->
     # the float weights the compiled model was made from (models.compiler.calibrate_wide.
     # float_weights): held once for both
     ref = ReferenceModel(src.config, float_weights(src.config, src.weight_spec(seed)))
-    hidden = ref.final_hidden(ref.embed(ids.tolist()))
+    hidden = ref.final_hidden(ref.embed(ids.tolist()), keep_cache=False)
     rows = ReferenceRows(src.config, hidden, ref._w(src.config.lm_head_tensor))
     _REFERENCES[:] = [*_REFERENCES[-(REFERENCES_KEPT - 1):], (key, rows)]
     return rows
