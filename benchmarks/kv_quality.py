@@ -8,7 +8,8 @@ markdown table and two self-contained plotly pages: plot.html (KL per format) an
 positions.html (KL against position per format and read path).
 
     python benchmarks/kv_quality.py [--model smollm2-135m] [--tokens 257] [--bits W8]
-                                    [--numerics w8] [--out kv-quality] [--json]
+                                    [--numerics w8] [--formats int8,kivi-2,...]
+                                    [--reads integer,dequant] [--out kv-quality] [--json]
                                     [--edit requantize:kivi-2 ... --edit-at 192 [--kv int8]]
 
 With ``--edit`` (repeatable) and ``--edit-at N`` it writes ``edits.md`` instead: each
@@ -36,7 +37,14 @@ from rich.table import Table
 from isa import kvformats
 from kvsim.files import atomic_write_text
 from sim.app.cli.text import eval_tokens
-from sim.app.quality import bit_config, evaluate_edit, parse_edit, quality_table
+from sim.app.quality import (
+    READ_PATHS,
+    TABLE_FORMATS,
+    bit_config,
+    evaluate_edit,
+    parse_edit,
+    quality_table,
+)
 from sim.runtime.cacheops import CacheOpError
 
 
@@ -152,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bits", default="W8")
     ap.add_argument("--numerics", default="w8")
     ap.add_argument("--hw", default="aries")
+    ap.add_argument("--formats", default=None,
+                    help="comma-separated labels of the table's formats (default: all: "
+                         + ", ".join(label for label, _ in TABLE_FORMATS) + ")")
+    ap.add_argument("--reads", default="integer,dequant",
+                    help="comma-separated KV read paths (default %(default)s)")
     ap.add_argument("--allow-degenerate", action="store_true")
     ap.add_argument("--out", default="kv-quality", help="folder for table.md and plot.html")
     ap.add_argument("--json", action="store_true")
@@ -165,11 +178,24 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--edit and --edit-at go together")
     for spec in a.edit or ():
         parse_edit(spec, where="--edit")  # a bad name fails before any run
+    formats = TABLE_FORMATS
+    if a.formats is not None:
+        known = dict(TABLE_FORMATS)
+        wanted = [f.strip() for f in a.formats.split(",") if f.strip()]
+        bad = [f for f in wanted if f not in known]
+        if bad or not wanted:
+            ap.error(f"--formats: {bad[0] if bad else a.formats!r} is not one of the table's "
+                     f"formats ({', '.join(known)})")
+        formats = tuple((f, known[f]) for f in wanted)
+    reads = [r.strip() for r in a.reads.split(",") if r.strip()]
+    if not reads or any(r not in READ_PATHS for r in reads):
+        ap.error(f"--reads: {a.reads!r}: comma-separated, each one of {', '.join(READ_PATHS)}")
     src, ids, name = eval_tokens(a.model, a.text)
     ids = ids[: a.tokens]
     if a.edit is not None:
         return main_edits(a, src, ids, name)
     table = quality_table(src, ids, bits=a.bits, numerics=a.numerics, hw=a.hw,
+                          formats=formats, read_paths=reads,
                           allow_degenerate=a.allow_degenerate,
                           progress=lambda f, r: print(f"{f} read={r} ...", file=sys.stderr))
     rows = [{"label": label, **q.as_dict(),
