@@ -280,6 +280,22 @@ def cell_path(out: Path, key: dict[str, Any]) -> Path:
     return out / "cells" / f"{slug}-{digest}.json"
 
 
+def cached_cells(out: Path, *, trials: int = DEFAULT_TRIALS, seed: int = 0) -> list[Cell]:
+    """Every cell cached in ``out/cells`` whose trials are those of ``trials`` seeded keys
+    (``seed``), in a stable order (float first, then by configuration, context, depth);
+    none is run. A cell file that cannot be read is named."""
+    keys = trial_keys(trials, seed)
+    cells = []
+    for path in sorted((out / "cells").glob("*.json")):
+        try:
+            cell = Cell.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"{path}: not a needle cell ({err})") from err
+        if [t.key for t in cell.trials] == keys:
+            cells.append(cell)
+    return sorted(cells, key=lambda c: (c.kv is not None, c.config, c.context, c.depth))
+
+
 def run_grid(source: str | Path | ModelSource, configs: Sequence[NeedleConfig], *,
              bits: Callable[[str], BitConfig], contexts: Sequence[int] = DEFAULT_CONTEXTS,
              depths: Sequence[float] = DEFAULT_DEPTHS, trials: int = DEFAULT_TRIALS,
@@ -366,6 +382,7 @@ def _context_cells(src, tok, builder: NeedleBuilder, cfg: NeedleConfig, bits, hw
 
 
 __all__ = ["ANSWER", "DEFAULT_CONTEXTS", "DEFAULT_DEPTHS", "DEFAULT_TRIALS", "FILLER",
+           "cached_cells",
            "INSTRUCTION", "NEEDLE", "QUESTION", "Cell", "FloatRunner", "NeedleBuilder",
            "NeedleConfig", "NeedleText", "NpuRunner", "Trial", "bits_label", "cell_path",
            "run_grid", "score", "trial_keys"]

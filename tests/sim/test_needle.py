@@ -109,3 +109,28 @@ def test_report_table_and_heatmap(tmp_path) -> None:
     heatmap(cells, tmp_path / "n.html")
     page = (tmp_path / "n.html").read_text()
     assert "kivi-2 integer" in page and "plotly" in page
+
+
+def test_cached_report_reads_every_cell_of_the_same_keys(tmp_path, monkeypatch) -> None:
+    """Cells run by two commands (a context each) report as one table with --cached;
+    cells of other keys (another trial count) are left out; nothing is run."""
+    from sim.app.cli.main import main
+    from sim.app.needle import cached_cells
+
+    monkeypatch.setattr(needle, "FloatRunner", EchoRunner)
+    EchoRunner.pattern = resolve_model("smollm2-135m").tokenizer().encode(" The pass key is")
+    cfg = [NeedleConfig("float", None, None)]
+    for ctx, trials in ((300, 2), (400, 2), (300, 1)):
+        run_grid("smollm2-135m", cfg, bits=lambda r: None, contexts=[ctx], depths=[0.5],
+                 trials=trials, out=tmp_path)
+    got = cached_cells(tmp_path, trials=2)
+    assert [(c.context, len(c.trials)) for c in got] == [(300, 2), (400, 2)]
+    EchoRunner.fed = 0
+    assert main(["needle", "--cached", "--trials", "2", "--out", str(tmp_path)]) == 0
+    assert EchoRunner.fed == 0
+    md = (tmp_path / "needle.md").read_text()
+    assert "| float | 300 |" in md and "| float | 400 |" in md
+    assert main(["needle", "--cached", "--trials", "3", "--out", str(tmp_path)]) == 2
+    (tmp_path / "cells" / "bad.json").write_text("{}")
+    with pytest.raises(ConfigError, match="bad.json: not a needle cell"):
+        cached_cells(tmp_path, trials=2)

@@ -105,7 +105,7 @@ def markdown(cells) -> str:
 
 def cmd_needle(args: argparse.Namespace, console: Console) -> int:
     from kvsim.files import atomic_write_text
-    from sim.app.needle import run_grid
+    from sim.app.needle import cached_cells, run_grid
     from sim.app.quality import bit_config
 
     reads = ["integer", "dequant"] if args.kv_read == "both" else [args.kv_read]
@@ -118,10 +118,18 @@ def cmd_needle(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError(f"--trials: must be >= 1, got {args.trials}")
     t0 = time.perf_counter()
     say = None if args.json else (lambda m: console.print(escape(m)))
-    cells = run_grid(args.model, configs,
-                     bits=lambda r: bit_config(args.bits, numerics=args.numerics, kv_read=r),
-                     contexts=_ints(args.contexts, "--contexts"), depths=_depths(args.depths),
-                     trials=args.trials, seed=args.seed, hw=args.hw, out=out, progress=say)
+    if args.cached:
+        cells = cached_cells(out, trials=args.trials, seed=args.seed)
+        if not cells:
+            raise ConfigError(f"--cached: no cell of {args.trials} trials (seed {args.seed}) "
+                              f"in {out / 'cells'}")
+    else:
+        cells = run_grid(args.model, configs,
+                         bits=lambda r: bit_config(args.bits, numerics=args.numerics,
+                                                   kv_read=r),
+                         contexts=_ints(args.contexts, "--contexts"),
+                         depths=_depths(args.depths), trials=args.trials, seed=args.seed,
+                         hw=args.hw, out=out, progress=say)
     wall = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
     heatmap(cells, out / "needle.html")
@@ -142,7 +150,7 @@ def cmd_needle(args: argparse.Namespace, console: Console) -> int:
         for ctx in sorted({c.context for c in cells if c.config == name}):
             by = {c.depth: c for c in cells if c.config == name and c.context == ctx}
             t.add_row(name, str(ctx), *(f"{by[d].retrieved:.0%} / {by[d].logprob_mean:.2f}"
-                                        for d in deps))
+                                        if d in by else "" for d in deps))
     console.print(t)
     console.print(f"wrote {out / 'needle.html'}, needle.md, needle.json; {wall:.0f} s this "
                   f"run, {data['cells_wall_s']:.0f} s of cell time in all")
@@ -171,6 +179,9 @@ def add_needle_parser(sub) -> None:
     n.add_argument("--numerics", default=None, help="numerics preset (default: the model's)")
     n.add_argument("--hw", default="aries", help="hardware preset (default aries)")
     n.add_argument("--no-float", action="store_true", help="leave out the float reference")
+    n.add_argument("--cached", action="store_true",
+                   help="run nothing: report every cell of --trials seeded keys already in "
+                        "--out/cells (grids run by several commands, as one table)")
     n.add_argument("--out", default=DEFAULT_OUT,
                    help="output folder: cells/ (cached per cell: a rerun resumes), "
                         "needle.html, needle.md, needle.json (default %(default)s)")
