@@ -280,6 +280,52 @@ def cell_path(out: Path, key: dict[str, Any]) -> Path:
     return out / "cells" / f"{slug}-{digest}.json"
 
 
+@dataclass(frozen=True)
+class ReadPathPair:
+    """One format at one context through both read paths, trial by trial (the same keys
+    at the same depths): the question whether integer-only attention hurts retrieval
+    more than dequantize-on-read."""
+
+    format: str  # the KV format's label
+    context: int
+    trials: int  # paired trials (every depth's)
+    integer: int  # retrieved through integer reads
+    dequant: int  # retrieved through dequantize-on-read
+    only_integer: int  # retrieved through integer reads only
+    only_dequant: int  # ... through dequantize-on-read only
+    logprob_integer: float  # mean key log-probability (nats)
+    logprob_dequant: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_path_pairs(cells: Sequence[Cell]) -> list[ReadPathPair]:
+    """Every (format, context) whose cells ran through both read paths, their trials
+    paired by depth and key."""
+    by = {(c.kv, c.kv_read, c.context, c.depth): c for c in cells if c.kv is not None}
+    label = {c.kv: c.config.rsplit(" ", 1)[0] for c in cells if c.kv is not None}
+    out = []
+    for kv, ctx in dict.fromkeys((k[0], k[2]) for k in by):
+        pairs = []
+        for (k, read, c, d), cell in by.items():
+            other = by.get((kv, "dequant", ctx, d))
+            if k != kv or c != ctx or read != "integer" or other is None:
+                continue
+            mine = {t.key: t for t in cell.trials}
+            pairs.extend((mine[t.key], t) for t in other.trials if t.key in mine)
+        if not pairs:
+            continue
+        out.append(ReadPathPair(
+            label[kv], ctx, len(pairs), sum(a.retrieved for a, _ in pairs),
+            sum(b.retrieved for _, b in pairs),
+            sum(a.retrieved and not b.retrieved for a, b in pairs),
+            sum(b.retrieved and not a.retrieved for a, b in pairs),
+            float(np.mean([a.logprob_mean for a, _ in pairs])),
+            float(np.mean([b.logprob_mean for _, b in pairs]))))
+    return out
+
+
 def cached_cells(out: Path, *, trials: int = DEFAULT_TRIALS, seed: int = 0) -> list[Cell]:
     """Every cell cached in ``out/cells`` whose trials are those of ``trials`` seeded keys
     (``seed``), in a stable order (float first, then by configuration, context, depth);
@@ -382,7 +428,7 @@ def _context_cells(src, tok, builder: NeedleBuilder, cfg: NeedleConfig, bits, hw
 
 
 __all__ = ["ANSWER", "DEFAULT_CONTEXTS", "DEFAULT_DEPTHS", "DEFAULT_TRIALS", "FILLER",
-           "cached_cells",
+           "ReadPathPair", "cached_cells", "read_path_pairs",
            "INSTRUCTION", "NEEDLE", "QUESTION", "Cell", "FloatRunner", "NeedleBuilder",
            "NeedleConfig", "NeedleText", "NpuRunner", "Trial", "bits_label", "cell_path",
            "run_grid", "score", "trial_keys"]

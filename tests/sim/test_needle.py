@@ -134,3 +134,25 @@ def test_cached_report_reads_every_cell_of_the_same_keys(tmp_path, monkeypatch) 
     (tmp_path / "cells" / "bad.json").write_text("{}")
     with pytest.raises(ConfigError, match="bad.json: not a needle cell"):
         cached_cells(tmp_path, trials=2)
+
+
+def test_read_paths_are_paired_trial_by_trial() -> None:
+    from sim.app.cli.needle import markdown
+    from sim.app.needle import Cell, Trial, read_path_pairs
+
+    def cell(read, depth, hits, lps):
+        return Cell(f"kivi-2 {read}", "kivi-2", read, 1024, depth, 10,
+                    [Trial(k, h, lp, "") for k, h, lp in zip((1, 2), hits, lps, strict=True)],
+                    1.0)
+
+    cells = [cell("integer", 0.0, (True, False), (-0.1, -1.0)),
+             cell("dequant", 0.0, (False, True), (-0.5, -0.2)),
+             cell("integer", 0.5, (True, True), (-0.1, -0.1)),
+             cell("dequant", 0.5, (True, False), (-0.1, -0.9)),
+             cell("integer", 1.0, (True, True), (0.0, 0.0)),  # no dequant cell: not paired
+             Cell("float", None, None, 1024, 0.0, 10, [Trial(1, True, 0.0, "")], 1.0)]
+    [p] = read_path_pairs(cells)
+    assert (p.format, p.context, p.trials) == ("kivi-2", 1024, 4)
+    assert (p.integer, p.dequant, p.only_integer, p.only_dequant) == (3, 2, 2, 1)
+    assert (round(p.logprob_integer, 3), round(p.logprob_dequant, 3)) == (-0.325, -0.425)
+    assert "| kivi-2 | 1024 | 4 | 3 | 2 | 2 | 1 | -0.33 | -0.42 |" in markdown(cells)

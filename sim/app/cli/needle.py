@@ -88,9 +88,28 @@ def heatmap(cells, path: Path) -> None:
     atomic_write_text(path, fig.to_html(include_plotlyjs=True, full_html=True))
 
 
+def pairs_markdown(cells) -> str:
+    """The read paths side by side, trial by trial (:func:`sim.app.needle.read_path_pairs`),
+    or "" when no format ran through both."""
+    from sim.app.needle import read_path_pairs
+
+    pairs = read_path_pairs(cells)
+    if not pairs:
+        return ""
+    lines = ["| format | context | trials | retrieved, integer | retrieved, dequant | "
+             "integer only | dequant only | key log-prob, integer | key log-prob, dequant |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for p in pairs:
+        lines.append(f"| {p.format} | {p.context} | {p.trials} | {p.integer} | {p.dequant} | "
+                     f"{p.only_integer} | {p.only_dequant} | {p.logprob_integer:.2f} | "
+                     f"{p.logprob_dequant:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(cells) -> str:
     """A markdown table: a row per configuration and context, a column per depth
-    (retrieved share / mean log-probability)."""
+    (retrieved share / mean log-probability); then the read paths paired trial by trial
+    where a format ran through both."""
     deps = sorted({c.depth for c in cells})
     head = "| configuration | context | " + " | ".join(f"{d:.0%}" for d in deps) + " |"
     lines = [head, "|" + "---|" * (len(deps) + 2)]
@@ -100,12 +119,14 @@ def markdown(cells) -> str:
             vals = [f"{by[d].retrieved:.0%} / {by[d].logprob_mean:.2f}" if d in by else ""
                     for d in deps]
             lines.append(f"| {name} | {ctx} | " + " | ".join(vals) + " |")
-    return "\n".join(lines) + "\n"
+    pairs = pairs_markdown(cells)
+    return "\n".join(lines) + "\n" + (f"\nRead paths, trial by trial:\n\n{pairs}" if pairs
+                                       else "")
 
 
 def cmd_needle(args: argparse.Namespace, console: Console) -> int:
     from kvsim.files import atomic_write_text
-    from sim.app.needle import cached_cells, run_grid
+    from sim.app.needle import cached_cells, read_path_pairs, run_grid
     from sim.app.quality import bit_config
 
     reads = ["integer", "dequant"] if args.kv_read == "both" else [args.kv_read]
@@ -134,7 +155,9 @@ def cmd_needle(args: argparse.Namespace, console: Console) -> int:
     out.mkdir(parents=True, exist_ok=True)
     heatmap(cells, out / "needle.html")
     atomic_write_text(out / "needle.md", markdown(cells))
-    data = {"cells": [c.as_dict() for c in cells], "wall_s": round(wall, 1),
+    data = {"cells": [c.as_dict() for c in cells],
+            "read_paths": [p.as_dict() for p in read_path_pairs(cells)],
+            "wall_s": round(wall, 1),
             "cells_wall_s": round(sum(c.wall_s for c in cells), 1)}
     atomic_write_text(out / "needle.json", json.dumps(data))
     if args.json:
