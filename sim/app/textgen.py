@@ -13,6 +13,7 @@ import numpy as np
 
 from kvsim.errors import ConfigError
 from models.bits import BitConfig
+from models.compiler.calibrate_wide import float_weights
 from models.quality import DegenerateOutput, collapsed, degenerate_logits
 from models.reference import ReferenceModel
 from models.source import ModelSource
@@ -222,7 +223,9 @@ def reference_continuation(src: ModelSource, ids: Sequence[int], max_new_tokens:
     and with the first of ``stop_ids`` (EOS and the end-of-turn tokens:
     :attr:`models.tokenizer.Tokenizer.stop_ids`; one id or None are taken too)."""
     stops = {stop_ids} if isinstance(stop_ids, int) else set(stop_ids or ())
-    ref = ReferenceModel(src.config, src.open_weights(seed))
+    # the float weights the compiled model was made from: one copy for both (540 MB of
+    # float32 for SmolLM2-135M), the same values as the source's own
+    ref = ReferenceModel(src.config, float_weights(src.config, src.weight_spec(seed)))
     ref.reset()
     logits = ref.forward_embeddings(ref.embed(ids), last_only=True)[-1]
     pick, out = sampler.picker(), []
