@@ -13,6 +13,8 @@ from sim.app.needle import NpuRunner
 from sim.runtime.ready import hardware_of, source_of
 from sim.runtime.scores import SCORE_BYTES, read_scores
 
+from .echo_runner import EchoRunner
+
 IDS = np.random.default_rng(7).integers(0, 256, size=120).tolist()
 
 
@@ -80,42 +82,8 @@ def test_retrieval_forgets_what_the_policy_drops(monkeypatch) -> None:
     from sim.runtime.ready import source_of as src_of
 
     pattern = src_of("smollm2-135m").tokenizer().encode(" The pass key is")
-
-    class Echo:
-        def __init__(self, *a, **k):
-            self.ids: list[int] = []
-            self.size = 0
-
-        def feed(self, ids, *, rows=0):
-            self.ids = [*self.ids, *ids]
-            if not rows:
-                return None
-            p = pattern
-            at = next((i + len(p) for i in range(len(self.ids))
-                       if self.ids[i:i + len(p)] == p), None)
-            logits = np.zeros((rows, 49152), np.float32)
-            if at is not None and len(self.ids) - at > rows:  # not the question's own
-                logits[np.arange(rows), self.ids[at:at + rows]] = 5.0
-            return logits
-
-        def snapshot(self):
-            return list(self.ids)
-
-        def restore(self, snap):
-            self.ids = list(snap)
-
-        def evict(self, policy, budget, side):
-            keep = keep_positions(policy, len(self.ids), budget, np.ones(len(self.ids)))
-            self.ids = [self.ids[i] for i in keep]
-            return None, keep
-
-        def disarm(self):
-            pass
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(evict, "TappedRunner", Echo)
+    monkeypatch.setattr(EchoRunner, "pattern", pattern)
+    monkeypatch.setattr(evict, "TappedRunner", EchoRunner)
     got = evict.retrieval(src_of("smollm2-135m"), None, "int8", None, context=400,
                           budgets=[64], policies=["recent", "streaming"],
                           depths=[0.0, 1.0], trials=1)

@@ -12,6 +12,8 @@ from models.source import resolve_model
 from sim.app import needle
 from sim.app.needle import NeedleBuilder, NeedleConfig, run_grid, score, trial_keys
 
+from .echo_runner import EchoRunner
+
 
 @pytest.fixture(scope="module")
 def tok():
@@ -50,41 +52,10 @@ def test_score_is_greedy_retrieval_and_the_digits_log_probability(tok) -> None:
     assert not score(tok, t, logits, 12345).retrieved
 
 
-class EchoRunner:
-    """A stand-in model that writes the pass key it was shown: at each answer position its
-    logits favour the token that followed " The pass key is" the first time (the needle),
-    counting the tokens it is fed."""
-
-    fed = 0
-    pattern: list[int] = []
-
-    def __init__(self, *args, **kw):
-        self.ids: list[int] = []
-
-    def feed(self, ids, *, rows=0):
-        EchoRunner.fed += len(ids)
-        self.ids = [*self.ids, *ids]
-        if not rows:
-            return None
-        p = self.pattern
-        at = next(i for i in range(len(self.ids)) if self.ids[i:i + len(p)] == p) + len(p)
-        logits = np.zeros((rows, 49152), np.float32)
-        logits[np.arange(rows), self.ids[at:at + rows]] = 5.0
-        return logits
-
-    def snapshot(self):
-        return list(self.ids)
-
-    def restore(self, snap):
-        self.ids = list(snap)
-
-    def close(self):
-        pass
-
-
 def test_grid_shares_the_prefix_and_resumes_from_its_cells(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(needle, "FloatRunner", EchoRunner)
-    EchoRunner.pattern = resolve_model("smollm2-135m").tokenizer().encode(" The pass key is")
+    monkeypatch.setattr(EchoRunner, "pattern",
+                        resolve_model("smollm2-135m").tokenizer().encode(" The pass key is"))
     cfg = [NeedleConfig("float", None, None)]
     kw = dict(bits=lambda r: None, contexts=[300], depths=[0.0, 1.0], trials=2, out=tmp_path)
     cells = run_grid("smollm2-135m", cfg, **kw)
@@ -118,7 +89,8 @@ def test_cached_report_reads_every_cell_of_the_same_keys(tmp_path, monkeypatch) 
     from sim.app.needle import cached_cells
 
     monkeypatch.setattr(needle, "FloatRunner", EchoRunner)
-    EchoRunner.pattern = resolve_model("smollm2-135m").tokenizer().encode(" The pass key is")
+    monkeypatch.setattr(EchoRunner, "pattern",
+                        resolve_model("smollm2-135m").tokenizer().encode(" The pass key is"))
     cfg = [NeedleConfig("float", None, None)]
     for ctx, trials in ((300, 2), (400, 2), (300, 1)):
         run_grid("smollm2-135m", cfg, bits=lambda r: None, contexts=[ctx], depths=[0.5],
