@@ -56,6 +56,7 @@ def test_grid_shares_the_prefix_and_resumes_from_its_cells(tmp_path, monkeypatch
     monkeypatch.setattr(needle, "FloatRunner", EchoRunner)
     monkeypatch.setattr(EchoRunner, "pattern",
                         resolve_model("smollm2-135m").tokenizer().encode(" The pass key is"))
+    monkeypatch.setattr(EchoRunner, "fed", 0)  # counted from here
     cfg = [NeedleConfig("float", None, None)]
     kw = dict(bits=lambda r: None, contexts=[300], depths=[0.0, 1.0], trials=2, out=tmp_path)
     cells = run_grid("smollm2-135m", cfg, **kw)
