@@ -71,6 +71,16 @@ def bytes_per_channel(addr: int, nbytes: int, granule: int, channels: int) -> li
 
 
 @rule
+def put_span(spans: np.ndarray, n: int, channel: int, nbytes: int, start: int,
+             stop: int) -> None:
+    """Row ``n`` of ``spans``: ``(channel, bytes, start, stop)``."""
+    spans[n, SPAN_CHANNEL] = channel
+    spans[n, SPAN_BYTES] = nbytes
+    spans[n, SPAN_START] = start
+    spans[n, SPAN_STOP] = stop
+
+
+@rule
 def efficiency_spans(now: int, addr: int, nbytes: int, granule: int,
                      channel_bytes_per_s: float, free: np.ndarray,
                      spans: np.ndarray) -> tuple:
@@ -89,13 +99,9 @@ def efficiency_spans(now: int, addr: int, nbytes: int, granule: int,
         start = max(now, free[c])
         stop = start + transfer_ps(b, channel_bytes_per_s)
         free[c] = stop
-        spans[n, SPAN_CHANNEL] = c
-        spans[n, SPAN_BYTES] = b
-        spans[n, SPAN_START] = start
-        spans[n, SPAN_STOP] = stop
+        put_span(spans, n, c, b, start, stop)
         n += 1
-        if stop > end:
-            end = stop
+        end = max(end, stop)
     return n, end
 
 
@@ -121,15 +127,10 @@ def protocol_spans(now: int, addr: int, nbytes: int, write: int, tck_ps: float,
             continue
         start = max(now, np.int64(np.ceil(per_ch[c, 1] * tck_ps - 1e-6)))
         stop = max(start, np.int64(np.ceil(per_ch[c, 2] * tck_ps - 1e-6)))
-        if stop > free[c]:
-            free[c] = stop
-        spans[n, SPAN_CHANNEL] = c
-        spans[n, SPAN_BYTES] = b
-        spans[n, SPAN_START] = start
-        spans[n, SPAN_STOP] = stop
+        free[c] = max(free[c], stop)
+        put_span(spans, n, c, b, start, stop)
         n += 1
-        if stop > end:
-            end = stop
+        end = max(end, stop)
     return n, end
 
 

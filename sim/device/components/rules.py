@@ -8,7 +8,8 @@ process (the readable model) calls the rule where it decides, and so does the ar
 (:mod:`sim.device.engine.loop`), which compiles the same function into its own code. So a
 rule changed in its one place moves every engine alike, and the engines differ only in
 how they schedule the events the rules ask for (``tests/sim/test_engines.py`` holds them
-to one timeline; ``tests/sim/test_one_rule.py`` changes a rule and watches both move).
+to one timeline, and its ``test_changing_one_timing_parameter_moves_every_engine_identically``
+changes one rule's parameter and watches both move by the same picoseconds).
 
 Rules are compiled with ``inline="always"`` (the loop takes their body in place: no call,
 no reference counting of the arrays they take) and ``error_model="numpy"`` (their
