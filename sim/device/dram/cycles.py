@@ -36,6 +36,37 @@ def min_cycles(ns: float, tck_ns: float) -> int:
     return max(0, math.ceil(ns / tck_ns - 1e-9))
 
 
+def check_refresh(t) -> None:
+    """A timing table's refresh must leave the channel time to work: tRFCab plus the
+    precharge-all before it shorter than tREFI (every standard's ``TimingConfig``)."""
+    if t.trfc_ab_ns + t.trp_ab_ns >= t.trefi_ns:
+        raise ValueError("trfc_ab_ns + trp_ab_ns must be shorter than trefi_ns (the "
+                         "channel would do nothing but refresh)")
+
+
+def core_cycles(t, tck_ns: float, fields: tuple[tuple[str, str], ...]
+                ) -> tuple[dict[str, int], int]:
+    """The minimum times ``fields`` (``(JEDEC name, field of t)``) in whole cycles of
+    ``tck_ns`` (rounded up), and tREFI in cycles (a maximum interval: rounded down)."""
+    if t.trefi_ns < tck_ns:
+        raise ValueError(f"dram.timing.trefi_ns ({t.trefi_ns}) is under one clock cycle "
+                         f"({tck_ns:.3f} ns): refreshes would never end")
+    ck = {name: min_cycles(getattr(t, f), tck_ns) for name, f in fields}
+    return ck, math.floor(t.trefi_ns / tck_ns + 1e-9)
+
+
+def channel_fields(t, dram, tck_ns: float) -> dict:
+    """The :class:`ProtocolTiming` fields every standard fills alike: the clock, the
+    organisation, the address mapping and the row interference."""
+    return {"tck_ps": tck_ns * 1000, "channels": dram.channels,
+            "granule_bytes": dram.interleave_bytes, "banks": t.banks_per_channel,
+            "page_bytes": t.page_bytes,
+            "burst_bytes": t.burst_length * dram.bus_width_bits_per_channel // 8,
+            "bank_xor": t.address_mapping == "row:bank^row:column",
+            "run_bytes": 0 if t.row_run_bytes is None or t.row_run_bytes >= t.page_bytes
+            else t.row_run_bytes}
+
+
 @dataclass(frozen=True)
 class ProtocolTiming:
     """The timing of one channel in whole cycles of its command clock (``tck_ps``)."""

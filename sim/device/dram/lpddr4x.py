@@ -14,13 +14,12 @@ BL beats takes BL/2 cycles.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from models.schema import Frozen
-from sim.device.dram.cycles import Grade, ProtocolTiming, min_cycles
+from sim.device.dram.cycles import Grade, ProtocolTiming, channel_fields, check_refresh, core_cycles
 
 if TYPE_CHECKING:
     from sim.device.hw import DramConfig
@@ -71,9 +70,7 @@ class TimingConfig(Frozen):
 
     @model_validator(mode="after")
     def _refresh_fits(self) -> TimingConfig:
-        if self.trfc_ab_ns + self.trp_ab_ns >= self.trefi_ns:
-            raise ValueError("trfc_ab_ns + trp_ab_ns must be shorter than trefi_ns (the "
-                             "channel would do nothing but refresh)")
+        check_refresh(self)
         return self
 
 
@@ -82,15 +79,11 @@ def to_cycles(dram: DramConfig) -> ProtocolTiming:
     JESD209-4 (BL16; the formulas beside each)."""
     t = dram.timing
     tck_ns = 2000.0 / dram.data_rate_mtps  # DDR: two transfers per clock
-    if t.trefi_ns < tck_ns:
-        raise ValueError(f"dram.timing.trefi_ns ({t.trefi_ns}) is under one clock cycle "
-                         f"({tck_ns:.3f} ns): refreshes would never end")
-    ck = {name: min_cycles(getattr(t, f), tck_ns) for name, f in (
+    ck, refi = core_cycles(t, tck_ns, (
         ("tRCD", "trcd_ns"), ("tRPpb", "trp_pb_ns"), ("tRPab", "trp_ab_ns"),
         ("tRAS", "tras_ns"), ("tRRD", "trrd_ns"), ("tFAW", "tfaw_ns"), ("tWR", "twr_ns"),
         ("tWTR", "twtr_ns"), ("tRTP", "trtp_ns"), ("tRFCab", "trfc_ab_ns"),
-        ("tDQSCK(max)", "tdqsck_max_ns"))}
-    refi = math.floor(t.trefi_ns / tck_ns + 1e-9)  # a maximum interval: round down
+        ("tDQSCK(max)", "tdqsck_max_ns")))
     ccd = t.burst_length // 2  # BL/2: data cycles of one burst, READ-to-READ spacing
     rl, wl, wpre = t.read_latency_ck, t.write_latency_ck, t.write_preamble_ck
     named = {"tCCD (BL/2)": ccd, "tRCD": ck["tRCD"], "tRPpb": ck["tRPpb"],
@@ -99,12 +92,9 @@ def to_cycles(dram: DramConfig) -> ProtocolTiming:
              "tRTP": ck["tRTP"], "tRFCab": ck["tRFCab"], "tREFI": refi, "RL": rl, "WL": wl,
              "tDQSCK(max)": ck["tDQSCK(max)"], "tWPRE": wpre}
     return ProtocolTiming(
-        standard=NAME, tck_ps=tck_ns * 1000, channels=dram.channels,
-        granule_bytes=dram.interleave_bytes, banks=t.banks_per_channel,
-        page_bytes=t.page_bytes, burst_bytes=t.burst_length * dram.bus_width_bits_per_channel
-        // 8, ccd_ck=ccd, rcd_ck=ck["tRCD"], rp_pb_ck=ck["tRPpb"], rp_ab_ck=ck["tRPab"],
-        ras_ck=ck["tRAS"], rrd_ck=ck["tRRD"], faw_ck=ck["tFAW"], rfc_ab_ck=ck["tRFCab"],
-        refi_ck=refi,
+        standard=NAME, **channel_fields(t, dram, tck_ns), ccd_ck=ccd, rcd_ck=ck["tRCD"],
+        rp_pb_ck=ck["tRPpb"], rp_ab_ck=ck["tRPab"], ras_ck=ck["tRAS"], rrd_ck=ck["tRRD"],
+        faw_ck=ck["tFAW"], rfc_ab_ck=ck["tRFCab"], refi_ck=refi,
         # RL + RU(tDQSCKmax/tCK) + BL/2 - WL + tWPRE + RD(tRPST); tRPST 0.5 nCK rounds to 0
         read_to_write_ck=rl + ck["tDQSCK(max)"] + ccd - wl + wpre,
         write_to_read_ck=wl + 1 + ccd + ck["tWTR"],  # WL + 1 + BL/2 + RU(tWTR/tCK)
@@ -112,9 +102,6 @@ def to_cycles(dram: DramConfig) -> ProtocolTiming:
         write_to_precharge_ck=wl + ccd + 1 + ck["tWR"],  # WL + BL/2 + 1 + RU(tWR/tCK)
         read_done_ck=rl + ccd,  # read data ends RL + BL/2 after the READ
         write_done_ck=wl + 1 + ccd,  # write data WL + 1 + BL/2 after the WRITE
-        bank_xor=t.address_mapping == "row:bank^row:column",
-        run_bytes=0 if t.row_run_bytes is None or t.row_run_bytes >= t.page_bytes
-        else t.row_run_bytes,
         named=named)
 
 

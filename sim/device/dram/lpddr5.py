@@ -40,13 +40,12 @@ What the standard-neutral protocol model cannot express, and how this file stand
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from models.schema import Frozen
-from sim.device.dram.cycles import Grade, ProtocolTiming, min_cycles
+from sim.device.dram.cycles import Grade, ProtocolTiming, channel_fields, check_refresh, core_cycles
 
 if TYPE_CHECKING:
     from sim.device.hw import DramConfig
@@ -99,9 +98,7 @@ class TimingConfig(Frozen):
 
     @model_validator(mode="after")
     def _refresh_fits(self) -> TimingConfig:
-        if self.trfc_ab_ns + self.trp_ab_ns >= self.trefi_ns:
-            raise ValueError("trfc_ab_ns + trp_ab_ns must be shorter than trefi_ns (the "
-                             "channel would do nothing but refresh)")
+        check_refresh(self)
         return self
 
 
@@ -119,14 +116,10 @@ def to_cycles(dram: DramConfig) -> ProtocolTiming:
     if t.burst_length % beats_per_ck:
         raise ValueError(f"dram.timing.burst_length ({t.burst_length}) is not a whole "
                          f"number of CK cycles at {beats_per_ck} beats per CK")
-    if t.trefi_ns < tck_ns:
-        raise ValueError(f"dram.timing.trefi_ns ({t.trefi_ns}) is under one clock cycle "
-                         f"({tck_ns:.3f} ns): refreshes would never end")
-    ck = {name: min_cycles(getattr(t, f), tck_ns) for name, f in (
+    ck, refi = core_cycles(t, tck_ns, (
         ("tRCD", "trcd_ns"), ("tRPpb", "trp_pb_ns"), ("tRPab", "trp_ab_ns"),
         ("tRAS", "tras_ns"), ("tRRD", "trrd_ns"), ("tFAW", "tfaw_ns"), ("tWR", "twr_ns"),
-        ("tWTR_S", "twtr_ns"), ("tRTP", "trtp_ns"), ("tRFCab", "trfc_ab_ns"))}
-    refi = math.floor(t.trefi_ns / tck_ns + 1e-9)  # a maximum interval: round down
+        ("tWTR_S", "twtr_ns"), ("tRTP", "trtp_ns"), ("tRFCab", "trfc_ab_ns")))
     ccd = t.burst_length // beats_per_ck  # BL/n: the burst's data cycles, = tCCD_S
     rl, wl = t.read_latency_ck, t.write_latency_ck
     named = {"tCCD_S (BL/n)": ccd, "tRCD": ck["tRCD"], "tRPpb": ck["tRPpb"],
@@ -135,11 +128,8 @@ def to_cycles(dram: DramConfig) -> ProtocolTiming:
              "tWTR_S": ck["tWTR_S"], "tRTP": ck["tRTP"], "tRFCab": ck["tRFCab"],
              "tREFI": refi, "RL": rl, "WL": wl}
     return ProtocolTiming(
-        standard=NAME, tck_ps=tck_ns * 1000, channels=dram.channels,
-        granule_bytes=dram.interleave_bytes, banks=t.banks_per_channel,
-        page_bytes=t.page_bytes,
-        burst_bytes=t.burst_length * dram.bus_width_bits_per_channel // 8, ccd_ck=ccd,
-        rcd_ck=ck["tRCD"], rp_pb_ck=ck["tRPpb"], rp_ab_ck=ck["tRPab"], ras_ck=ck["tRAS"],
+        standard=NAME, **channel_fields(t, dram, tck_ns), ccd_ck=ccd, rcd_ck=ck["tRCD"],
+        rp_pb_ck=ck["tRPpb"], rp_ab_ck=ck["tRPab"], ras_ck=ck["tRAS"],
         rrd_ck=ck["tRRD"], faw_ck=ck["tFAW"], rfc_ab_ck=ck["tRFCab"], refi_ck=refi,
         read_to_write_ck=rl + ccd - wl + t.read_to_write_gap_ck,  # RL + BL/n - WL + gap
         write_to_read_ck=wl + ccd + ck["tWTR_S"],  # WL + BL/n + RU(tWTR_S/tCK)
@@ -147,9 +137,6 @@ def to_cycles(dram: DramConfig) -> ProtocolTiming:
         write_to_precharge_ck=wl + ccd + ck["tWR"],  # WL + BL/n + RU(tWR/tCK)
         read_done_ck=rl + ccd,  # read data ends RL + BL/n after the READ
         write_done_ck=wl + ccd,  # write data ends WL + BL/n after the WRITE
-        bank_xor=t.address_mapping == "row:bank^row:column",
-        run_bytes=0 if t.row_run_bytes is None or t.row_run_bytes >= t.page_bytes
-        else t.row_run_bytes,
         named=named)
 
 
