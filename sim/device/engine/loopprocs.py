@@ -81,6 +81,20 @@ def resume_head(heap: np.ndarray, hs: int, eid: int, now: int, q: int, head: np.
     return hs, eid + 1
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def wait_all(heap: np.ndarray, hs: int, eid: int, now: int, P: np.ndarray, p: int,
+             n: int) -> tuple:
+    """``all_of`` the ``n`` children of ``p``: armed, and if every one has already ended,
+    ``p`` resumes now (NORMAL), as SimPy's condition fires when it is created already
+    met; returns ``(hs, eid)``."""
+    P[p, lp.F_AO_N] = n
+    P[p, lp.F_AO_ON] = 1
+    if P[p, lp.F_AO_COUNT] == n:
+        P[p, lp.F_AO_TRIG] = 1
+        hs, eid = lp.push(heap, hs, eid, now, lp.NORMAL, lp.CB_RESUME, p)
+    return hs, eid
+
+
 @njit(cache=True, error_model="numpy", _nrt=False)
 def serve_flag(heap: np.ndarray, hs: int, eid: int, now: int, f: int, level: np.ndarray,
                f_head: np.ndarray, f_tail: np.ndarray, P: np.ndarray) -> tuple:

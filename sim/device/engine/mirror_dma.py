@@ -64,12 +64,7 @@ def transfer_step(p, now, hs, eid, nl, ls, dma):
             off += chunk
             P[p, lp.F_T_OFF] = off
             if off >= total:  # all_of(the chunks' processes)
-                nchunks = (total + chunk - 1) // chunk
-                P[p, lp.F_AO_N] = nchunks
-                P[p, lp.F_AO_ON] = 1
-                if P[p, lp.F_AO_COUNT] == nchunks:
-                    P[p, lp.F_AO_TRIG] = 1
-                    hs, eid = lp.push(heap, hs, eid, now, lp.NORMAL, lp.CB_RESUME, p)
+                hs, eid = kp.wait_all(heap, hs, eid, now, P, p, (total + chunk - 1) // chunk)
                 P[p, lp.F_STATE] = lp.S_T_DONE
                 return hs, eid, nl, lp.WAITS, 0
         # Resource.request, then wait for it

@@ -93,11 +93,7 @@ def queue_step(p, now, hs, eid, nl, ls, prog, dev, log_level):  # noqa: C901 - o
         if nq == 0:
             P[p, lp.F_STATE] = lp.S_END
             return hs, eid, nl, lp.GO_ON, 0
-        P[p, lp.F_AO_N] = nq
-        P[p, lp.F_AO_ON] = 1
-        if P[p, lp.F_AO_COUNT] == nq:
-            P[p, lp.F_AO_TRIG] = 1
-            hs, eid = lp.push(heap, hs, eid, now, lp.NORMAL, lp.CB_RESUME, p)
+        hs, eid = kp.wait_all(heap, hs, eid, now, P, p, nq)
         P[p, lp.F_STATE] = lp.S_END
         return hs, eid, nl, lp.WAITS, 0
     raise RuntimeError("program loop: unknown engine queue state")
