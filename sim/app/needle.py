@@ -346,25 +346,105 @@ def run_grid(source: str | Path | ModelSource, configs: Sequence[NeedleConfig], 
              bits: Callable[[str], BitConfig], contexts: Sequence[int] = DEFAULT_CONTEXTS,
              depths: Sequence[float] = DEFAULT_DEPTHS, trials: int = DEFAULT_TRIALS,
              seed: int = 0, hw: str | HardwareConfig = "aries", out: Path | None = None,
-             progress: Callable[[str], None] | None = None) -> list[Cell]:
+             progress: Callable[[str], None] | None = None, jobs: int = 1,
+             make_runner: Callable[..., Any] | None = None) -> list[Cell]:
     """Every cell of ``configs x contexts x depths`` (``bits(read path)``: the bit config
     of a read path). With ``out``, each cell is read from / written to ``out/cells``
-    (resumable)."""
+    (resumable). ``jobs`` > 1 runs the (configuration, context) groups on that many
+    processes (:func:`_run_pool`); the cells are the same and come in the same order.
+    ``make_runner(src, cfg, bits, hw, context, seed)`` makes a group's model (default: the
+    float reference or the simulated NPU; a top-level callable, so that a process pool can
+    take it)."""
     src = source_of(source)
     tok = src.tokenizer()
     hwc = hardware_of(hw)
     builder = NeedleBuilder(tok)
     keys = trial_keys(trials, seed)
+    if jobs < 1:
+        raise ConfigError(f"jobs: must be >= 1, got {jobs}")
     for d in depths:
         if not 0.0 <= d <= 1.0:
             raise ConfigError(f"depths: {d} is not a fraction in 0..1")
-    cells: list[Cell] = []
+    groups = []
     for cfg in configs:
         for ctx in sorted(contexts):
             builder.filler_len(ctx)  # a context too short fails before any run
-            cells.extend(_context_cells(src, tok, builder, cfg, bits, hwc, ctx,
-                                        sorted(depths), keys, seed, out, progress))
-    return cells
+            groups.append((cfg, ctx))
+    bcs = {cfg: None if cfg.kv is None else bits(cfg.kv_read) for cfg in configs}
+    job = _GroupJob(src, hwc, sorted(depths), keys, seed, out, make_runner or _make_runner)
+    if jobs == 1 or len(groups) == 1:
+        return [cell for cfg, ctx in groups
+                for cell in job.run(cfg, bcs[cfg], ctx, tok, builder, progress)]
+    return _run_pool(job, groups, bcs, min(jobs, len(groups)), progress)
+
+
+def _make_runner(src: ModelSource, cfg: NeedleConfig, bits: BitConfig | None,
+                 hw: HardwareConfig, context: int, seed: int):
+    return FloatRunner(src, seed) if cfg.kv is None else NpuRunner(src, bits, cfg.kv, hw,
+                                                                   context)
+
+
+@dataclass(frozen=True)
+class _GroupJob:
+    """What every (configuration, context) group of a grid shares (picklable: a pool's
+    processes receive it)."""
+
+    src: ModelSource
+    hw: HardwareConfig
+    depths: list[float]
+    keys: list[int]
+    seed: int
+    out: Path | None
+    make_runner: Callable[..., Any]
+
+    def run(self, cfg: NeedleConfig, bits: BitConfig | None, ctx: int, tok=None,
+            builder: NeedleBuilder | None = None, progress=None) -> list[Cell]:
+        tok = tok if tok is not None else self.src.tokenizer()
+        builder = builder or NeedleBuilder(tok)
+        return _context_cells(self, tok, builder, cfg, bits, ctx, progress)
+
+
+def _pool_group(job: _GroupJob, cfg: NeedleConfig, bits: BitConfig | None, ctx: int,
+                threads: int) -> list[Cell]:
+    """One group in a pool process, on ``threads`` threads (Numba's and BLAS's)."""
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    threadpool_limits(threads)  # for the life of this worker process
+    return job.run(cfg, bits, ctx)
+
+
+def _run_pool(job: _GroupJob, groups: list[tuple[NeedleConfig, int]],
+              bcs: dict[NeedleConfig, BitConfig | None], workers: int,
+              progress: Callable[[str], None] | None) -> list[Cell]:
+    """The groups on ``workers`` processes (spawned: they start clean), each on
+    ``cpu_count // workers`` threads; a group's cells are reported as it ends. A group
+    that fails stops the grid with its error (the cells done stay cached)."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    done: dict[tuple[NeedleConfig, int], list[Cell]] = {}
+    pool = ProcessPoolExecutor(max_workers=workers,
+                               mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = {pool.submit(_pool_group, job, cfg, bcs[cfg], ctx, threads): (cfg, ctx)
+                   for cfg, ctx in groups}
+        for fut in as_completed(futures):
+            done[futures[fut]] = fut.result()
+            if progress is not None:
+                for cell in done[futures[fut]]:
+                    progress(_cell_line(cell))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [cell for g in groups for cell in done[g]]
+
+
+def _cell_line(cell: Cell) -> str:
+    return (f"{cell.config} {cell.context} tokens depth {cell.depth:.0%}: retrieved "
+            f"{cell.retrieved:.0%}, log-prob {cell.logprob_mean:.3f} ({cell.wall_s:.0f} s)")
 
 
 def _cell_key(src: ModelSource, cfg: NeedleConfig, bits: BitConfig | None, hw: str,
@@ -374,10 +454,9 @@ def _cell_key(src: ModelSource, cfg: NeedleConfig, bits: BitConfig | None, hw: s
             "context": ctx, "depth": depth, "keys": keys}
 
 
-def _context_cells(src, tok, builder: NeedleBuilder, cfg: NeedleConfig, bits, hwc, ctx: int,
-                   depths: list[float], keys: list[int], seed: int, out: Path | None,
-                   progress) -> list[Cell]:
-    bc = None if cfg.kv is None else bits(cfg.kv_read)
+def _context_cells(job: _GroupJob, tok, builder: NeedleBuilder, cfg: NeedleConfig,
+                   bc: BitConfig | None, ctx: int, progress) -> list[Cell]:
+    src, hwc, depths, keys, out = job.src, job.hw, job.depths, job.keys, job.out
     found: dict[float, Cell] = {}
     paths: dict[float, Path] = {}
     for d in depths:
@@ -388,8 +467,7 @@ def _context_cells(src, tok, builder: NeedleBuilder, cfg: NeedleConfig, bits, hw
     if len(found) == len(depths):
         return [found[d] for d in depths]
     t_start = time.perf_counter()
-    runner = (FloatRunner(src, seed) if cfg.kv is None
-              else NpuRunner(src, bc, cfg.kv, hwc, ctx))
+    runner = job.make_runner(src, cfg, bc, hwc, ctx, job.seed)
     cells = []
     try:
         prefix = builder.text(ctx, 1.0, keys[0]).ids  # the shared text: any key's
@@ -418,9 +496,7 @@ def _context_cells(src, tok, builder: NeedleBuilder, cfg: NeedleConfig, bits, hw
                 paths[d].parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(paths[d], json.dumps(cell.as_dict()))
             if progress is not None:
-                progress(f"{cfg.name} {ctx} tokens depth {d:.0%}: retrieved "
-                         f"{cell.retrieved:.0%}, log-prob {cell.logprob_mean:.3f} "
-                         f"({wall:.0f} s)")
+                progress(_cell_line(cell))
             cells.append(cell)
     finally:
         runner.close()

@@ -14,12 +14,17 @@ VOCAB = 49152  # SmolLM2's
 
 
 class EchoRunner:
-    fed = 0  # tokens fed over every instance (reset by the test)
-    pattern: list[int] = []  # the needle's lead-in tokens (set by the test)
+    fed = 0  # tokens fed over every instance of this process (reset by the test)
+    pattern: list[int] = []  # the needle's lead-in tokens (set by the test, or below)
 
     def __init__(self, *args, **kw):
         self.ids: list[int] = []
         self.size = 0
+        if not EchoRunner.pattern:  # a pool's process: SmolLM2's tokens of the lead-in
+            from models.source import resolve_model
+
+            EchoRunner.pattern = resolve_model("smollm2-135m").tokenizer().encode(
+                " The pass key is")
 
     def feed(self, ids, *, rows=0):
         EchoRunner.fed += len(ids)
@@ -50,3 +55,9 @@ class EchoRunner:
 
     def close(self):
         pass
+
+
+def make_echo(src, cfg, bits, hw, context, seed) -> EchoRunner:
+    """``run_grid``'s ``make_runner``: an :class:`EchoRunner` for every group (a
+    top-level function: a process pool's workers import it)."""
+    return EchoRunner()

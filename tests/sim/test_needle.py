@@ -12,7 +12,7 @@ from models.source import resolve_model
 from sim.app import needle
 from sim.app.needle import NeedleBuilder, NeedleConfig, run_grid, score, trial_keys
 
-from .echo_runner import EchoRunner
+from .echo_runner import EchoRunner, make_echo
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +67,26 @@ def test_grid_shares_the_prefix_and_resumes_from_its_cells(tmp_path, monkeypatch
     EchoRunner.fed = 0
     assert run_grid("smollm2-135m", cfg, **kw) == cells
     assert EchoRunner.fed == 0  # every cell read from disk
+
+
+def test_a_process_pool_gives_the_same_cells_in_the_same_order(tmp_path) -> None:
+    """``jobs=2``: the (configuration, context) groups run on two spawned processes (the
+    stand-in model, made by a top-level factory); the cells, their order and their files
+    are those of one process."""
+    cfg = [NeedleConfig("float", None, None), NeedleConfig("int8", "int8", "integer")]
+    kw = dict(bits=lambda r: None, contexts=[300, 260], depths=[0.0, 0.5, 1.0], trials=2,
+              make_runner=make_echo)
+    one = run_grid("smollm2-135m", cfg, out=tmp_path / "one", **kw)
+    pool = run_grid("smollm2-135m", cfg, out=tmp_path / "pool", jobs=2, **kw)
+    strip = [(c.config, c.context, c.depth, c.needle_at, c.trials) for c in one]
+    assert [(c.config, c.context, c.depth, c.needle_at, c.trials) for c in pool] == strip
+    assert [(c.config, c.context) for c in one][::3] == [
+        ("float", 260), ("float", 300), ("int8 integer", 260), ("int8 integer", 300)]
+    names = sorted(p.name for p in (tmp_path / "one" / "cells").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "pool" / "cells").iterdir())
+    assert len(names) == 12
+    with pytest.raises(ConfigError, match="jobs"):
+        run_grid("smollm2-135m", cfg, jobs=0, **kw)
 
 
 def test_report_table_and_heatmap(tmp_path) -> None:

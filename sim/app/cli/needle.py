@@ -137,6 +137,8 @@ def cmd_needle(args: argparse.Namespace, console: Console) -> int:
     out = Path(args.out)
     if args.trials < 1:
         raise ConfigError(f"--trials: must be >= 1, got {args.trials}")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
     t0 = time.perf_counter()
     say = None if args.json else (lambda m: console.print(escape(m)))
     if args.cached:
@@ -150,7 +152,7 @@ def cmd_needle(args: argparse.Namespace, console: Console) -> int:
                                                    kv_read=r),
                          contexts=_ints(args.contexts, "--contexts"),
                          depths=_depths(args.depths), trials=args.trials, seed=args.seed,
-                         hw=args.hw, out=out, progress=say)
+                         hw=args.hw, out=out, progress=say, jobs=args.jobs)
     wall = time.perf_counter() - t0
     out.mkdir(parents=True, exist_ok=True)
     heatmap(cells, out / "needle.html")
@@ -202,6 +204,10 @@ def add_needle_parser(sub) -> None:
     n.add_argument("--numerics", default=None, help="numerics preset (default: the model's)")
     n.add_argument("--hw", default="aries", help="hardware preset (default aries)")
     n.add_argument("--no-float", action="store_true", help="leave out the float reference")
+    n.add_argument("--jobs", type=int, default=1,
+                   help="processes running (configuration, context) groups at once, each "
+                        "on cpu_count / jobs threads and with its own model (about 3 GB at "
+                        "8,192 tokens; default 1: this process)")
     n.add_argument("--cached", action="store_true",
                    help="run nothing: report every cell of --trials seeded keys already in "
                         "--out/cells (grids run by several commands, as one table)")
