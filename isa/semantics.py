@@ -106,6 +106,7 @@ from .kernels import matrix as kmat
 from .kernels import softmax as ksm
 from .kernels import vector as kvec
 from .kernels import wide as kwide
+from .kernels.exact import blas_one_thread
 from .semantics_kv import attn, attn_dq, format_of, kv_read, kv_write
 from .semantics_moe import MOE_FUNCS, moe_vec
 from .vecfuncs import ROW_META_BYTES, wide_bytes
@@ -382,6 +383,14 @@ def _vec(v: Vec, mem: Memory) -> None:
     else:  # pragma: no cover - the validator rejects unknown functions
         raise IsaError(f"vec: unknown function {v.func}")
     mem.write(Space.SRAM, c, v.dst, out.reshape(-1).view(np.uint8))
+
+
+def execute_all(instrs, order, mem: Memory, formats: tuple[str, ...] = ()) -> None:
+    """``execute(instrs[i], ...)`` for each ``i`` of ``order``, with BLAS on one thread
+    once for all of them (:func:`isa.kernels.exact.blas_one_thread`)."""
+    with blas_one_thread():
+        for i in order:
+            execute(instrs[i], mem, formats)
 
 
 def execute(instr: Instruction, mem: Memory, formats: tuple[str, ...] = ()) -> None:

@@ -28,9 +28,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import njit, prange
-from threadpoolctl import ThreadpoolController
 
-from .exact import absmax, exact_float
+from .exact import absmax, blas_one_thread, exact_float
 from .fixed import round_shift, sat8
 from .softmax import softmax_q
 
@@ -171,18 +170,6 @@ def blas_bounds(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.dtype | None:
     return exact_float(dk * absmax(q) * absmax(k))
 
 
-_CONTROLLER: list[ThreadpoolController] = []
-
-
-def _blas_controller() -> ThreadpoolController:
-    """The process's thread-pool controller, made once: ``threadpool_limits`` scans the
-    loaded libraries on every call (~0.2 ms, measured), the controller's ``limit`` only
-    sets the thread count (~8 us)."""
-    if not _CONTROLLER:
-        _CONTROLLER.append(ThreadpoolController())
-    return _CONTROLLER[0]
-
-
 def attention_blas(q, k, v, pos, score_mult, score_shift, out_mult, out_shift, out,
                    score_type) -> None:
     """:func:`attention`'s integers on float BLAS (``score_type`` from
@@ -190,7 +177,7 @@ def attention_blas(q, k, v, pos, score_mult, score_shift, out_mult, out_shift, o
     here (the softmax between the products uses Numba's threads): measured on a shared
     2-core machine, OpenBLAS's own threads on these ``(384 x 64) x (64 x T)`` products
     cost 3-4x the CPU time of one thread once the cores are oversubscribed."""
-    with _blas_controller().limit(limits=1, user_api="blas"):
+    with blas_one_thread():
         _attention_blas(q, k, v, pos, score_mult, score_shift, out_mult, out_shift, out,
                         score_type)
 

@@ -21,6 +21,15 @@ Numba would otherwise widen the accumulator to int64 and vectorize four times na
 Large matrices are split by output rows over Numba's threads (``prange``); every output
 element is summed by one thread, and integer sums are exact, so results do not depend on
 the thread count.
+
+int8 weights with at least :data:`BLAS_MIN_ROWS` activation rows (a prefill's tiles) run
+on float32 BLAS instead (:func:`matmul_blas`), bit for bit the same int32: every product
+of two int8 values has magnitude at most ``2**14``, so any partial sum of at most
+:data:`BLAS_K_CHUNK` of them stays below ``2**24``, where float32 holds every integer
+exactly, whatever order BLAS adds them in; longer rows are summed in chunks of at most
+that many and the chunks' int32 results added (no int32 sum can wrap for ``k < 2**17``).
+Measured on the compiled programs' tiles (``(40-86) x 576 x (16-60)``, one thread):
+25-41 G multiply-accumulates per second against 11-19 for the integer kernel.
 """
 
 from __future__ import annotations
@@ -29,11 +38,18 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from .exact import blas_one_thread
 from .fixed import round_shift, sat8
 
 #: Below this many weight bytes a matrix kernel runs on one thread (thread start-up costs
 #: ~10-50 us, more than a small GEMV takes).
 PARALLEL_MIN_WEIGHT_BYTES = 1 << 20
+#: Activation rows from which an int8 GEMM runs on float32 BLAS (:func:`matmul_blas`):
+#: below, converting the weights to float costs more than the integer kernel (a GEMV).
+BLAS_MIN_ROWS = 32
+#: The most int8 x int8 products (each of magnitude <= 2**14) one float32 sum takes:
+#: 1023 * 2**14 < 2**24.
+BLAS_K_CHUNK = 1023
 
 
 @njit(cache=True)
@@ -156,6 +172,8 @@ def matmul(a: np.ndarray, w: np.ndarray, w_bits: int, k: int) -> np.ndarray:
     if w_bits == 8:
         if wv.shape != (n, k):
             raise ValueError(f"int8 weights must be [n, k] = [{n}, {k}], got {wv.shape}")
+        if a.shape[0] >= BLAS_MIN_ROWS:
+            return matmul_blas(a, wv)
         if par:
             gemm_i8_par(a, wv, out, numba.get_num_threads())
         else:
@@ -169,6 +187,22 @@ def matmul(a: np.ndarray, w: np.ndarray, w_bits: int, k: int) -> np.ndarray:
             gemm_i4(a, wv, out)
     else:
         raise ValueError(f"weight bits must be 4 or 8, got {w_bits}")
+    return out
+
+
+def matmul_blas(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """int32 ``a @ w.T`` of int8 ``a [m, k]`` and ``w [n, k]`` on float32 BLAS, exact (see
+    the module docstring): ``k`` in even chunks of at most :data:`BLAS_K_CHUNK`, BLAS on
+    one thread."""
+    m, k = a.shape
+    chunks = max(1, -(-k // BLAS_K_CHUNK))
+    step = -(-k // chunks)
+    out = np.zeros((m, w.shape[0]), np.int32)
+    with blas_one_thread():
+        for j in range(0, k, step):
+            af = a[:, j:j + step].astype(np.float32)
+            wf = w[:, j:j + step].astype(np.float32)
+            out += (af @ wf.T).astype(np.int32)
     return out
 
 

@@ -160,6 +160,39 @@ def test_large_gemv_parallel_equals_serial() -> None:
     assert np.array_equal(matrix.matmul(x2, w4, 4, 2 * k)[0], ref4.astype(np.int32))
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(matrix.BLAS_MIN_ROWS, 70), st.integers(1, 2600), st.integers(1, 5),
+       st.sampled_from(["random", "-128", "127", "mixed"]), st.integers(0, 2**32 - 1))
+def test_int8_gemm_on_float_blas_is_the_integer_kernel(m, k, n, kind, seed) -> None:
+    """Prefill-sized GEMMs take float32 BLAS (:func:`matrix.matmul_blas`); the int32 must be
+    the integer kernel's bit for bit, also where a whole row's sum leaves float32's exact
+    range (``k * 2**14 > 2**24``: summed in chunks)."""
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+        w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+    elif kind == "mixed":
+        a = rng.choice(np.array([-128, 127], np.int8), (m, k))
+        w = rng.choice(np.array([-128, 127], np.int8), (n, k))
+    else:
+        a = np.full((m, k), int(kind), np.int8)
+        w = np.full((n, k), int(kind), np.int8)
+    want = np.zeros((m, n), np.int32)
+    matrix.gemm_i8(a, w, want)
+    assert np.array_equal(matrix.matmul(a, w, 8, k), want)
+
+
+def test_a_row_sum_past_float32_exactness_stays_exact() -> None:
+    # 1,535 products of 127 x 127: 24,758,015, odd and above 2**24, so one float32 sum
+    # could not hold it; the chunked sums do
+    k = 1535
+    a = np.full((matrix.BLAS_MIN_ROWS, k), 127, np.int8)
+    w = np.full((3, k), 127, np.int8)
+    assert k * 127 * 127 == 24_758_015 > 2**24
+    assert (matrix.matmul(a, w, 8, k) == 24_758_015).all()
+    assert matrix.BLAS_K_CHUNK * 128 * 128 < 2**24
+
+
 def test_wrapper_rejects_bad_shapes() -> None:
     a = np.zeros((1, 4), np.int8)
     with pytest.raises(ValueError):

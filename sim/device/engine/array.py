@@ -130,9 +130,7 @@ def run(dev, program: Program) -> LoopResult:
     _add_stats(dev, state, names)
     nd = int(sc[pl.SC_ND])
     if dev.functional:
-        mem = dev.mem
-        for i in state.order[:nd].tolist():
-            semantics.execute(instrs[i], mem, program.formats)
+        semantics.execute_all(instrs, state.order[:nd].tolist(), dev.mem, program.formats)
     blocked_by = {}
     if sc[pl.SC_RESULT] != pl.R_DONE:
         for q, (i, f) in enumerate(state.blocked.tolist()[: len(names)]):
