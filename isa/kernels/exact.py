@@ -64,7 +64,7 @@ def int_bits(a: np.ndarray) -> int:
 _CONTROLLER: list[ThreadpoolController] = []
 
 
-def blas_controller() -> ThreadpoolController:
+def _blas_controller() -> ThreadpoolController:
     """The process's thread-pool controller, made once: ``threadpool_limits`` scans the
     loaded libraries on every call (~0.2 ms, measured), the controller's ``limit`` only
     sets the thread count (~8 us). The kernels that run exact integer sums on float BLAS
@@ -82,7 +82,7 @@ _DEPTH_LOCK = threading.Lock()
 
 @contextmanager
 def blas_one_thread() -> Iterator[None]:
-    """BLAS held to one thread (:func:`blas_controller`) for the block; nested blocks cost
+    """BLAS held to one thread (:func:`_blas_controller`) for the block; nested blocks cost
     nothing (a functional program run holds it once around all its instructions, so its
     GEMM tiles, ~0.1 ms each, do not pay the ~20 us of setting and restoring the count)."""
     with _DEPTH_LOCK:
@@ -90,7 +90,7 @@ def blas_one_thread() -> Iterator[None]:
         _DEPTH[0] += 1
     try:
         if outer:
-            with blas_controller().limit(limits=1, user_api="blas"):
+            with _blas_controller().limit(limits=1, user_api="blas"):
                 yield
         else:
             yield
@@ -99,5 +99,5 @@ def blas_one_thread() -> Iterator[None]:
             _DEPTH[0] -= 1
 
 
-__all__ = ["EXACT_BITS", "SIGNIFICAND_BITS", "absmax", "blas_controller", "blas_one_thread",
-           "exact_float", "int_bits", "product_bits"]
+__all__ = ["EXACT_BITS", "SIGNIFICAND_BITS", "absmax", "blas_one_thread", "exact_float",
+           "int_bits", "product_bits"]

@@ -166,14 +166,14 @@ def matmul(a: np.ndarray, w: np.ndarray, w_bits: int, k: int) -> np.ndarray:
     (``[n, k]`` int8 or ``[n, ceil(k/2)]`` packed int4 bytes, any 8-bit dtype)."""
     a = np.ascontiguousarray(a, dtype=np.int8).reshape(-1, k)
     n = w.shape[0]
-    out = np.empty((a.shape[0], n), np.int32)
     wv = np.ascontiguousarray(w).view(np.int8)
+    if w_bits == 8 and wv.shape != (n, k):
+        raise ValueError(f"int8 weights must be [n, k] = [{n}, {k}], got {wv.shape}")
+    if w_bits == 8 and a.shape[0] >= BLAS_MIN_ROWS:
+        return matmul_blas(a, wv)
+    out = np.empty((a.shape[0], n), np.int32)
     par = wv.nbytes >= PARALLEL_MIN_WEIGHT_BYTES and numba.get_num_threads() > 1
     if w_bits == 8:
-        if wv.shape != (n, k):
-            raise ValueError(f"int8 weights must be [n, k] = [{n}, {k}], got {wv.shape}")
-        if a.shape[0] >= BLAS_MIN_ROWS:
-            return matmul_blas(a, wv)
         if par:
             gemm_i8_par(a, wv, out, numba.get_num_threads())
         else:
