@@ -3,18 +3,23 @@
 Measures, in one run: the machine's streaming read bandwidth (a Numba read of a large array,
 on one thread and on all of Numba's threads, the better one counts), int8 and int4 GEMV on
 weight matrices of the same size, four times the last-level cache (256 MiB at least), and
-2/4-bit pack/unpack; each against a plain numpy reference. Prints a table, or with
+2/4-bit pack/unpack; each against a plain numpy reference; and the int8 GEMM tiles of a
+compiled prefill (``(40-86) x 576-1536 x (16-60)``) through ``matrix.matmul`` (float32
+BLAS, exact) against the integer kernel, in multiply-accumulates per second on one
+thread. Prints a table, or with
 ``--json`` one JSON object with ``gemv_int8_weight_bytes_per_s``,
 ``gemv_int4_weight_bytes_per_s``, ``stream_read_bytes_per_s`` and more. Goals (issue
 "Integer kernels and KV-cache formats"): int8 GEMV >= 70 % and int4 GEMV >= 50 % of the
 streaming read bandwidth. Timed cases run in turn and the best of ``--repeat`` runs counts.
 
-Usage: ``python benchmarks/kernels.py [--json] [--repeat N]``.
+Usage: ``python benchmarks/kernels.py [--json] [--repeat N] [--tiles]`` (``--tiles``: only
+the GEMM tiles, without the large GEMV and stream arrays).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -152,6 +157,41 @@ def pack_case(bits: int, rows: int, n: int, repeat: int, rng: np.random.Generato
             "unpack_packed_bytes_per_s": out.nbytes / t_u, "unpack_speedup": t_ur / t_u}
 
 
+#: (rows, k, columns) of the int8 GEMM tiles a compiled SmolLM2-135M prefill issues most
+#: (counted by wrapping ``matrix.matmul`` in a 600-token eval).
+PREFILL_TILES = ((86, 576, 60), (40, 576, 60), (86, 576, 36), (86, 1536, 16))
+
+
+def _calls(fn, args: tuple, n: int) -> None:
+    for _ in range(n):
+        fn(*args)
+
+
+def tile_cases(repeat: int, rng: np.random.Generator) -> list[dict]:
+    """Each prefill tile through ``matrix.matmul`` (its float32 BLAS path) and through the
+    integer kernel ``matrix.gemm_i8``, one thread each; the results must agree."""
+    from isa.kernels.exact import blas_one_thread
+
+    out = []
+    for m, k, n in PREFILL_TILES:
+        a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+        w = rng.integers(-128, 128, (n, k), dtype=np.int8)
+        acc = np.empty((m, n), np.int32)
+        matrix.gemm_i8(a, w, acc)
+        if not np.array_equal(matrix.matmul(a, w, 8, k), acc):
+            raise SystemExit(f"tile {m}x{k}x{n}: the BLAS path differs from the integer kernel")
+        calls = max(1, int(2e8 // (m * k * n)))  # ~0.2 G multiply-accumulates per timing
+        with blas_one_thread():
+            t = interleaved_best({
+                "blas": functools.partial(_calls, matrix.matmul, (a, w, 8, k), calls),
+                "integer": functools.partial(_calls, matrix.gemm_i8, (a, w, acc), calls),
+            }, repeat)
+        macs = calls * m * k * n
+        out.append({"shape": [m, k, n], "blas_macs_per_s": macs / t["blas"],
+                    "integer_macs_per_s": macs / t["integer"]})
+    return out
+
+
 def run(repeat: int) -> dict:
     t0 = time.perf_counter()
     x = np.zeros((1, 64), np.int8)
@@ -185,6 +225,9 @@ def run(repeat: int) -> dict:
     g4 = {"n": n4, "k": k, "weight_bytes_per_s": w4.nbytes / t["gemv4"],
           "speedup": best_time(ref4, 1, warm=False) / t["gemv4"]}
     packs = [pack_case(b, 4096, 8192, repeat, rng) for b in (4, 2)]
+    numba.set_num_threads(1)
+    tiles = tile_cases(repeat, rng)
+    numba.set_num_threads(threads)
     sb = stream["best"]
     return {
         "machine": {"cpu": platform.processor() or platform.machine(),
@@ -203,6 +246,7 @@ def run(repeat: int) -> dict:
         "gemv_int4_speedup_over_numpy": g4["speedup"],
         "gemv_int4_shape": [g4["n"], g4["k"]],
         "pack": packs,
+        "gemm_tiles": tiles,
     }
 
 
@@ -231,14 +275,28 @@ def report(r: dict) -> str:
             f"({p['pack_speedup']:.1f}x numpy); unpack: "
             f"{p['unpack_packed_bytes_per_s'] / gb:.2f} GB/s packed "
             f"({p['unpack_speedup']:.1f}x numpy)")
-    return "\n".join(lines)
+    return "\n".join([*lines, report_tiles(r)])
+
+
+def report_tiles(r: dict) -> str:
+    return "\n".join(
+        f"int8 GEMM tile {m}x{k}x{n}: {g['blas_macs_per_s'] / 1e9:.1f} G MAC/s on float32 "
+        f"BLAS, {g['integer_macs_per_s'] / 1e9:.1f} on the integer kernel (one thread)"
+        for g in r["gemm_tiles"] for m, k, n in [g["shape"]])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--repeat", type=int, default=7, help="timed runs per case (best counts)")
+    ap.add_argument("--tiles", action="store_true",
+                    help="only the prefill GEMM tiles (no large arrays)")
     args = ap.parse_args()
+    if args.tiles:
+        numba.set_num_threads(1)
+        r = {"gemm_tiles": tile_cases(args.repeat, np.random.default_rng(0))}
+        print(json.dumps(r, indent=2) if args.json else report_tiles(r))
+        return
     r = run(args.repeat)
     # peak resident memory of this process (Linux reports ru_maxrss in KiB)
     r["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
