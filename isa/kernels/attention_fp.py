@@ -10,8 +10,13 @@ rounds them, :mod:`isa.semantics`). For query ``i`` (position ``pos + i``), head
     o_d = (sum_t e_t * v[t, kvh, d]) / Z                      (fp32)
     out = sat8(floor(o_d * out_scale + 1/2))
 
-Every sum runs in a fixed order in one thread per (query, head), so results do not depend
-on the thread count.
+Every sum runs in a fixed order in one thread (a block of queries with the heads of one
+KV head is a thread's unit of work), so results do not depend on the thread count. The
+kernel reads K and V a tile of keys at a time for every (query, head) of a block, four
+channels or four keys per pass (each sum still added in order): 1.4x faster than one
+(query, head) at a time over the whole cache at 8,192 keys (the calls of a SmolLM2 8K
+run: 86 queries, 3 heads of one KV head; 47 against 67 ms on one thread, 2026-12-03,
+the shared 2-core machine beside two other jobs).
 """
 
 from __future__ import annotations
@@ -22,75 +27,135 @@ from numba import njit, prange
 
 #: Below this many multiply-accumulates the kernel stays on one thread.
 PARALLEL_MIN_MACS = 1 << 20
+#: Keys taken at a time for every (query, head) of a block: a tile of K and of V (64
+#: channels of float32: 64 KiB each) stays in the core's L2 while the block reads it.
+KEY_TILE = 256
+#: Queries per block (with the heads that share a KV head).
+QUERY_BLOCK = 8
 
 
 @njit(cache=True)
-def _attend_fp_range(q, kt, v, pos, scale, out_scale, out, lo, hi):
-    """Jobs ``lo .. hi-1`` ((query, head) pairs); ``kt`` is K transposed, ``[KH, Dk, T]``.
+def _attend_fp_blocks(q, kt, vt, pos, scale, out_scale, out, lo, hi, qblock):
+    """Blocks ``lo .. hi-1``: block ``b`` is the queries ``qblock * (b // KH) ..`` (at most
+    ``qblock``) with the ``H/KH`` heads of KV head ``b % KH``. ``kt`` is K transposed,
+    ``[KH, Dk, T]``; ``vt`` is V ``[KH, T, Dv]``.
 
     Each sum runs in the order the module docstring gives (a score over ``d`` in order,
-    ``Z`` and each output over ``t`` in order), but the loops run across the independent
-    sums (a score per key, an output per channel), so they vectorize over contiguous
-    memory without reordering any one sum's additions."""
+    ``Z`` and each output over ``t`` in order). The loops run across independent sums (a
+    score per key, an output per channel), so they vectorize over contiguous memory
+    without reordering any one sum's additions; the keys are taken a tile of
+    :data:`KEY_TILE` at a time for every (query, head) of the block, so each tile of K and
+    V is read from memory once per block, not once per (query, head)."""
     L, H, dk = q.shape
-    T, KH, dv = v.shape
+    KH, T, dv = vt.shape
     group = H // KH
-    e = np.empty(T, np.float32)
-    o = np.empty(dv, np.float32)
-    for job in range(lo, hi):
-        i = job // H
-        h = job % H
-        kh = h // group
-        n = min(T, pos + i + 1)
-        if n <= 0:
-            for d in range(dv):
-                out[i, h, d] = 0
-            continue
-        for t in range(n):
-            e[t] = np.float32(0.0)
-        for d in range(dk):
-            qd = q[i, h, d]
+    jobs = qblock * group
+    e = np.empty((jobs, T), np.float32)
+    o = np.empty((jobs, dv), np.float32)
+    z = np.empty(jobs, np.float32)
+    for b in range(lo, hi):
+        kh = b % KH
+        i0 = (b // KH) * qblock
+        nq = min(qblock, L - i0)
+        nj = nq * group
+        top = min(T, pos + i0 + nq)  # keys seen by the block's last query
+        for t0 in range(0, top, KEY_TILE):
+            t1 = min(top, t0 + KEY_TILE)
+            for j in range(nj):
+                i = i0 + j // group
+                h = kh * group + j % group
+                w = min(t1, T, pos + i + 1) - t0
+                if w <= 0:
+                    continue
+                ej = e[j, t0:t0 + w]  # 1-D views indexed from 0: the loops vectorize
+                for u in range(w):
+                    ej[u] = np.float32(0.0)
+                d = 0
+                while d + 4 <= dk:  # four channels per pass over the tile, added in order
+                    q0, q1, q2, q3 = q[i, h, d], q[i, h, d + 1], q[i, h, d + 2], q[i, h, d + 3]
+                    k0 = kt[kh, d, t0:t0 + w]
+                    k1 = kt[kh, d + 1, t0:t0 + w]
+                    k2 = kt[kh, d + 2, t0:t0 + w]
+                    k3 = kt[kh, d + 3, t0:t0 + w]
+                    for u in range(w):
+                        x = np.float32(ej[u] + q0 * k0[u])
+                        x = np.float32(x + q1 * k1[u])
+                        x = np.float32(x + q2 * k2[u])
+                        ej[u] = np.float32(x + q3 * k3[u])
+                    d += 4
+                for dd in range(d, dk):
+                    qd = q[i, h, dd]
+                    kd = kt[kh, dd, t0:t0 + w]
+                    for u in range(w):
+                        ej[u] = np.float32(ej[u] + qd * kd[u])
+        for j in range(nj):
+            n = min(T, pos + i0 + j // group + 1)
+            ej = e[j]
+            m = np.float32(-np.inf)
             for t in range(n):
-                e[t] = np.float32(e[t] + qd * kt[kh, d, t])
-        m = np.float32(-np.inf)
-        for t in range(n):
-            e[t] = np.float32(e[t] * scale)
-            if e[t] > m:
-                m = e[t]
-        z = np.float32(0.0)
-        for t in range(n):
-            e[t] = np.float32(np.exp(np.float32(e[t] - m)))
-            z = np.float32(z + e[t])
-        for d in range(dv):
-            o[d] = np.float32(0.0)
-        for t in range(n):
-            et = e[t]
+                ej[t] = np.float32(ej[t] * scale)
+                if ej[t] > m:
+                    m = ej[t]
+            zj = np.float32(0.0)
+            for t in range(n):
+                ej[t] = np.float32(np.exp(np.float32(ej[t] - m)))
+                zj = np.float32(zj + ej[t])
+            z[j] = zj
+            oj = o[j]
             for d in range(dv):
-                o[d] = np.float32(o[d] + et * v[t, kh, d])
-        for d in range(dv):
-            x = np.floor(np.float32(o[d] / z) * out_scale + np.float32(0.5))
-            if not x >= -128.0:  # NaN reads as -128 only if it ever occurs; see attend_fp
-                x = -128.0
-            if x > 127.0:
-                x = 127.0
-            out[i, h, d] = np.int8(x)
+                oj[d] = np.float32(0.0)
+        for t0 in range(0, top, KEY_TILE):
+            t1 = min(top, t0 + KEY_TILE)
+            for j in range(nj):
+                oj = o[j]
+                end = min(t1, T, pos + i0 + j // group + 1)
+                t = t0
+                while t + 4 <= end:  # four keys per pass over the channels, added in order
+                    e0, e1, e2, e3 = e[j, t], e[j, t + 1], e[j, t + 2], e[j, t + 3]
+                    v0, v1, v2, v3 = vt[kh, t], vt[kh, t + 1], vt[kh, t + 2], vt[kh, t + 3]
+                    for d in range(dv):
+                        x = np.float32(oj[d] + e0 * v0[d])
+                        x = np.float32(x + e1 * v1[d])
+                        x = np.float32(x + e2 * v2[d])
+                        oj[d] = np.float32(x + e3 * v3[d])
+                    t += 4
+                for tt in range(t, end):
+                    et = e[j, tt]
+                    vr = vt[kh, tt]
+                    for d in range(dv):
+                        oj[d] = np.float32(oj[d] + et * vr[d])
+        for j in range(nj):
+            i = i0 + j // group
+            h = kh * group + j % group
+            if min(T, pos + i + 1) <= 0:
+                for d in range(dv):
+                    out[i, h, d] = 0
+                continue
+            for d in range(dv):
+                x = np.floor(np.float32(o[j, d] / z[j]) * out_scale + np.float32(0.5))
+                if not x >= -128.0:  # NaN reads as -128 only if it ever occurs; see attend_fp
+                    x = -128.0
+                if x > 127.0:
+                    x = 127.0
+                out[i, h, d] = np.int8(x)
 
 
 @njit(cache=True)
-def attention_fp(q, kt, v, pos, scale, out_scale, out):
-    """q float32[L, H, Dk], kt float32[KH, Dk, T] (K transposed), v float32[T, KH, Dv]
+def attention_fp(q, kt, vt, pos, scale, out_scale, out):
+    """q float32[L, H, Dk], kt float32[KH, Dk, T] (K transposed), vt float32[KH, T, Dv]
     -> int8 out."""
-    _attend_fp_range(q, kt, v, pos, scale, out_scale, out, 0, q.shape[0] * q.shape[1])
+    blocks = vt.shape[0] * ((q.shape[0] + QUERY_BLOCK - 1) // QUERY_BLOCK)
+    _attend_fp_blocks(q, kt, vt, pos, scale, out_scale, out, 0, blocks, QUERY_BLOCK)
 
 
 @njit(cache=True, parallel=True)
-def attention_fp_par(q, kt, v, pos, scale, out_scale, out, chunks):
-    """:func:`attention_fp` with the (query, head) pairs split over threads."""
-    jobs = q.shape[0] * q.shape[1]
-    step = (jobs + chunks - 1) // chunks
+def attention_fp_par(q, kt, vt, pos, scale, out_scale, out, chunks):
+    """:func:`attention_fp` with the blocks split over threads."""
+    blocks = vt.shape[0] * ((q.shape[0] + QUERY_BLOCK - 1) // QUERY_BLOCK)
+    step = (blocks + chunks - 1) // chunks
     for c in prange(chunks):
-        _attend_fp_range(q, kt, v, pos, scale, out_scale, out, c * step,
-                         min(jobs, (c + 1) * step))
+        _attend_fp_blocks(q, kt, vt, pos, scale, out_scale, out, c * step,
+                          min(blocks, (c + 1) * step), QUERY_BLOCK)
 
 
 def attend_fp(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, pos: int, scale: float,
@@ -108,13 +173,15 @@ def attend_fp(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, pos: int, scale: f
         if not np.all(np.isfinite(x)):
             raise ValueError(f"attn.dq: {name} holds non-finite values after the fp16 "
                              "conversion (a scale too large for fp16?)")
-    q, v = (np.ascontiguousarray(x, np.float32) for x in (q, v))
+    q = np.ascontiguousarray(q, np.float32)
     kt = np.ascontiguousarray(k.transpose(1, 2, 0), np.float32)  # [KH, Dk, T]
+    vt = np.ascontiguousarray(v.transpose(1, 0, 2), np.float32)  # [KH, T, Dv]
     out = np.empty((L, H, v.shape[2]), np.int8)
-    args = (q, kt, v, pos, np.float32(scale), np.float32(out_scale), out)
+    args = (q, kt, vt, pos, np.float32(scale), np.float32(out_scale), out)
     threads = numba.get_num_threads()
-    if L * H * T * (dk + v.shape[2]) >= PARALLEL_MIN_MACS and threads > 1 and L * H > 1:
-        attention_fp_par(*args, min(threads, L * H))
+    blocks = KH * -(-L // QUERY_BLOCK)
+    if L * H * T * (dk + v.shape[2]) >= PARALLEL_MIN_MACS and threads > 1 and blocks > 1:
+        attention_fp_par(*args, min(threads, blocks))
     else:
         attention_fp(*args)
     return out

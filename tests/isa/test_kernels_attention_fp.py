@@ -81,3 +81,27 @@ def test_attend_fp_threaded_long_call() -> None:
     want = np.empty((40, 6, 64), np.int8)
     ref_attend_fp(q, k, v, 560, np.float32(0.125), np.float32(20.0), want)
     assert np.array_equal(attend_fp(q, k, v, pos=560, scale=0.125, out_scale=20.0), want)
+
+
+def test_attend_fp_blocks_and_key_tiles_on_one_thread_and_many() -> None:
+    """Queries past one block, keys past several tiles, a causal edge inside a tile: the
+    serial kernel and the threaded one (any split of the blocks) give the formula."""
+    from isa.kernels.attention_fp import KEY_TILE, QUERY_BLOCK, attention_fp, attention_fp_par
+
+    rng = np.random.default_rng(11)
+    L, H, KH, T, pos = 2 * QUERY_BLOCK + 3, 6, 2, 3 * KEY_TILE + 37, 2 * KEY_TILE + 5
+    q = rng.normal(0, 2, (L, H, 64)).astype(np.float16).astype(np.float32)
+    k = rng.normal(0, 2, (T, KH, 64)).astype(np.float16).astype(np.float32)
+    v = rng.normal(0, 2, (T, KH, 48)).astype(np.float16).astype(np.float32)
+    want = np.empty((L, H, 48), np.int8)
+    ref_attend_fp(q, k, v, pos, np.float32(0.125), np.float32(20.0), want)
+    kt = np.ascontiguousarray(k.transpose(1, 2, 0))
+    vt = np.ascontiguousarray(v.transpose(1, 0, 2))
+    args = (q, kt, vt, pos, np.float32(0.125), np.float32(20.0))
+    got = np.empty_like(want)
+    attention_fp(*args, got)
+    assert np.array_equal(got, want)
+    for chunks in (2, 5):
+        got = np.empty_like(want)
+        attention_fp_par(*args, got, chunks)
+        assert np.array_equal(got, want)
