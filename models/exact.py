@@ -83,6 +83,34 @@ def matmul(a: np.ndarray, b: np.ndarray, *, b_integer: bool = False,
     return out
 
 
+def matmul_signs_kron(a: np.ndarray, factors: list[np.ndarray]) -> np.ndarray:
+    """``a @ kron(*factors)`` for square matrices of signs (+-1), bit for bit
+    :func:`matmul` ``(a, kron(*factors), b_integer=True)``, in ``sum(sizes)`` instead of
+    ``prod(sizes)`` products per element: ``a`` is split the same way (one piece of
+    :func:`product_bits` of the whole order), then each factor is applied along its own
+    axis. Every partial sum is a signed sum of at most ``prod(sizes)`` of the integers, below
+    ``2**52`` as in the whole product, so float64 adds it exactly and the result is the
+    same integers."""
+    sizes = [f.shape[0] for f in factors]
+    k = int(np.prod(sizes))
+    if a.shape[-1] != k:
+        raise ValueError(f"exact.matmul_signs_kron: {a.shape} and a Kronecker product of "
+                         f"order {k} do not chain")
+    for f in factors:
+        if f.ndim != 2 or f.shape[0] != f.shape[1] or not np.all(np.abs(f) == 1):
+            raise ValueError("exact.matmul_signs_kron: the factors must be square +-1 "
+                             "matrices")
+    [(ai, au)] = split(a, -1, product_bits(k), 1)
+    lead = ai.shape[:-1]
+    x = ai.reshape(-1, k)
+    outer = 1
+    for f, n in zip(factors, sizes, strict=True):  # f along its axis: [outer, n, inner]
+        inner = k // (outer * n)
+        x = np.matmul(np.asarray(f, np.float64).T, x.reshape(-1, n, inner))
+        outer *= n
+    return x.reshape(*lead, k) * au
+
+
 def weight_product(x: np.ndarray, qw) -> np.ndarray:
     """``x @ W.T`` for a quantized matrix ``W = ints * scales[:, None]`` (``qw`` with
     ``integer_weights()`` ``[n, k]`` and ``scales`` ``[n]``; ``x`` ``[m, k]``), float32, the
@@ -91,4 +119,5 @@ def weight_product(x: np.ndarray, qw) -> np.ndarray:
     return (y * np.asarray(qw.scales, np.float64)[None, :]).astype(np.float32)
 
 
-__all__ = ["EXACT_BITS", "int_bits", "matmul", "product_bits", "split", "weight_product"]
+__all__ = ["EXACT_BITS", "int_bits", "matmul", "matmul_signs_kron", "product_bits", "split",
+           "weight_product"]

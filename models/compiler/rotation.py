@@ -62,6 +62,17 @@ def hadamard(n: int) -> np.ndarray:
 
 def hadamard_signs(n: int) -> np.ndarray:
     """The Hadamard matrix of order ``n`` with entries +-1 (float64, ``H H^T = n I``)."""
+    a, b = hadamard_factors(n)
+    return np.kron(a, b)
+
+
+def hadamard_factors(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`hadamard_signs` ``(n)`` as ``kron(a, b)`` of two +-1 matrices of orders near
+    ``sqrt(n)``: the matrix is ``kron(P12, ..., P12, S2, ..., S2)`` (Paley's order 12, then
+    Sylvester's order 2, whose Kronecker powers are Sylvester's ``2**a``), and ``a`` takes
+    the leading factors whose order comes closest to ``sqrt(n)`` (576: 12 and 48; 4,096: 64
+    and 64). A product with the pair costs ``order(a) + order(b)`` multiplies per element
+    instead of ``n`` (:func:`models.exact.matmul_signs_kron`)."""
     twelves, rest = 0, n
     while rest % 12 == 0 and twelves < 2:
         rest //= 12
@@ -69,12 +80,16 @@ def hadamard_signs(n: int) -> np.ndarray:
     if n < 1 or rest & (rest - 1):
         raise ConfigError(f"numerics.rotation: no Hadamard matrix of order {n} (kvsim builds "
                           "orders 2**a, 12 * 2**a and 144 * 2**a); use rotation = 'none'")
-    h = np.ones((1, 1))
-    while h.shape[0] < rest:
-        h = np.block([[h, h], [h, -h]])
-    for _ in range(twelves):
-        h = np.kron(_paley12(), h)
-    return h
+    parts = [_paley12()] * twelves + [np.array([[1.0, 1.0], [1.0, -1.0]])] * (rest.bit_length()
+                                                                             - 1)
+    orders = np.cumprod([p.shape[0] for p in parts]) if parts else np.ones(0)
+    cut = int(np.argmin(np.abs(np.log(orders) - np.log(n) / 2))) + 1 if parts else 0
+    a, b = np.ones((1, 1)), np.ones((1, 1))
+    for p in parts[:cut]:
+        a = np.kron(a, p)
+    for p in parts[cut:]:
+        b = np.kron(b, p)
+    return a, b
 
 
 def rotated_layer_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
@@ -113,7 +128,7 @@ class RotatedWeights:
     def __init__(self, source: WeightSource):
         self.source = source
         self.config: ModelConfig = source.config
-        self.signs = hadamard_signs(self.config.hidden_size)
+        self.factors = hadamard_factors(self.config.hidden_size)
         self._head: np.ndarray | None = None
 
     def tensor(self, name: str) -> np.ndarray:
@@ -139,9 +154,10 @@ class RotatedWeights:
 
     def _rotate(self, a: np.ndarray) -> np.ndarray:
         """``a R`` (``a`` ``[rows, hidden]``), float32: the product with the +-1 matrix is
-        exact (:func:`models.exact.matmul`: the same on every machine), then divided by
+        exact (:func:`models.exact.matmul_signs_kron`, the bits of
+        :func:`models.exact.matmul`: the same on every machine), then divided by
         ``sqrt(hidden)`` and rounded once."""
-        y = exact.matmul(np.asarray(a, np.float64), self.signs, b_integer=True)
+        y = exact.matmul_signs_kron(np.asarray(a, np.float64), list(self.factors))
         return (y / np.sqrt(self.config.hidden_size)).astype(np.float32)
 
     def head(self) -> np.ndarray:

@@ -73,3 +73,44 @@ def test_integers_too_wide_for_the_sum_are_refused() -> None:
         exact.matmul(a, np.full((4096, 2), 0.5), b_integer=True)
     with pytest.raises(ValueError, match="chain"):
         exact.matmul(a, np.ones((3, 2)))
+
+
+def _hadamard_by_recursion(n: int) -> np.ndarray:
+    """Sylvester's doubling up to the power-of-two part, then a Kronecker product with
+    Paley's order 12 per factor of 12 (the construction the factored one must equal)."""
+    from models.compiler.rotation import _paley12
+
+    twelves, rest = 0, n
+    while rest % 12 == 0 and twelves < 2:
+        rest //= 12
+        twelves += 1
+    h = np.ones((1, 1))
+    while h.shape[0] < rest:
+        h = np.block([[h, h], [h, -h]])
+    for _ in range(twelves):
+        h = np.kron(_paley12(), h)
+    return h
+
+
+@pytest.mark.parametrize("n", [1, 2, 64, 96, 576, 4096])
+def test_a_product_with_the_hadamard_factors_is_the_whole_product_bit_for_bit(n) -> None:
+    from models.compiler.rotation import hadamard_factors, hadamard_signs
+
+    h = _hadamard_by_recursion(n)
+    assert np.array_equal(hadamard_signs(n), h)
+    assert np.array_equal(h @ h.T, n * np.eye(n))
+    a, b = hadamard_factors(n)
+    rng = np.random.default_rng(n)
+    # magnitudes over many octaves, so the split rounds and the sums use every kept bit
+    x = rng.standard_normal((37, n)) * np.exp(rng.uniform(-30, 30, (37, n)))
+    assert np.array_equal(exact.matmul_signs_kron(x, [a, b]), exact.matmul(x, h, b_integer=True))
+    x3 = rng.standard_normal((2, 5, n)).astype(np.float32)
+    assert np.array_equal(exact.matmul_signs_kron(x3, [a, b]),
+                          exact.matmul(x3, h, b_integer=True))
+
+
+def test_kronecker_factors_must_be_signs_and_chain() -> None:
+    with pytest.raises(ValueError, match="do not chain"):
+        exact.matmul_signs_kron(np.ones((2, 6)), [np.ones((2, 2)), np.ones((2, 2))])
+    with pytest.raises(ValueError, match="square \\+-1"):
+        exact.matmul_signs_kron(np.ones((2, 4)), [np.full((2, 2), 2.0), np.ones((2, 2))])
