@@ -165,6 +165,10 @@ def blas_bounds(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.dtype | None:
     operands, or None when a sum could leave float64's exact range (the integer kernel
     runs instead)."""
     dk, T = q.shape[2], k.shape[0]
+    if q.dtype == k.dtype == v.dtype == np.int8:  # |int8| <= 128: no scan when that fits
+        worst = exact_float(dk * 128 * 128)
+        if worst == np.float32 and exact_float(T * P_MAX * 128) is not None:
+            return worst  # the narrowest type: a scan could not choose another
     if exact_float(T * P_MAX * absmax(v)) is None:  # P x V sums in float64
         return None
     return exact_float(dk * absmax(q) * absmax(k))

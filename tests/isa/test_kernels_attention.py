@@ -166,3 +166,19 @@ def test_blas_path_on_long_calls(L, T, pos, dk, score_type) -> None:
                  kw["out_shift"], want)
     assert at.blas_bounds(q, k, v) == score_type
     assert np.array_equal(at.attend(q, k, v, pos=pos, **kw), want)
+
+
+def test_blas_bounds_scan_only_where_the_int8_worst_case_does_not_settle_it() -> None:
+    """int8 at Dk = 64: float32 without a scan (64 * 2**14 < 2**24). At Dk = 2,048 the worst
+    case needs float64, but small values fit float32 (the scan decides); an int16 operand
+    is always scanned, and one too wide for float64's sums is refused."""
+    rng = np.random.default_rng(3)
+    q = rng.integers(-128, 128, (2, 2, 64), dtype=np.int8)
+    kv = rng.integers(-128, 128, (9, 1, 64), dtype=np.int8)
+    assert at.blas_bounds(q, kv, kv) == np.float32
+    small = np.full((2, 2, 2048), 8, np.int8)
+    assert at.blas_bounds(small, small[:, :1], small[:, :1]) == np.float32  # 2048 * 64
+    assert at.blas_bounds(q.astype(np.int16) * 2, kv, kv) == np.float32  # 64 * 2**15
+    assert at.blas_bounds(q.astype(np.int16) * 256, kv, kv) == np.float64
+    wide_v = np.full((9, 1, 64), 1 << 30, np.int64)
+    assert at.blas_bounds(q, kv, wide_v) is None
