@@ -115,7 +115,8 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
     """Prefill ``prompt`` (with the model's chat template if ``chat``) and continue it by up
     to ``max_new_tokens`` tokens on the NPU (stopping at the end-of-sequence token or the
     end of the chat turn), passing the text to ``on_text`` as it is produced; the float
-    reference continues the same prompt. Degenerate logits, or a continuation that
+    reference continues the same prompt (before the NPU runs, so the memory of the two
+    never adds up). Degenerate logits, or a continuation that
     collapses to one repeated token while the reference's does not, raise
     :class:`DegenerateOutput` unless ``allow_degenerate``.
 
@@ -140,6 +141,12 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
                   f"{len(ids) + max_new_tokens - 1:,}")
     sampler = sampler or Sampler()
     hwc = hardware_of(hw)
+    # the float reference first: its float64 K/V cache (0.75 GB at 8,192 tokens) is gone
+    # before the compile, so it never sits beside the compiled model, the device weights
+    # and the calibration that ready_for_text keeps for the next call (~0.8 GB for
+    # SmolLM2-135M); the two runs share nothing but the float weights
+    ref_out = reference_continuation(src, ids, max_new_tokens, sampler, tok.stop_ids,
+                                     seed=seed)
     ready = ready_for_text(src, bits, kv=kv, hw=hwc, tokens=len(ids) + max_new_tokens,
                            seed=seed)
     # speculation verifies drafts with the logits of every position of a call
@@ -182,12 +189,6 @@ def generate(source: str | Path | ModelSource, prompt: str, *, max_new_tokens: i
             cache += 1
             check(logits, f"output token {len(out)}")
     model.dispose()
-    # the simulated device (its memory: weights, caches) and the compiled model are done
-    # with: dropped before the float reference builds its own cache (0.75 GB of float64
-    # at 8,192 tokens), so the two never peak together
-    model = acc = cm = ready = None  # type: ignore[assignment]
-    ref_out = reference_continuation(src, ids, max_new_tokens, sampler, tok.stop_ids,
-                                     seed=seed)
     if (why := collapsed(out, ref_out)) is not None:
         if not allow_degenerate:
             raise DegenerateOutput(f"NPU text: {why} (--allow-degenerate goes on)")

@@ -74,3 +74,29 @@ def test_a_continuation_stops_at_the_end_of_a_chat_turn_and_its_text_leaves_it_o
     assert tok.continuation_text(out) == "Ok"  # no literal <|im_end|>
     assert tok.continuation_text([ord("O"), 254, ord("k")]) == "O"  # the text ends at a stop
     assert tok.decode(out) == "Ok<|im_end|>"  # the tokens themselves are kept whole
+
+
+def test_the_reference_runs_before_the_compile_and_the_generation_is_the_same(chat_model,
+                                                                              monkeypatch):
+    """The float reference's continuation comes first (its K/V cache is gone before the
+    compiled model and its caches exist: an 8K generate's peak memory), then the NPU's;
+    run again, every figure is the same."""
+    from models.bits import BitConfig
+    from sim.app import textgen
+
+    def run():
+        return textgen.generate(chat_model, "Hi there", max_new_tokens=3, bits=BitConfig(),
+                                hw="tiny", allow_degenerate=True).as_dict()
+
+    first = run()
+    order: list[str] = []
+    for name in ("reference_continuation", "ready_for_text"):
+        real = getattr(textgen, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            order.append(_name)
+            return _real(*a, **k)
+
+        monkeypatch.setattr(textgen, name, spy)
+    assert run() == first
+    assert order == ["reference_continuation", "ready_for_text"]
