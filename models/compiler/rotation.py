@@ -118,7 +118,7 @@ _NORMS = ("attn_norm", "mlp_norm", "final_norm")
 HEAD = "lm_head"
 
 
-#: Rows of the LM head rotated at a time (:meth:`RotatedWeights.head`).
+#: Rows rotated at a time (:meth:`RotatedWeights._rotate`, the LM head's gain too).
 HEAD_ROW_BLOCK = 4096
 
 class RotatedWeights:
@@ -156,9 +156,16 @@ class RotatedWeights:
         """``a R`` (``a`` ``[rows, hidden]``), float32: the product with the +-1 matrix is
         exact (:func:`models.exact.matmul_signs_kron`, the bits of
         :func:`models.exact.matmul`: the same on every machine), then divided by
-        ``sqrt(hidden)`` and rounded once."""
-        y = exact.matmul_signs_kron(np.asarray(a, np.float64), list(self.factors))
-        return (y / np.sqrt(self.config.hidden_size)).astype(np.float32)
+        ``sqrt(hidden)`` and rounded once. :data:`HEAD_ROW_BLOCK` rows at a time: each
+        row's product and rounding are its own (models.exact splits per row), so the
+        result is the whole product's without its float64 temporaries (~1 GB for
+        SmolLM2's 49,152 x 576 embedding table at once)."""
+        out = np.empty(a.shape, np.float32)
+        for r0 in range(0, a.shape[0], HEAD_ROW_BLOCK):
+            rows = np.asarray(a[r0:r0 + HEAD_ROW_BLOCK], np.float64)
+            y = exact.matmul_signs_kron(rows, list(self.factors))
+            out[r0:r0 + HEAD_ROW_BLOCK] = (y / np.sqrt(self.config.hidden_size))
+        return out
 
     def head(self) -> np.ndarray:
         """The LM head ``W diag(g_final) R`` (``W`` = the embedding table when tied)."""
@@ -166,9 +173,8 @@ class RotatedWeights:
             cfg = self.config
             w = self.source.tensor(cfg.lm_head_tensor)
             g = self.source.tensor("final_norm").astype(np.float64)
-            # a block of rows at a time: each row's product and rounding are its own
-            # (models.exact splits per row), so the result is the whole product's, without
-            # its float64 temporaries (5 x 226 MB for SmolLM2's 49,152 x 576 head)
+            # a block of rows at a time (as _rotate): the final gain scaled in float64 per
+            # block, not over the whole 49,152 x 576 table
             head = np.empty(w.shape, np.float32)
             for r0 in range(0, w.shape[0], HEAD_ROW_BLOCK):
                 rows = w[r0:r0 + HEAD_ROW_BLOCK].astype(np.float64)
