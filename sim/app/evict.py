@@ -196,6 +196,7 @@ def retrieval(src, bits, kv: str, hw, *, context: int, budgets: Sequence[int],
         done = 0
         for d in sorted(depths):
             at = texts[(d, keys[0])].needle_at
+            at -= at % runner.chunk  # a call boundary: each text's calls from position 0
             runner.feed(prefix[done:at])
             done = at
             depth_snap = runner.snapshot()

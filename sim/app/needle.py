@@ -57,6 +57,12 @@ ANSWER = " {key}"
 #: version are not reused).
 PROMPT_VERSION = 1
 KEY_DIGITS = 5
+#: How a cell's text is cut into the NPU's calls (part of an NPU cell's cache key): 2, the
+#: text before the answer in calls of ``max_seq`` tokens from position 0, the answer in one
+#: call, whatever other depths the run has (before, a trial's calls began at the previous
+#: depth's needle, and the cut moves an INT2 cache's results: KIVI's fp16 window and its
+#: groups are flushed at a call's end).
+CALLS_VERSION = 2
 DEFAULT_CONTEXTS = (1024, 2048, 4096, 8192)
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_TRIALS = 5
@@ -202,6 +208,7 @@ class NpuRunner:
         self.cm = self.ready.compiled
         self.model = self.ready.launch(ModelConfig(all_logits=True))
         self.acc = self.model.acc
+        self.chunk = self.cm.max_seq  # feed() cuts its tokens into calls of this many
         self.embed = self.ready.embed  # the host's float32 embeddings of token ids
         self.size = 0  # tokens in the cache
         self.pos = 0  # the text position of the next token (beyond size after an eviction)
@@ -326,17 +333,27 @@ def read_path_pairs(cells: Sequence[Cell]) -> list[ReadPathPair]:
     return out
 
 
-def cached_cells(out: Path, *, trials: int = DEFAULT_TRIALS, seed: int = 0) -> list[Cell]:
+def cached_cells(out: Path, *, trials: int = DEFAULT_TRIALS, seed: int = 0,
+                 stale: list[Path] | None = None) -> list[Cell]:
     """Every cell cached in ``out/cells`` whose trials are those of ``trials`` seeded keys
     (``seed``), in a stable order (float first, then by configuration, context, depth);
-    none is run. A cell file that cannot be read is named."""
+    none is run. A cell file that cannot be read is named. Cells written by an older
+    kvsim (no key stored, another :data:`PROMPT_VERSION`, or an NPU cell of another
+    :data:`CALLS_VERSION`) are left out, their paths added to ``stale``."""
     keys = trial_keys(trials, seed)
     cells = []
     for path in sorted((out / "cells").glob("*.json")):
         try:
-            cell = Cell.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            d = json.loads(path.read_text())
+            cell = Cell.from_dict(d)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise ConfigError(f"{path}: not a needle cell ({err})") from err
+        key = d.get("key") or {}
+        if key.get("version") != PROMPT_VERSION or (
+                key.get("kv") is not None and key.get("calls") != CALLS_VERSION):
+            if stale is not None:
+                stale.append(path)
+            continue
         if [t.key for t in cell.trials] == keys:
             cells.append(cell)
     return sorted(cells, key=lambda c: (c.kv is not None, c.config, c.context, c.depth))
@@ -449,9 +466,12 @@ def _cell_line(cell: Cell) -> str:
 
 def _cell_key(src: ModelSource, cfg: NeedleConfig, bits: BitConfig | None, hw: str,
               ctx: int, depth: float, keys: list[int]) -> dict[str, Any]:
-    return {"version": PROMPT_VERSION, "model": src.name, "config": cfg.name, "kv": cfg.kv,
-            "bits": None if bits is None else bits.model_dump_json(), "hw": hw,
-            "context": ctx, "depth": depth, "keys": keys}
+    key = {"version": PROMPT_VERSION, "model": src.name, "config": cfg.name, "kv": cfg.kv,
+           "bits": None if bits is None else bits.model_dump_json(), "hw": hw,
+           "context": ctx, "depth": depth, "keys": keys}
+    if cfg.kv is not None:  # the NPU's cells before CALLS_VERSION followed the run's depths
+        key["calls"] = CALLS_VERSION
+    return key
 
 
 def _context_cells(job: _GroupJob, tok, builder: NeedleBuilder, cfg: NeedleConfig,
@@ -461,9 +481,13 @@ def _context_cells(job: _GroupJob, tok, builder: NeedleBuilder, cfg: NeedleConfi
     paths: dict[float, Path] = {}
     for d in depths:
         if out is not None:
-            paths[d] = cell_path(out, _cell_key(src, cfg, bc, hwc.name, ctx, d, keys))
+            key = _cell_key(src, cfg, bc, hwc.name, ctx, d, keys)
+            paths[d] = cell_path(out, key)
             if paths[d].exists():
-                found[d] = Cell.from_dict(json.loads(paths[d].read_text()))
+                raw = json.loads(paths[d].read_text())
+                found[d] = Cell.from_dict(raw)
+                if "key" not in raw:  # an older kvsim's file at this key's path: its key
+                    atomic_write_text(paths[d], json.dumps({**raw, "key": key}))
     if len(found) == len(depths):
         return [found[d] for d in depths]
     t_start = time.perf_counter()
@@ -471,6 +495,7 @@ def _context_cells(job: _GroupJob, tok, builder: NeedleBuilder, cfg: NeedleConfi
     cells = []
     try:
         prefix = builder.text(ctx, 1.0, keys[0]).ids  # the shared text: any key's
+        chunk = getattr(runner, "chunk", 1)  # tokens per call (1: calls cut anywhere)
         done = 0
         for d in depths:
             if d in found:
@@ -478,8 +503,12 @@ def _context_cells(job: _GroupJob, tok, builder: NeedleBuilder, cfg: NeedleConfi
                 continue
             t0 = time.perf_counter()
             first = builder.text(ctx, d, keys[0])
-            runner.feed(prefix[done:first.needle_at])
-            done = first.needle_at
+            # the snapshot at the last call boundary before the needle: each trial's calls
+            # are then those of its whole text from position 0 (the runner's results may
+            # depend on where its calls begin: the NPU's do)
+            at = first.needle_at - first.needle_at % chunk
+            runner.feed(prefix[done:at])
+            done = at
             snap = runner.snapshot()
             trials = []
             for key in keys:
@@ -494,7 +523,8 @@ def _context_cells(job: _GroupJob, tok, builder: NeedleBuilder, cfg: NeedleConfi
                         first.needle_at, trials, round(wall, 3))
             if out is not None:
                 paths[d].parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_text(paths[d], json.dumps(cell.as_dict()))
+                key = _cell_key(src, cfg, bc, hwc.name, ctx, d, keys)
+                atomic_write_text(paths[d], json.dumps({**cell.as_dict(), "key": key}))
             if progress is not None:
                 progress(_cell_line(cell))
             cells.append(cell)

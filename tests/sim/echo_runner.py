@@ -16,6 +16,7 @@ VOCAB = 49152  # SmolLM2's
 class EchoRunner:
     fed = 0  # tokens fed over every instance of this process (reset by the test)
     pattern: list[int] = []  # the needle's lead-in tokens (set by the test, or below)
+    chunk = 1  # tokens per call: its results do not depend on where calls begin
 
     def __init__(self, *args, **kw):
         self.ids: list[int] = []

@@ -149,3 +149,79 @@ def test_read_paths_are_paired_trial_by_trial() -> None:
     assert (p.integer, p.dequant, p.only_integer, p.only_dequant) == (3, 2, 2, 1)
     assert (round(p.logprob_integer, 3), round(p.logprob_dequant, 3)) == (-0.325, -0.425)
     assert "| kivi-2 | 1024 | 4 | 3 | 2 | 2 | 1 | -0.33 | -0.42 |" in markdown(cells)
+
+
+class _CallsRunner(EchoRunner):
+    """The stand-in with calls of 7 tokens: it records where each feed begins (the NPU's
+    results depend on it), and its snapshots carry the record."""
+
+    chunk = 7
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.starts: list[int] = []
+        self.answers: list[list[int]] = []  # the feeds' starts up to each trial's last
+
+    def feed(self, ids, *, rows=0):
+        self.starts = [*self.starts, len(self.ids)]
+        if rows:
+            self.answers.append(self.starts)
+        return super().feed(ids, rows=rows)
+
+    def snapshot(self):
+        return super().snapshot(), list(self.starts)
+
+    def restore(self, snap):
+        super().restore(snap[0])
+        self.starts = list(snap[1])
+
+
+def test_every_trial_is_cut_into_calls_from_position_0_whatever_the_other_depths(
+        tmp_path) -> None:
+    """The prefix is shared up to the last call boundary before each needle, so a trial's
+    calls are those of its whole text run alone: every call but the answer's begins at a
+    multiple of the runner's call size, and a cell is the same whichever depths share its
+    run (the NPU's INT2 results moved with the old cut)."""
+    made: list[_CallsRunner] = []
+
+    def make(*args):
+        made.append(_CallsRunner())
+        return made[-1]
+
+    cfg = [NeedleConfig("kivi-2 integer", "kivi-2", "integer")]
+    kw = dict(bits=lambda r: None, contexts=[300], trials=2, make_runner=make)
+    both = run_grid("smollm2-135m", cfg, depths=[0.25, 0.5], out=tmp_path / "a", **kw)
+    alone = run_grid("smollm2-135m", cfg, depths=[0.5], out=tmp_path / "b", **kw)
+    assert [c.trials for c in both][1] == alone[0].trials
+    assert [len(r.answers) for r in made] == [4, 2]
+    for runner in made:
+        for starts in runner.answers:  # each feed cuts its tokens into calls from its start
+            assert starts[0] == 0 and all(s % _CallsRunner.chunk == 0 for s in starts)
+
+
+def test_cells_of_an_older_kvsim_are_left_out_of_a_cached_report(tmp_path, monkeypatch):
+    """A cell file carries its key: one without it (an older kvsim's), or an NPU cell cut
+    into calls the old way, is not reported beside the current cells but named."""
+    import json
+
+    from sim.app.needle import cached_cells
+
+    cfg = [NeedleConfig("kivi-2 integer", "kivi-2", "integer")]
+    run_grid("smollm2-135m", cfg, bits=lambda r: None, contexts=[300], depths=[0.5],
+             trials=2, out=tmp_path, make_runner=make_echo)
+    [path] = (tmp_path / "cells").glob("*.json")
+    d = json.loads(path.read_text())
+    assert d["key"]["calls"] == needle.CALLS_VERSION and d["key"]["context"] == 300
+    assert len(cached_cells(tmp_path, trials=2)) == 1
+    for old in ({k: v for k, v in d.items() if k != "key"},
+                {**d, "key": {**d["key"], "calls": needle.CALLS_VERSION - 1}}):
+        path.write_text(json.dumps(old))
+        stale: list = []
+        assert cached_cells(tmp_path, trials=2, stale=stale) == []
+        assert stale == [path]
+    # a cell found at its key's path (the key matched) gets the key written in
+    path.write_text(json.dumps({k: v for k, v in d.items() if k != "key"}))
+    run_grid("smollm2-135m", cfg, bits=lambda r: None, contexts=[300], depths=[0.5],
+             trials=2, out=tmp_path, make_runner=make_echo)
+    assert json.loads(path.read_text()) == d
+    assert len(cached_cells(tmp_path, trials=2)) == 1

@@ -142,7 +142,10 @@ def cmd_needle(args: argparse.Namespace, console: Console) -> int:
     t0 = time.perf_counter()
     say = None if args.json else (lambda m: console.print(escape(m)))
     if args.cached:
-        cells = cached_cells(out, trials=args.trials, seed=args.seed)
+        stale: list[Path] = []
+        cells = cached_cells(out, trials=args.trials, seed=args.seed, stale=stale)
+        if stale and say is not None:
+            say(f"{len(stale)} cells of an older kvsim left out (run them again)")
         if not cells:
             raise ConfigError(f"--cached: no cell of {args.trials} trials (seed {args.seed}) "
                               f"in {out / 'cells'}")
