@@ -34,6 +34,17 @@ KEY_TILE = 256
 QUERY_BLOCK = 8
 
 
+@njit(cache=True, inline="always")
+def _add4(acc, a0, r0, a1, r1, a2, r2, a3, r3, n):
+    """``acc[u] += a0*r0[u]``, then ``a1*r1[u]``, ``a2*r2[u]``, ``a3*r3[u]``, each added in
+    that order and rounded to float32 (four terms of each sum per pass over ``acc``)."""
+    for u in range(n):
+        x = np.float32(acc[u] + a0 * r0[u])
+        x = np.float32(x + a1 * r1[u])
+        x = np.float32(x + a2 * r2[u])
+        acc[u] = np.float32(x + a3 * r3[u])
+
+
 @njit(cache=True)
 def _attend_fp_blocks(q, kt, vt, pos, scale, out_scale, out, lo, hi, qblock):
     """Blocks ``lo .. hi-1``: block ``b`` is the queries ``qblock * (b // KH) ..`` (at most
@@ -77,11 +88,7 @@ def _attend_fp_blocks(q, kt, vt, pos, scale, out_scale, out, lo, hi, qblock):
                     k1 = kt[kh, d + 1, t0:t0 + w]
                     k2 = kt[kh, d + 2, t0:t0 + w]
                     k3 = kt[kh, d + 3, t0:t0 + w]
-                    for u in range(w):
-                        x = np.float32(ej[u] + q0 * k0[u])
-                        x = np.float32(x + q1 * k1[u])
-                        x = np.float32(x + q2 * k2[u])
-                        ej[u] = np.float32(x + q3 * k3[u])
+                    _add4(ej, q0, k0, q1, k1, q2, k2, q3, k3, w)
                     d += 4
                 for dd in range(d, dk):
                     qd = q[i, h, dd]
@@ -113,11 +120,7 @@ def _attend_fp_blocks(q, kt, vt, pos, scale, out_scale, out, lo, hi, qblock):
                 while t + 4 <= end:  # four keys per pass over the channels, added in order
                     e0, e1, e2, e3 = e[j, t], e[j, t + 1], e[j, t + 2], e[j, t + 3]
                     v0, v1, v2, v3 = vt[kh, t], vt[kh, t + 1], vt[kh, t + 2], vt[kh, t + 3]
-                    for d in range(dv):
-                        x = np.float32(oj[d] + e0 * v0[d])
-                        x = np.float32(x + e1 * v1[d])
-                        x = np.float32(x + e2 * v2[d])
-                        oj[d] = np.float32(x + e3 * v3[d])
+                    _add4(oj, e0, v0, e1, v1, e2, v2, e3, v3, dv)
                     t += 4
                 for tt in range(t, end):
                     et = e[j, tt]
