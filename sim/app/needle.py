@@ -245,6 +245,8 @@ class NpuRunner:
 class FloatRunner:
     """The float reference with the same interface (its own cache snapshots)."""
 
+    chunk = 1  # its results do not depend on where a feed begins
+
     def __init__(self, src: ModelSource, seed: int = 0):
         self.ref = ReferenceModel(src.config, float_weights(src.config, src.weight_spec(seed)))
 
@@ -478,16 +480,16 @@ def _context_cells(job: _GroupJob, tok, builder: NeedleBuilder, cfg: NeedleConfi
                    bc: BitConfig | None, ctx: int, progress) -> list[Cell]:
     src, hwc, depths, keys, out = job.src, job.hw, job.depths, job.keys, job.out
     found: dict[float, Cell] = {}
+    cell_keys = {d: _cell_key(src, cfg, bc, hwc.name, ctx, d, keys) for d in depths}
     paths: dict[float, Path] = {}
     for d in depths:
         if out is not None:
-            key = _cell_key(src, cfg, bc, hwc.name, ctx, d, keys)
-            paths[d] = cell_path(out, key)
+            paths[d] = cell_path(out, cell_keys[d])
             if paths[d].exists():
                 raw = json.loads(paths[d].read_text())
                 found[d] = Cell.from_dict(raw)
                 if "key" not in raw:  # an older kvsim's file at this key's path: its key
-                    atomic_write_text(paths[d], json.dumps({**raw, "key": key}))
+                    atomic_write_text(paths[d], json.dumps({**raw, "key": cell_keys[d]}))
     if len(found) == len(depths):
         return [found[d] for d in depths]
     t_start = time.perf_counter()
@@ -495,7 +497,6 @@ def _context_cells(job: _GroupJob, tok, builder: NeedleBuilder, cfg: NeedleConfi
     cells = []
     try:
         prefix = builder.text(ctx, 1.0, keys[0]).ids  # the shared text: any key's
-        chunk = getattr(runner, "chunk", 1)  # tokens per call (1: calls cut anywhere)
         done = 0
         for d in depths:
             if d in found:
@@ -506,7 +507,7 @@ def _context_cells(job: _GroupJob, tok, builder: NeedleBuilder, cfg: NeedleConfi
             # the snapshot at the last call boundary before the needle: each trial's calls
             # are then those of its whole text from position 0 (the runner's results may
             # depend on where its calls begin: the NPU's do)
-            at = first.needle_at - first.needle_at % chunk
+            at = first.needle_at - first.needle_at % runner.chunk
             runner.feed(prefix[done:at])
             done = at
             snap = runner.snapshot()
@@ -523,8 +524,7 @@ def _context_cells(job: _GroupJob, tok, builder: NeedleBuilder, cfg: NeedleConfi
                         first.needle_at, trials, round(wall, 3))
             if out is not None:
                 paths[d].parent.mkdir(parents=True, exist_ok=True)
-                key = _cell_key(src, cfg, bc, hwc.name, ctx, d, keys)
-                atomic_write_text(paths[d], json.dumps({**cell.as_dict(), "key": key}))
+                atomic_write_text(paths[d], json.dumps({**cell.as_dict(), "key": cell_keys[d]}))
             if progress is not None:
                 progress(_cell_line(cell))
             cells.append(cell)
