@@ -80,10 +80,12 @@ def hadamard_factors(n: int) -> tuple[np.ndarray, np.ndarray]:
     if n < 1 or rest & (rest - 1):
         raise ConfigError(f"numerics.rotation: no Hadamard matrix of order {n} (kvsim builds "
                           "orders 2**a, 12 * 2**a and 144 * 2**a); use rotation = 'none'")
-    parts = [_paley12()] * twelves + [np.array([[1.0, 1.0], [1.0, -1.0]])] * (rest.bit_length()
-                                                                             - 1)
-    orders = np.cumprod([p.shape[0] for p in parts]) if parts else np.ones(0)
-    cut = int(np.argmin(np.abs(np.log(orders) - np.log(n) / 2))) + 1 if parts else 0
+    sylvester_2 = np.array([[1.0, 1.0], [1.0, -1.0]])
+    parts = [_paley12()] * twelves + [sylvester_2] * (rest.bit_length() - 1)
+    cut = 0  # the leading parts whose order comes closest to sqrt(n)
+    if parts:
+        orders = np.cumprod([p.shape[0] for p in parts])
+        cut = int(np.argmin(np.abs(np.log(orders) - np.log(n) / 2))) + 1
     a, b = np.ones((1, 1)), np.ones((1, 1))
     for p in parts[:cut]:
         a = np.kron(a, p)
@@ -118,8 +120,8 @@ _NORMS = ("attn_norm", "mlp_norm", "final_norm")
 HEAD = "lm_head"
 
 
-#: Rows rotated at a time (:meth:`RotatedWeights._rotate`, the LM head's gain too).
-HEAD_ROW_BLOCK = 4096
+#: Rows rotated at a time (:meth:`RotatedWeights._rotate`).
+ROTATE_ROWS = 4096
 
 class RotatedWeights:
     """The float weights of ``source`` with the residual stream rotated (see the module
@@ -144,42 +146,37 @@ class RotatedWeights:
             # a parallel block's MLP reads the attention's norm (blocks/parallel.py)
             reads_attn = leaf in _READS_ATTN_NORM or self.config.parallel_block
             g = src.tensor(pre + ("attn_norm" if reads_attn else "mlp_norm"))
-            w = src.tensor(name).astype(np.float64) * g.astype(np.float64)[None, :]
-            return self._rotate(w)
+            return self._rotate(src.tensor(name), gain=g)
         if leaf in _WRITES_STREAM:
             return np.ascontiguousarray(self._rotate(src.tensor(name).T).T)
         if leaf == "o_bias":
             return self._rotate(src.tensor(name)[None, :])[0]
         return src.tensor(name)
 
-    def _rotate(self, a: np.ndarray) -> np.ndarray:
-        """``a R`` (``a`` ``[rows, hidden]``), float32: the product with the +-1 matrix is
-        exact (:func:`models.exact.matmul_signs_kron`, the bits of
-        :func:`models.exact.matmul`: the same on every machine), then divided by
-        ``sqrt(hidden)`` and rounded once. :data:`HEAD_ROW_BLOCK` rows at a time: each
-        row's product and rounding are its own (models.exact splits per row), so the
-        result is the whole product's without its float64 temporaries (~1 GB for
-        SmolLM2's 49,152 x 576 embedding table at once)."""
+    def _rotate(self, a: np.ndarray, gain: np.ndarray | None = None) -> np.ndarray:
+        """``a diag(gain) R`` (``a`` ``[rows, hidden]``; ``gain`` a norm's, multiplied in
+        float64), float32: the product with the +-1 matrix is exact
+        (:func:`models.exact.matmul_signs_kron`, the bits of :func:`models.exact.matmul`:
+        the same on every machine), then divided by ``sqrt(hidden)`` and rounded once.
+        :data:`ROTATE_ROWS` rows at a time: each row's product and rounding are its own
+        (models.exact splits per row), so the result is the whole product's without its
+        float64 temporaries (~1 GB for SmolLM2's 49,152 x 576 embedding table at once)."""
+        g = None if gain is None else np.asarray(gain, np.float64)[None, :]
         out = np.empty(a.shape, np.float32)
-        for r0 in range(0, a.shape[0], HEAD_ROW_BLOCK):
-            rows = np.asarray(a[r0:r0 + HEAD_ROW_BLOCK], np.float64)
+        for r0 in range(0, a.shape[0], ROTATE_ROWS):
+            rows = np.asarray(a[r0:r0 + ROTATE_ROWS], np.float64)
+            if g is not None:
+                rows = rows * g
             y = exact.matmul_signs_kron(rows, list(self.factors))
-            out[r0:r0 + HEAD_ROW_BLOCK] = (y / np.sqrt(self.config.hidden_size))
+            out[r0:r0 + ROTATE_ROWS] = y / np.sqrt(self.config.hidden_size)
         return out
 
     def head(self) -> np.ndarray:
         """The LM head ``W diag(g_final) R`` (``W`` = the embedding table when tied)."""
         if self._head is None:  # a vocabulary x hidden product: computed once
             cfg = self.config
-            w = self.source.tensor(cfg.lm_head_tensor)
-            g = self.source.tensor("final_norm").astype(np.float64)
-            # a block of rows at a time (as _rotate): the final gain scaled in float64 per
-            # block, not over the whole 49,152 x 576 table
-            head = np.empty(w.shape, np.float32)
-            for r0 in range(0, w.shape[0], HEAD_ROW_BLOCK):
-                rows = w[r0:r0 + HEAD_ROW_BLOCK].astype(np.float64)
-                head[r0:r0 + HEAD_ROW_BLOCK] = self._rotate(rows * g[None, :])
-            self._head = head
+            self._head = self._rotate(self.source.tensor(cfg.lm_head_tensor),
+                                      gain=self.source.tensor("final_norm"))
             self._head.flags.writeable = False
         return self._head
 
