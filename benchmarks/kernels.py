@@ -12,8 +12,10 @@ thread. Prints a table, or with
 "Integer kernels and KV-cache formats"): int8 GEMV >= 70 % and int4 GEMV >= 50 % of the
 streaming read bandwidth. Timed cases run in turn and the best of ``--repeat`` runs counts.
 
-Usage: ``python benchmarks/kernels.py [--json] [--repeat N] [--tiles]`` (``--tiles``: only
-the GEMM tiles, without the large GEMV and stream arrays).
+Usage: ``python benchmarks/kernels.py [--json] [--repeat N] [--tiles | --attention]``
+(``--tiles``: only the GEMM tiles, without the large GEMV and stream arrays;
+``--attention``: only one attention call of an 8,192-token prefill through both KV read
+paths).
 """
 
 from __future__ import annotations
@@ -192,6 +194,41 @@ def tile_cases(repeat: int, rng: np.random.Generator) -> list[dict]:
     return out
 
 
+#: (queries, heads, KV heads, head dim, keys) of an attention call late in a SmolLM2-135M
+#: prefill at 8,192 tokens: a core's calls hold one KV head and its 3 query heads.
+ATTENTION_CALL = (86, 3, 1, 64, 8192)
+
+
+def attention_cases(repeat: int, rng: np.random.Generator) -> dict:
+    """One such call through the dequantize-on-read kernel (``attention_fp.attend_fp``:
+    fp16 operands, fp32 sums) and the integer one (``attention.attend``: exact sums on
+    float BLAS), and the absmax scans of q, K and V that int8 operands skip
+    (``attention.blas_bounds``), one thread, in milliseconds."""
+    from isa.kernels import attention, attention_fp
+    from isa.kernels.exact import absmax, blas_one_thread
+
+    L, H, KH, D, T = ATTENTION_CALL
+    pos = T - L
+    f16 = [rng.normal(0, 2, s).astype(np.float16).astype(np.float32)
+           for s in ((L, H, D), (T, KH, D), (T, KH, D))]
+    i8 = [rng.integers(-128, 128, s, dtype=np.int8) for s in ((L, H, D), (T, KH, D), (T, KH, D))]
+    kw = dict(pos=pos, score_mult=1 << 14, score_shift=10, out_mult=1 << 10, out_shift=30)
+    with blas_one_thread():
+        t = interleaved_best({
+            "fp": lambda: attention_fp.attend_fp(*f16, pos=pos, scale=0.125, out_scale=20.0),
+            "integer": lambda: attention.attend(*i8, **kw),
+            "scans": lambda: [absmax(x) for x in i8],
+        }, repeat)
+    return {"shape": list(ATTENTION_CALL), **{f"{k}_ms": v * 1e3 for k, v in t.items()}}
+
+
+def report_attention(a: dict) -> str:
+    L, H, KH, D, T = a["shape"]
+    return (f"attention call ({L} queries x {H} heads on {KH} KV head, {T} keys, one thread): "
+            f"fp16 (dequantize-on-read) {a['fp_ms']:.1f} ms, integer on BLAS "
+            f"{a['integer_ms']:.1f} ms, the int8 absmax scans it skips {a['scans_ms']:.2f} ms")
+
+
 def run(repeat: int) -> dict:
     t0 = time.perf_counter()
     x = np.zeros((1, 64), np.int8)
@@ -291,18 +328,22 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7, help="timed runs per case (best counts)")
     ap.add_argument("--tiles", action="store_true",
                     help="only the prefill GEMM tiles (no large arrays)")
+    ap.add_argument("--attention", action="store_true",
+                    help="only an 8K prefill's attention call, both read paths")
     args = ap.parse_args()
-    if args.tiles:
+    rng = np.random.default_rng(0)
+    if args.attention or args.tiles:  # the small cases alone, on one thread
         numba.set_num_threads(1)
-        r = {"gemm_tiles": tile_cases(args.repeat, np.random.default_rng(0))}
-        print(json.dumps(r, indent=2) if args.json else report_tiles(r))
-        return
-    r = run(args.repeat)
+        r = ({"attention": attention_cases(args.repeat, rng)} if args.attention else
+             {"gemm_tiles": tile_cases(args.repeat, rng)})
+        text = report_attention(r["attention"]) if args.attention else report_tiles(r)
+    else:
+        r = run(args.repeat)
+        text = report(r)
     # peak resident memory of this process (Linux reports ru_maxrss in KiB)
     r["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps(r, indent=2) if args.json else report(r)
+    print(json.dumps(r, indent=2) if args.json else text
           + f"\npeak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB")
-
 
 if __name__ == "__main__":
     main()

@@ -18,6 +18,18 @@ CASES = {
     "kv_accuracy": ["--tokens", "64"],
     "model_speed": ["--model", "tiny", "--hw", "aries", "--prompt", "4", "--tokens", "2"],
 }
+#: benchmarks/kernels.py's small modes (its full run sizes arrays to the last-level cache)
+KERNEL_MODES = {"tiles": ["--tiles", "--repeat", "1"],
+                "attention": ["--attention", "--repeat", "1"]}
+
+
+@pytest.mark.parametrize("mode", sorted(KERNEL_MODES))
+def test_kernel_benchmark_modes_run_and_print_their_figures(mode):
+    out = subprocess.run([sys.executable, str(BENCH / "kernels.py"), *KERNEL_MODES[mode]],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert ("G MAC/s" if mode == "tiles" else "ms") in out.stdout
+    assert "peak rss" in out.stdout.lower()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -13,10 +13,10 @@ rounds them, :mod:`isa.semantics`). For query ``i`` (position ``pos + i``), head
 Every sum runs in a fixed order in one thread (a block of queries with the heads of one
 KV head is a thread's unit of work), so results do not depend on the thread count. The
 kernel reads K and V a tile of keys at a time for every (query, head) of a block, four
-channels or four keys per pass (each sum still added in order): 1.4x faster than one
-(query, head) at a time over the whole cache at 8,192 keys (the calls of a SmolLM2 8K
-run: 86 queries, 3 heads of one KV head; 47 against 67 ms on one thread, 2026-12-03,
-the shared 2-core machine beside two other jobs).
+channels or four keys per pass (each sum still added in order): 1.7x faster than one
+(query, head) at a time over the whole cache at 8,192 keys (``python
+benchmarks/kernels.py --attention``, a SmolLM2 8K prefill's call: 25 against 44 ms on
+one thread, 2026-12-03, the 2-core machine at load ~1).
 """
 
 from __future__ import annotations
