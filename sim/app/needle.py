@@ -348,7 +348,7 @@ def cached_cells(out: Path, *, trials: int = DEFAULT_TRIALS, seed: int = 0,
         try:
             d = json.loads(path.read_text())
             cell = Cell.from_dict(d)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        except (OSError, ValueError, KeyError, TypeError) as err:
             raise ConfigError(f"{path}: not a needle cell ({err})") from err
         key = d.get("key") or {}
         if key.get("version") != PROMPT_VERSION or (
